@@ -1,0 +1,683 @@
+"""Execution-time (cost) models for one engine instance.
+
+The simulator fast-forwards an engine between changes of batch composition, so it never asks
+"how long is one token" but "how long are the next ``k`` decode iterations of ``n`` running
+sequences whose contexts sum to ``ctx`` tokens". During such a span nothing joins or leaves, so
+``n`` is constant and the summed context grows by exactly ``n`` per iteration: an arithmetic ramp.
+Every model here has a per-iteration time that is piecewise linear in ``ctx`` with at most two
+pieces, so the span is summed in closed form and inverted (``iterations_within``) by solving a
+quadratic, then nudged by at most a step or two so the inverse is exact for the forward formula.
+
+Conventions shared by all models (the ``CostModel`` protocol):
+
+* ``decode_time(n, ctx, k)``: seconds for ``k`` decode iterations; ``ctx`` is the summed context
+  (prompt + generated so far) at the first of them. 0 when ``k == 0`` or ``n == 0``.
+* ``iterations_within(n, ctx, s)``: the largest ``k`` with ``decode_time(n, ctx, k) <= s``.
+* ``prefill_time(tokens)``: seconds added to the iteration that admits ``tokens`` prompt tokens.
+
+Hot-path methods use plain float arithmetic only (no numpy, no allocation); constants are
+precomputed in ``__init__``.
+
+Implementations: :class:`RooflineCostModel` (analytic, from model and GPU specs) and
+:class:`ProfiledCostModel` (least-squares fit to measurements of a real engine, as in Vidur).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "CostModel",
+    "ModelSpec",
+    "Hardware",
+    "MODELS",
+    "HARDWARE",
+    "RooflineCostModel",
+    "ProfiledCostModel",
+    "kv_capacity_tokens",
+    "solo_decode_time",
+    "peak_tokens_per_second",
+]
+
+_INF = float("inf")
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the simulator needs from an execution-time model (see module docstring)."""
+
+    name: str
+
+    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
+        """Seconds for ``n_iters`` consecutive decode iterations of one engine instance with
+        ``n_seqs`` running sequences, where ``ctx_tokens`` is the sum of the sequences' context
+        lengths (prompt + generated) at the first of those iterations; the sum grows by ``n_seqs``
+        each iteration. Exact for the model's per-iteration formula (closed form), monotone
+        non-decreasing in every argument, and 0 for ``n_iters == 0``."""
+        ...
+
+    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
+        """The largest ``k >= 0`` with ``decode_time(n_seqs, ctx_tokens, k) <= seconds``."""
+        ...
+
+    def prefill_time(self, n_tokens: int) -> float:
+        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration)."""
+        ...
+
+    def describe(self) -> dict:
+        """The model's parameters, for reports."""
+        ...
+
+
+# ----------------------------------------------------------------------------------------------
+# Closed-form sums over an arithmetic ramp, shared by the models.
+#
+# A piece is a per-iteration time f(i) = a + b*i (i = 0, 1, ... counts iterations into the span,
+# b >= 0). Its sum over i in [0, k) is k*a + b*k*(k-1)/2.
+# ----------------------------------------------------------------------------------------------
+
+
+def _ramp_count(a: float, b: float, seconds: float) -> float:
+    """Real k >= 0 solving ``k*a + b*k*(k-1)/2 == seconds`` (a > 0, b >= 0, seconds >= 0).
+
+    Written as ``(b/2) k^2 + B k - seconds = 0`` with ``B = a - b/2``; the form
+    ``2s / (B + sqrt(B^2 + 2bs))`` avoids cancellation when ``b`` is tiny (and covers b == 0).
+    It is an estimate: callers fix the last step against the forward formula.
+    """
+    B = a - 0.5 * b
+    disc = math.sqrt(B * B + 2.0 * b * seconds)
+    if B > 0.0:
+        return 2.0 * seconds / (B + disc)
+    return (disc - B) / b  # B <= 0 implies b >= 2a > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Model and hardware specs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers of a decoder-only transformer that matter for cost.
+
+    ``params`` is the total parameter count (embeddings and LM head included: all are read once
+    per forward pass). ``head_dim * n_heads`` need not equal ``hidden``.
+    """
+
+    params: int
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("params", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "dtype_bytes"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"ModelSpec.{field} must be a positive int, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"ModelSpec.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V cache per token over all layers: 2 x layers x kv_heads x head_dim x dtype."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights (all read once per forward pass)."""
+        return self.params * self.dtype_bytes
+
+    def kv_bytes_per_token_per_gpu(self, tp: int = 1) -> int:
+        """KV bytes per token held by one of ``tp`` GPUs. KV heads are split across tensor-parallel
+        ranks; when ``tp > n_kv_heads`` they are replicated (as vLLM does), one head per rank."""
+        heads = -(-self.n_kv_heads // tp)  # ceil
+        return 2 * self.n_layers * heads * self.head_dim * self.dtype_bytes
+
+
+# Published configs (Hugging Face config.json of each model). Parameter counts were recomputed from
+# those configs (embeddings + per-layer attention incl. Qwen's QKV bias + gated MLP + norms; tied
+# embeddings for qwen2.5-1.5b) and match the model cards: 7.61B, 1.54B, 32.8B (card: "32.5B"
+# non-embedding-rounded), 8.03B. All in bf16.
+MODELS: dict[str, ModelSpec] = {
+    # Qwen/Qwen2.5-7B: 28 layers, hidden 3584, 28 heads, 4 KV heads, head_dim 128, vocab 152064.
+    "qwen2.5-7b": ModelSpec(7_615_616_512, 28, 3584, 28, 4, 128, 2, "qwen2.5-7b"),
+    # Qwen/Qwen2.5-1.5B: 28 layers, hidden 1536, 12 heads, 2 KV heads, head_dim 128, tied embeddings.
+    "qwen2.5-1.5b": ModelSpec(1_543_714_304, 28, 1536, 12, 2, 128, 2, "qwen2.5-1.5b"),
+    # Qwen/Qwen2.5-32B: 64 layers, hidden 5120, 40 heads, 8 KV heads, head_dim 128, vocab 152064.
+    "qwen2.5-32b": ModelSpec(32_763_876_352, 64, 5120, 40, 8, 128, 2, "qwen2.5-32b"),
+    # meta-llama/Meta-Llama-3-8B: 32 layers, hidden 4096, 32 heads, 8 KV heads, head_dim 128, vocab 128256.
+    "llama3-8b": ModelSpec(8_030_261_248, 32, 4096, 32, 8, 128, 2, "llama3-8b"),
+    # The project's CPU reference model: 2 layers, hidden 128, 4 heads (MHA, head_dim 32), vocab 64.
+    # Parameter count assumes a 4x gated MLP (intermediate 512) and tied embeddings; fp32 on CPU.
+    "tiny-ref": ModelSpec(533_120, 2, 128, 4, 4, 32, 4, "tiny-ref"),
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator: memory capacity, peak memory bandwidth and dense bf16 peak FLOP/s."""
+
+    name: str
+    memory_bytes: float
+    bandwidth_bytes_per_s: float
+    peak_flops: float
+
+    def __post_init__(self) -> None:
+        for field in ("memory_bytes", "bandwidth_bytes_per_s", "peak_flops"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 < value < _INF):
+                raise ValueError(f"Hardware.{field} must be a positive finite number, got {value!r}")
+
+
+_GiB = 2**30
+HARDWARE: dict[str, Hardware] = {
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS
+    # "with sparsity" -> 989 TFLOPS dense. ("80GB" parts report 81,559 MiB in nvidia-smi ~ 80 GiB.)
+    "H100": Hardware("H100", 80 * _GiB, 3.35e12, 989e12),
+    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS
+    # with sparsity -> 989 TFLOPS dense (same compute die as H100).
+    "H200": Hardware("H200", 141 * _GiB, 4.8e12, 989e12),
+    # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS
+    # dense (624 with sparsity).
+    "A100": Hardware("A100", 80 * _GiB, 2.039e12, 312e12),
+}
+
+
+def _lookup(value, table: dict, what: str):
+    if isinstance(value, str):
+        try:
+            return table[value]
+        except KeyError:
+            raise ValueError(f"unknown {what} {value!r}; known: {sorted(table)}") from None
+    return value
+
+
+def kv_capacity_tokens(
+    model: ModelSpec | str,
+    hardware: Hardware | str,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    reserved_bytes_per_gpu: float = 2 * _GiB,
+) -> int:
+    """Tokens of KV cache that fit on one engine instance of ``tp`` GPUs, the way vLLM sizes it:
+    per GPU, ``gpu_memory_utilization x memory - weights/tp - reserved``, divided by that GPU's
+    KV bytes per token. ``reserved_bytes_per_gpu`` (default 2 GiB) stands in for what vLLM's
+    profiling run finds for activations, CUDA graphs and non-torch allocations. Returns 0 if the
+    weights do not fit."""
+    model = _lookup(model, MODELS, "model")
+    hardware = _lookup(hardware, HARDWARE, "hardware")
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    free = hardware.memory_bytes * gpu_memory_utilization - model.weight_bytes / tp - reserved_bytes_per_gpu
+    return max(0, int(free // model.kv_bytes_per_token_per_gpu(tp)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Roofline model
+# ----------------------------------------------------------------------------------------------
+
+
+class RooflineCostModel:
+    """Analytic roofline: per-iteration time = max(compute, memory) + fixed overhead.
+
+    * memory  = (weight_bytes/tp + kv_bytes_per_token_per_gpu x ctx) / (bandwidth x bandwidth_efficiency)
+    * compute = (2 x params x n + 4 x layers x n_heads x head_dim x ctx) / (tp x peak_flops x mfu)
+
+    (the attention term counts QK^T and AV: 2 FLOPs per multiply-add, two matmuls, per context
+    token per layer). Both sides are affine in ``ctx``, which ramps linearly over a span, so the
+    span splits at the one iteration where the larger side switches and each piece is summed in
+    closed form. Tensor-parallel communication is not modelled.
+
+    Defaults (per GPU, chosen so the model lands where measured vLLM numbers are):
+
+    * ``bandwidth_efficiency=0.85``: fraction of datasheet HBM bandwidth a streaming GEMV reaches
+      on H100/A100 class parts (typically 80-90%).
+    * ``mfu=0.5``: decode-time model FLOP utilisation when compute-bound (large batches).
+    * ``prefill_mfu=0.6``: prefill GEMMs are large and efficient.
+    * ``iteration_overhead_s=5e-4``: per-iteration scheduler, sampling and launch overhead
+      (vLLM with CUDA graphs: a few hundred microseconds).
+    * ``prefill_includes_weight_read=True``: ``prefill_time`` adds one weight read, i.e. prefill is
+      priced as its own forward pass (vLLM without chunked prefill). Set False when prefill tokens
+      ride on a decode iteration that already pays the weight read.
+
+    With these, qwen2.5-7b on one H100 decodes at batch 1 in about 5.9 ms per token.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec | str,
+        hardware: Hardware | str,
+        tp: int = 1,
+        *,
+        bandwidth_efficiency: float = 0.85,
+        mfu: float = 0.5,
+        prefill_mfu: float = 0.6,
+        iteration_overhead_s: float = 5e-4,
+        prefill_includes_weight_read: bool = True,
+    ) -> None:
+        self.model = model = _lookup(model, MODELS, "model")
+        self.hardware = hw = _lookup(hardware, HARDWARE, "hardware")
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be an int >= 1, got {tp!r}")
+        for label, value in (("bandwidth_efficiency", bandwidth_efficiency), ("mfu", mfu), ("prefill_mfu", prefill_mfu)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{label} must be in (0, 1], got {value}")
+        if not 0 <= iteration_overhead_s < _INF:
+            raise ValueError(f"iteration_overhead_s must be >= 0 and finite, got {iteration_overhead_s}")
+        self.tp = tp
+        self.bandwidth_efficiency = float(bandwidth_efficiency)
+        self.mfu = float(mfu)
+        self.prefill_mfu = float(prefill_mfu)
+        self.iteration_overhead_s = float(iteration_overhead_s)
+        self.prefill_includes_weight_read = bool(prefill_includes_weight_read)
+        self.name = f"roofline[{model.name or 'model'}@{hw.name}x{tp}]"
+
+        bw = hw.bandwidth_bytes_per_s * bandwidth_efficiency
+        flops = tp * hw.peak_flops * mfu
+        attn_flops_per_ctx = 4.0 * model.n_layers * model.n_heads * model.head_dim
+        # memory(ctx) = _mem_a + _mem_b*ctx ; compute(n, ctx) = _cmp_a*n + _cmp_b*ctx  (seconds)
+        self._mem_a = model.weight_bytes / tp / bw
+        self._mem_b = model.kv_bytes_per_token_per_gpu(tp) / bw
+        self._cmp_a = 2.0 * model.params / flops
+        self._cmp_b = attn_flops_per_ctx / flops
+        self._ov = self.iteration_overhead_s
+        # prefill(t) = _pf_a*t + _pf_b*t*(t+1)/2 + _pf_w   (causal attention over the prompt)
+        pflops = tp * hw.peak_flops * prefill_mfu
+        self._pf_a = 2.0 * model.params / pflops
+        self._pf_b = attn_flops_per_ctx / pflops
+        self._pf_w = self._mem_a if prefill_includes_weight_read else 0.0
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
+        if n_iters <= 0 or n_seqs <= 0:
+            return 0.0
+        k = n_iters
+        mb = self._mem_b
+        cb = self._cmp_b
+        m0 = self._mem_a + mb * ctx_tokens
+        c0 = self._cmp_a * n_seqs + cb * ctx_tokens
+        # v0/s0: the side on top at iteration 0 (value, per-iteration slope); v1/s1: the other.
+        if c0 >= m0:
+            v0, s0, v1, s1 = c0, cb * n_seqs, m0, mb * n_seqs
+        else:
+            v0, s0, v1, s1 = m0, mb * n_seqs, c0, cb * n_seqs
+        if s1 > s0:
+            # The other side overtakes after iteration floor((v0 - v1)/(s1 - s0)).
+            j = int((v0 - v1) / (s1 - s0)) + 1
+            if j < k:
+                return (j * (v0 + s0 * (j - 1) * 0.5)
+                        + (k - j) * (v1 + s1 * (j + k - 1) * 0.5)
+                        + k * self._ov)
+        return k * (v0 + s0 * (k - 1) * 0.5 + self._ov)
+
+    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
+        if n_seqs <= 0:
+            raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
+        if not seconds < _INF:
+            raise ValueError(f"seconds must be finite, got {seconds}")
+        if seconds <= 0.0:
+            return 0  # every iteration takes > 0 s (the weight read)
+        mb = self._mem_b
+        cb = self._cmp_b
+        m0 = self._mem_a + mb * ctx_tokens
+        c0 = self._cmp_a * n_seqs + cb * ctx_tokens
+        if c0 >= m0:
+            v0, s0, v1, s1 = c0, cb * n_seqs, m0, mb * n_seqs
+        else:
+            v0, s0, v1, s1 = m0, mb * n_seqs, c0, cb * n_seqs
+        ov = self._ov
+        est = _ramp_count(v0 + ov, s0, seconds)
+        if s1 > s0:
+            j = int((v0 - v1) / (s1 - s0)) + 1
+            if est > j:
+                rest = seconds - j * (v0 + s0 * (j - 1) * 0.5 + ov)
+                est = j + _ramp_count(v1 + s1 * j + ov, s1, max(rest, 0.0))
+        return self._fix(n_seqs, ctx_tokens, seconds, int(est))
+
+    def prefill_time(self, n_tokens: int) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        return self._pf_a * n_tokens + self._pf_b * n_tokens * (n_tokens + 1) * 0.5 + self._pf_w
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _fix(self, n: int, ctx: float, seconds: float, k: int) -> int:
+        """Step the closed-form estimate to the exact answer for the forward formula."""
+        dt = self.decode_time
+        while dt(n, ctx, k + 1) <= seconds:
+            k += 1
+        while k > 0 and dt(n, ctx, k) > seconds:
+            k -= 1
+        return k
+
+    def iteration_breakdown(self, n_seqs: int, ctx_tokens: float) -> dict:
+        """Components of one iteration's time (seconds), for reports and sanity checks."""
+        weights = self._mem_a
+        kv = self._mem_b * ctx_tokens
+        compute = self._cmp_a * n_seqs + self._cmp_b * ctx_tokens
+        return {
+            "weight_read_s": weights,
+            "kv_read_s": kv,
+            "memory_s": weights + kv,
+            "compute_s": compute,
+            "overhead_s": self._ov,
+            "bound": "compute" if compute >= weights + kv else "memory",
+            "total_s": max(weights + kv, compute) + self._ov,
+        }
+
+    def describe(self) -> dict:
+        return {
+            "kind": "roofline",
+            "name": self.name,
+            "model": asdict(self.model),
+            "hardware": asdict(self.hardware),
+            "tp": self.tp,
+            "bandwidth_efficiency": self.bandwidth_efficiency,
+            "mfu": self.mfu,
+            "prefill_mfu": self.prefill_mfu,
+            "iteration_overhead_s": self.iteration_overhead_s,
+            "prefill_includes_weight_read": self.prefill_includes_weight_read,
+        }
+
+    def __repr__(self) -> str:
+        return f"RooflineCostModel({self.name})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Profiled (fitted) model
+# ----------------------------------------------------------------------------------------------
+
+_DECODE_FORM = "t_iter = c0 + c1*n_seqs + c2*ctx_tokens + c3*n_seqs^2"
+_PREFILL_FORM = "t_prefill = p0 + p1*prefill_tokens (0 when prefill_tokens == 0)"
+_DECODE_COLUMNS = ("n_seqs", "ctx_tokens", "seconds")
+_PREFILL_COLUMNS = ("prefill_tokens", "seconds")
+
+
+class ProfiledCostModel:
+    """Table-driven model fitted to per-iteration measurements of a real engine (the Vidur approach).
+
+    Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``.
+    ``n`` is constant over a span and ``ctx`` ramps linearly, so a span of ``k`` iterations is
+    ``k*a + c2*n*k*(k-1)/2`` with ``a`` the first iteration's time: exact, and exactly invertible.
+    Coefficients are non-negative (fitted with NNLS), which makes every method monotone.
+    ``c3`` (a superlinear batch term) is fitted only with ``fit(..., quadratic_n=True)``; if it is
+    positive, throughput can fall at large batches (see :func:`peak_tokens_per_second`).
+    """
+
+    def __init__(
+        self,
+        c0: float,
+        c1: float,
+        c2: float,
+        c3: float = 0.0,
+        p0: float = 0.0,
+        p1: float = 0.0,
+        *,
+        fit_stats: dict | None = None,
+        name: str = "profiled",
+    ) -> None:
+        coeffs = {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "p0": p0, "p1": p1}
+        for key, value in coeffs.items():
+            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 <= value < _INF):
+                raise ValueError(f"ProfiledCostModel coefficient {key} must be finite and >= 0, got {value!r}")
+        if c0 + c1 + c3 <= 0:
+            raise ValueError("ProfiledCostModel: c0 + c1 + c3 must be > 0 (an iteration must take time)")
+        self.c0, self.c1, self.c2, self.c3, self.p0, self.p1 = (float(v) for v in coeffs.values())
+        self.fit_stats = dict(fit_stats) if fit_stats else None  # fit_error() at fit time
+        self.name = name
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
+        if n_iters <= 0 or n_seqs <= 0:
+            return 0.0
+        a = self.c0 + (self.c1 + self.c3 * n_seqs) * n_seqs + self.c2 * ctx_tokens
+        return n_iters * (a + self.c2 * n_seqs * (n_iters - 1) * 0.5)
+
+    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
+        if n_seqs <= 0:
+            raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
+        if not seconds < _INF:
+            raise ValueError(f"seconds must be finite, got {seconds}")
+        if seconds <= 0.0:
+            return 0
+        a = self.c0 + (self.c1 + self.c3 * n_seqs) * n_seqs + self.c2 * ctx_tokens
+        k = int(_ramp_count(a, self.c2 * n_seqs, seconds))
+        dt = self.decode_time
+        while dt(n_seqs, ctx_tokens, k + 1) <= seconds:
+            k += 1
+        while k > 0 and dt(n_seqs, ctx_tokens, k) > seconds:
+            k -= 1
+        return k
+
+    def prefill_time(self, n_tokens: int) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        return self.p0 + self.p1 * n_tokens
+
+    # -- fitting -------------------------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, decode_df, prefill_df=None, *, quadratic_n: bool = False, name: str = "profiled") -> "ProfiledCostModel":
+        """Fit to measurements. ``decode_df``: one row per decode iteration with columns
+        ``n_seqs``, ``ctx_tokens``, ``seconds``; ``prefill_df`` (optional; prefill is free without
+        it): columns ``prefill_tokens``, ``seconds``. Each may be a DataFrame or a path to a
+        .csv/.parquet/.json file. Minimises squared *relative* error (rows weighted by 1/seconds,
+        matching the percentage-error report) with non-negative coefficients (scipy NNLS).
+        Raises ValueError naming the file and column on missing columns, non-finite or
+        non-positive times, or too few distinct points."""
+        import numpy as np
+
+        ddf, dsrc = _load_table(decode_df, _DECODE_COLUMNS, "decode measurements")
+        n = ddf["n_seqs"].to_numpy(float)
+        ctx = ddf["ctx_tokens"].to_numpy(float)
+        y = ddf["seconds"].to_numpy(float)
+        columns = [np.ones_like(n), n, ctx] + ([n * n] if quadratic_n else [])
+        if len(np.unique(n)) < (3 if quadratic_n else 2) or len(np.unique(ctx)) < 2:
+            raise ValueError(
+                f"{dsrc}: too few distinct points to fit {_DECODE_FORM}: need >= {3 if quadratic_n else 2} "
+                "distinct n_seqs and >= 2 distinct ctx_tokens values"
+            )
+        c = _nnls_relative(np.column_stack(columns), y, dsrc)
+        c0, c1, c2 = c[:3]
+        c3 = c[3] if quadratic_n else 0.0
+
+        p0 = p1 = 0.0
+        if prefill_df is not None:
+            pdf, psrc = _load_table(prefill_df, _PREFILL_COLUMNS, "prefill measurements")
+            tok = pdf["prefill_tokens"].to_numpy(float)
+            if len(np.unique(tok)) < 2:
+                raise ValueError(f"{psrc}: too few distinct points: need >= 2 distinct prefill_tokens values")
+            if (tok <= 0).any():
+                raise ValueError(f"{psrc}: column 'prefill_tokens' must be > 0")
+            p0, p1 = _nnls_relative(np.column_stack([np.ones_like(tok), tok]), pdf["seconds"].to_numpy(float), psrc)
+
+        if c0 + c1 + c3 <= 0:
+            raise ValueError(f"{dsrc}: fit gave zero time for an iteration; check the 'seconds' column units")
+        model = cls(float(c0), float(c1), float(c2), float(c3), float(p0), float(p1), name=name)
+        model.fit_stats = model.fit_error(ddf)
+        return model
+
+    def fit_error(self, decode_df) -> dict:
+        """Median / p90 / max absolute percentage error (in %) of the per-iteration time predicted
+        for the rows of ``decode_df`` (same columns as :meth:`fit`), and the number of points."""
+        import numpy as np
+
+        ddf, _ = _load_table(decode_df, _DECODE_COLUMNS, "decode measurements")
+        n = ddf["n_seqs"].to_numpy(float)
+        y = ddf["seconds"].to_numpy(float)
+        pred = self.c0 + (self.c1 + self.c3 * n) * n + self.c2 * ddf["ctx_tokens"].to_numpy(float)
+        ape = np.abs(pred - y) / y * 100.0
+        return {
+            "median_ape_pct": float(np.median(ape)),
+            "p90_ape_pct": float(np.percentile(ape, 90)),
+            "max_ape_pct": float(ape.max()),
+            "n_points": int(len(ape)),
+        }
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def to_json(self, path) -> None:
+        """Write the coefficients, the functional form and the fit error to ``path``."""
+        payload = {
+            "kind": "ProfiledCostModel",
+            "name": self.name,
+            "units": "seconds",
+            "decode_form": _DECODE_FORM,
+            "prefill_form": _PREFILL_FORM,
+            "decode_coefficients": {"c0": self.c0, "c1": self.c1, "c2": self.c2, "c3": self.c3},
+            "prefill_coefficients": {"p0": self.p0, "p1": self.p1},
+            "fit_error": self.fit_stats,
+        }
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, path) -> "ProfiledCostModel":
+        """Read a model written by :meth:`to_json`; ValueError naming the file on bad content."""
+        try:
+            payload = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(payload, dict) or payload.get("kind") != "ProfiledCostModel":
+            raise ValueError(f"{path}: not a ProfiledCostModel file (missing kind='ProfiledCostModel')")
+        if payload.get("decode_form", _DECODE_FORM) != _DECODE_FORM:
+            raise ValueError(f"{path}: unsupported decode_form {payload.get('decode_form')!r}")
+        try:
+            d = payload["decode_coefficients"]
+            p = payload.get("prefill_coefficients") or {"p0": 0.0, "p1": 0.0}
+            return cls(d["c0"], d["c1"], d["c2"], d.get("c3", 0.0), p["p0"], p["p1"],
+                       fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
+        except KeyError as exc:
+            raise ValueError(f"{path}: missing key {exc.args[0]!r}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    def describe(self) -> dict:
+        return {
+            "kind": "profiled",
+            "name": self.name,
+            "decode_form": _DECODE_FORM,
+            "prefill_form": _PREFILL_FORM,
+            "c0": self.c0, "c1": self.c1, "c2": self.c2, "c3": self.c3,
+            "p0": self.p0, "p1": self.p1,
+            "fit_error": self.fit_stats,
+        }
+
+    def __repr__(self) -> str:
+        return (f"ProfiledCostModel(c0={self.c0:.4g}, c1={self.c1:.4g}, c2={self.c2:.4g}, "
+                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g})")
+
+
+def _load_table(data, required: tuple[str, ...], what: str):
+    """A DataFrame from ``data`` (DataFrame or .csv/.parquet/.json path), checked: required columns
+    present, numeric, finite, non-negative, ``seconds`` > 0. Returns (df, label for messages)."""
+    import pandas as pd
+
+    if isinstance(data, (str, Path)):
+        source = str(data)
+        suffix = Path(data).suffix.lower()
+        if not Path(data).exists():
+            raise ValueError(f"{source}: {what} file not found")
+        reader = {".csv": pd.read_csv, ".parquet": pd.read_parquet, ".json": pd.read_json}.get(suffix)
+        if reader is None:
+            raise ValueError(f"{source}: unsupported file type {suffix!r} (use .csv, .parquet or .json)")
+        df = reader(data)
+    elif isinstance(data, pd.DataFrame):
+        df = data
+        source = df.attrs.get("source", f"{what} DataFrame")
+    else:
+        raise ValueError(f"{what}: expected a pandas DataFrame or a file path, got {type(data).__name__}")
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column(s) {missing}; need {list(required)}, have {list(df.columns)}")
+    if len(df) == 0:
+        raise ValueError(f"{source}: too few points (no rows)")
+    for col in required:
+        values = pd.to_numeric(df[col], errors="coerce")
+        if values.isna().any():
+            raise ValueError(f"{source}: column {col!r} has missing or non-numeric values")
+        if not values.abs().lt(_INF).all():
+            raise ValueError(f"{source}: column {col!r} has infinite values")
+        if (values < 0).any():
+            raise ValueError(f"{source}: column {col!r} has negative values")
+    if (df["seconds"] <= 0).any():
+        raise ValueError(f"{source}: column 'seconds' must be > 0 (measured times)")
+    return df, source
+
+
+def _nnls_relative(X, y, source: str):
+    """Non-negative least squares minimising relative error: rows scaled by 1/y, columns
+    normalised for conditioning and un-normalised after."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(y) < X.shape[1]:
+        raise ValueError(f"{source}: too few points ({len(y)}) to fit {X.shape[1]} coefficients")
+    A = X / y[:, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(A / scale, np.ones_like(y))
+    return coef / scale
+
+
+# ----------------------------------------------------------------------------------------------
+# Bounds used by the simulator's lower bound on makespan
+# ----------------------------------------------------------------------------------------------
+
+
+def solo_decode_time(cost: CostModel, prompt_len: int, n_tokens: int) -> float:
+    """Seconds for one sequence alone: ``prefill_time(prompt_len) + decode_time(1, prompt_len, n_tokens)``.
+
+    Convention: the ``n_tokens`` decode iterations start with context ``prompt_len`` (nothing
+    generated yet) and the prefill is charged once, as the simulator adds it to the admitting
+    iteration.
+
+    Lower bound on that sequence's completion time (from its admission) under any schedule the
+    simulator can produce with this cost model: each iteration yields at most one token for the
+    sequence, so it needs at least ``n_tokens`` iterations, in which its own context is at least
+    ``prompt_len + i`` at the i-th; sharing the engine only raises ``n_seqs`` and ``ctx_tokens``, and
+    ``decode_time`` is monotone non-decreasing in both; its prefill is paid at least once.
+    """
+    return cost.prefill_time(prompt_len) + cost.decode_time(1, prompt_len, n_tokens)
+
+
+def peak_tokens_per_second(cost: CostModel, max_num_seqs: int, mean_ctx: float) -> float:
+    """Largest decode throughput (tokens/s) of one instance: ``max over n in 1..max_num_seqs`` of
+    ``n / decode_time(n, n * mean_ctx, 1)``, with ``mean_ctx`` the per-sequence context.
+
+    Used for the "total decode tokens / (instances x capacity)" makespan bound. If per-iteration
+    time grows sub-linearly in ``n`` (t(n)/n non-increasing, true for the roofline: a max of
+    affine functions of n with non-negative intercepts), the max is at ``n = max_num_seqs``; a
+    profiled model with ``c3 > 0`` can violate that, so the max is taken over every n
+    (``max_num_seqs`` cheap calls, off the hot path).
+
+    Why it bounds: every iteration with ``n`` sequences and summed context ``n*c`` produces ``n``
+    tokens in at least ``n / R(c)`` seconds where ``R(c)`` is this function's value at ``c``. For
+    both models per-token time at batch n is convex in the per-sequence context ``c`` and the best
+    batch size does not depend on ``c``, so by Jensen the bound holds with ``mean_ctx`` equal to
+    the token-weighted mean context over all decode iterations (for a schedule-independent bound
+    use a lower bound on it, e.g. the mean prompt length; ``mean_ctx = 0`` is always safe).
+    Ignores prefill and per-instance KV limits (both only add time).
+    """
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    best = 0.0
+    for n in range(1, int(max_num_seqs) + 1):
+        rate = n / cost.decode_time(n, n * mean_ctx, 1)
+        if rate > best:
+            best = rate
+    return best

@@ -1,0 +1,188 @@
+"""The policy interface: a few hooks, each with "no opinion" as its default, and how they compose.
+
+A policy decides; it never touches an engine or a trainer. It runs unchanged in the simulator and on
+real vLLM because the controller (lssim.controller) asks it the same questions in both worlds.
+
+    class ShortFirst(Policy):
+        name = "short_first"
+        def plan(self, ctx, proposal):
+            return sorted(proposal, key=lambda g: self.expected[g.prompt_id])
+
+Hooks, in the order the controller calls them during a step, and the rule that composes them
+(`Compose([a, b])`, written `a+b` on the command line):
+
+    plan(ctx, proposal) -> list[GroupSpec]     chained left to right: each revises the last one's plan
+    place(request, loads) -> int | None        the first policy with an opinion places the request
+    progress_interval (tokens) / on_progress   any Stop wins over any Carry wins over no opinion
+    on_finish(request, state)                  every policy is told
+    end_rollout(state) -> bool                 the rollout ends when any policy says so (or all ended)
+    top_up(state) -> list[GroupSpec]           asked when the rollout would end; all requests are added
+    on_unfinished(request) -> "carry"|"drop"   carried if any policy carries it
+    select(groups, step) -> list[Group]        chained left to right: what goes to training
+    end_step(outcome)                          every policy is told; this is where policies remember
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .core import Group, GroupSpec, InstanceLoad, Request, RolloutState, StepContext
+
+CARRY = "carry"
+DROP = "drop"
+
+
+@dataclass(slots=True, frozen=True)
+class Action:
+    """A policy's answer to a progress checkpoint: stop the response now, or carry it to the next step."""
+
+    kind: str  # "stop" or "carry"
+    reason: str = ""
+    reward: float | None = None  # stop only: the reward the stopped response trains with (soft landing)
+
+    @staticmethod
+    def stop(reason: str, reward: float | None = None) -> "Action":
+        return Action("stop", reason, reward)
+
+    @staticmethod
+    def carry(reason: str = "") -> "Action":
+        return Action("carry", reason)
+
+
+@dataclass(slots=True, frozen=True)
+class StepOutcome:
+    """What a policy may remember about a finished step: one entry per response that ended in it."""
+
+    step: int
+    prompt_id: np.ndarray
+    sample_idx: np.ndarray
+    response_len: np.ndarray  # tokens generated (the whole response, across steps if it was carried)
+    max_tokens: np.ndarray
+    reward: np.ndarray
+    finish_reason: np.ndarray  # str array
+    rollout_seconds: float
+    trained_prompt_ids: np.ndarray  # prompts whose groups went to training this step
+
+
+class Policy:
+    """Base class: every hook has no opinion. Subclasses override a few."""
+
+    name = "baseline"
+    progress_interval: int | None = None  # ask on_progress every this many tokens (None: never)
+
+    def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
+        return proposal
+
+    def place(self, request: Request, loads: list[InstanceLoad]) -> int | None:
+        return None
+
+    def on_progress(self, request: Request, state: RolloutState) -> Action | None:
+        return None
+
+    def on_finish(self, request: Request, state: RolloutState) -> None:
+        return None
+
+    def end_rollout(self, state: RolloutState) -> bool:
+        return False
+
+    def top_up(self, state: RolloutState) -> list[GroupSpec]:
+        return []
+
+    def on_unfinished(self, request: Request) -> str:
+        return DROP
+
+    def select(self, groups: list[Group], step: int) -> list[Group]:
+        return groups
+
+    def end_step(self, outcome: StepOutcome) -> None:
+        return None
+
+    # -- composition and introspection -------------------------------------------------------
+    def overrides(self, hook: str) -> bool:
+        """True if this policy has an opinion on `hook` (the controller skips hooks nobody overrides)."""
+        return getattr(type(self), hook) is not getattr(Policy, hook)
+
+    @property
+    def members(self) -> list["Policy"]:
+        return [self]
+
+    def __add__(self, other: "Policy") -> "Compose":
+        return Compose(self.members + other.members)
+
+    def __repr__(self) -> str:
+        params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        inner = ", ".join(f"{k}={v!r}" for k, v in params.items() if np.isscalar(v) or v is None)
+        return f"{type(self).__name__}({inner})"
+
+
+HOOKS = ("plan", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select", "end_step")
+
+
+class Compose(Policy):
+    """Several policies acting as one, each hook combined by the rule in this module's docstring."""
+
+    def __init__(self, policies: list[Policy]):
+        if not policies:
+            raise ValueError("Compose needs at least one policy")
+        self.policies = list(policies)
+        self.name = "+".join(p.name for p in self.policies)
+        # Only the members with an opinion are asked, so an unused hook costs nothing on the hot path.
+        self._by_hook = {h: [p for p in self.policies if p.overrides(h)] for h in HOOKS}
+        intervals = [p.progress_interval for p in self._by_hook["on_progress"] if p.progress_interval]
+        self.progress_interval = min(intervals) if intervals else None
+
+    @property
+    def members(self) -> list[Policy]:
+        return list(self.policies)
+
+    def overrides(self, hook: str) -> bool:
+        return bool(self._by_hook[hook])
+
+    def plan(self, ctx, proposal):
+        for p in self._by_hook["plan"]:
+            proposal = p.plan(ctx, proposal)
+        return proposal
+
+    def place(self, request, loads):
+        for p in self._by_hook["place"]:
+            choice = p.place(request, loads)
+            if choice is not None:
+                return choice
+        return None
+
+    def on_progress(self, request, state):
+        carry = None
+        for p in self._by_hook["on_progress"]:
+            action = p.on_progress(request, state)
+            if action is not None and action.kind == "stop":
+                return action
+            carry = carry or action
+        return carry
+
+    def on_finish(self, request, state):
+        for p in self._by_hook["on_finish"]:
+            p.on_finish(request, state)
+
+    def end_rollout(self, state):
+        return any(p.end_rollout(state) for p in self._by_hook["end_rollout"])
+
+    def top_up(self, state):
+        return [g for p in self._by_hook["top_up"] for g in p.top_up(state)]
+
+    def on_unfinished(self, request):
+        decisions = [p.on_unfinished(request) for p in self._by_hook["on_unfinished"]]
+        return CARRY if CARRY in decisions else DROP
+
+    def select(self, groups, step):
+        for p in self._by_hook["select"]:
+            groups = p.select(groups, step)
+        return groups
+
+    def end_step(self, outcome):
+        for p in self._by_hook["end_step"]:
+            p.end_step(outcome)
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(p) for p in self.policies)

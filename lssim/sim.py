@@ -1,0 +1,304 @@
+"""The simulated world: a cluster of continuously-batching engine instances, a train-time model, a clock.
+
+Each instance schedules the way vLLM does: up to `max_num_seqs` running sequences, admission while the
+KV cache has room for the prompt, preemption by recompute (the lowest-priority, latest-admitted
+sequence) when the cache cannot hold the next token, prefill charged to the iteration that admits.
+Time is never stepped token by token: between changes of batch composition every running sequence
+gains one token per iteration, so the instance jumps straight to the next finish, checkpoint or cache
+overflow, and the cost model prices the whole span in closed form.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+from .core import Event, InstanceLoad, Request
+from .workload import EXACT, Workload
+
+FINISH, PROGRESS = 0, 1
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """One engine instance's limits (vLLM's `max_num_seqs` and KV-cache size) and the cluster size."""
+
+    n_instances: int = 8
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int = 500_000
+
+    def __post_init__(self):
+        for name in ("n_instances", "max_num_seqs", "kv_capacity_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class _Instance:
+    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "version", "pending")
+
+    def __init__(self, idx: int, t: float):
+        self.idx = idx
+        self.t = t  # time at the iteration boundary `it`
+        self.it = 0  # decode iterations run so far
+        self.n = 0  # running sequences
+        self.ctx = 0  # sum of running sequences' context lengths at boundary `it` (= KV tokens held)
+        self.running: list = []  # heap of (iteration, seq, kind, epoch, request): finishes and checkpoints
+        self.waiting: list = []  # heap of (priority, arrival, epoch, request)
+        self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
+        self.busy = 0.0
+        self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
+        self.pending = 0  # requests placed here and not yet ended (running + waiting)
+
+
+class SimEngine:
+    """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
+
+    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None):
+        self.workload, self.cost = workload, cost
+        self.config = config or EngineConfig()
+        self.n_instances = self.config.n_instances
+        self.clock = 0.0
+        self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
+        self._events: list = []  # heap of (time, seq, instance index, instance version)
+        self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
+        self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
+        self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward)
+        self._where: dict[int, _Instance] = {}
+        self._interval: int | None = None
+        self.step = 0  # the step whose responses are being generated (the Workload is asked per step)
+        self.preemptions = 0
+        self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
+
+    # -- Engine protocol ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` of virtual time pass (the train phase); instances catch up lazily."""
+        self.clock += seconds
+
+    def set_progress_interval(self, tokens: int | None) -> None:
+        self._interval = tokens
+
+    def loads(self) -> list[InstanceLoad]:
+        return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
+        for r in requests:
+            if r.prompt_len + r.max_tokens > capacity:
+                raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
+                                 f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
+            if r.rid not in self._target:
+                out = self.workload.response(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
+                self._target[r.rid] = (out.length, out.finish_reason, out.reward)
+                self.sources[out.source] += 1
+                r.exact = out.source == EXACT
+                if out.loop_start >= 0:
+                    r.signals["loop_start"] = out.loop_start
+            inst = self.instances[r.instance % self.n_instances] if r.instance is not None else \
+                min(self.instances, key=_load_key)
+            if inst.idx not in touched:
+                self._catch_up(inst, now)
+                touched[inst.idx] = inst
+            r.submit_time = now
+            r.first_token_time = float("nan")
+            epoch = self._epoch.get(r.rid, 0) + 1
+            self._epoch[r.rid] = epoch
+            heapq.heappush(inst.waiting, (r.priority, next(self._seq), epoch, r))
+            inst.pending += 1
+            self._where[r.rid] = inst
+        for inst in touched.values():
+            self._admit(inst)
+            self._schedule(inst)
+
+    def abort(self, r: Request) -> None:
+        inst = self._where.pop(r.rid, None)
+        if inst is None:
+            return
+        self._catch_up(inst, self.clock)
+        self._epoch[r.rid] += 1
+        inst.pending -= 1
+        member = inst.members.pop(r.rid, None)
+        if member is not None:  # running: keep the tokens it has, free its KV
+            r.generated = member[3] + (inst.it - member[2])
+            inst.n -= 1
+            inst.ctx -= r.prompt_len + r.generated
+        self._admit(inst)
+        self._schedule(inst)
+
+    def next_events(self) -> list[Event]:
+        events = self._events
+        while events:
+            t, _, idx, version = heapq.heappop(events)
+            inst = self.instances[idx]
+            if version != inst.version:
+                continue
+            self.clock = max(self.clock, t)
+            out = self._fire(inst)
+            self._admit(inst)
+            self._schedule(inst)
+            if out:
+                return out
+        return []
+
+    def busy_seconds(self) -> float:
+        for inst in self.instances:
+            self._catch_up(inst, self.clock)
+        return sum(inst.busy for inst in self.instances)
+
+    # -- one instance ------------------------------------------------------------------------------
+    def _run(self, inst: _Instance, k: int) -> None:
+        """Run k decode iterations with the current batch."""
+        if k <= 0:
+            return
+        dt = self.cost.decode_time(inst.n, inst.ctx, k)
+        inst.t += dt
+        inst.busy += dt
+        inst.ctx += inst.n * k
+        inst.it += k
+
+    def _catch_up(self, inst: _Instance, now: float) -> None:
+        """Bring an instance to the last iteration boundary at or before `now`, short of its next event."""
+        if inst.n == 0:
+            inst.t = max(inst.t, now)  # idle: nothing to run until something arrives
+            return
+        if inst.t >= now:
+            return
+        k = self.cost.iterations_within(inst.n, inst.ctx, now - inst.t)
+        nxt = self._next_iteration(inst)
+        self._run(inst, min(k, nxt - inst.it - 1))
+
+    def _next_iteration(self, inst: _Instance) -> int:
+        """The boundary of the instance's next event: a finish or checkpoint, or the cache filling up."""
+        running, epoch = inst.running, self._epoch
+        while running and running[0][3] != epoch.get(running[0][4].rid):
+            heapq.heappop(running)
+        if not inst.n:
+            return inst.it
+        # Each iteration adds n tokens of KV; past `room // n` iterations the cache cannot hold the next one.
+        overflow = inst.it + (self.config.kv_capacity_tokens - inst.ctx) // inst.n
+        return min(running[0][0], overflow)
+
+    def _schedule(self, inst: _Instance) -> None:
+        inst.version += 1
+        if inst.n == 0:
+            if inst.waiting:
+                raise RuntimeError(f"instance {inst.idx} is idle with {len(inst.waiting)} waiting requests it cannot admit")
+            return
+        k = self._next_iteration(inst) - inst.it
+        t = inst.t + self.cost.decode_time(inst.n, inst.ctx, k)
+        heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version))
+
+    def _fire(self, inst: _Instance) -> list[Event]:
+        """Run to the next event boundary and report what happened there."""
+        self._run(inst, self._next_iteration(inst) - inst.it)
+        out, running, epoch, it, t = [], inst.running, self._epoch, inst.it, inst.t
+        while running and running[0][0] <= it:
+            _, _, kind, ep, r = heapq.heappop(running)
+            if ep != epoch.get(r.rid):
+                continue
+            _, _, admit_it, gen0, _ = inst.members[r.rid]
+            r.generated = gen0 + (it - admit_it)
+            if kind == FINISH:
+                length, reason, reward = self._target[r.rid]
+                r.finish_reason, r.reward, r.finish_time = reason, reward, t
+                del inst.members[r.rid], self._where[r.rid]
+                epoch[r.rid] += 1
+                inst.n -= 1
+                inst.pending -= 1
+                inst.ctx -= r.prompt_len + r.generated
+                out.append(Event("finished", r, t))
+            else:
+                self._push_checkpoint(inst, r, ep)
+                out.append(Event("progress", r, t))
+        if inst.n and self.config.kv_capacity_tokens - inst.ctx < inst.n:
+            self._preempt(inst)
+        return out
+
+    def _preempt(self, inst: _Instance) -> None:
+        """Free KV by recompute, as vLLM does: the lowest-priority, latest-admitted sequences go back to waiting."""
+        while inst.n and self.config.kv_capacity_tokens - inst.ctx < inst.n:
+            rid = max(inst.members, key=lambda k: inst.members[k][:2])
+            priority, admit_seq, admit_it, gen0, r = inst.members.pop(rid)
+            r.generated = gen0 + (inst.it - admit_it)
+            inst.n -= 1
+            inst.ctx -= r.prompt_len + r.generated
+            self._epoch[rid] += 1
+            heapq.heappush(inst.waiting, (priority, admit_seq, self._epoch[rid], r))
+            self.preemptions += 1
+
+    def _admit(self, inst: _Instance) -> None:
+        waiting, capacity, max_seqs, epoch = inst.waiting, self.config.kv_capacity_tokens, self.config.max_num_seqs, self._epoch
+        prefill, admitted = 0, []
+        while waiting and inst.n < max_seqs:
+            priority, arrival, ep, r = waiting[0]
+            if ep != epoch.get(r.rid):
+                heapq.heappop(waiting)
+                continue
+            need = r.prompt_len + r.generated
+            if inst.ctx + need + inst.n + 1 > capacity:
+                break
+            heapq.heappop(waiting)
+            inst.n += 1
+            inst.ctx += need
+            prefill += need
+            inst.members[r.rid] = (priority, arrival, inst.it, r.generated, r)
+            admitted.append(r)
+            length = self._target[r.rid][0]
+            heapq.heappush(inst.running, (inst.it + max(0, length - r.generated), next(self._seq), FINISH, ep, r))
+            self._push_checkpoint(inst, r, ep)
+        if prefill:
+            dt = self.cost.prefill_time(prefill)
+            inst.t += dt
+            inst.busy += dt
+            first_token = inst.t + self.cost.decode_time(inst.n, inst.ctx, 1)  # the admitting iteration's end
+            for r in admitted:
+                if r.first_token_time != r.first_token_time:  # NaN: not set since this submission
+                    r.first_token_time = first_token
+
+    def _push_checkpoint(self, inst: _Instance, r: Request, ep: int) -> None:
+        if not self._interval:
+            return
+        _, _, admit_it, gen0, _ = inst.members[r.rid]
+        generated = gen0 + (inst.it - admit_it)
+        nxt = (generated // self._interval + 1) * self._interval
+        if nxt < self._target[r.rid][0]:
+            heapq.heappush(inst.running, (admit_it + (nxt - gen0), next(self._seq), PROGRESS, ep, r))
+
+
+def _load_key(inst: _Instance) -> int:
+    return inst.pending
+
+
+@dataclass(slots=True)
+class TrainTimeModel:
+    """Seconds for the train phase: fixed + per_token * (prompt + response tokens trained), then weight sync.
+
+    Defaults: a 7B model on 8 H100s, 6 * 7e9 FLOPs per token at 40% MFU of 989 TFLOP/s each gives about
+    1.3e-5 s per token; a few seconds of fixed overhead; ~10 s to push weights to the rollout engines.
+    """
+
+    seconds_per_token: float = 1.3e-5
+    fixed_seconds: float = 5.0
+    sync_seconds: float = 10.0
+
+    def __post_init__(self):
+        for name in ("seconds_per_token", "fixed_seconds", "sync_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainTimeModel.{name} must be >= 0, got {getattr(self, name)}")
+
+
+class SimTrainer:
+    """The simulated train phase: advances the engine's clock by the train-time model's estimate."""
+
+    def __init__(self, engine: SimEngine, model: TrainTimeModel | None = None):
+        self.engine, self.model = engine, model or TrainTimeModel()
+
+    def train(self, groups, step: int) -> dict:
+        tokens = sum(r.prompt_len + r.generated for g in groups for r in g.requests)
+        train = self.model.fixed_seconds + self.model.seconds_per_token * tokens
+        self.engine.advance(train + self.model.sync_seconds)
+        return {"seconds": train, "sync_seconds": self.model.sync_seconds, "tokens": tokens}

@@ -1,0 +1,155 @@
+"""The Workload: answers "what would this response be?" from a trace, and says how it knows.
+
+A trace records what one policy saw. Another policy asks for other prompts, other budgets, more
+samples. The Workload answers, in this order of preference:
+
+1. exact      -- the trace holds (step, prompt, sample) and the budget does not cut it shorter;
+2. truncated  -- the trace holds it but the budget is smaller than the recorded length: cut it there;
+3. resampled  -- the trace does not hold it: a response of the same prompt from the nearest recorded
+                 step (the same step first), chosen by a hash of the key, so the answer is the same
+                 every time it is asked (the oracle and the engine agree);
+4. global     -- the prompt never appears in the trace: a response of any prompt at the nearest step.
+
+A response the trace saw cut short (by its own budget, or aborted) tells only that its natural length
+exceeds what was recorded; asked with a larger budget it is resampled among the prompt's longer
+responses, and runs to the budget if there are none (loops do).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .core import LENGTH, STOP, GroupSpec, PromptPool
+
+EXACT, TRUNCATED, RESAMPLED, GLOBAL = "exact", "truncated", "resampled", "global"
+_MASK = (1 << 64) - 1
+
+
+def _hash01(*parts: int) -> float:
+    """A deterministic uniform in [0, 1) from integer parts (splitmix64): cheap, and no RNG state."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
+        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & _MASK
+        x ^= x >> 29
+    return (x >> 11) / float(1 << 53)
+
+
+@dataclass(slots=True, frozen=True)
+class Outcome:
+    length: int  # tokens the response will have
+    finish_reason: str  # "stop" or "length"
+    reward: float
+    source: str  # exact / truncated / resampled / global
+    loop_start: int = -1  # token where a repetition loop starts, -1 if none
+
+
+class Workload:
+    """Counterfactual responses from a trace (a validated frame, see lssim.trace)."""
+
+    def __init__(self, trace: pd.DataFrame, seed: int = 0):
+        df = trace.sort_values(["step", "prompt_id", "sample_idx"], kind="stable").reset_index(drop=True)
+        self.seed = seed
+        self.n_rows = len(df)
+        steps = df["step"].to_numpy(np.int64)
+        pids = df["prompt_id"].to_numpy(np.int64)
+        # Python lists: scalar indexing on them is several times faster than on numpy arrays.
+        self._len = df["response_len"].to_numpy(np.int64).tolist()
+        self._max = df["max_tokens"].to_numpy(np.int64).tolist()
+        self._stopped = (df["finish_reason"].to_numpy() == STOP).tolist()  # ended by itself: natural length known
+        self._reward = df["reward"].to_numpy(float).tolist()
+        loop = df["loop_start"].to_numpy(np.int64) if "loop_start" in df else np.full(len(df), -1, np.int64)
+        self._loop = loop.tolist()
+
+        new_group = np.r_[True, (steps[1:] != steps[:-1]) | (pids[1:] != pids[:-1])]
+        starts = np.flatnonzero(new_group)
+        counts = np.diff(np.r_[starts, len(df)])
+        g_steps, g_pids = steps[starts], pids[starts]
+        self._groups = dict(zip(zip(g_steps.tolist(), g_pids.tolist()), zip(starts.tolist(), counts.tolist())))
+        # For each prompt, the steps it was recorded at (sorted), for nearest-step resampling.
+        order = np.lexsort((g_steps, g_pids))
+        self._prompt_steps: dict[int, list[int]] = {}
+        for pid, step in zip(g_pids[order].tolist(), g_steps[order].tolist()):
+            self._prompt_steps.setdefault(pid, []).append(step)
+        # Rows of each step, for the global last resort, and the recorded groups of each step in order.
+        step_values, step_starts = np.unique(steps, return_index=True)
+        self.steps = step_values.tolist()
+        bounds = np.r_[step_starts, len(df)]
+        self._step_rows = {s: (int(bounds[i]), int(bounds[i + 1])) for i, s in enumerate(self.steps)}
+        self._step_groups: dict[int, list[tuple[int, int]]] = {}
+        for s, p, c in zip(g_steps.tolist(), g_pids.tolist(), counts.tolist()):
+            self._step_groups.setdefault(s, []).append((p, c))
+        first = df.drop_duplicates("prompt_id")
+        self._prompt_len = dict(zip(first["prompt_id"].tolist(), first["prompt_len"].tolist()))
+        self.pool = PromptPool(first["prompt_id"].to_numpy(np.int64), first["prompt_len"].to_numpy(np.int64))
+        self.group_size = int(np.median(counts))
+        self.groups_per_step = int(np.median([len(v) for v in self._step_groups.values()]))
+        self.max_tokens = int(df["max_tokens"].max())
+
+    # -- PromptSource ------------------------------------------------------------------------------
+    def prompt_len(self, prompt_id: int) -> int:
+        try:
+            return self._prompt_len[prompt_id]
+        except KeyError:
+            raise KeyError(f"prompt_id {prompt_id} is not in the trace's prompt pool") from None
+
+    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
+        """The groups the trace recorded at `step` (steps past the trace's end wrap around)."""
+        recorded_step = step if step in self._step_groups else self.steps[step % len(self.steps)]
+        recorded = self._step_groups[recorded_step]
+        return [GroupSpec(pid, group_size, max_tokens) for pid, _ in recorded[:n_groups]]
+
+    # -- the counterfactual model ------------------------------------------------------------------
+    def response(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
+        hit = self._groups.get((step, prompt_id))
+        if hit is not None and sample_idx < hit[1]:
+            return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
+        steps = self._prompt_steps.get(prompt_id)
+        if steps is None:
+            lo, hi = self._step_rows[self._nearest(self.steps, step)]
+            row = lo + int(_hash01(self.seed, step, prompt_id, sample_idx) * (hi - lo))
+            return self._from_row(row, max_tokens, GLOBAL, step, prompt_id, sample_idx)
+        start, count = self._groups[(self._nearest(steps, step), prompt_id)]
+        row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
+        return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
+
+    def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> Outcome:
+        length, loop = self._len[row], self._loop[row]
+        if self._stopped[row]:
+            if length <= budget:
+                return Outcome(length, STOP, self._reward[row], source, loop)
+            return Outcome(budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, loop)
+        if budget <= length:  # cut short in the trace too; the budget cuts it no later
+            exact = source == EXACT and budget == length and self._max[row] == length
+            return Outcome(budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), loop)
+        # Recorded only up to `length`; the budget allows more. A loop runs on; otherwise take one of the
+        # prompt's responses that is known to be longer.
+        if loop < 0:
+            longer = self._longer_response(prompt_id, step, length, sample_idx)
+            if longer is not None and self._len[longer] <= budget and self._stopped[longer]:
+                return Outcome(self._len[longer], STOP, self._reward[longer], RESAMPLED, self._loop[longer])
+        return Outcome(budget, LENGTH, 0.0, RESAMPLED, loop)
+
+    def _longer_response(self, prompt_id: int, step: int, than: int, sample_idx: int) -> int | None:
+        candidates = []
+        for s in self._prompt_steps.get(prompt_id, ()):
+            start, count = self._groups[(s, prompt_id)]
+            candidates.extend(r for r in range(start, start + count) if self._len[r] > than)
+        if not candidates:
+            return None
+        return candidates[int(_hash01(self.seed, step, prompt_id, sample_idx, than) * len(candidates))]
+
+    @staticmethod
+    def _nearest(sorted_steps: list[int], step: int) -> int:
+        """The recorded step nearest to `step` (the earlier one on a tie)."""
+        i = bisect_left(sorted_steps, step)
+        if i == 0:
+            return sorted_steps[0]
+        if i == len(sorted_steps):
+            return sorted_steps[-1]
+        before, after = sorted_steps[i - 1], sorted_steps[i]
+        return after if after == step or after - step < step - before else before

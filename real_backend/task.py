@@ -1,0 +1,184 @@
+"""The synthetic reasoning task of the real backend: Collatz stopping-time traces.
+
+A prompt is a start value n (odd, n = 3 mod 4). The response iterates the Collatz map
+(x -> x/2 if x is even, 3x+1 if odd) from n, writing one step per state, until the
+first value below n, then writes that value as the answer:
+
+    prompt:   "7 2 0 0 0 :"                         (n = 27)
+    response: "t 2 8 0 0 0 h 1 4 0 0 0 ... = 3 2 0 0 0" <eos>
+
+Every number is written with exactly WIDTH digits, least significant first and zero
+padded, so digit i of a state sits a fixed distance (WIDTH + 1 tokens) after digit i of
+the state before it, and carries (3x+1) and borrows (x/2) only touch neighbouring
+digits: a 2-4 layer model can learn each step with fixed-offset attention. Each step
+opens with its operation token ("t" for 3x+1, "h" for x/2), chosen from the previous
+state's parity; "=" stops. The number of steps (the stopping time) is heavy-tailed
+across start values (half of them take 6 steps, 27 takes 96), which is what makes the
+response lengths long-tailed. See TASK.md.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+WIDTH = 5                # digits per number; every state of an eligible trajectory < 10**WIDTH
+MAX_STEPS = 84           # 84 steps * 6 tokens + "=" + answer + EOS = 511 tokens <= 512
+START_MAX = 2000         # prompt start values are drawn from [3, START_MAX)
+
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+DIGITS = [str(d) for d in range(10)]
+OPS = {"t": "3x+1", "h": "x/2"}
+STOP, PROMPT_END = "=", ":"
+VOCAB = SPECIAL + DIGITS + list(OPS) + [STOP, PROMPT_END]
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+EOS_TOKEN = "<eos>"
+
+_HERE = Path(__file__).resolve().parent
+MODEL_DIR = _HERE / "reference_model"
+PROMPTS_PATH = _HERE / "data" / "prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: int
+    text: str            # what is fed to the model (space-separated vocab tokens)
+    answer: str          # the first trajectory value below the start, in ordinary decimal
+    reference_len: int   # tokens of the reference solution, EOS included
+
+
+def encode_number(x: int) -> str:
+    """WIDTH digits, least significant first: 27 -> '7 2 0 0 0'."""
+    if not 0 <= x < 10**WIDTH:
+        raise ValueError(f"{x} does not fit in {WIDTH} digits")
+    return " ".join(str(x)[::-1].ljust(WIDTH, "0"))
+
+
+def decode_number(tokens: list[str]) -> int | None:
+    """Inverse of encode_number; None unless exactly WIDTH digit tokens."""
+    if len(tokens) != WIDTH or not all(t in DIGITS for t in tokens):
+        return None
+    return int("".join(reversed(tokens)))
+
+
+def trajectory(n: int) -> list[int]:
+    """Collatz states after n, up to and including the first one below n."""
+    xs, x = [], n
+    while True:
+        x = x // 2 if x % 2 == 0 else 3 * x + 1
+        xs.append(x)
+        if x < n:
+            return xs
+
+
+def solution_text(n: int, states: list[int] | None = None) -> str:
+    """Response text for start n (states default to the correct trajectory)."""
+    states = trajectory(n) if states is None else states
+    parts, prev = [], n
+    for x in states:
+        parts.append(("h " if prev % 2 == 0 else "t ") + encode_number(x))
+        prev = x
+    parts.append(f"{STOP} {encode_number(states[-1])}")
+    return " ".join(parts)
+
+
+def prompt_text(n: int) -> str:
+    return f"{encode_number(n)} {PROMPT_END}"
+
+
+def fits(n: int) -> bool:
+    """Trajectory short enough for max_tokens 512 and narrow enough for WIDTH digits."""
+    xs = trajectory(n)
+    return len(xs) <= MAX_STEPS and max(xs) < 10**WIDTH
+
+
+def eligible_starts() -> list[int]:
+    # n = 3 (mod 4): n = 1 (mod 4) always stops after 3 steps, which would put half of
+    # the prompts at one trivial length; the remaining ones still have a heavy tail.
+    return [n for n in range(3, START_MAX, 4) if fits(n)]
+
+
+def _make_prompt(prompt_id: int, n: int) -> Prompt:
+    states = trajectory(n)
+    ref_len = len(solution_text(n, states).split()) + 1  # + EOS
+    return Prompt(prompt_id, prompt_text(n), str(states[-1]), ref_len)
+
+
+def start_value(prompt: Prompt) -> int:
+    toks = prompt.text.split()
+    n = decode_number(toks[:-1])
+    if n is None or toks[-1] != PROMPT_END:
+        raise ValueError(f"malformed prompt text: {prompt.text!r}")
+    return n
+
+
+def make_prompts(n: int, seed: int) -> list[Prompt]:
+    """n distinct prompts drawn (without replacement) from the eligible start values."""
+    pool = eligible_starts()
+    if not 0 <= n <= len(pool):
+        raise ValueError(f"n must be in [0, {len(pool)}], got {n}")
+    starts = random.Random(seed).sample(pool, n)
+    return [_make_prompt(i, s) for i, s in enumerate(starts)]
+
+
+def reference_solution(prompt: Prompt) -> str:
+    return solution_text(start_value(prompt))
+
+
+def reward(prompt: Prompt, response_text: str) -> float:
+    """1.0 iff the response ends with '= <answer>' (WIDTH digits), else 0.0.
+
+    Only the final answer is checked, not the trace (outcome reward, as in GRPO).
+    A response cut off at max_tokens lacks the closing '= answer' and scores 0; the
+    one blind spot is a cut exactly after the answer digits, where EOS was due anyway.
+    """
+    toks = response_text.replace(EOS_TOKEN, " ").split()
+    if len(toks) < WIDTH + 1 or toks[-WIDTH - 1] != STOP:
+        return 0.0
+    return 1.0 if decode_number(toks[-WIDTH:]) == int(prompt.answer) else 0.0
+
+
+def save_prompts(prompts: list[Prompt], path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for p in prompts:
+            f.write(json.dumps(asdict(p)) + "\n")
+
+
+def load_prompts(path) -> list[Prompt]:
+    prompts = []
+    with Path(path).open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                p = Prompt(int(d["prompt_id"]), str(d["text"]), str(d["answer"]),
+                           int(d["reference_len"]))
+                start_value(p)  # text must parse
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: bad prompt record: {e}") from e
+            prompts.append(p)
+    return prompts
+
+
+def load_tokenizer(model_dir=MODEL_DIR):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def build_tokenizer():
+    """Word-level tokenizer over VOCAB; prepends <bos> like a normal LM tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS_ID)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token=EOS_TOKEN, pad_token="<pad>",
+        unk_token="<unk>", model_max_length=1024)
