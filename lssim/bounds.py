@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def peak_decode_throughput(cost, max_num_seqs: int, min_ctx: int) -> float:
-    """Tokens per second of one instance at its best batch size, every sequence at context `min_ctx`."""
-    sizes = sorted({1, *np.unique(np.geomspace(1, max_num_seqs, 24).astype(int)).tolist(), max_num_seqs})
-    return max(n / cost.decode_time(n, n * min_ctx, 1) for n in sizes)
+from .cost import peak_tokens_per_second, solo_decode_time
 
 
 def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
@@ -33,10 +29,10 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
         ctx0, tokens = ctx0[ran], tokens[ran]
         # The solo bound grows with tokens and context, so only the longest few can hold the maximum.
         top = np.argsort(tokens)[-32:]
-        solo = max(cost.prefill_time(int(c)) + cost.decode_time(1, int(c), int(t)) for c, t in zip(ctx0[top], tokens[top]))
+        solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(ctx0[top], tokens[top]))
         min_ctx = int(ctx0.min())
         if min_ctx not in peak_cache:
-            peak_cache[min_ctx] = peak_decode_throughput(cost, max_num_seqs, min_ctx)
+            peak_cache[min_ctx] = peak_tokens_per_second(cost, max_num_seqs, min_ctx)
         work = (float(tokens.sum()) / peak_cache[min_ctx] + cost.prefill_time(int(ctx0.sum()))) / n_instances
         return max(solo, work)
 

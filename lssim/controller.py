@@ -83,7 +83,7 @@ class Controller:
         self._step_rows: list[dict] = []
         self.groups_trained = 0
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
-        self._asks = {h: policy.overrides(h) for h in ("place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
+        self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
 
     # -- the run -----------------------------------------------------------------------------------
@@ -103,13 +103,16 @@ class Controller:
     def run_step(self, step: int) -> dict:
         cfg, policy, engine = self.config, self.policy, self.engine
         t0 = engine.now()
+        busy_start = self._busy()
         state = RolloutState(step=step, started=t0, now=t0)
         self._group_members: dict[int, list[Request]] = {}
+        self._group_open: dict[int, int] = {}  # members of each group not yet ended
         self._ctx_at_start: dict[int, int] = {}
         carried_in = self._carried
         self._carried = []
         for gid, members in self._waiting_groups.items():
             self._group_members[gid] = members
+            self._group_open[gid] = sum(not m.done for m in members)
         self._waiting_groups = {}
         for r in carried_in:
             self._ctx_at_start[r.rid] = r.prompt_len + r.generated
@@ -130,10 +133,10 @@ class Controller:
         state.requests_in_flight = len(self._in_flight)
         self._ended_this_step: list[Request] = []
         self._topped_up: list[Request] = []
-        self._count_done_groups(state)
         self._rollout(state)
         carried_out = self._settle_unfinished(state)
         rollout_end = engine.now()
+        busy_end = self._busy()
 
         done_groups = [Group(self._group_members[g][0].prompt_id, self._group_members[g][0].step, self._group_members[g])
                        for g in self._group_members if all(r.done for r in self._group_members[g])]
@@ -146,7 +149,8 @@ class Controller:
         step_end = engine.now()
 
         trained_ids = {id(r) for g in trained for r in g.requests}
-        row = self._record_step(step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids)
+        row = self._record_step(step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids,
+                                busy_end - busy_start)
         policy.end_step(self._outcome(step, rollout_end - t0, trained))
         if self.on_step:
             self.on_step(row)
@@ -200,8 +204,8 @@ class Controller:
         state.requests_in_flight -= 1
         state.responses_done += 1
         self._ended_this_step.append(r)
-        members = self._group_members[r.group_id]
-        if all(m.done for m in members):
+        self._group_open[r.group_id] -= 1
+        if self._group_open[r.group_id] == 0:
             state.groups_done += 1
 
     def _settle_unfinished(self, state: RolloutState) -> list[Request]:
@@ -219,13 +223,11 @@ class Controller:
         self._carried = carried
         return carried
 
-    def _count_done_groups(self, state: RolloutState) -> None:
-        state.groups_done = sum(all(m.done for m in ms) for ms in self._group_members.values())
-
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], step: int) -> list[Request]:
         requests = []
         used: dict[int, int] = {}  # samples of a prompt already planned this step: keeps keys unique
+        seeds = iter(self.rng.integers(2**31, size=sum(g.n_samples for g in plan)).tolist())
         for g in plan:
             gid = self._next_group
             self._next_group += 1
@@ -236,15 +238,22 @@ class Controller:
             for k in range(g.n_samples):
                 r = Request(rid=self._next_rid, group_id=gid, step=step, prompt_id=g.prompt_id, sample_idx=first + k,
                             prompt_len=prompt_len, max_tokens=g.max_tokens, priority=g.priority, instance=g.instance,
-                            seed=int(self.rng.integers(2**31)), first_version=step)
+                            seed=next(seeds), first_version=step)
                 self._next_rid += 1
                 self._ctx_at_start[r.rid] = prompt_len
                 members.append(r)
             self._group_members[gid] = members
+            self._group_open[gid] = len(members)
             requests.extend(members)
         return requests
 
     def _submit(self, requests: list[Request], state: RolloutState) -> None:
+        if self._asks["priority"]:
+            for r in requests:
+                choice = self.policy.priority(r)
+                if choice is not None:
+                    r.priority = choice
+            requests = sorted(requests, key=lambda r: r.priority)  # placed and queued in priority order
         if self._asks["place"]:
             loads = self.engine.loads()
             for r in requests:
@@ -263,7 +272,8 @@ class Controller:
         self._submit(fresh, state)
 
     # -- records -----------------------------------------------------------------------------------
-    def _record_step(self, step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids) -> dict:
+    def _record_step(self, step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids,
+                     busy_seconds) -> dict:
         extra = self._topped_up
         ended = self._ended_this_step
         for r in ended + carried_out:
@@ -325,14 +335,14 @@ class Controller:
             "exact_fraction": float(np.mean([r.exact for r in ended])) if ended else float("nan"),
             "mean_reward": float(np.nanmean([r.reward for g in trained for r in g.requests])) if trained else float("nan"),
         }
-        row.update(self.engine_stats(t0, rollout_end))
+        row["busy_fraction"] = busy_seconds / (self.engine.n_instances * rollout_s) if rollout_s > 0 else float("nan")
         row.update({f"train_{k}": v for k, v in train_metrics.items()})
         self._step_rows.append(row)
         return row
 
-    def engine_stats(self, t0: float, t1: float) -> dict:
-        stats = getattr(self.engine, "busy_fraction", None)
-        return {"busy_fraction": stats(t0, t1)} if stats else {}
+    def _busy(self) -> float:
+        busy = getattr(self.engine, "busy_seconds", None)  # optional: engines that can tell
+        return busy() if busy else float("nan")
 
     def _outcome(self, step: int, rollout_seconds: float, trained: list[Group]) -> StepOutcome:
         ended = self._ended_this_step

@@ -112,7 +112,7 @@ class StepContext:
     carried_groups: int  # groups carried over from the last step, resubmitted before the plan
     pool: PromptPool
     rng: np.random.Generator  # the policy's own generator, seeded by the run
-    oracle_length: object = None  # simulator only: f(prompt_id, sample_idx, max_tokens) -> length; None in the real world
+    oracle_length: object = None  # simulator only: f(step, prompt_id, sample_idx, max_tokens) -> length; None in the real world
 
 
 @dataclass(slots=True)

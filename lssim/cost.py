@@ -13,7 +13,10 @@ Conventions shared by all models (the ``CostModel`` protocol):
 * ``decode_time(n, ctx, k)``: seconds for ``k`` decode iterations; ``ctx`` is the summed context
   (prompt + generated so far) at the first of them. 0 when ``k == 0`` or ``n == 0``.
 * ``iterations_within(n, ctx, s)``: the largest ``k`` with ``decode_time(n, ctx, k) <= s``.
-* ``prefill_time(tokens)``: seconds added to the iteration that admits ``tokens`` prompt tokens.
+* ``prefill_time(tokens)``: seconds added to the iteration that admits ``tokens`` prompt tokens
+  (possibly of several prompts together). Affine in ``tokens`` with a non-negative intercept, so
+  it is subadditive: ``prefill_time(a + b) <= prefill_time(a) + prefill_time(b)``. Pricing all
+  prompts as one call therefore never overstates their prefill, which keeps lower bounds valid.
 
 Hot-path methods use plain float arithmetic only (no numpy, no allocation); constants are
 precomputed in ``__init__``.
@@ -66,7 +69,8 @@ class CostModel(Protocol):
         ...
 
     def prefill_time(self, n_tokens: int) -> float:
-        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration)."""
+        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration);
+        0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
         ...
 
     def describe(self) -> dict:
@@ -241,6 +245,12 @@ class RooflineCostModel:
     span splits at the one iteration where the larger side switches and each piece is summed in
     closed form. Tensor-parallel communication is not modelled.
 
+    Prefill of ``t`` tokens = ``2 x params x t / (tp x peak_flops x prefill_mfu)`` (+ one weight read,
+    see below). The causal-attention FLOPs of prefill (quadratic in each prompt's length) are left
+    out: ``prefill_time`` gets the total over possibly many prompts, so it cannot know them, and
+    they are small for RL-sized prompts (about 1% of prefill FLOPs for a 7B model at 1k tokens,
+    5% at 4k). Leaving them out keeps ``prefill_time`` affine and subadditive.
+
     Defaults (per GPU, chosen so the model lands where measured vLLM numbers are):
 
     * ``bandwidth_efficiency=0.85``: fraction of datasheet HBM bandwidth a streaming GEMV reaches
@@ -294,10 +304,8 @@ class RooflineCostModel:
         self._cmp_a = 2.0 * model.params / flops
         self._cmp_b = attn_flops_per_ctx / flops
         self._ov = self.iteration_overhead_s
-        # prefill(t) = _pf_a*t + _pf_b*t*(t+1)/2 + _pf_w   (causal attention over the prompt)
-        pflops = tp * hw.peak_flops * prefill_mfu
-        self._pf_a = 2.0 * model.params / pflops
-        self._pf_b = attn_flops_per_ctx / pflops
+        # prefill(t) = _pf_a*t + _pf_w for t > 0
+        self._pf_a = 2.0 * model.params / (tp * hw.peak_flops * prefill_mfu)
         self._pf_w = self._mem_a if prefill_includes_weight_read else 0.0
 
     # -- hot path ------------------------------------------------------------------------------
@@ -351,7 +359,7 @@ class RooflineCostModel:
     def prefill_time(self, n_tokens: int) -> float:
         if n_tokens <= 0:
             return 0.0
-        return self._pf_a * n_tokens + self._pf_b * n_tokens * (n_tokens + 1) * 0.5 + self._pf_w
+        return self._pf_a * n_tokens + self._pf_w
 
     # -- helpers -------------------------------------------------------------------------------
 

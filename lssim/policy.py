@@ -12,6 +12,7 @@ Hooks, in the order the controller calls them during a step, and the rule that c
 (`Compose([a, b])`, written `a+b` on the command line):
 
     plan(ctx, proposal) -> list[GroupSpec]     chained left to right: each revises the last one's plan
+    priority(request) -> int | None            the first policy with an opinion sets it (lower runs first)
     place(request, loads) -> int | None        the first policy with an opinion places the request
     progress_interval (tokens) / on_progress   any Stop wins over any Carry wins over no opinion
     on_finish(request, state)                  every policy is told
@@ -75,6 +76,9 @@ class Policy:
     def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
         return proposal
 
+    def priority(self, request: Request) -> int | None:
+        return None
+
     def place(self, request: Request, loads: list[InstanceLoad]) -> int | None:
         return None
 
@@ -117,7 +121,7 @@ class Policy:
         return f"{type(self).__name__}({inner})"
 
 
-HOOKS = ("plan", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select", "end_step")
+HOOKS = ("plan", "priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select", "end_step")
 
 
 class Compose(Policy):
@@ -144,6 +148,13 @@ class Compose(Policy):
         for p in self._by_hook["plan"]:
             proposal = p.plan(ctx, proposal)
         return proposal
+
+    def priority(self, request):
+        for p in self._by_hook["priority"]:
+            choice = p.priority(request)
+            if choice is not None:
+                return choice
+        return None
 
     def place(self, request, loads):
         for p in self._by_hook["place"]:
@@ -186,3 +197,55 @@ class Compose(Policy):
 
     def __repr__(self) -> str:
         return " + ".join(repr(p) for p in self.policies)
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a policy from its command-line spelling: `hadb`, `hadb+breaker`, `hadb(short_batch_factor=3)+april`.
+
+    The name is the module in the top-level `policies` package; its one Policy subclass is used, so adding
+    a policy is adding a file. Parameters are the class's keyword arguments; an unknown one is an error.
+    """
+    import ast
+    import importlib
+    import inspect
+    import re
+
+    parts = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]
+    if not parts:
+        raise ValueError(f"empty policy spec {spec!r}")
+    built = []
+    for part in parts:
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
+        if not m:
+            raise ValueError(f"cannot parse policy {part!r} (expected name or name(key=value, ...))")
+        name, args = m.group(1), m.group(2)
+        try:
+            module = importlib.import_module(f"policies.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"policies.{name}":
+                raise
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(available_policies())}") from None
+        classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                   if issubclass(c, Policy) and c.__module__ == module.__name__]
+        if len(classes) != 1:
+            raise ValueError(f"policies/{name}.py must define exactly one Policy subclass, found {len(classes)}")
+        kwargs = {}
+        if args:
+            call = ast.parse(f"f({args})", mode="eval").body
+            if call.args:
+                raise ValueError(f"policy {name}: parameters must be named (key=value), got {args!r}")
+            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        try:
+            built.append(classes[0](**kwargs))
+        except TypeError as e:
+            raise ValueError(f"policy {name}: {e}") from None
+    return built[0] if len(built) == 1 else Compose(built)
+
+
+def available_policies() -> list[str]:
+    """Names of the modules in the `policies` package (each one policy)."""
+    import pkgutil
+
+    import policies
+
+    return sorted(m.name for m in pkgutil.iter_modules(policies.__path__) if not m.name.startswith("_"))

@@ -497,8 +497,7 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
     order = np.lexsort((out["sample_idx"], out["prompt_id"], out["step"]))
     if not (order == np.arange(n)).all():
         res = res.take(order)
-    res.reset_index(drop=True, inplace=True)
-    return res
+    return res.reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------

@@ -77,6 +77,14 @@ def test_monotone_in_every_argument(name, n, c, k, dn, dctx, dk):
     assert cost.prefill_time(tok + dn) >= cost.prefill_time(tok) >= 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(model_names, st.integers(0, 100_000), st.integers(0, 100_000))
+def test_prefill_is_subadditive(name, a, b):
+    """Pricing several prompts as one prefill call never overstates their prefill."""
+    cost = COST_MODELS[name]
+    assert cost.prefill_time(a + b) <= cost.prefill_time(a) + cost.prefill_time(b) * (1 + 1e-12)
+
+
 def test_zero_cases():
     for cost in COST_MODELS.values():
         assert cost.decode_time(8, 1000.0, 0) == 0.0
