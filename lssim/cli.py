@@ -136,11 +136,91 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(func=_run_trace_info)
 
 
+
+# --------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------
+
+TABLE_COLUMNS = {  # summary column -> (header, format)
+    "rollout_seconds": ("rollout s", "{:,.0f}"),
+    "speedup": ("speedup", "{:.3f}x"),
+    "tokens_per_second": ("tok/s", "{:,.0f}"),
+    "lower_bound_efficiency": ("bound eff", "{:.1%}"),
+    "long_tail_ratio": ("tail ratio", "{:.2f}"),
+    "busy_fraction": ("busy", "{:.1%}"),
+    "truncated_fraction": ("truncated", "{:.1%}"),
+    "effective_group_fraction": ("eff groups", "{:.1%}"),
+    "exact_fraction": ("exact", "{:.1%}"),
+    "steps": ("steps", "{:d}"),
+}
+
+
+def format_summary(table) -> str:
+    """The terminal table: one row per policy, the columns a researcher reads first."""
+    headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
+    rows = [[name] + [fmt.format(table.loc[name, col]) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
+    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from .replay import SimSetup, replay, summarize
+    from .results import write_results
+    from .trace import load_trace
+
+    trace = load_trace(args.trace)
+    setup = SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
+                     max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+    policies = [p for spec in args.policy for p in [spec]]
+    results = replay(trace, policies, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty())
+    table = summarize(results)
+    if args.out:
+        write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
+    if args.json:
+        print(json.dumps({name: {k: _jsonable(v) for k, v in row.items()} for name, row in table.to_dict("index").items()}, indent=2))
+    else:
+        print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
+              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}")
+        print(format_summary(table))
+        if args.out:
+            print(f"results written to {args.out}/")
+    return 0
+
+
+def _jsonable(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace under policies, against baseline, oracle and the lower bound",
+        description="Replay a trace in the simulator under each --policy (composed with +, e.g. hadb+oracle), "
+        "always with baseline and oracle as references, and print each against the per-step lower bound.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("--policy", action="append", default=[], metavar="SPEC",
+                   help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
+    p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
+    p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
+    p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per engine instance")
+    p.add_argument("--instances", type=int, default=8, help="engine instances")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
+    p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
+    p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="DIR", help="write per-response and per-step parquet and the summary here")
+    p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
+    p.set_defaults(func=_run_replay)
+
 # --------------------------------------------------------------------------
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "synth": _add_synth,
     "trace": _add_trace,
+    "replay": _add_replay,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 

@@ -257,7 +257,7 @@ def _object_numeric(s: pd.Series, col: str, source: str, kind: str) -> np.ndarra
             count=len(s),
         )
         if bad.any():
-            _fail(source, col, s, bad, f"expected {kind} number, got {type(s.iloc[int(np.flatnonzero(bad)[0])]).__name__}")
+            _fail(source, col, s, bad, f"expected {kind}, got {type(s.iloc[int(np.flatnonzero(bad)[0])]).__name__}")
     return pd.to_numeric(s, errors="raise").to_numpy(dtype="float64", na_value=np.nan)
 
 
@@ -265,17 +265,17 @@ def _as_float_array(s: pd.Series, col: str, source: str, kind: str) -> np.ndarra
     """Any numeric-looking column as float64 (NaN for missing); refuse non-numbers."""
     dt = s.dtype
     if pd.api.types.is_bool_dtype(dt):
-        _fail(source, col, s, np.ones(len(s), bool), f"expected {kind} number, got bool")
+        _fail(source, col, s, np.ones(len(s), bool), f"expected {kind}, got bool")
     if isinstance(dt, pd.CategoricalDtype) or pd.api.types.is_string_dtype(dt) and dt != object:
         mask = s.notna().to_numpy()
         if not mask.any():
             mask = np.ones(len(s), bool)
-        _fail(source, col, s, mask, f"expected {kind} number, got text ({dt})")
+        _fail(source, col, s, mask, f"expected {kind}, got text ({dt})")
     if pd.api.types.is_numeric_dtype(dt):
         return s.to_numpy(dtype="float64", na_value=np.nan)
     if dt == object:
         return _object_numeric(s, col, source, kind)
-    _fail(source, col, s, np.ones(len(s), bool), f"expected {kind} number, got dtype {dt}")
+    _fail(source, col, s, np.ones(len(s), bool), f"expected {kind}, got dtype {dt}")
     raise AssertionError  # unreachable
 
 
@@ -292,7 +292,7 @@ def _coerce_int(s: pd.Series, col: str, source: str) -> np.ndarray:
             if big.any():
                 _fail(source, col, s, big, "value does not fit in int64")
         return s.to_numpy().astype("int64", copy=False)
-    a = _as_float_array(s, col, source, "integer")
+    a = _as_float_array(s, col, source, "an integer")
     nan = np.isnan(a)
     if nan.any():
         _fail(source, col, s, nan, "missing value (NaN) in integer column")
@@ -310,7 +310,7 @@ def _coerce_int(s: pd.Series, col: str, source: str) -> np.ndarray:
 def _coerce_float(s: pd.Series, col: str, source: str) -> np.ndarray:
     if pd.api.types.is_float_dtype(s.dtype) and not isinstance(s.dtype, pd.api.extensions.ExtensionDtype):
         return s.to_numpy().astype("float64", copy=False)
-    return _as_float_array(s, col, source, "real")
+    return _as_float_array(s, col, source, "a number")
 
 
 def _coerce_str(s: pd.Series, col: str, source: str, nan_default: str | None) -> pd.Series:
@@ -452,21 +452,23 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
             bad = out[a] > out[b]  # False where either is NaN
         if bad.any():
             pos = int(np.flatnonzero(bad)[0])
-            _fail(source, b, None, bad, f"{a} {out[a][pos]!r} > {b} {out[b][pos]!r}")
+            _fail(source, b, None, bad, f"{a} {_fmt(out[a][pos])} > {b} {_fmt(out[b][pos])}")
     step = out["step"]
     for name in ("step_rollout_seconds", "step_train_seconds"):
         v = out[name]
         known = ~np.isnan(v)
         if known.any():
-            g = pd.DataFrame({"step": step[known], "v": v[known]}).groupby("step")["v"]
-            lo, hi = g.transform("min").to_numpy(), g.transform("max").to_numpy()
-            bad_k = lo != hi
+            kpos = np.flatnonzero(known)
+            g = pd.DataFrame({"step": step[kpos], "v": v[kpos], "pos": kpos}).groupby("step")
+            first_v, first_pos = g["v"].transform("first").to_numpy(), g["pos"].transform("first").to_numpy()
+            bad_k = v[kpos] != first_v
             if bad_k.any():
                 bad = np.zeros(n, bool)
-                bad[np.flatnonzero(known)[bad_k]] = True
+                bad[kpos[bad_k]] = True
                 pos = int(np.flatnonzero(bad)[0])
+                ref = int(first_pos[np.flatnonzero(bad_k)[0]])
                 _fail(source, name, series(name), bad,
-                      f"differs within step {step[pos]} (values from {lo[bad_k][0]!r} to {hi[bad_k][0]!r})")
+                      f"differs within step {step[pos]} (row {ref} has {_fmt(v[ref])})")
 
     # ---- unique key -----------------------------------------------------------
     keys = pd.DataFrame({k: out[k] for k in KEY})
@@ -479,9 +481,11 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
             same &= out[k] == x
         first = int(np.flatnonzero(same)[0])
         desc = ", ".join(f"{k}={x}" for k, x in zip(KEY, kv))
+        ndup = int(dup.sum())
+        more = f"; {ndup} duplicate rows in all" if ndup > 1 else ""
         raise TraceError(
-            f"{source}: column 'step/prompt_id/sample_idx': row {second}: duplicate key ({desc}), "
-            f"also at row {first}; {int(dup.sum())} duplicate rows in all"
+            f"{source}: key columns 'step', 'prompt_id', 'sample_idx': row {second}: duplicate key ({desc}), "
+            f"first seen at row {first}{more}"
         )
 
     # ---- assemble, keep extra columns, sort ------------------------------------

@@ -1,0 +1,131 @@
+"""Replay a trace under policies in the simulator, and put each against the baseline and the bound.
+
+    from lssim.replay import SimSetup, replay, summarize
+    results = replay(load_trace("traces/math7b.parquet"), ["hadb"], SimSetup())
+    print(summarize(results))
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .bounds import make_lower_bound
+from .controller import Controller, RunConfig, RunResult
+from .cost import HARDWARE, MODELS, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .policy import Policy, make_policy
+from .sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from .workload import Workload
+
+
+@dataclass
+class SimSetup:
+    """The simulated cluster: a model on some hardware, N engine instances, and the train-time model."""
+
+    model: str = "qwen2.5-7b"  # a key of lssim.cost.MODELS
+    hardware: str = "H100"  # a key of lssim.cost.HARDWARE
+    tp: int = 1  # GPUs per engine instance (tensor parallel)
+    n_instances: int = 8
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
+    profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
+    train: TrainTimeModel = field(default_factory=TrainTimeModel)
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        if self.hardware not in HARDWARE:
+            raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
+
+    def cost_model(self):
+        if self.profile:
+            return ProfiledCostModel.from_json(self.profile)
+        return RooflineCostModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
+
+    def engine_config(self) -> EngineConfig:
+        kv = self.kv_capacity_tokens or kv_capacity_tokens(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
+        return EngineConfig(self.n_instances, self.max_num_seqs, kv)
+
+
+def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
+             progress: bool = False) -> RunResult:
+    """Run one policy over the trace's workload: the same number of groups the trace trained on."""
+    policy = make_policy(policy) if isinstance(policy, str) else policy
+    cost = setup.cost_model()
+    engine_cfg = setup.engine_config()
+    engine = SimEngine(workload, cost, engine_cfg)
+    trainer = SimTrainer(engine, setup.train)
+    n_steps = steps or len(workload.steps)
+    # Every policy trains on the same number of groups; policies that batch differently take more or
+    # fewer steps to get there (up to twice the trace's).
+    config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
+                       max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
+    oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
+    controller = Controller(engine, trainer, workload, policy, config,
+                            lower_bound=make_lower_bound(cost, engine_cfg.n_instances, engine_cfg.max_num_seqs),
+                            oracle_length=oracle)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.total_groups, desc=policy.name, unit="group", leave=False)
+        controller.on_step = lambda row: bar.update(row["groups_trained"])
+    try:
+        result = controller.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    result.meta.update(setup=asdict(setup), cost=cost.describe(), engine=asdict(engine_cfg), sources=dict(engine.sources),
+                       preemptions=engine.preemptions)
+    return result
+
+
+def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = None, steps: int | None = None,
+           seed: int = 0, progress: bool = False) -> dict[str, RunResult]:
+    """Each policy, plus `baseline` and `oracle` as references, over the same trace and cluster."""
+    setup = setup or SimSetup()
+    workload = Workload(trace, seed=seed)
+    names = ["baseline"] + [p for p in policies if p != "baseline" and p != "oracle"] + ["oracle"]
+    # Build every policy before the first run, so a bad spec fails before minutes of simulation.
+    built = {name: make_policy(name) for name in names}
+    return {name: simulate(workload, built[name], setup, steps, seed, progress) for name in names}
+
+
+SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bound_efficiency", "long_tail_ratio",
+                   "busy_fraction", "truncated_fraction", "policy_stopped_fraction", "off_policy_token_fraction",
+                   "effective_group_fraction", "exact_fraction", "mean_reward", "steps", "groups_trained", "responses"]
+
+
+def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
+    """One row per policy: totals over the run, and the speedup in rollout time per trained group over baseline."""
+    rows = {}
+    for name, res in results.items():
+        s, r = res.steps, res.responses
+        rollout = float(s["rollout_seconds"].sum())
+        groups = int(s["groups_trained"].sum())
+        rows[name] = {
+            "rollout_seconds": rollout,
+            "rollout_seconds_per_group": rollout / groups if groups else float("nan"),
+            "step_seconds": float(s["step_seconds"].sum()),
+            "tokens_per_second": float(s["tokens"].sum()) / rollout if rollout > 0 else float("nan"),
+            "lower_bound_seconds": float(s["lower_bound_seconds"].sum()),
+            "lower_bound_efficiency": float(s["lower_bound_seconds"].sum()) / rollout if rollout > 0 else float("nan"),
+            "long_tail_ratio": float(s["long_tail_ratio"].median()),
+            "busy_fraction": float(np.average(s["busy_fraction"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
+            "truncated_fraction": float((r["finish_reason"] == "length").mean()),
+            "policy_stopped_fraction": float((r["finish_reason"] == "policy_stop").mean()),
+            "off_policy_token_fraction": float(r["tokens_before_resume"].sum() / max(1, r["response_len"].sum())),
+            "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
+            "exact_fraction": float(r["exact"].mean()),
+            "mean_reward": float(r.loc[r["trained"], "reward"].mean()),
+            "steps": len(s),
+            "groups_trained": groups,
+            "responses": len(r),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "policy"
+    if "baseline" in table.index:
+        table.insert(1, "speedup", table.loc["baseline", "rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
+    return table
