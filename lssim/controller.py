@@ -336,7 +336,7 @@ class Controller:
             "mean_reward": float(np.nanmean([r.reward for g in trained for r in g.requests])) if trained else float("nan"),
         }
         row["busy_fraction"] = busy_seconds / (self.engine.n_instances * rollout_s) if rollout_s > 0 else float("nan")
-        row.update({f"train_{k}": v for k, v in train_metrics.items()})
+        row.update({f"trainer_{k}": v for k, v in train_metrics.items()})
         self._step_rows.append(row)
         return row
 

@@ -488,20 +488,20 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
             f"first seen at row {first}{more}"
         )
 
-    # ---- assemble, keep extra columns, sort ------------------------------------
-    res = pd.DataFrame({c.name: (out[c.name].to_numpy() if isinstance(out[c.name], pd.Series) else out[c.name])
-                        for c in COLUMNS if c.kind != "str"}, index=pd.RangeIndex(n))
-    for c in COLUMNS:
-        if c.kind == "str":
-            res[c.name] = out[c.name].reset_index(drop=True)
-    res = res[[c.name for c in COLUMNS]]
-    extra = [c for c in df.columns if c not in SCHEMA]
-    for c in extra:
-        res[c] = df[c].to_numpy()
+    # ---- assemble (sorted by key), keep extra columns ---------------------------
     order = np.lexsort((out["sample_idx"], out["prompt_id"], out["step"]))
-    if not (order == np.arange(n)).all():
-        res = res.take(order)
-    return res.reset_index(drop=True)
+    identity = bool((order == np.arange(n)).all())
+
+    def arr(v: Any) -> Any:
+        a = v.array if isinstance(v, pd.Series) else v
+        return a if identity else a.take(order)
+
+    cols: dict[str, Any] = {c.name: arr(out[c.name]) for c in COLUMNS}
+    for c in df.columns:
+        if c not in SCHEMA:
+            cols[c] = arr(df[c])
+    # copy=False: one block per column, no consolidation copy (matters at 1M rows)
+    return pd.DataFrame(cols, index=pd.RangeIndex(n), copy=False)
 
 
 # --------------------------------------------------------------------------

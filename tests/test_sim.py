@@ -1,0 +1,179 @@
+"""The simulated world and the shared controller: small scenarios that assert what happened, and
+hypothesis properties for the invariants (books balance, determinism, the lower bound)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lssim.bounds import make_lower_bound
+from lssim.controller import Controller, RunConfig
+from lssim.core import GroupSpec
+from lssim.cost import ProfiledCostModel, solo_decode_time
+from lssim.policy import Action, Policy, make_policy
+from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.workload import Workload
+
+# 1 ms + 10 us per running sequence + 1 ns per context token per iteration; prefill 0.1 ms + 1 us/token.
+COST = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6)
+NO_TRAIN = TrainTimeModel(seconds_per_token=0.0, fixed_seconds=0.0, sync_seconds=0.0)
+
+
+def make_trace(lengths, prompt_len=16, max_tokens=None, rewards=None):
+    """A trace from an array lengths[step, prompt, sample]."""
+    lengths = np.asarray(lengths)
+    steps, prompts, group = lengths.shape
+    max_tokens = max_tokens or int(lengths.max())
+    s, p, k = np.meshgrid(np.arange(steps), np.arange(prompts), np.arange(group), indexing="ij")
+    flat = lengths.ravel()
+    reward = np.asarray(rewards).ravel() if rewards is not None else (flat % 2).astype(float)
+    return pd.DataFrame({
+        "step": s.ravel(), "prompt_id": p.ravel(), "sample_idx": k.ravel(), "prompt_len": prompt_len,
+        "response_len": np.minimum(flat, max_tokens), "reward": np.where(flat >= max_tokens, 0.0, reward),
+        "finish_reason": np.where(flat >= max_tokens, "length", "stop"), "max_tokens": max_tokens,
+    })
+
+
+def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed=0, steps=None, train=NO_TRAIN):
+    wl = Workload(trace, seed=seed)
+    engine = SimEngine(wl, COST, EngineConfig(n_instances, max_num_seqs, kv))
+    n_steps = steps or len(wl.steps)
+    cfg = RunConfig(steps=2 * n_steps, groups_per_step=wl.groups_per_step, group_size=wl.group_size, max_tokens=wl.max_tokens,
+                    total_groups=n_steps * wl.groups_per_step, seed=seed)
+    policy = make_policy(policy) if isinstance(policy, str) else policy
+    ctl = Controller(engine, SimTrainer(engine, train), wl, policy, cfg, lower_bound=make_lower_bound(COST, n_instances, max_num_seqs),
+                     oracle_length=lambda st_, pid, sidx, b: wl.response(st_, pid, sidx, b).length)
+    return ctl.run(), engine
+
+
+# -- tiny scenarios ------------------------------------------------------------------------------
+
+def test_one_sequence_alone_takes_its_solo_time():
+    res, _ = run(make_trace([[[100]]]), n_instances=1)
+    assert res.steps["rollout_seconds"].iloc[0] == pytest.approx(solo_decode_time(COST, 16, 100))
+    assert res.responses["response_len"].tolist() == [100]
+
+
+def test_one_slot_takes_the_sum_of_solo_times():
+    lengths = [[[50, 10, 30], [70, 5, 1]]]
+    res, _ = run(make_trace(lengths), n_instances=1, max_num_seqs=1)
+    expected = sum(solo_decode_time(COST, 16, n) for n in np.ravel(lengths))
+    assert res.steps["rollout_seconds"].iloc[0] == pytest.approx(expected)
+
+
+def test_batched_sequences_finish_in_length_order_and_share_iterations():
+    res, _ = run(make_trace([[[30, 10, 20]]]), n_instances=1)
+    r = res.responses.sort_values("finish_time")
+    assert r["response_len"].tolist() == [10, 20, 30]
+    # All three run together for 10 iterations, two for the next 10, one for the last 10.
+    t = COST.prefill_time(48) + COST.decode_time(3, 48, 10)
+    assert r["finish_time"].iloc[0] == pytest.approx(t)
+    t += COST.decode_time(2, 16 * 2 + 20 + 30 - 20, 10)  # contexts at iteration 10: 16+10 and 16+10 after the first left
+    assert r["finish_time"].iloc[1] == pytest.approx(t, rel=1e-3)
+
+
+def test_kv_overflow_preempts_and_still_finishes_everything():
+    trace = make_trace([[[200] * 8]], max_tokens=400)
+    res, engine = run(trace, n_instances=1, kv=1000)
+    assert engine.preemptions > 0
+    assert (res.responses["response_len"] == 200).all() and (res.responses["finish_reason"] == "stop").all()
+
+
+def test_request_larger_than_the_cache_is_refused_clearly():
+    with pytest.raises(ValueError, match="KV tokens"):
+        run(make_trace([[[500]]]), n_instances=1, kv=100)
+
+
+def test_truncation_and_resampling_are_counted():
+    trace = make_trace(np.arange(1, 1 + 2 * 3 * 4).reshape(2, 3, 4) * 10)
+
+    class Budget(Policy):
+        name = "budget"
+
+        def plan(self, ctx, proposal):
+            return [GroupSpec(g.prompt_id, g.n_samples + 2, 100) for g in proposal]
+
+    res, engine = run(trace, Budget(), n_instances=1)
+    assert engine.sources["truncated"] > 0 and engine.sources["resampled"] == 2 * 3 * 2
+    assert res.responses["response_len"].max() == 100
+    assert (res.responses.loc[res.responses["finish_reason"] == "length", "reward"] == 0).all()
+
+
+def test_policy_stop_and_carry_are_booked():
+    trace = make_trace([[[300, 20, 20, 20]]] * 3)
+
+    class StopLong(Policy):
+        name = "stop_long"
+        progress_interval = 50
+
+        def on_progress(self, request, state):
+            if request.generated >= 100:
+                return Action.stop("too long", reward=-1.0)
+            return Action.carry("pause") if request.step == 0 and request.generated >= 50 else None
+
+    res, _ = run(trace, StopLong(), n_instances=1)
+    s = res.steps
+    assert (s["responses_in"] == s["finished"] + s["truncated"] + s["policy_stopped"] + s["dropped"] + s["carried_out"]).all()
+    assert s["carried_out"].iloc[0] == 1 and s["carried_in"].iloc[1] == 1
+    stopped = res.responses[res.responses["finish_reason"] == "policy_stop"]
+    assert len(stopped) == 3 and (stopped["reward"] == -1.0).all() and (stopped["stop_reason"] == "too long").all()
+    assert (stopped["response_len"] == 100).all()
+    carried = stopped[stopped["step"] == 0].iloc[0]
+    assert carried["policy_version_first"] == 0 and carried["policy_version_last"] == 1 and carried["tokens_before_resume"] == 50
+
+
+def test_train_phase_advances_the_clock():
+    res, _ = run(make_trace([[[10, 10]]] * 2), train=TrainTimeModel(seconds_per_token=0.0, fixed_seconds=5.0, sync_seconds=1.0))
+    assert res.steps["train_seconds"].tolist() == pytest.approx([6.0, 6.0])
+    assert res.responses["submit_time"].max() == pytest.approx(0.0)  # relative to each step's start
+
+
+# -- properties ----------------------------------------------------------------------------------
+
+traces = st.builds(
+    lambda steps, prompts, group, seed, tail: make_trace(
+        np.minimum(np.random.default_rng(seed).lognormal(3.5, tail, size=(steps, prompts, group)).astype(int) + 1, 400),
+        max_tokens=400),
+    steps=st.integers(1, 3), prompts=st.integers(1, 6), group=st.integers(1, 4), seed=st.integers(0, 10**6),
+    tail=st.floats(0.2, 1.5))
+POLICIES = ["baseline", "hadb", "oracle", "hadb+oracle"]
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(trace=traces, policy=st.sampled_from(POLICIES), instances=st.integers(1, 3), seqs=st.integers(1, 8),
+       kv=st.sampled_from([500, 2000, 10**6]))
+def test_every_response_accounted_for_exactly_once(trace, policy, instances, seqs, kv):
+    res, _ = run(trace, policy, n_instances=instances, max_num_seqs=seqs, kv=kv)
+    s, r = res.steps, res.responses
+    assert (s["responses_in"] == s["finished"] + s["truncated"] + s["policy_stopped"] + s["dropped"] + s["carried_out"]).all()
+    assert not r.duplicated(["step", "prompt_id", "sample_idx"]).any()
+    assert len(r) == s["responses_in"].sum() - s["carried_in"].sum()
+    assert s["groups_trained"].sum() == res.steps["groups_trained"].sum() == len(r.groupby("group_id"))
+
+
+@FAST
+@given(trace=traces, policy=st.sampled_from(POLICIES), seed=st.integers(0, 3))
+def test_same_seed_same_result(trace, policy, seed):
+    a, _ = run(trace, policy, seed=seed)
+    b, _ = run(trace, policy, seed=seed)
+    pd.testing.assert_frame_equal(a.responses, b.responses)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+
+
+@FAST
+@given(trace=traces, policy=st.sampled_from(POLICIES), instances=st.integers(1, 3), seqs=st.integers(1, 8),
+       kv=st.sampled_from([500, 2000, 10**6]))
+def test_no_step_is_shorter_than_its_lower_bound(trace, policy, instances, seqs, kv):
+    res, _ = run(trace, policy, n_instances=instances, max_num_seqs=seqs, kv=kv)
+    s = res.steps
+    assert (s["rollout_seconds"] >= s["lower_bound_seconds"] * (1 - 1e-9)).all()
+
+
+@FAST
+@given(trace=traces, instances=st.integers(1, 3))
+def test_more_instances_never_make_the_oracle_slower(trace, instances):
+    few, _ = run(trace, "oracle", n_instances=instances, max_num_seqs=4)
+    more, _ = run(trace, "oracle", n_instances=instances + 1, max_num_seqs=4)
+    assert more.steps["rollout_seconds"].sum() <= few.steps["rollout_seconds"].sum() * (1 + 1e-9)
