@@ -279,27 +279,21 @@ class Controller:
         for r in ended + carried_out:
             r.last_version = step
         rows = self._rows
-        for r in ended:
-            rows["step"].append(r.step)
-            rows["end_step"].append(step)
-            rows["prompt_id"].append(r.prompt_id)
-            rows["sample_idx"].append(r.sample_idx)
-            rows["group_id"].append(r.group_id)
-            rows["prompt_len"].append(r.prompt_len)
-            rows["response_len"].append(r.generated)
-            rows["max_tokens"].append(r.max_tokens)
-            rows["reward"].append(r.reward)
-            rows["finish_reason"].append(r.finish_reason)
-            rows["stop_reason"].append(r.stop_reason)
-            rows["policy_version_first"].append(r.first_version)
-            rows["policy_version_last"].append(r.last_version)
-            rows["tokens_before_resume"].append(r.tokens_before_resume)
-            rows["instance"].append(-1 if r.instance is None else r.instance)
-            rows["submit_time"].append(r.submit_time - t0)
-            rows["first_token_time"].append(r.first_token_time - t0)
-            rows["finish_time"].append(r.finish_time - t0)
-            rows["exact"].append(r.exact)
-            rows["trained"].append(id(r) in trained_ids)
+        # Column by column: one list comprehension per field is several times faster than a dict per row.
+        for col, values in (
+            ("step", [r.step for r in ended]), ("end_step", [step] * len(ended)), ("prompt_id", [r.prompt_id for r in ended]),
+            ("sample_idx", [r.sample_idx for r in ended]), ("group_id", [r.group_id for r in ended]),
+            ("prompt_len", [r.prompt_len for r in ended]), ("response_len", [r.generated for r in ended]),
+            ("max_tokens", [r.max_tokens for r in ended]), ("reward", [r.reward for r in ended]),
+            ("finish_reason", [r.finish_reason for r in ended]), ("stop_reason", [r.stop_reason for r in ended]),
+            ("policy_version_first", [r.first_version for r in ended]), ("policy_version_last", [r.last_version for r in ended]),
+            ("tokens_before_resume", [r.tokens_before_resume for r in ended]),
+            ("instance", [-1 if r.instance is None else r.instance for r in ended]),
+            ("submit_time", [r.submit_time - t0 for r in ended]), ("first_token_time", [r.first_token_time - t0 for r in ended]),
+            ("finish_time", [r.finish_time - t0 for r in ended]), ("exact", [r.exact for r in ended]),
+            ("trained", [id(r) in trained_ids for r in ended]),
+        ):
+            rows[col].extend(values)
         # Tokens generated in this step, per response that ran in it (ended or carried out).
         ran = ended + carried_out
         ctx0 = np.array([self._ctx_at_start[r.rid] for r in ran], dtype=np.int64)

@@ -61,13 +61,12 @@ class SimEngine:
         self.n_instances = self.config.n_instances
         self.clock = 0.0
         self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
-        self._events: list = []  # heap of (time, seq, instance index, instance version)
+        self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
         self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward)
         self._where: dict[int, _Instance] = {}
         self._interval: int | None = None
-        self.step = 0  # the step whose responses are being generated (the Workload is asked per step)
         self.preemptions = 0
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
 
@@ -87,29 +86,37 @@ class SimEngine:
 
     def submit(self, requests: Sequence[Request]) -> None:
         now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
+        instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
+        by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
+        heapq.heapify(by_load)
+        nan = float("nan")
         for r in requests:
             if r.prompt_len + r.max_tokens > capacity:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
-            if r.rid not in self._target:
-                out = self.workload.response(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
-                self._target[r.rid] = (out.length, out.finish_reason, out.reward)
-                self.sources[out.source] += 1
-                r.exact = out.source == EXACT
-                if out.loop_start >= 0:
-                    r.signals["loop_start"] = out.loop_start
-            inst = self.instances[r.instance % self.n_instances] if r.instance is not None else \
-                min(self.instances, key=_load_key)
+            if r.rid not in target:
+                length, reason, reward, source, loop_start = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
+                target[r.rid] = (length, reason, reward)
+                self.sources[source] += 1
+                r.exact = source == EXACT
+                if loop_start >= 0:
+                    r.signals["loop_start"] = loop_start
+            if r.instance is None:
+                pending, idx = by_load[0]
+                heapq.heapreplace(by_load, (pending + 1, idx))
+                inst = instances[idx]
+            else:
+                inst = instances[r.instance % self.n_instances]
             if inst.idx not in touched:
                 self._catch_up(inst, now)
                 touched[inst.idx] = inst
             r.submit_time = now
-            r.first_token_time = float("nan")
-            epoch = self._epoch.get(r.rid, 0) + 1
-            self._epoch[r.rid] = epoch
-            heapq.heappush(inst.waiting, (r.priority, next(self._seq), epoch, r))
+            r.first_token_time = nan
+            epoch = epochs.get(r.rid, 0) + 1
+            epochs[r.rid] = epoch
+            heapq.heappush(inst.waiting, (r.priority, next(seq), epoch, r))
             inst.pending += 1
-            self._where[r.rid] = inst
+            where[r.rid] = inst
         for inst in touched.values():
             self._admit(inst)
             self._schedule(inst)
@@ -132,12 +139,13 @@ class SimEngine:
     def next_events(self) -> list[Event]:
         events = self._events
         while events:
-            t, _, idx, version = heapq.heappop(events)
+            t, _, idx, version, target_it = heapq.heappop(events)
             inst = self.instances[idx]
             if version != inst.version:
                 continue
-            self.clock = max(self.clock, t)
-            out = self._fire(inst)
+            if t > self.clock:
+                self.clock = t
+            out = self._fire(inst, target_it)
             self._admit(inst)
             self._schedule(inst)
             if out:
@@ -188,25 +196,26 @@ class SimEngine:
             if inst.waiting:
                 raise RuntimeError(f"instance {inst.idx} is idle with {len(inst.waiting)} waiting requests it cannot admit")
             return
-        k = self._next_iteration(inst) - inst.it
-        t = inst.t + self.cost.decode_time(inst.n, inst.ctx, k)
-        heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version))
+        target_it = self._next_iteration(inst)
+        t = inst.t + self.cost.decode_time(inst.n, inst.ctx, target_it - inst.it)
+        heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version, target_it))
 
-    def _fire(self, inst: _Instance) -> list[Event]:
-        """Run to the next event boundary and report what happened there."""
-        self._run(inst, self._next_iteration(inst) - inst.it)
-        out, running, epoch, it, t = [], inst.running, self._epoch, inst.it, inst.t
+    def _fire(self, inst: _Instance, target_it: int) -> list[Event]:
+        """Run to the event boundary `target_it` and report what happened there."""
+        self._run(inst, target_it - inst.it)
+        out, running, epoch, it, t, members, where, targets = [], inst.running, self._epoch, inst.it, inst.t, inst.members, self._where, self._target
         while running and running[0][0] <= it:
             _, _, kind, ep, r = heapq.heappop(running)
             if ep != epoch.get(r.rid):
                 continue
-            _, _, admit_it, gen0, _ = inst.members[r.rid]
+            rid = r.rid
+            _, _, admit_it, gen0, _ = members[rid]
             r.generated = gen0 + (it - admit_it)
             if kind == FINISH:
-                length, reason, reward = self._target[r.rid]
-                r.finish_reason, r.reward, r.finish_time = reason, reward, t
-                del inst.members[r.rid], self._where[r.rid]
-                epoch[r.rid] += 1
+                _, r.finish_reason, r.reward = targets[rid]
+                r.finish_time = t
+                del members[rid], where[rid]
+                epoch[rid] += 1
                 inst.n -= 1
                 inst.pending -= 1
                 inst.ctx -= r.prompt_len + r.generated
@@ -267,10 +276,6 @@ class SimEngine:
         nxt = (generated // self._interval + 1) * self._interval
         if nxt < self._target[r.rid][0]:
             heapq.heappush(inst.running, (admit_it + (nxt - gen0), next(self._seq), PROGRESS, ep, r))
-
-
-def _load_key(inst: _Instance) -> int:
-    return inst.pending
 
 
 @dataclass(slots=True)

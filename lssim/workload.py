@@ -39,7 +39,7 @@ def _hash01(*parts: int) -> float:
     return (x >> 11) / float(1 << 53)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Outcome:
     length: int  # tokens the response will have
     finish_reason: str  # "stop" or "length"
@@ -105,6 +105,10 @@ class Workload:
 
     # -- the counterfactual model ------------------------------------------------------------------
     def response(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
+        return Outcome(*self.lookup(step, prompt_id, sample_idx, max_tokens))
+
+    def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> tuple:
+        """`response` as a plain tuple (length, finish_reason, reward, source, loop_start): the engine's hot path."""
         hit = self._groups.get((step, prompt_id))
         if hit is not None and sample_idx < hit[1]:
             return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
@@ -117,22 +121,22 @@ class Workload:
         row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
-    def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> Outcome:
+    def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> tuple:
         length, loop = self._len[row], self._loop[row]
         if self._stopped[row]:
             if length <= budget:
-                return Outcome(length, STOP, self._reward[row], source, loop)
-            return Outcome(budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, loop)
+                return length, STOP, self._reward[row], source, loop
+            return budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, loop
         if budget <= length:  # cut short in the trace too; the budget cuts it no later
             exact = source == EXACT and budget == length and self._max[row] == length
-            return Outcome(budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), loop)
+            return budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), loop
         # Recorded only up to `length`; the budget allows more. A loop runs on; otherwise take one of the
         # prompt's responses that is known to be longer.
         if loop < 0:
             longer = self._longer_response(prompt_id, step, length, sample_idx)
             if longer is not None and self._len[longer] <= budget and self._stopped[longer]:
-                return Outcome(self._len[longer], STOP, self._reward[longer], RESAMPLED, self._loop[longer])
-        return Outcome(budget, LENGTH, 0.0, RESAMPLED, loop)
+                return self._len[longer], STOP, self._reward[longer], RESAMPLED, self._loop[longer]
+        return budget, LENGTH, 0.0, RESAMPLED, loop
 
     def _longer_response(self, prompt_id: int, step: int, than: int, sample_idx: int) -> int | None:
         candidates = []
