@@ -255,6 +255,11 @@ def synthesize(cfg: SynthConfig | None = None, **overrides: Any) -> pd.DataFrame
         cfg = SynthConfig()
     if overrides:
         cfg = cfg.replace(**overrides)
+    with np.errstate(over="ignore", divide="ignore", under="ignore", invalid="ignore"):
+        return _synthesize(cfg)
+
+
+def _synthesize(cfg: SynthConfig) -> pd.DataFrame:
     rng = np.random.default_rng(cfg.seed)
     n, P, G, S = cfg.n_prompts, cfg.prompts_per_step, cfg.group_size, cfg.steps
     spe = cfg.steps_per_epoch
@@ -290,8 +295,8 @@ def synthesize(cfg: SynthConfig | None = None, **overrides: Any) -> pd.DataFrame
     pid = np.repeat(pid_g, G)
     sample_idx = np.tile(np.arange(G, dtype=np.int64), S * P)
     typical = np.repeat(typical_g, G)
-    natural = typical * np.exp(cfg.group_sigma * rng.standard_normal(m))
-    natural = np.maximum(1.0, np.rint(np.minimum(natural, 1e15)))
+    ratio = np.exp(cfg.group_sigma * rng.standard_normal(m))  # response / prompt's typical length
+    natural = np.maximum(1.0, np.rint(np.minimum(typical * ratio, 1e15)))
     T = cfg.max_tokens
     truncated = natural > T
     response_len = np.minimum(natural, T).astype(np.int64)
@@ -302,7 +307,6 @@ def synthesize(cfg: SynthConfig | None = None, **overrides: Any) -> pd.DataFrame
     loop_start[loops] = np.floor(loop_u[loops] * response_len[loops]).astype(np.int64)
     response_len[loops] = T
 
-    ratio = natural / typical
     p_eff = p_solve[pid] * np.where(ratio > 1.0, ratio, 1.0) ** (-cfg.length_penalty)
     reward = (rng.random(m) < p_eff).astype(np.float64)
     at_cap = truncated | loops

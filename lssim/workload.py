@@ -55,7 +55,9 @@ class Workload:
         df = trace.sort_values(["step", "prompt_id", "sample_idx"], kind="stable").reset_index(drop=True)
         self.seed = seed
         self.n_rows = len(df)
-        steps = df["step"].to_numpy(np.int64)
+        # Runs count steps from 0; a trace may start anywhere or skip steps: its i-th step is run step i.
+        self.trace_steps, steps = np.unique(df["step"].to_numpy(np.int64), return_inverse=True)
+        steps = steps.astype(np.int64)
         pids = df["prompt_id"].to_numpy(np.int64)
         # Python lists: scalar indexing on them is several times faster than on numpy arrays.
         self._len = df["response_len"].to_numpy(np.int64).tolist()
@@ -98,9 +100,8 @@ class Workload:
             raise KeyError(f"prompt_id {prompt_id} is not in the trace's prompt pool") from None
 
     def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
-        """The groups the trace recorded at `step` (steps past the trace's end wrap around)."""
-        recorded_step = step if step in self._step_groups else self.steps[step % len(self.steps)]
-        recorded = self._step_groups[recorded_step]
+        """The groups the trace recorded at its `step`-th step (past the trace's end, it starts over)."""
+        recorded = self._step_groups[step % len(self.steps)]
         return [GroupSpec(pid, group_size, max_tokens) for pid, _ in recorded[:n_groups]]
 
     # -- the counterfactual model ------------------------------------------------------------------
