@@ -148,6 +148,7 @@ TABLE_COLUMNS = {  # summary column -> (header, format)
     "lower_bound_efficiency": ("bound eff", "{:.1%}"),
     "long_tail_ratio": ("tail ratio", "{:.2f}"),
     "busy_fraction": ("busy", "{:.1%}"),
+    "mean_running": ("batch", "{:.0f}"),
     "truncated_fraction": ("truncated", "{:.1%}"),
     "effective_group_fraction": ("eff groups", "{:.1%}"),
     "exact_fraction": ("exact", "{:.1%}"),

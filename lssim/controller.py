@@ -150,7 +150,7 @@ class Controller:
 
         trained_ids = {id(r) for g in trained for r in g.requests}
         row = self._record_step(step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids,
-                                busy_end - busy_start)
+                                (busy_end[0] - busy_start[0], busy_end[1] - busy_start[1]))
         policy.end_step(self._outcome(step, rollout_end - t0, trained))
         if self.on_step:
             self.on_step(row)
@@ -273,7 +273,7 @@ class Controller:
 
     # -- records -----------------------------------------------------------------------------------
     def _record_step(self, step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids,
-                     busy_seconds) -> dict:
+                     busy) -> dict:
         extra = self._topped_up
         ended = self._ended_this_step
         for r in ended + carried_out:
@@ -329,14 +329,16 @@ class Controller:
             "exact_fraction": float(np.mean([r.exact for r in ended])) if ended else float("nan"),
             "mean_reward": float(np.nanmean([r.reward for g in trained for r in g.requests])) if trained else float("nan"),
         }
-        row["busy_fraction"] = busy_seconds / (self.engine.n_instances * rollout_s) if rollout_s > 0 else float("nan")
+        busy, seq_seconds = busy
+        row["busy_fraction"] = busy / (self.engine.n_instances * rollout_s) if rollout_s > 0 else float("nan")
+        row["mean_running"] = seq_seconds / (self.engine.n_instances * rollout_s) if rollout_s > 0 else float("nan")
         row.update({f"trainer_{k}": v for k, v in train_metrics.items()})
         self._step_rows.append(row)
         return row
 
-    def _busy(self) -> float:
-        busy = getattr(self.engine, "busy_seconds", None)  # optional: engines that can tell
-        return busy() if busy else float("nan")
+    def _busy(self) -> tuple[float, float]:
+        utilization = getattr(self.engine, "utilization", None)  # optional: engines that can tell
+        return utilization() if utilization else (float("nan"), float("nan"))
 
     def _outcome(self, step: int, rollout_seconds: float, trained: list[Group]) -> StepOutcome:
         ended = self._ended_this_step

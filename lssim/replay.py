@@ -114,6 +114,7 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "lower_bound_efficiency": float(s["lower_bound_seconds"].sum()) / rollout if rollout > 0 else float("nan"),
             "long_tail_ratio": float(s["long_tail_ratio"].median()),
             "busy_fraction": float(np.average(s["busy_fraction"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
+            "mean_running": float(np.average(s["mean_running"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
             "truncated_fraction": float((r["finish_reason"] == "length").mean()),
             "policy_stopped_fraction": float((r["finish_reason"] == "policy_stop").mean()),
             "off_policy_token_fraction": float(r["tokens_before_resume"].sum() / max(1, r["response_len"].sum())),

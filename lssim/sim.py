@@ -36,7 +36,7 @@ class EngineConfig:
 
 
 class _Instance:
-    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "version", "pending")
+    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending")
 
     def __init__(self, idx: int, t: float):
         self.idx = idx
@@ -47,7 +47,8 @@ class _Instance:
         self.running: list = []  # heap of (iteration, seq, kind, epoch, request): finishes and checkpoints
         self.waiting: list = []  # heap of (priority, arrival, epoch, request)
         self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
-        self.busy = 0.0
+        self.busy = 0.0  # seconds with at least one sequence running
+        self.seq_seconds = 0.0  # integral of running sequences over time (mean batch = seq_seconds / busy)
         self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
         self.pending = 0  # requests placed here and not yet ended (running + waiting)
 
@@ -152,10 +153,12 @@ class SimEngine:
                 return out
         return []
 
-    def busy_seconds(self) -> float:
+    def utilization(self) -> tuple[float, float]:
+        """(busy seconds, sequence-seconds) summed over instances so far: the controller turns them into
+        each step's busy fraction and mean running batch."""
         for inst in self.instances:
             self._catch_up(inst, self.clock)
-        return sum(inst.busy for inst in self.instances)
+        return sum(inst.busy for inst in self.instances), sum(inst.seq_seconds for inst in self.instances)
 
     # -- one instance ------------------------------------------------------------------------------
     def _run(self, inst: _Instance, k: int) -> None:
@@ -165,6 +168,7 @@ class SimEngine:
         dt = self.cost.decode_time(inst.n, inst.ctx, k)
         inst.t += dt
         inst.busy += dt
+        inst.seq_seconds += inst.n * dt
         inst.ctx += inst.n * k
         inst.it += k
 
