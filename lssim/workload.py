@@ -6,8 +6,10 @@ samples. The Workload answers, in this order of preference:
 1. exact      -- the trace holds (step, prompt, sample) and the budget does not cut it shorter;
 2. truncated  -- the trace holds it but the budget is smaller than the recorded length: cut it there;
 3. resampled  -- the trace does not hold it: a response of the same prompt from the nearest recorded
-                 step (the same step first), chosen by a hash of the key, so the answer is the same
-                 every time it is asked (the oracle and the engine agree);
+                 step (the same step first). A group asked at another step gets the recorded group,
+                 rotated by a hash of the key (sampling with replacement would shrink its reward
+                 spread); samples beyond the recorded group size are drawn by a hash. Either way the
+                 answer is the same every time it is asked (the oracle and the engine agree);
 4. global     -- the prompt never appears in the trace: a response of any prompt at the nearest step.
 
 A response the trace saw cut short (by its own budget, or aborted) tells only that its natural length
@@ -119,7 +121,10 @@ class Workload:
             row = lo + int(_hash01(self.seed, step, prompt_id, sample_idx) * (hi - lo))
             return self._from_row(row, max_tokens, GLOBAL, step, prompt_id, sample_idx)
         start, count = self._groups[(self._nearest(steps, step), prompt_id)]
-        row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
+        if sample_idx < count:  # a rotation of the recorded group: its members' spread and rewards stay a group's
+            row = start + (sample_idx + int(_hash01(self.seed, step, prompt_id) * count)) % count
+        else:
+            row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
     def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> tuple:

@@ -76,3 +76,10 @@ def test_nearest_step_wins_and_the_earlier_one_on_a_tie():
     w = Workload(df)  # prompt 7 recorded at run steps 0 and 1 (trace steps 0 and 2); prompt 1 also at step 2 (trace 5)
     assert w.response(2, 7, 0, 500).length == 11  # nearest recorded step of prompt 7 is run step 1
     assert Workload._nearest([0, 2], 1) == 0 and Workload._nearest([0, 2, 5], 4) == 5
+
+
+def test_a_group_resampled_at_another_step_keeps_its_recorded_members():
+    w = Workload(trace())
+    for step in (3, 4, 9):  # prompt 2 is recorded only at step 0: (500 truncated, 40)
+        got = sorted(w.response(step, 2, k, 500).length for k in range(2))
+        assert got == [40, 500]
