@@ -208,26 +208,28 @@ class SimEngine:
         """Run to the event boundary `target_it` and report what happened there."""
         self._run(inst, target_it - inst.it)
         out, running, epoch, it, t, members, where, targets = [], inst.running, self._epoch, inst.it, inst.t, inst.members, self._where, self._target
+        n, ctx, pending, heappop = inst.n, inst.ctx, inst.pending, heapq.heappop
         while running and running[0][0] <= it:
-            _, _, kind, ep, r = heapq.heappop(running)
-            if ep != epoch.get(r.rid):
-                continue
+            _, _, kind, ep, r = heappop(running)
             rid = r.rid
+            if ep != epoch.get(rid):
+                continue
             _, _, admit_it, gen0, _ = members[rid]
-            r.generated = gen0 + (it - admit_it)
+            generated = r.generated = gen0 + (it - admit_it)
             if kind == FINISH:
                 _, r.finish_reason, r.reward = targets[rid]
                 r.finish_time = t
                 del members[rid], where[rid]
-                epoch[rid] += 1
-                inst.n -= 1
-                inst.pending -= 1
-                inst.ctx -= r.prompt_len + r.generated
+                epoch[rid] = ep + 1
+                n -= 1
+                pending -= 1
+                ctx -= r.prompt_len + generated
                 out.append(Event("finished", r, t))
             else:
                 self._push_checkpoint(inst, r, ep)
                 out.append(Event("progress", r, t))
-        if inst.n and self.config.kv_capacity_tokens - inst.ctx < inst.n:
+        inst.n, inst.ctx, inst.pending = n, ctx, pending
+        if n and self.config.kv_capacity_tokens - ctx < n:
             self._preempt(inst)
         return out
 
@@ -244,30 +246,39 @@ class SimEngine:
             self.preemptions += 1
 
     def _admit(self, inst: _Instance) -> None:
-        waiting, capacity, max_seqs, epoch = inst.waiting, self.config.kv_capacity_tokens, self.config.max_num_seqs, self._epoch
-        prefill, admitted = 0, []
-        while waiting and inst.n < max_seqs:
+        waiting = inst.waiting
+        if not waiting:
+            return
+        capacity, max_seqs, epoch, target, seq = self.config.kv_capacity_tokens, self.config.max_num_seqs, self._epoch, self._target, self._seq
+        members, running, interval, it = inst.members, inst.running, self._interval, inst.it
+        n, ctx, prefill, admitted = inst.n, inst.ctx, 0, []
+        heappop, heappush = heapq.heappop, heapq.heappush
+        while waiting and n < max_seqs:
             priority, arrival, ep, r = waiting[0]
-            if ep != epoch.get(r.rid):
-                heapq.heappop(waiting)
+            rid = r.rid
+            if ep != epoch.get(rid):
+                heappop(waiting)
                 continue
-            need = r.prompt_len + r.generated
-            if inst.ctx + need + inst.n + 1 > capacity:
+            generated = r.generated
+            need = r.prompt_len + generated
+            if ctx + need + n + 1 > capacity:  # after admission, the next iteration needs n + 1 more tokens
                 break
-            heapq.heappop(waiting)
-            inst.n += 1
-            inst.ctx += need
+            heappop(waiting)
+            n += 1
+            ctx += need
             prefill += need
-            inst.members[r.rid] = (priority, arrival, inst.it, r.generated, r)
+            members[rid] = (priority, arrival, it, generated, r)
             admitted.append(r)
-            length = self._target[r.rid][0]
-            heapq.heappush(inst.running, (inst.it + max(0, length - r.generated), next(self._seq), FINISH, ep, r))
-            self._push_checkpoint(inst, r, ep)
+            length = target[rid][0]
+            heappush(running, (it + max(0, length - generated), next(seq), FINISH, ep, r))
+            if interval:
+                self._push_checkpoint(inst, r, ep)
+        inst.n, inst.ctx = n, ctx
         if prefill:
             dt = self.cost.prefill_time(prefill)
             inst.t += dt
             inst.busy += dt
-            first_token = inst.t + self.cost.decode_time(inst.n, inst.ctx, 1)  # the admitting iteration's end
+            first_token = inst.t + self.cost.decode_time(n, ctx, 1)  # the admitting iteration's end
             for r in admitted:
                 if r.first_token_time != r.first_token_time:  # NaN: not set since this submission
                     r.first_token_time = first_token
