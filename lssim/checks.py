@@ -80,8 +80,8 @@ class _Checked(Policy):
 
     def on_progress(self, request, state):
         a = self._unchanged("on_progress", [request], lambda: self.inner.on_progress(request, state))
-        if a is not None and not (isinstance(a, Action) and a.kind in ("stop", "carry")):
-            self._fail("on_progress", f"must return an Action (Action.stop / Action.carry) or None, got {a!r}")
+        if a is not None and not (isinstance(a, Action) and a.kind in ("stop", "carry", "requeue")):
+            self._fail("on_progress", f"must return an Action (Action.stop / carry / requeue) or None, got {a!r}")
         return a
 
     def on_finish(self, request, state):
@@ -110,9 +110,12 @@ class _Checked(Policy):
         chosen = self._unchanged("select", members, lambda: self.inner.select(list(groups), step))
         if not isinstance(chosen, list) or not all(isinstance(g, Group) for g in chosen):
             self._fail("select", f"must return a list of Group, got {type(chosen).__name__}")
-        ids = {id(g) for g in groups}
-        if any(id(g) not in ids for g in chosen):
-            self._fail("select", "returned a group it was not given")
+        # A chosen group is one it was given, or a subset of one (e.g. n of the R samples of a group).
+        given = {id(r): id(g) for g in groups for r in g.requests}
+        for g in chosen:
+            owners = {given.get(id(r)) for r in g.requests}
+            if not g.requests or None in owners or len(owners) != 1:
+                self._fail("select", "returned a group that is neither one it was given nor a subset of one")
         return chosen
 
     def end_step(self, outcome: StepOutcome):

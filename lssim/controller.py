@@ -188,6 +188,12 @@ class Controller:
 
     def _act(self, r: Request, action, state: RolloutState) -> None:
         self.engine.abort(r)
+        if action.kind == "requeue":  # resume in this step: new priority, maybe another instance
+            if action.priority is not None:
+                r.priority = action.priority
+            r.instance = action.instance
+            self._submit([r], state)
+            return
         if action.kind == "stop":
             r.finish_reason, r.stop_reason = POLICY_STOP, action.reason
             if action.reward is not None:

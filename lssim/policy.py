@@ -14,7 +14,7 @@ Hooks, in the order the controller calls them during a step, and the rule that c
     plan(ctx, proposal) -> list[GroupSpec]     chained left to right: each revises the last one's plan
     priority(request) -> int | None            the first policy with an opinion sets it (lower runs first)
     place(request, loads) -> int | None        the first policy with an opinion places the request
-    progress_interval (tokens) / on_progress   any Stop wins over any Carry wins over no opinion
+    progress_interval (tokens) / on_progress   stop wins over carry, carry over requeue, requeue over none
     on_finish(request, state)                  every policy is told
     end_rollout(state) -> bool                 the rollout ends when any policy says so (or all ended)
     top_up(state) -> list[GroupSpec]           asked when the rollout would end; all requests are added
@@ -37,11 +37,14 @@ DROP = "drop"
 
 @dataclass(slots=True, frozen=True)
 class Action:
-    """A policy's answer to a progress checkpoint: stop the response now, or carry it to the next step."""
+    """A policy's answer to a progress checkpoint: stop the response now, carry it to the next step, or
+    requeue it in this step (pause, then resume with a new priority and/or on another instance)."""
 
-    kind: str  # "stop" or "carry"
+    kind: str  # "stop", "carry" or "requeue"
     reason: str = ""
     reward: float | None = None  # stop only: the reward the stopped response trains with (soft landing)
+    priority: int | None = None  # requeue only: the new priority (None keeps it)
+    instance: int | None = None  # requeue only: the instance to resume on (None: placement decides)
 
     @staticmethod
     def stop(reason: str, reward: float | None = None) -> "Action":
@@ -50,6 +53,10 @@ class Action:
     @staticmethod
     def carry(reason: str = "") -> "Action":
         return Action("carry", reason)
+
+    @staticmethod
+    def requeue(priority: int | None = None, instance: int | None = None, reason: str = "") -> "Action":
+        return Action("requeue", reason, priority=priority, instance=instance)
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +128,8 @@ class Policy:
         return f"{type(self).__name__}({inner})"
 
 
+_RANK = {"stop": 0, "carry": 1, "requeue": 2}  # which on_progress answer wins when policies disagree
+
 HOOKS = ("plan", "priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select", "end_step")
 
 
@@ -164,13 +173,12 @@ class Compose(Policy):
         return None
 
     def on_progress(self, request, state):
-        carry = None
+        best = None
         for p in self._by_hook["on_progress"]:
             action = p.on_progress(request, state)
-            if action is not None and action.kind == "stop":
-                return action
-            carry = carry or action
-        return carry
+            if action is not None and (best is None or _RANK[action.kind] < _RANK[best.kind]):
+                best = action
+        return best
 
     def on_finish(self, request, state):
         for p in self._by_hook["on_finish"]:

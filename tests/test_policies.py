@@ -149,3 +149,35 @@ def test_check_policy_catches_contract_breaches():
     for policy, msg in [(Mutates(), "read-only"), (BadPlace(), "instance index"), (Unseeded(), "same seed")]:
         with pytest.raises(PolicyCheckError, match=msg):
             check_policy(policy)
+
+
+def test_requeue_resumes_in_the_same_step_and_loses_nothing():
+    from test_sim import make_trace, run
+
+    class Migrate(Policy):
+        name = "migrate"
+        progress_interval = 20
+
+        def on_progress(self, request, state):
+            return Action.requeue(priority=-request.generated, instance=(request.instance or 0) + 1)
+
+    res, engine = run(make_trace([[[95, 30, 61, 7]]] * 2), Migrate(), n_instances=3)
+    s, r = res.steps, res.responses
+    assert (s["carried_out"] == 0).all() and r["finish_reason"].isin(["stop", "length"]).all()
+    assert sorted(r["response_len"]) == sorted([95, 30, 61, 7] * 2)
+    from types import SimpleNamespace
+    request = SimpleNamespace(generated=20, instance=None)
+    assert (Migrate() + Stopper()).on_progress(request, None).kind == "stop"
+    assert (Migrate() + Carrier()).on_progress(request, None).kind == "carry"
+
+
+def test_select_may_train_on_a_subset_of_a_group():
+    class FirstTwo(Policy):
+        name = "first_two"
+
+        def select(self, groups, step):
+            from lssim.core import Group
+            return [Group(g.prompt_id, g.step, g.requests[:2]) for g in groups]
+
+    summary = check_policy(FirstTwo())
+    assert summary["groups_trained"] > 0
