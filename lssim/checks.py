@@ -15,7 +15,7 @@ from dataclasses import fields
 
 import pandas as pd
 
-from .core import Group, GroupSpec, Request
+from .core import Group, GroupSpec, Request, Speculation
 from .policy import CARRY, DROP, Action, Policy, StepOutcome
 
 
@@ -39,6 +39,9 @@ class _Checked(Policy):
         self.progress_interval = inner.progress_interval
         if self.progress_interval is not None and (not isinstance(self.progress_interval, int) or self.progress_interval < 1):
             raise PolicyCheckError(f"{inner.name}: progress_interval must be a positive int or None, got {self.progress_interval!r}")
+        self.speculation = getattr(inner, "speculation", None)
+        if self.speculation is not None and not isinstance(self.speculation, Speculation):
+            raise PolicyCheckError(f"{inner.name}: speculation must be an lssim.core.Speculation or None, got {self.speculation!r}")
 
     def overrides(self, hook: str) -> bool:
         return self.inner.overrides(hook)
@@ -110,12 +113,25 @@ class _Checked(Policy):
         chosen = self._unchanged("select", members, lambda: self.inner.select(list(groups), step))
         if not isinstance(chosen, list) or not all(isinstance(g, Group) for g in chosen):
             self._fail("select", f"must return a list of Group, got {type(chosen).__name__}")
-        # A chosen group is one it was given, or a subset of one (e.g. n of the R samples of a group).
-        given = {id(r): id(g) for g in groups for r in g.requests}
+        # A chosen group is one it was given, or a subset of one (e.g. n of the R samples of a group). Its
+        # members are the requests given, or copies of them that differ in the reward only (reward shaping:
+        # `dataclasses.replace(r, reward=...)`, never a change to the request itself).
+        given = {r.rid: (id(g), r) for g in groups for r in g.requests}
+        seen: set[int] = set()
         for g in chosen:
-            owners = {given.get(id(r)) for r in g.requests}
+            owners = {given[r.rid][0] if r.rid in given else None for r in g.requests}
             if not g.requests or None in owners or len(owners) != 1:
                 self._fail("select", "returned a group that is neither one it was given nor a subset of one")
+            for r in g.requests:
+                original = given[r.rid][1]
+                if r is not original:
+                    changed = [n for n, a, b in zip(_REQUEST_FIELDS, _snapshot(original), _snapshot(r))
+                               if n != "reward" and a != b and a == a]
+                    if changed:
+                        self._fail("select", f"a copy of request {r.rid} changes its {', '.join(changed)} (only the reward may differ)")
+                if r.rid in seen:
+                    self._fail("select", f"request {r.rid} goes to training twice")
+                seen.add(r.rid)
         return chosen
 
     def end_step(self, outcome: StepOutcome):

@@ -150,6 +150,10 @@ TABLE_COLUMNS = {  # summary column -> (header, format)
     "busy_fraction": ("busy", "{:.1%}"),
     "mean_running": ("batch", "{:.0f}"),
     "truncated_fraction": ("truncated", "{:.1%}"),
+    "policy_stopped_fraction": ("stopped", "{:.1%}"),
+    "tokens_saved_fraction": ("saved", "{:.1%}"),
+    "stopped_correct_fraction": ("stop FP", "{:.1%}"),
+    "off_policy_token_fraction": ("off-policy", "{:.1%}"),
     "effective_group_fraction": ("eff groups", "{:.1%}"),
     "exact_fraction": ("exact", "{:.1%}"),
     "steps": ("steps", "{:d}"),
@@ -159,7 +163,8 @@ TABLE_COLUMNS = {  # summary column -> (header, format)
 def format_summary(table) -> str:
     """The terminal table: one row per policy, the columns a researcher reads first."""
     headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
-    rows = [[name] + [fmt.format(table.loc[name, col]) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
+    cell = lambda v, fmt: "-" if v != v else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
+    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
     widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
@@ -217,11 +222,38 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_replay)
 
 # --------------------------------------------------------------------------
+# real
+# --------------------------------------------------------------------------
+
+
+def _add_real(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "real",
+        help="run the RL loop on a real vLLM engine under a policy, and record its trace",
+        description="Run synchronous GRPO steps with rollouts on vLLM (CPU here, GPU with `pip install vllm`) and a "
+        "torch trainer, under the same policy objects the simulator runs; write DIR/trace.parquet (lssim trace "
+        "schema, replayable with `lssim replay`), steps.parquet, responses.parquet and meta.json, rewritten after "
+        "every step. See real_backend/README.md.",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from real_backend.run import run as run_real
+
+        return run_real(args)
+
+    from real_backend.run import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "synth": _add_synth,
     "trace": _add_trace,
     "replay": _add_replay,
+    "real": _add_real,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 

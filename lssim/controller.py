@@ -16,7 +16,8 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import pandas as pd
 
-from .core import ABORT, LENGTH, POLICY_STOP, STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer
+from .core import (ABORT, LENGTH, POLICY_STOP, STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
+                   off_policy_tokens)
 from .policy import CARRY, Policy, StepOutcome
 
 
@@ -26,7 +27,10 @@ class PromptSource(Protocol):
     pool: PromptPool
 
     def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
-        """What a policy with no opinion trains on at `step` (verl's default: a random batch)."""
+        """What a policy with no opinion trains on at `step` (verl's default: a random batch).
+
+        The controller asks for each step's batch once, steps in increasing order, always with the run's
+        `groups_per_step`, and uses a prefix of it (see `Controller._take`)."""
         ...
 
     def prompt_len(self, prompt_id: int) -> int: ...
@@ -79,18 +83,32 @@ class Controller:
         self._next_group = 0
         self._carried: list[Request] = []  # unfinished responses waiting for the next step
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
+        self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
+        self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
+        self._pending_rows: dict[int, int] = {}  # rid -> its response row, for members of groups not yet settled
+        self._counterfactual = getattr(engine, "counterfactual", None)  # optional: engines that know (the simulator)
         self._rows: dict[str, list] = {k: [] for k in RESPONSE_COLUMNS}
         self._step_rows: list[dict] = []
         self.groups_trained = 0
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
+        # Execution features are set once per run, before the first step (vLLM configures them at start).
+        speculation = getattr(policy, "speculation", None)
+        set_speculation = getattr(engine, "set_speculation", None)  # optional: engines that can speculate
+        if set_speculation is not None:
+            set_speculation(speculation)
+        elif speculation is not None:
+            raise ValueError(f"policy {policy.name} asks for speculative decoding ({speculation}), "
+                             f"which {type(engine).__name__} cannot do (it has no set_speculation)")
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
         steps = range(self.config.steps)
         for step in progress(steps) if progress else steps:
-            if self.groups_trained >= self.config.total_groups:
+            # Done once enough groups trained, but not while responses are carried: those run to their end
+            # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
+            if self.groups_trained >= self.config.total_groups and not self._carried:
                 break
             self.run_step(step)
         return self.result()
@@ -117,12 +135,15 @@ class Controller:
         for r in carried_in:
             self._ctx_at_start[r.rid] = r.prompt_len + r.generated
             r.tokens_before_resume = r.generated
+            if r.generated == 0:  # it never started: its first token comes from this step's weights
+                r.first_version = step
         groups_left = cfg.total_groups - self.groups_trained
         ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
                           groups_left=groups_left, carried_groups=len(self._group_members), pool=self.prompts.pool,
-                          rng=self.policy_rng, oracle_length=self.oracle_length)
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self._take(int(n)))
         n_default = max(0, min(cfg.groups_per_step - ctx.carried_groups, groups_left - ctx.carried_groups))
-        proposal = self.prompts.default_groups(step, n_default, cfg.group_size, cfg.max_tokens)
+        self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
+        proposal = self._take(n_default)
         plan = policy.plan(ctx, proposal)
         fresh = self._make_requests(plan, step)
         state.groups_submitted = len(self._group_members)
@@ -137,6 +158,8 @@ class Controller:
         carried_out = self._settle_unfinished(state)
         rollout_end = engine.now()
         busy_end = self._busy()
+        for r in self._ended_this_step + carried_out:
+            r.last_version = step
 
         done_groups = [Group(self._group_members[g][0].prompt_id, self._group_members[g][0].step, self._group_members[g])
                        for g in self._group_members if all(r.done for r in self._group_members[g])]
@@ -148,7 +171,14 @@ class Controller:
         self.groups_trained += len(trained)
         step_end = engine.now()
 
-        trained_ids = {id(r) for g in trained for r in g.requests}
+        trained_ids = {r.rid for g in trained for r in g.requests}  # rids: select may train on reshaped copies
+        for g in done_groups:  # members that ended in earlier steps are settled now: trained, or never
+            for r in g.requests:
+                idx = self._pending_rows.pop(r.rid, None)
+                if idx is not None and r.rid in trained_ids:
+                    self._rows["trained"][idx] = True
+                    self._rows["train_step"][idx] = step
+                    self._rows["off_policy_tokens"][idx] = off_policy_tokens(r, step)
         row = self._record_step(step, t0, rollout_end, step_end, carried_in, fresh, carried_out, trained, train_metrics, trained_ids,
                                 (busy_end[0] - busy_start[0], busy_end[1] - busy_start[1]))
         policy.end_step(self._outcome(step, rollout_end - t0, trained))
@@ -199,6 +229,8 @@ class Controller:
             if action.reward is not None:
                 r.reward = action.reward
             self._end(r, state)
+            if self._asks["on_finish"]:  # every policy hears of every response that ends during the rollout
+                self.policy.on_finish(r, state)
         else:  # carry: pause now, resume next step
             del self._in_flight[r.rid]
             state.requests_in_flight -= 1
@@ -213,6 +245,9 @@ class Controller:
         self._group_open[r.group_id] -= 1
         if self._group_open[r.group_id] == 0:
             state.groups_done += 1
+            rewards = [m.reward for m in self._group_members[r.group_id]]
+            if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+                state.groups_effective += 1
 
     def _settle_unfinished(self, state: RolloutState) -> list[Request]:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""
@@ -228,6 +263,34 @@ class Controller:
                 self._end(r, state)
         self._carried = carried
         return carried
+
+    # -- the data loader ---------------------------------------------------------------------------
+    def _take(self, n: int) -> list[GroupSpec]:
+        """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
+        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream."""
+        out: list[GroupSpec] = []
+        k, i = self._cursor
+        while len(out) < n:
+            batch = self._batch(k)
+            if not batch:
+                break
+            if i >= len(batch):
+                k, i = k + 1, 0
+                continue
+            taken = batch[i:i + n - len(out)]
+            out.extend(taken)
+            i += len(taken)
+        self._cursor = (k, i)
+        return out
+
+    def _batch(self, k: int) -> list[GroupSpec]:
+        batch = self._batches.get(k)
+        if batch is None:
+            cfg = self.config
+            batch = self._batches[k] = self.prompts.default_groups(k, cfg.groups_per_step, cfg.group_size, cfg.max_tokens)
+            for old in [j for j in self._batches if j < k - 1]:
+                del self._batches[old]
+        return batch
 
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], step: int) -> list[Request]:
@@ -282,9 +345,13 @@ class Controller:
                      busy) -> dict:
         extra = self._topped_up
         ended = self._ended_this_step
-        for r in ended + carried_out:
-            r.last_version = step
         rows = self._rows
+        cf = [self._counterfactual(r) for r in ended] if self._counterfactual else [(-1, float("nan"))] * len(ended)
+        trained_now = [r.rid in trained_ids for r in ended]
+        first_row = len(rows["step"])
+        for i, r in enumerate(ended):  # ended, but its group is still open: settled in a later step
+            if r.group_id in self._waiting_groups:
+                self._pending_rows[r.rid] = first_row + i
         # Column by column: one list comprehension per field is several times faster than a dict per row.
         for col, values in (
             ("step", [r.step for r in ended]), ("end_step", [step] * len(ended)), ("prompt_id", [r.prompt_id for r in ended]),
@@ -297,7 +364,9 @@ class Controller:
             ("instance", [-1 if r.instance is None else r.instance for r in ended]),
             ("submit_time", [r.submit_time - t0 for r in ended]), ("first_token_time", [r.first_token_time - t0 for r in ended]),
             ("finish_time", [r.finish_time - t0 for r in ended]), ("exact", [r.exact for r in ended]),
-            ("trained", [id(r) in trained_ids for r in ended]),
+            ("trained", trained_now), ("train_step", [step if t else -1 for t in trained_now]),
+            ("off_policy_tokens", [off_policy_tokens(r, step) for r in ended]),
+            ("natural_len", [c[0] for c in cf]), ("natural_reward", [c[1] for c in cf]),
         ):
             rows[col].extend(values)
         # Tokens generated in this step, per response that ran in it (ended or carried out).
@@ -310,8 +379,10 @@ class Controller:
         reasons = [r.finish_reason for r in ended]
         rollout_s = rollout_end - t0
         bound = self.lower_bound(prompt_lens, ctx0, step_tokens) if self.lower_bound and len(ran) else float("nan")
-        off_policy = sum(r.tokens_before_resume for r in ended)
-        ended_tokens = sum(r.generated for r in ended)
+        # Off-policy share of what trains now: tokens generated under weights older than this step's.
+        trained_requests = [r for g in trained for r in g.requests]
+        off_policy = sum(off_policy_tokens(r, step) for r in trained_requests)
+        trained_tokens = sum(r.generated for r in trained_requests)
         row = {
             "step": step,
             "rollout_seconds": rollout_s,
@@ -331,7 +402,7 @@ class Controller:
             "lower_bound_seconds": bound,
             "lower_bound_efficiency": bound / rollout_s if rollout_s > 0 else float("nan"),
             "long_tail_ratio": float(finish.max() / np.median(finish)) if len(finish) and np.median(finish) > 0 else float("nan"),
-            "off_policy_token_fraction": off_policy / ended_tokens if ended_tokens else 0.0,
+            "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
             "exact_fraction": float(np.mean([r.exact for r in ended])) if ended else float("nan"),
             "mean_reward": float(np.nanmean([r.reward for g in trained for r in g.requests])) if trained else float("nan"),
         }
@@ -363,4 +434,11 @@ class Controller:
 
 RESPONSE_COLUMNS = ("step", "end_step", "prompt_id", "sample_idx", "group_id", "prompt_len", "response_len", "max_tokens",
                     "reward", "finish_reason", "stop_reason", "policy_version_first", "policy_version_last",
-                    "tokens_before_resume", "instance", "submit_time", "first_token_time", "finish_time", "exact", "trained")
+                    "tokens_before_resume", "instance", "submit_time", "first_token_time", "finish_time", "exact", "trained",
+                    "train_step", "off_policy_tokens", "natural_len", "natural_reward")
+# trained / train_step: whether (and in which step) the response's group went to training; a member that ended
+#   before its group completed is settled when the group is (partial rollouts), so its row is updated then.
+# off_policy_tokens: its leading tokens generated under weights older than those of the step that trained it
+#   (lssim.core.off_policy_tokens; for a response never trained, relative to the step it ended in).
+# natural_len / natural_reward: what the response would have been had no policy stopped it (the simulator's
+#   Workload at its budget; -1 / NaN where the engine cannot tell, as on vLLM).

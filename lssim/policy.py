@@ -15,12 +15,21 @@ Hooks, in the order the controller calls them during a step, and the rule that c
     priority(request) -> int | None            the first policy with an opinion sets it (lower runs first)
     place(request, loads) -> int | None        the first policy with an opinion places the request
     progress_interval (tokens) / on_progress   stop wins over carry, carry over requeue, requeue over none
-    on_finish(request, state)                  every policy is told
+    on_finish(request, state)                  every policy is told (of every response that ends in the
+                                               rollout: by itself, by its budget, or stopped by a policy)
     end_rollout(state) -> bool                 the rollout ends when any policy says so (or all ended)
     top_up(state) -> list[GroupSpec]           asked when the rollout would end; all requests are added
     on_unfinished(request) -> "carry"|"drop"   carried if any policy carries it
-    select(groups, step) -> list[Group]        chained left to right: what goes to training
+    select(groups, step) -> list[Group]        chained left to right: what goes to training (groups, subsets
+                                               of groups, or copies whose rewards are reshaped; never mutated)
     end_step(outcome)                          every policy is told; this is where policies remember
+    speculation (attribute, not a hook)        an engine feature (lssim.core.Speculation) set once per run;
+                                               members may ask for it only if they ask for the same one
+
+A plan that wants more groups than it was proposed (over-provisioning, top-ups) takes them from the data
+loader with `ctx.draw(n)`, which continues where the proposal left off. Plans chain, so order matters:
+in `april+vade` APRIL asks for twice the groups and VADE chooses which prompts fill them; in
+`vade+april` VADE chooses the nominal batch and APRIL adds the loader's next groups to it.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import Group, GroupSpec, InstanceLoad, Request, RolloutState, StepContext
+from .core import Group, GroupSpec, InstanceLoad, Request, RolloutState, Speculation, StepContext
 
 CARRY = "carry"
 DROP = "drop"
@@ -79,6 +88,7 @@ class Policy:
 
     name = "baseline"
     progress_interval: int | None = None  # ask on_progress every this many tokens (None: never)
+    speculation: Speculation | None = None  # ask the engine to speculate at small batch (None: never)
 
     def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
         return proposal
@@ -145,6 +155,10 @@ class Compose(Policy):
         self._by_hook = {h: [p for p in self.policies if p.overrides(h)] for h in HOOKS}
         intervals = [p.progress_interval for p in self._by_hook["on_progress"] if p.progress_interval]
         self.progress_interval = min(intervals) if intervals else None
+        asked = {p.speculation for p in self.policies if p.speculation is not None}
+        if len(asked) > 1:
+            raise ValueError(f"{self.name}: members ask the engine for different speculation: {sorted(map(repr, asked))}")
+        self.speculation = asked.pop() if asked else None
 
     @property
     def members(self) -> list[Policy]:

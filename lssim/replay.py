@@ -63,9 +63,10 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
                        max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
     oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
-    controller = Controller(engine, trainer, workload, policy, config,
-                            lower_bound=make_lower_bound(cost, engine_cfg.n_instances, engine_cfg.max_num_seqs),
-                            oracle_length=oracle)
+    controller = Controller(engine, trainer, workload, policy, config, oracle_length=oracle)
+    # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
+    # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.
+    controller.lower_bound = make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -77,8 +78,8 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     finally:
         if bar is not None:
             bar.close()
-    result.meta.update(setup=asdict(setup), cost=cost.describe(), engine=asdict(engine_cfg), sources=dict(engine.sources),
-                       preemptions=engine.preemptions)
+    result.meta.update(setup=asdict(setup), cost=engine.cost.describe(), engine=asdict(engine_cfg), sources=dict(engine.sources),
+                       preemptions=engine.preemptions, speculated_tokens=engine.speculated_tokens)
     return result
 
 
@@ -94,8 +95,14 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
 
 
 SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bound_efficiency", "long_tail_ratio",
-                   "busy_fraction", "truncated_fraction", "policy_stopped_fraction", "off_policy_token_fraction",
-                   "effective_group_fraction", "exact_fraction", "mean_reward", "steps", "groups_trained", "responses"]
+                   "busy_fraction", "truncated_fraction", "policy_stopped_fraction", "tokens_saved_fraction",
+                   "stopped_correct_fraction", "off_policy_token_fraction", "effective_group_fraction",
+                   "effective_groups_per_step", "exact_fraction", "mean_reward", "steps", "groups_trained", "responses"]
+# tokens_saved_fraction: tokens policy stops saved (natural_len - response_len of the stopped responses) over
+#   the tokens generated plus those saved. stopped_correct_fraction: stopped responses that would have ended
+#   correct (natural_reward > 0), the stops' false-positive rate; NaN when nothing was stopped or nobody can tell.
+# off_policy_token_fraction: of the tokens trained on, those generated under weights older than the step that
+#   trained them (lssim.core.off_policy_tokens).
 
 
 def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
@@ -105,6 +112,11 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
         s, r = res.steps, res.responses
         rollout = float(s["rollout_seconds"].sum())
         groups = int(s["groups_trained"].sum())
+        trained = r["trained"].astype(bool)
+        stopped = r["finish_reason"] == "policy_stop"
+        # What stops saved and cost, where the world knows what the response would have been (the simulator).
+        known = stopped & (r["natural_len"] >= 0)
+        saved = float((r.loc[known, "natural_len"] - r.loc[known, "response_len"]).clip(lower=0).sum())
         rows[name] = {
             "rollout_seconds": rollout,
             "rollout_seconds_per_group": rollout / groups if groups else float("nan"),
@@ -116,9 +128,12 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "busy_fraction": float(np.average(s["busy_fraction"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
             "mean_running": float(np.average(s["mean_running"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
             "truncated_fraction": float((r["finish_reason"] == "length").mean()),
-            "policy_stopped_fraction": float((r["finish_reason"] == "policy_stop").mean()),
-            "off_policy_token_fraction": float(r["tokens_before_resume"].sum() / max(1, r["response_len"].sum())),
+            "policy_stopped_fraction": float(stopped.mean()),
+            "tokens_saved_fraction": saved / (float(r["response_len"].sum()) + saved) if saved > 0 else 0.0,
+            "stopped_correct_fraction": float((r.loc[known, "natural_reward"] > 0).mean()) if known.any() else float("nan"),
+            "off_policy_token_fraction": float(r.loc[trained, "off_policy_tokens"].sum() / max(1, r.loc[trained, "response_len"].sum())),
             "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
+            "effective_groups_per_step": float(s["effective_groups"].mean()),
             "exact_fraction": float(r["exact"].mean()),
             "mean_reward": float(r.loc[r["trained"], "reward"].mean()),
             "steps": len(s),

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .core import Event, InstanceLoad, Request
+from .signals import DEFAULT as DEFAULT_SIGNALS
+from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
 from .workload import EXACT, Workload
 
 FINISH, PROGRESS = 0, 1
@@ -56,8 +58,12 @@ class _Instance:
 class SimEngine:
     """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
 
-    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None):
+    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS):
         self.workload, self.cost = workload, cost
+        self.base_cost = cost  # the cost model without execution features (set_speculation wraps it)
+        self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
+        self.speculated_tokens = 0  # tokens generated while speculation (or layer skip) was on
+        self.signals = signals  # the window of the early-exit signals put in Request.signals at progress events
         self.config = config or EngineConfig()
         self.n_instances = self.config.n_instances
         self.clock = 0.0
@@ -65,7 +71,7 @@ class SimEngine:
         self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
-        self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward)
+        self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward, trace row)
         self._where: dict[int, _Instance] = {}
         self._interval: int | None = None
         self.preemptions = 0
@@ -82,6 +88,14 @@ class SimEngine:
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens
 
+    def set_speculation(self, speculation) -> None:
+        """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost
+        model is wrapped (lssim.cost.SpeculativeCost); None switches it off. Set before the first submit."""
+        from .cost import SpeculativeCost
+
+        self.cost = SpeculativeCost(self.base_cost, speculation) if speculation is not None else self.base_cost
+        self._spec_batch = speculation.max_batch if speculation is not None else 0
+
     def loads(self) -> list[InstanceLoad]:
         return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
 
@@ -96,12 +110,10 @@ class SimEngine:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
             if r.rid not in target:
-                length, reason, reward, source, loop_start = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
-                target[r.rid] = (length, reason, reward)
+                length, reason, reward, source, row = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
+                target[r.rid] = (length, reason, reward, row)
                 self.sources[source] += 1
                 r.exact = source == EXACT
-                if loop_start >= 0:
-                    r.signals["loop_start"] = loop_start
             if r.instance is None:
                 pending, idx = by_load[0]
                 heapq.heapreplace(by_load, (pending + 1, idx))
@@ -153,6 +165,12 @@ class SimEngine:
                 return out
         return []
 
+    def counterfactual(self, r: Request) -> tuple[int, float]:
+        """(length, reward) the response would have had had nobody stopped it: the Workload's answer at its
+        budget. The controller records it beside what happened (tokens a stop saved, stops that were wrong)."""
+        length, _, reward, _ = self._target[r.rid]
+        return length, reward
+
     def utilization(self) -> tuple[float, float]:
         """(busy seconds, sequence-seconds) summed over instances so far: the controller turns them into
         each step's busy fraction and mean running batch."""
@@ -169,6 +187,8 @@ class SimEngine:
         inst.t += dt
         inst.busy += dt
         inst.seq_seconds += inst.n * dt
+        if inst.n <= self._spec_batch and self.cost.factor(inst.n) < 1.0:
+            self.speculated_tokens += inst.n * k
         inst.ctx += inst.n * k
         inst.it += k
 
@@ -217,7 +237,7 @@ class SimEngine:
             _, _, admit_it, gen0, _ = members[rid]
             generated = r.generated = gen0 + (it - admit_it)
             if kind == FINISH:
-                _, r.finish_reason, r.reward = targets[rid]
+                _, r.finish_reason, r.reward, _ = targets[rid]
                 r.finish_time = t
                 del members[rid], where[rid]
                 epoch[rid] = ep + 1
@@ -227,6 +247,7 @@ class SimEngine:
                 out.append(Event("finished", r, t))
             else:
                 self._push_checkpoint(inst, r, ep)
+                self._measure(r, generated)
                 out.append(Event("progress", r, t))
         inst.n, inst.ctx, inst.pending = n, ctx, pending
         if n and self.config.kv_capacity_tokens - ctx < n:
@@ -282,6 +303,12 @@ class SimEngine:
             for r in admitted:
                 if r.first_token_time != r.first_token_time:  # NaN: not set since this submission
                     r.first_token_time = first_token
+
+    def _measure(self, r: Request, generated: int) -> None:
+        """The early-exit signals at a progress checkpoint, modelled from the trace (lssim.signals)."""
+        loop, collapse, entropy = self.workload.signal_columns(self._target[r.rid][3])
+        r.signals[WINDOW_KEY] = signals_from_trace(generated, loop, collapse, entropy, self.workload.text_entropy,
+                                                   self.signals.window)
 
     def _push_checkpoint(self, inst: _Instance, r: Request, ep: int) -> None:
         if not self._interval:

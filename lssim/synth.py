@@ -24,6 +24,9 @@ generative model with the knobs a scheduling researcher cares about:
   repetition loop starting at a uniformly drawn token of the response and then
   run to ``max_tokens`` (``finish_reason='length'``, reward 0, ``loop_start``
   set, low entropy).
+* **Entropy collapse.** A fraction ``collapse_fraction`` (default 0) of the
+  responses that do not loop collapse into low-entropy rambling at a uniform
+  token and run to ``max_tokens`` (``entropy_collapse_start`` set, reward 0).
 * **Rewards.** Each prompt has a solve probability ``p ~ Beta(reward_a,
   reward_b)``.  A response longer than its prompt's typical length ``L`` is
   right with probability ``p * (len / L) ** -length_penalty``; otherwise with
@@ -116,6 +119,11 @@ class SynthConfig:
     loop_fraction: float = 0.015
     """Fraction of responses in [0, 1] that fall into a repetition loop and run
     to ``max_tokens`` (finish 'length', reward 0, ``loop_start`` set)."""
+    collapse_fraction: float = 0.0
+    """Fraction of the responses that do not loop, in [0, 1], whose entropy
+    collapses (low-entropy rambling without exact repetition) at a uniform
+    token and that then run to ``max_tokens`` (finish 'length', reward 0,
+    ``entropy_collapse_start`` set, ``entropy_mean`` ~0.08)."""
 
     # ------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -150,6 +158,7 @@ class SynthConfig:
         need(self.reward_a > 0, "reward_a", "> 0")
         need(self.reward_b > 0, "reward_b", "> 0")
         need(0 <= self.loop_fraction <= 1, "loop_fraction", "in [0, 1]")
+        need(0 <= self.collapse_fraction <= 1, "collapse_fraction", "in [0, 1]")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -312,8 +321,18 @@ def _synthesize(cfg: SynthConfig) -> pd.DataFrame:
     at_cap = truncated | loops
     reward[at_cap] = 0.0
 
-    finish = np.where(at_cap, "length", "stop")
     entropy = np.where(loops, 0.15 + 0.05 * rng.standard_normal(m), 0.55 + 0.12 * rng.standard_normal(m))
+    # Entropy collapse (drawn last, so a config without it gives the same trace as before the knob).
+    collapse_start = np.full(m, -1, dtype=np.int64)
+    if cfg.collapse_fraction > 0:
+        collapses = (rng.random(m) < cfg.collapse_fraction) & ~loops
+        collapse_u = rng.random(m)
+        collapse_start[collapses] = np.floor(collapse_u[collapses] * response_len[collapses]).astype(np.int64)
+        response_len[collapses] = T
+        reward[collapses] = 0.0
+        at_cap = at_cap | collapses
+        entropy = np.where(collapses, 0.08 + 0.03 * rng.standard_normal(m), entropy)
+    finish = np.where(at_cap, "length", "stop")
     entropy = np.round(np.clip(entropy, 0.01, None), 3)
 
     df = pd.DataFrame(
@@ -328,6 +347,7 @@ def _synthesize(cfg: SynthConfig) -> pd.DataFrame:
             "max_tokens": np.full(m, T, dtype=np.int64),
             "loop_start": loop_start,
             "entropy_mean": entropy,
+            "entropy_collapse_start": collapse_start,
         }
     )
     return validate_trace(df, source=f"synthesize(seed={cfg.seed})")

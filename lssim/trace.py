@@ -181,6 +181,11 @@ COLUMNS: tuple[Column, ...] = (
         "entropy_mean", "float", False, "Mean per-token entropy of the response (nats).",
         default=_NAN, min=0.0, allow_nan=True,
     ),
+    Column(
+        "entropy_collapse_start", "int", False,
+        "Token index where the response's entropy collapses (low-entropy rambling without exact repetition); -1 if none.",
+        default=-1, min=-1,
+    ),
 )
 
 SCHEMA: dict[str, Column] = {c.name: c for c in COLUMNS}
@@ -193,6 +198,7 @@ CROSS_COLUMN_RULES: tuple[str, ...] = (
     "`response_len <= max_tokens`",
     "`finish_reason == 'length'` implies `response_len == max_tokens`",
     "`loop_start` is -1 or `0 <= loop_start <= response_len`",
+    "`entropy_collapse_start` is -1 or `0 <= entropy_collapse_start <= response_len`",
     "`policy_version_first <= policy_version_last`",
     "`submit_time <= first_token_time <= finish_time` where both values are known",
     "`step_rollout_seconds` and `step_train_seconds` take a single value within a step (NaN ignored)",
@@ -441,6 +447,11 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
         _fail(source, "loop_start", None, bad, f"loop_start {ls[pos]} > response_len {rl[pos]}")
+    cs = out["entropy_collapse_start"]
+    bad = cs > rl
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        _fail(source, "entropy_collapse_start", None, bad, f"entropy_collapse_start {cs[pos]} > response_len {rl[pos]}")
     pf, pl = out["policy_version_first"], out["policy_version_last"]
     bad = pf > pl
     if bad.any():

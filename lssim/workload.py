@@ -29,6 +29,7 @@ from .core import LENGTH, STOP, GroupSpec, PromptPool
 
 EXACT, TRUNCATED, RESAMPLED, GLOBAL = "exact", "truncated", "resampled", "global"
 _MASK = (1 << 64) - 1
+_NAN = float("nan")
 
 
 def _hash01(*parts: int) -> float:
@@ -48,6 +49,8 @@ class Outcome:
     reward: float
     source: str  # exact / truncated / resampled / global
     loop_start: int = -1  # token where a repetition loop starts, -1 if none
+    collapse_start: int = -1  # token where the entropy collapses, -1 if none
+    entropy: float = float("nan")  # the response's mean per-token entropy (nats), NaN if unknown
 
 
 class Workload:
@@ -68,6 +71,14 @@ class Workload:
         self._reward = df["reward"].to_numpy(float).tolist()
         loop = df["loop_start"].to_numpy(np.int64) if "loop_start" in df else np.full(len(df), -1, np.int64)
         self._loop = loop.tolist()
+        collapse = (df["entropy_collapse_start"].to_numpy(np.int64) if "entropy_collapse_start" in df
+                    else np.full(len(df), -1, np.int64))
+        self._collapse = collapse.tolist()
+        entropy = df["entropy_mean"].to_numpy(float) if "entropy_mean" in df else np.full(len(df), np.nan)
+        self._entropy = [x if x == x else _NAN for x in entropy.tolist()]  # one NaN object: answers compare equal
+        healthy = entropy[(loop < 0) & (collapse < 0) & ~np.isnan(entropy)]
+        # The entropy of ordinary text: what a loop or a collapse departs from (lssim.signals).
+        self.text_entropy = float(np.median(healthy)) if len(healthy) else _NAN
 
         new_group = np.r_[True, (steps[1:] != steps[:-1]) | (pids[1:] != pids[:-1])]
         starts = np.flatnonzero(new_group)
@@ -108,10 +119,16 @@ class Workload:
 
     # -- the counterfactual model ------------------------------------------------------------------
     def response(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
-        return Outcome(*self.lookup(step, prompt_id, sample_idx, max_tokens))
+        length, reason, reward, source, row = self.lookup(step, prompt_id, sample_idx, max_tokens)
+        return Outcome(length, reason, reward, source, *self.signal_columns(row))
+
+    def signal_columns(self, row: int) -> tuple[int, int, float]:
+        """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
+        return self._loop[row], self._collapse[row], self._entropy[row]
 
     def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> tuple:
-        """`response` as a plain tuple (length, finish_reason, reward, source, loop_start): the engine's hot path."""
+        """`response` as a plain tuple (length, finish_reason, reward, source, row): the engine's hot path.
+        `row` is the trace row the answer comes from (see `signal_columns`)."""
         hit = self._groups.get((step, prompt_id))
         if hit is not None and sample_idx < hit[1]:
             return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
@@ -131,18 +148,18 @@ class Workload:
         length, loop = self._len[row], self._loop[row]
         if self._stopped[row]:
             if length <= budget:
-                return length, STOP, self._reward[row], source, loop
-            return budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, loop
+                return length, STOP, self._reward[row], source, row
+            return budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, row
         if budget <= length:  # cut short in the trace too; the budget cuts it no later
             exact = source == EXACT and budget == length and self._max[row] == length
-            return budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), loop
-        # Recorded only up to `length`; the budget allows more. A loop runs on; otherwise take one of the
-        # prompt's responses that is known to be longer.
-        if loop < 0:
+            return budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), row
+        # Recorded only up to `length`; the budget allows more. A loop or an entropy
+        # collapse runs on; otherwise take one of the prompt's responses that is known to be longer.
+        if loop < 0 and self._collapse[row] < 0:
             longer = self._longer_response(prompt_id, step, length, sample_idx)
             if longer is not None and self._len[longer] <= budget and self._stopped[longer]:
-                return self._len[longer], STOP, self._reward[longer], RESAMPLED, self._loop[longer]
-        return budget, LENGTH, 0.0, RESAMPLED, loop
+                return self._len[longer], STOP, self._reward[longer], RESAMPLED, longer
+        return budget, LENGTH, 0.0, RESAMPLED, row
 
     def _longer_response(self, prompt_id: int, step: int, than: int, sample_idx: int) -> int | None:
         candidates = []

@@ -1,0 +1,93 @@
+"""Early-exit signals over a sliding window, the same in both worlds.
+
+A circuit breaker (policies/breaker.py) decides from two numbers about the last `window` tokens of a
+response, which each engine puts in `Request.signals[WINDOW_KEY]` at every progress event:
+
+    repetition   fraction of the window's n-grams that repeat an earlier n-gram of the window:
+                 1 - distinct / total, with total = window - ngram + 1. Natural text: near 0; a loop
+                 whose period is small against the window: near 1.
+    entropy      mean per-token entropy over the window, in nats. From logprobs alone it is the mean
+                 of -log p(sampled token), an unbiased one-sample estimate of the entropy (E[-log p(x)]
+                 over x ~ p is H(p)); when the engine gives each position's exact entropy, their mean.
+    tokens       how many tokens the window holds (min(generated, window)), and `window` its size; a
+                 rule should wait for a full window before it trusts the other two.
+
+The real engine computes them from the tokens and logprobs it streamed (`signals_from_tokens`); the
+simulator models them from the trace's per-response columns (`signals_from_trace`):
+
+    repetition = clip((generated - loop_start) / window, 0, 1) once a loop has started (loop_start >= 0),
+                 else 0: the share of the window inside the loop, which is what the n-gram measure gives
+                 for a loop whose period is small against the window. It reaches 1 at loop_start + window.
+    entropy    = the response's recorded `entropy_mean` where it has no loop or collapse; after
+                 `loop_start` (or `entropy_collapse_start`), a mix (1 - f) * text + f * degenerate, f the
+                 share of the window past that point, where `degenerate` is the row's `entropy_mean`
+                 (such a response is mostly loop or collapse, so its mean is that level) and `text` the
+                 typical entropy of the trace's healthy responses (their median `entropy_mean`).
+                 NaN where the trace has no entropy.
+
+Both signals use DEFAULT (window 256, 4-grams) unless an engine is built with another `SignalSpec`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+WINDOW_KEY = "window"  # Request.signals[WINDOW_KEY] -> {"repetition": float, "entropy": float, "tokens": int, "window": int}
+_NAN = float("nan")
+
+
+@dataclass(slots=True, frozen=True)
+class SignalSpec:
+    """The window the engines measure over, and the n-gram length of the repetition measure."""
+
+    window: int = 256
+    ngram: int = 4
+
+    def __post_init__(self):
+        if self.window < 1 or self.ngram < 1 or self.ngram > self.window:
+            raise ValueError(f"SignalSpec needs 1 <= ngram <= window, got window={self.window}, ngram={self.ngram}")
+
+
+DEFAULT = SignalSpec()
+
+
+def repetition_rate(tokens: Sequence[int], ngram: int) -> float:
+    """Fraction of the n-grams of `tokens` that repeat an earlier one: 1 - distinct / total (0 if none)."""
+    total = len(tokens) - ngram + 1
+    if total <= 0:
+        return 0.0
+    seen = {tuple(tokens[i:i + ngram]) for i in range(total)}
+    return 1.0 - len(seen) / total
+
+
+def signals_from_tokens(tokens: Sequence[int], logprobs: Sequence[float], window: int = DEFAULT.window,
+                        ngram: int = DEFAULT.ngram, entropies: Sequence[float] | None = None) -> dict:
+    """The real world's signals from a response's token ids and the logprobs of the sampled tokens.
+
+    `entropies` (each position's exact entropy, when the engine has them) replace the one-sample
+    estimate -logprob. Only the last `window` tokens count.
+    """
+    last = list(tokens[-window:]) if window < len(tokens) else list(tokens)
+    source = entropies if entropies is not None else logprobs
+    values = list(source[-len(last):]) if last else []
+    if entropies is None:
+        values = [-x for x in values]
+    entropy = math.fsum(values) / len(values) if values else _NAN
+    return {"repetition": repetition_rate(last, ngram), "entropy": entropy, "tokens": len(last), "window": window}
+
+
+def signals_from_trace(generated: int, loop_start: int, collapse_start: int, entropy: float, text_entropy: float,
+                       window: int = DEFAULT.window) -> dict:
+    """The simulator's model of the same signals, from the trace's columns (see the module docstring)."""
+    repetition = 0.0
+    if loop_start >= 0 and generated > loop_start:
+        repetition = min(1.0, (generated - loop_start) / window)
+    starts = [s for s in (loop_start, collapse_start) if s >= 0]
+    if starts and entropy == entropy:
+        start = min(starts)
+        f = min(1.0, max(0.0, (generated - start) / window))
+        text = text_entropy if text_entropy == text_entropy else entropy
+        entropy = (1.0 - f) * text + f * entropy
+    return {"repetition": repetition, "entropy": entropy, "tokens": min(generated, window), "window": window}

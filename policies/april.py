@@ -1,0 +1,75 @@
+"""april -- Active Partial Rollouts: over-provision, stop at the target, carry the rest (APRIL; slime).
+
+Source: Zhou et al., "APRIL: Active Partial Rollouts in Reinforcement Learning to Tame Long-tail
+Generation" (arXiv 2509.18521), as implemented in slime (`--partial-rollout`,
+`--over-sampling-batch-size`, `--mask-offpolicy-in-partial-rollout`): the rollout asks for more groups
+than the step trains on, ends as soon as the target number of groups has finished, aborts the rest
+and puts every unfinished group back in a buffer, from which the next rollout takes first; a resumed
+response keeps its tokens and continues under the new weights. Nothing is discarded.
+
+Rule, each step:
+- Target: the nominal groups per step (at most what the run has left).
+- Plan: the groups carried from the last step are resubmitted first (the controller does that); the
+  plan tops the proposal up, from the data loader (`ctx.draw`), to `over_provision` x target groups
+  in flight, carried ones included (slime: buffer first, then fresh prompts).
+- end_rollout: once `groups_done` (groups whose every member ended this step) reaches the target.
+  Every group done by then trains (a few more than the target when several finish at once).
+- on_unfinished: carry, always. A carried group's finished members wait with it; its unfinished
+  members resume next step with the tokens they have (`tokens_before_resume`, and the versions they
+  spanned in `policy_version_first/last`).
+- Bounded staleness, `max_carry_steps` (default None: unbounded, as slime): a response carried that
+  many times is forced to finish -- the rollout does not end while one is still running -- so no
+  response spans more than max_carry_steps + 1 policy versions. Chosen over dropping it: nothing
+  generated is thrown away.
+- The run's last step (the target reaches what the run has left) does not over-provision and runs
+  to completion, so every carried response ends before the run does.
+- `mask_stale_tokens` (default False): read by the trainer, not by the rollout. When True the trainer
+  leaves out of the loss each response's leading tokens generated under weights older than the step
+  that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of them
+  for a member that finished steps before its group did). slime's `--mask-offpolicy-in-partial-rollout`.
+  The share of such tokens is the step column `off_policy_token_fraction`.
+
+Over-provisioning changes which prompts meet at a step (the loader's next batch starts early), so in
+the simulator part of the responses are modelled, not replayed; the summary says how much.
+"""
+
+from __future__ import annotations
+
+from lssim.policy import CARRY, Policy
+
+
+class APRIL(Policy):
+    name = "april"
+
+    def __init__(self, over_provision: float = 2.0, max_carry_steps: int | None = None, mask_stale_tokens: bool = False):
+        if over_provision < 1.0:
+            raise ValueError(f"april: over_provision must be >= 1, got {over_provision}")
+        if max_carry_steps is not None and max_carry_steps < 1:
+            raise ValueError(f"april: max_carry_steps must be >= 1 or None, got {max_carry_steps}")
+        self.over_provision, self.max_carry_steps, self.mask_stale_tokens = over_provision, max_carry_steps, bool(mask_stale_tokens)
+        self._target = 0
+        self._last_step = False
+        self._carries: dict[int, int] = {}  # rid -> times carried so far
+        self._must_finish: set[int] = set()  # rids carried max_carry_steps times: the rollout waits for them
+
+    def plan(self, ctx, proposal):
+        self._target = max(0, min(ctx.groups_per_step, ctx.groups_left))
+        self._last_step = ctx.groups_left <= ctx.groups_per_step
+        if self._last_step or ctx.draw is None:
+            return proposal
+        extra = round(self.over_provision * self._target) - ctx.carried_groups - len(proposal)
+        return proposal + ctx.draw(extra) if extra > 0 else proposal
+
+    def end_rollout(self, state):
+        return not self._last_step and state.groups_done >= self._target and not self._must_finish
+
+    def on_unfinished(self, request):
+        n = self._carries.get(request.rid, 0) + 1
+        self._carries[request.rid] = n
+        if self.max_carry_steps is not None and n >= self.max_carry_steps:
+            self._must_finish.add(request.rid)
+        return CARRY
+
+    def on_finish(self, request, state):
+        if self._carries.pop(request.rid, None) is not None:
+            self._must_finish.discard(request.rid)

@@ -1,0 +1,85 @@
+"""breaker -- entropy/repetition circuit breaker with a soft landing (seed plan §1.2; early exit, §4.2).
+
+Source: the seed plan's "entropy-triggered tail circuit breaker" (§1.2): watch each response's
+sliding-window repetition and entropy while it generates; stop a degenerate one -- a repetition loop,
+a low-entropy collapse, high-entropy babble -- instead of letting it run to max_tokens, and train on
+it with a negative reward (a "soft landing", -1 in the plan) so the model learns not to do it. §4.2
+adds the same idea at inference time (stop once the tokens are near-certain for a while). The
+thresholds below are ours; every one is a parameter.
+
+Rule, at every progress checkpoint (every `check_every` tokens of a response), reading
+`request.signals["window"]` -- repetition and entropy over the last window, which both engines put
+there (lssim/signals.py: computed from tokens and logprobs on vLLM, modelled from the trace's
+`loop_start`, `entropy_collapse_start` and `entropy_mean` in the simulator):
+- nothing until the window is full (signals["tokens"] == signals["window"]) and the response has
+  `min_tokens` tokens;
+- loop:     repetition >= `repetition_above`                      -> stop, reason "loop";
+- collapse: entropy < `entropy_below` at `patience` checks in a row  -> stop, reason "entropy_collapse";
+- babble:   entropy > `entropy_above` at `patience` checks in a row  -> stop, reason "babble";
+- a stopped response trains with reward `stop_reward` (default -1; None keeps the engine's reward).
+A response that ends by itself before the rule fires is never touched: the rule acts only at
+checkpoints, and a response has none after its end.
+
+What it saves and what it costs are in the results: tokens a stop saved (`natural_len - response_len`
+of the stopped responses) and how many stopped responses would have ended correct
+(`natural_reward > 0`: false positives), where the world can tell (the simulator's trace can).
+"""
+
+from __future__ import annotations
+
+from lssim.policy import Action, Policy
+from lssim.signals import WINDOW_KEY
+
+
+class Breaker(Policy):
+    name = "breaker"
+
+    def __init__(self, check_every: int = 256, repetition_above: float = 0.5, entropy_below: float = 0.1,
+                 entropy_above: float = 2.5, patience: int = 2, min_tokens: int = 256, stop_reward: float | None = -1.0):
+        if check_every < 1 or patience < 1 or min_tokens < 0:
+            raise ValueError("breaker: check_every and patience must be >= 1, min_tokens >= 0")
+        if not 0.0 < repetition_above <= 1.0:
+            raise ValueError(f"breaker: repetition_above must be in (0, 1], got {repetition_above}")
+        if not 0.0 <= entropy_below < entropy_above:
+            raise ValueError(f"breaker: need 0 <= entropy_below < entropy_above, got {entropy_below}, {entropy_above}")
+        self.progress_interval = int(check_every)
+        self.repetition_above, self.entropy_below, self.entropy_above = repetition_above, entropy_below, entropy_above
+        self.patience, self.min_tokens, self.stop_reward = patience, min_tokens, stop_reward
+        self._low: dict[int, int] = {}  # rid -> consecutive checks with low entropy
+        self._high: dict[int, int] = {}  # rid -> consecutive checks with high entropy
+        self._touched: set[int] = set()
+        self.stops: dict[str, int] = {"loop": 0, "entropy_collapse": 0, "babble": 0}
+
+    def decide(self, rid: int, generated: int, signals: dict | None) -> str | None:
+        """The rule on one checkpoint's signals: the reason to stop, or None."""
+        if not signals or generated < self.min_tokens or signals.get("tokens", 0) < signals.get("window", 0):
+            return None
+        self._touched.add(rid)
+        if signals.get("repetition", 0.0) >= self.repetition_above:
+            return "loop"
+        entropy = signals.get("entropy", float("nan"))
+        low = self._low[rid] = self._low.get(rid, 0) + 1 if entropy < self.entropy_below else 0
+        high = self._high[rid] = self._high.get(rid, 0) + 1 if entropy > self.entropy_above else 0
+        if low >= self.patience:
+            return "entropy_collapse"
+        if high >= self.patience:
+            return "babble"
+        return None
+
+    def on_progress(self, request, state):
+        reason = self.decide(request.rid, request.generated, request.signals.get(WINDOW_KEY))
+        if reason is None:
+            return None
+        self.stops[reason] += 1
+        return Action.stop(reason, reward=self.stop_reward)
+
+    def on_finish(self, request, state):
+        self._low.pop(request.rid, None)
+        self._high.pop(request.rid, None)
+
+    def end_step(self, outcome):
+        # Keep the counters of responses that ran this step (a carried one goes on next step); forget the rest.
+        for d in (self._low, self._high):
+            for rid in [k for k in d if k not in self._touched]:
+                del d[rid]
+        self._touched = set()

@@ -1,0 +1,99 @@
+"""seer -- divided rollout and context-aware scheduling (Seer, Qin et al. 2025, arXiv 2511.14617).
+
+Source: Seer splits each group into its requests and each request into chunks that go back to a global
+scheduler one at a time, so a long response can move to a lightly loaded instance between chunks ("divided
+rollout"); it runs one request of each group first as a probe to learn the group's length (members of a
+group have similar lengths), and schedules the rest longest-first by that estimate ("context-aware
+scheduling", an approximation of the longest-first schedule an oracle would run; the paper reports 96% of
+an oracle longest-first scheduler's throughput). Its third part, grouped speculative decoding, is
+`spec_tail`'s business here (compose them: `seer+spec_tail`).
+
+Rule:
+- Chunks: a progress checkpoint every `chunk` tokens (the request's next chunk is `min(chunk, what is left of
+  its budget)`). At a checkpoint the request is requeued (Action.requeue: the controller aborts it and
+  resubmits it in the same step, with its new priority and no instance, so placement picks one) when its
+  instance holds at least `rebalance` more of this policy's requests than the least-loaded one (at least 2,
+  so that a move makes things better rather than swapping which instance is ahead); otherwise it keeps
+  running where it is. `every_chunk=True` is the paper's literal rule: every chunk goes back to the
+  scheduler. The simulator charges a requeued request the prefill of its prompt and everything generated so
+  far (lssim.sim); on vLLM, prefix caching keeps that prefix's KV on the instance, so a requeue that stays
+  on its instance is nearly free and one that moves pays the prefill (Seer avoids even that with a global
+  KV pool, which neither world here has).
+- Placement: the instance with the fewest of this policy's requests (placed there and not yet ended).
+- Probe: the first member of each group is its probe: it runs ahead of everything else, shortest-first
+  by tokens generated (priority = probe band + generated).
+- Estimate: a group's length estimate is its longest finished member so far; until one finishes, the
+  budget.
+- Other members run longest-first by their group's estimate (priority = -estimate). Starvation guard: a
+  request that has started (resumed after a requeue) runs ahead of members that have not (but behind the
+  probes), so a requeue never sends a half-done response to the back of a queue it may never leave while
+  fresh long-estimate work keeps arriving.
+
+Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
+"""
+
+from __future__ import annotations
+
+from lssim.core import LENGTH, STOP
+from lssim.policy import Action, Policy
+
+_BAND = 1 << 40  # priority bands: probes < started requests < fresh requests (lower runs first)
+
+
+class Seer(Policy):
+    name = "seer"
+
+    def __init__(self, chunk: int = 2048, rebalance: int = 2, every_chunk: bool = False):
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"seer: chunk must be an int >= 1, got {chunk!r}")
+        if not isinstance(rebalance, int) or rebalance < 2:
+            raise ValueError(f"seer: rebalance must be an int >= 2, got {rebalance!r}")
+        self.chunk, self.rebalance, self.every_chunk = chunk, rebalance, bool(every_chunk)
+        self.progress_interval = chunk
+        self._estimate: dict[int, int] = {}  # group -> longest finished member so far
+        self._probe: dict[int, int] = {}  # group -> rid of its probe
+        self._count: list[int] = []  # instance -> this policy's requests on it, not yet ended
+        self._where: dict[int, int] = {}  # rid -> instance
+
+    def plan(self, ctx, proposal):
+        self._estimate, self._probe, self._count, self._where = {}, {}, [], {}
+        return proposal
+
+    def estimate(self, request) -> int:
+        """The request's group's length estimate: its longest finished member, or the budget."""
+        return self._estimate.get(request.group_id, request.max_tokens)
+
+    def priority(self, request):
+        probe = self._probe.setdefault(request.group_id, request.rid)
+        if probe == request.rid:
+            return -3 * _BAND + request.generated  # probes first, shortest-first by tokens generated
+        band = -2 * _BAND if request.generated > 0 else -_BAND  # started before fresh: the starvation guard
+        return band - max(self.estimate(request), request.generated)  # longest estimate first
+
+    def place(self, request, loads):
+        if len(self._count) != len(loads):
+            self._count, self._where = [0] * len(loads), {}
+        self._leave(request.rid)
+        i = min(range(len(loads)), key=lambda j: (self._count[j], loads[j].running + loads[j].waiting))
+        self._count[i] += 1
+        self._where[request.rid] = i
+        return i
+
+    def on_progress(self, request, state):
+        i = self._where.get(request.rid)
+        if i is None:  # placed by another policy: it keeps its place
+            return None
+        if not self.every_chunk and self._count[i] - min(self._count) < self.rebalance:
+            return None
+        return Action.requeue(priority=self.priority(request), instance=None, reason="seer: next chunk")
+
+    def on_finish(self, request, state):
+        self._leave(request.rid)
+        if request.finish_reason in (STOP, LENGTH):
+            g = request.group_id
+            self._estimate[g] = max(self._estimate.get(g, 0), request.generated)
+
+    def _leave(self, rid: int) -> None:
+        i = self._where.pop(rid, None)
+        if i is not None:
+            self._count[i] -= 1

@@ -1,0 +1,45 @@
+"""spec_tail -- speculative decoding (or layer skip) for the long tail (TLT, Hu et al. 2025, arXiv 2511.16665;
+SPEC-RL, arXiv 2509.23232; seed plan §1.3).
+
+Source: when a rollout's batch has shrunk to its few long responses, each decode iteration is bound by reading
+the weights, and spare compute is free: verify several drafted tokens per iteration. TLT does this with an
+adaptive drafter trained on idle GPUs and turns speculation off above 32 running requests, where it no longer
+pays; SPEC-RL drafts from the prompt's previous rollout; the seed plan (§1.3) proposes self-speculation or
+layer skip for a request once it is the batch's last survivor, arguing that a little precision lost on the
+tail is acceptable noise for exploration.
+
+Rule: ask the engine, once per run, for speculation (lssim.core.Speculation) while an instance runs at most
+`max_batch` sequences. It is an execution feature, not a decision about requests, so the policy has no hooks:
+it composes with anything (`seer+spec_tail`).
+- method "ngram" (lossless; vLLM's n-gram proposer, drafting nearly free) or "draft" (lossless; a draft model,
+  each drafted token costing `draft_cost` of a target iteration; self-speculation with the first layers as
+  the drafter is "draft" with draft_cost = the fraction of layers): per generated token the engine spends
+  T_SD = (1 - alpha)(D + T) / (1 - alpha^(gamma+1)) (D: drafting gamma tokens, T: verifying them at the
+  running batch; lssim.cost.SpeculativeCost).
+- method "layer_skip" (lossy): each token runs through `layer_fraction` of the layers, nothing verifies it.
+  Quality cost, stated: those tokens are not samples of the policy being trained; the simulator counts them
+  (`speculated_tokens` in a run's meta) so a report can put the fraction beside the speedup.
+
+alpha is an assumption until measured: run the real engine with the same Speculation, read its acceptance
+counters, turn them into alpha (`Speculation.alpha_from_counts`) and replay with it,
+`lssim replay TRACE --policy "spec_tail(alpha=0.62)"`.
+
+Defaults: method="ngram", alpha=0.5, gamma=4, draft_cost=0.0, max_batch=32 (TLT's threshold), layer_fraction=0.5.
+alpha=0.5 is a placeholder of the right order for n-gram drafting on reasoning text, not a measurement.
+"""
+
+from __future__ import annotations
+
+from lssim.core import Speculation
+from lssim.policy import Policy
+
+
+class SpecTail(Policy):
+    name = "spec_tail"
+
+    def __init__(self, method: str = "ngram", alpha: float = 0.5, gamma: int = 4, draft_cost: float = 0.0,
+                 max_batch: int = 32, layer_fraction: float = 0.5):
+        self.method, self.alpha, self.gamma, self.draft_cost = method, alpha, gamma, draft_cost
+        self.max_batch, self.layer_fraction = max_batch, layer_fraction
+        self.speculation = Speculation(method=method, alpha=alpha, gamma=gamma, draft_cost=draft_cost,
+                                       max_batch=max_batch, layer_fraction=layer_fraction)
