@@ -5,6 +5,8 @@ Subcommands::
     lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N]
                 [--group-size N] [--max-tokens N] [--set KEY=VALUE ...] --out FILE
     lssim trace info FILE [--json]
+    lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
+    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
@@ -248,12 +250,106 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------
+# sweep
+# --------------------------------------------------------------------------
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from .policy import available_policies
+    from .replay import SimSetup
+    from .sweep import compositions, sweep
+    from .trace import load_trace
+
+    names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else \
+        [n for n in available_policies() if n not in ("baseline", "oracle")]
+    if not names:
+        raise ValueError("--policies: no policy named")
+    trace = load_trace(args.trace)
+    setup = SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
+                     max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+    n_runs = len(compositions(names, args.max_size)) + 1
+    bar = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = lambda specs: tqdm(specs, desc="sweep", unit="run", leave=False)  # noqa: E731
+        print(f"sweep: {n_runs} runs ({len(names)} policies, compositions of up to {args.max_size}) on {args.trace}",
+              file=sys.stderr)
+    skipped: list = []
+    table = sweep(trace, names, args.max_size, setup, steps=args.steps, seed=args.seed, by=args.by, progress=bar, skipped=skipped)
+    best_name = next(n for n in table.index if n != "baseline") if len(table) > 1 else table.index[0]
+    rows = [{"policy": name, **{k: _jsonable(v) for k, v in row.items()}} for name, row in table.to_dict("index").items()]
+    best = next(r for r in rows if r["policy"] == best_name)
+    report = {"trace": str(args.trace), "policies": names, "max_size": args.max_size, "by": args.by,
+              "setup": {k: v for k, v in vars(args).items() if k != "func"}, "best": best, "results": rows,
+              "skipped": [{"policy": s, "reason": r} for s, r in skipped]}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for fname, write in (("sweep.csv", lambda f: table.rename_axis("policy").to_csv(f)),
+                             ("sweep.json", lambda f: Path(f).write_text(json.dumps(report, indent=2, default=str) + "\n"))):
+            fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", dir=out)
+            os.close(fd)
+            try:
+                write(tmp)
+                os.replace(tmp, out / fname)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"trace {args.trace}: {n_runs} runs; {args.instances} x {args.model} on {args.hardware} (tp={args.tp}); "
+          f"best {args.top} by {args.by}:")
+    print(format_summary(table.head(args.top)))
+    for spec, reason in skipped:
+        print(f"skipped {spec}: {reason}")
+    print(f"best: {best_name}: {best['speedup']:.3f}x baseline, {best['lower_bound_efficiency']:.1%} of the per-step lower bound"
+          f" (goal 95%); off-policy tokens {best['off_policy_token_fraction']:.1%}, truncated {best['truncated_fraction']:.1%}")
+    if args.out:
+        print(f"results written to {args.out}/")
+    return 0
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="search compositions of policies on a trace for the best one, against the lower bound",
+        description="Replay the trace under every composition of 1..--max-size of the --policies (a+b in the order "
+        "listed), beside baseline, and report them best first with their efficiency against the per-step lower bound.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("--policies", metavar="A,B,C", help="comma-separated policies to compose (default: every policy "
+                   "but baseline and oracle); parameters as name(key=value)")
+    p.add_argument("--max-size", type=int, default=3, help="most policies in one composition (default 3)")
+    p.add_argument("--by", choices=["speedup", "lower_bound_efficiency"], default="speedup",
+                   help="what 'best' means: rollout time per trained group against baseline (default), or bound efficiency")
+    p.add_argument("--top", type=int, default=10, help="rows of the table to print (default 10)")
+    p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
+    p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
+    p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per engine instance")
+    p.add_argument("--instances", type=int, default=8, help="engine instances")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
+    p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
+    p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="DIR", help="write sweep.csv (every run's summary) and sweep.json here")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the best run, every run, what was skipped")
+    p.set_defaults(func=_run_sweep)
+
+
+# --------------------------------------------------------------------------
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "synth": _add_synth,
     "trace": _add_trace,
     "replay": _add_replay,
     "real": _add_real,
+    "sweep": _add_sweep,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 

@@ -44,7 +44,9 @@ class RollPacker(Policy):
             raise ValueError(f"rollpacker: ratio must be in [1, 4], got {ratio}")
         self.ratio = ratio
         self.long_queue: list[int] = []  # prompts waiting for a long round
-        self.long_rounds: list[list[int]] = []  # the prompts of each long round so far (for reports and tests)
+        self.deferred: list[tuple[int, int]] = []  # (step, prompt) sent to the queue, for reports and tests
+        self.long_rounds: list[tuple[int, list[int]]] = []  # (step, prompts) of each long round so far
+        self._step = 0
         self._round = "short"
         self._target = 0  # groups to train this round
         self._n: dict[int, int] = {}  # prompt -> responses it needs (its nominal group size)
@@ -52,13 +54,13 @@ class RollPacker(Policy):
         self._complete = 0
 
     def plan(self, ctx, proposal):
-        self._finished, self._complete, self._n = {}, 0, {}
+        self._finished, self._complete, self._n, self._step = {}, 0, {}, ctx.step
         budget = max(0, ctx.groups_left - ctx.carried_groups)
         queued = len(self.long_queue)
         if queued and queued >= min(ctx.groups_per_step, budget):
             take = self.long_queue[:ctx.groups_per_step]
             del self.long_queue[:len(take)]
-            self.long_rounds.append(list(take))
+            self.long_rounds.append((ctx.step, list(take)))
             self._round, self._target = "long", len(take)
             return [GroupSpec(pid, ctx.group_size, ctx.max_tokens) for pid in take]
         self._round = "short"
@@ -97,6 +99,7 @@ class RollPacker(Policy):
                 complete.append((done[n - 1].finish_time, Group(g.prompt_id, g.step, done[:n])))
             elif g.prompt_id not in queued:
                 self.long_queue.append(g.prompt_id)
+                self.deferred.append((self._step, g.prompt_id))
                 queued.add(g.prompt_id)
         complete.sort(key=lambda item: item[0])
         return [group for _, group in complete[:self._target]]

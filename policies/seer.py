@@ -23,11 +23,16 @@ Rule:
 - Probe: the first member of each group is its probe: it runs ahead of everything else, shortest-first
   by tokens generated (priority = probe band + generated).
 - Estimate: a group's length estimate is its longest finished member so far; until one finishes, the
-  budget.
+  prompt's mean length in earlier steps (lssim.history, learned in end_step), and for a prompt never seen,
+  the budget.
 - Other members run longest-first by their group's estimate (priority = -estimate). Starvation guard: a
   request that has started (resumed after a requeue) runs ahead of members that have not (but behind the
   probes), so a requeue never sends a half-done response to the back of a queue it may never leave while
   fresh long-estimate work keeps arriving.
+- Limitation: an engine queues a request at the priority it was submitted with, and a policy hears of a
+  waiting request only once it runs, so a member queued before its probe finished keeps the estimate it
+  had then (its prompt's history) until its first chunk boundary. Seer's global scheduler re-ranks waiting
+  chunks as estimates arrive; doing that here needs the controller to let a policy requeue waiting requests.
 
 Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
 """
@@ -35,6 +40,7 @@ Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
 from __future__ import annotations
 
 from lssim.core import LENGTH, STOP
+from lssim.history import LengthHistory
 from lssim.policy import Action, Policy
 
 _BAND = 1 << 40  # priority bands: probes < started requests < fresh requests (lower runs first)
@@ -54,14 +60,20 @@ class Seer(Policy):
         self._probe: dict[int, int] = {}  # group -> rid of its probe
         self._count: list[int] = []  # instance -> this policy's requests on it, not yet ended
         self._where: dict[int, int] = {}  # rid -> instance
+        self.history = LengthHistory()
 
     def plan(self, ctx, proposal):
         self._estimate, self._probe, self._count, self._where = {}, {}, [], {}
         return proposal
 
     def estimate(self, request) -> int:
-        """The request's group's length estimate: its longest finished member, or the budget."""
-        return self._estimate.get(request.group_id, request.max_tokens)
+        """The request's group's length estimate: its longest finished member, else its prompt's mean length
+        in earlier steps, else the budget."""
+        known = self._estimate.get(request.group_id)
+        if known is not None:
+            return known
+        past = self.history.mean(request.prompt_id)
+        return request.max_tokens if past is None else int(round(min(past, request.max_tokens)))
 
     def priority(self, request):
         probe = self._probe.setdefault(request.group_id, request.rid)
@@ -92,6 +104,9 @@ class Seer(Policy):
         if request.finish_reason in (STOP, LENGTH):
             g = request.group_id
             self._estimate[g] = max(self._estimate.get(g, 0), request.generated)
+
+    def end_step(self, outcome):
+        self.history.update(outcome)
 
     def _leave(self, rid: int) -> None:
         i = self._where.pop(rid, None)
