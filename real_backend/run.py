@@ -1,0 +1,101 @@
+"""`lssim real`: run the RL loop on vLLM under a policy and record it (the handler behind lssim.cli).
+
+Every input is checked before the engine starts (model folder, tokenizer, prompts file, policy spec,
+run shape, output folder): bad input is `lssim: error: ...`, exit status 2, nothing written. Once
+running, each finished step is on disk (trace.parquet, steps.parquet, responses.parquet, meta.json);
+an engine that dies mid-step is `lssim: error: ...` with exit status 1, and the files keep every step
+that finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+EXIT_ENGINE = 1
+EXIT_INTERRUPTED = 130
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM is imported: only its errors reach the terminal
+    from lssim.controller import RunConfig
+
+    from .world import RealSetup, format_step, out_dir_problem, prepare
+
+    config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
+                       max_tokens=args.max_tokens, seed=args.seed)
+    setup = RealSetup(model_dir=args.model_dir, prompts_path=args.prompts, n_prompts=args.n_prompts, dtype=args.dtype,
+                      trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
+                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy)
+    if args.group_size < 2:
+        raise ValueError("--group-size must be >= 2 (GRPO normalizes rewards within a group)")
+    problem = out_dir_problem(args.out, args.overwrite)
+    if problem:
+        raise ValueError(problem)
+    prompts, policy = prepare(setup, args.policy, config)
+
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
+    say(f"lssim real: policy {policy.name}, {config.steps} steps x {config.groups_per_step} groups x {config.group_size} samples, "
+        f"max_tokens {config.max_tokens}, {len(prompts.pool)} prompts, model {setup.model_dir}")
+    say("starting the vLLM engine ...")
+    from .engine import EngineError
+    from .world import run_real, start_engine
+
+    t0 = time.monotonic()
+    try:
+        engine = start_engine(setup, prompts, seed=args.seed)
+    except Exception as e:
+        print(f"lssim: error: the vLLM engine did not start: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_ENGINE
+    say(f"engine up in {time.monotonic() - t0:.0f} s")
+    try:
+        result = run_real(setup, policy, config, args.out, engine=engine, prompts=prompts,
+                          on_step=lambda row: print(format_step(row), flush=True),
+                          meta={"command": " ".join(sys.argv)})
+    except EngineError as e:
+        print(f"lssim: error: {e}; {args.out} keeps every step that finished", file=sys.stderr)
+        return EXIT_ENGINE
+    except KeyboardInterrupt:
+        print(f"lssim: interrupted; {args.out} keeps every step that finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        engine.close()
+    s = result.steps
+    say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
+        f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {args.out}/")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from . import task
+
+    p.add_argument("--policy", default="baseline", metavar="SPEC",
+                   help="policy: a module of policies/, composed with +, parameters as name(key=value) (default: baseline)")
+    p.add_argument("--steps", type=int, default=5, help="RL steps (default: 5)")
+    p.add_argument("--groups-per-step", type=int, default=8, help="prompts per step (default: 8)")
+    p.add_argument("--group-size", type=int, default=4, help="samples per prompt (default: 4)")
+    p.add_argument("--max-tokens", type=int, default=256, help="response-token budget (default: 256)")
+    p.add_argument("--model-dir", default=str(task.MODEL_DIR), metavar="DIR",
+                   help="local Hugging Face model folder (default: the reference model)")
+    p.add_argument("--prompts", default=str(task.PROMPTS_PATH), metavar="JSONL", help="the task's prompts (default: the task's)")
+    p.add_argument("--n-prompts", type=int, metavar="N", help="use only the first N prompts (a smaller pool)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default: 2e-5)")
+    p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per RL step (default: 1)")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip (default: 0.2)")
+    p.add_argument("--mask-resumed", action="store_true", help="leave tokens generated before a resume out of the loss")
+    p.add_argument("--exact-entropy", action="store_true",
+                   help="record each token's exact entropy (vLLM returns the whole vocabulary's logprobs; slower); "
+                        "default: estimated by -logprob of the sampled token")
+    p.add_argument("--dtype", default="float32", help="engine and trainer dtype: float32, bfloat16, float16 (default: float32)")
+    p.add_argument("--trainer-device", default="cpu", help="torch device of the trainer: cpu or cuda (default: cpu)")
+    p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

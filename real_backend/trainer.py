@@ -1,0 +1,197 @@
+"""GRPOTrainer: the lssim `Trainer` protocol as a real GRPO update in torch, weights pushed back into vLLM.
+
+    trainer = GRPOTrainer(model_dir, engine, prompts, lr=2e-5)
+    metrics = trainer.train(groups, step)
+
+One RL step:
+1. Advantages, per group: (reward - group mean) / (group std + eps). A group whose rewards are all
+   equal has zero advantage everywhere and contributes nothing (GRPO learns nothing from it); it is not
+   even run through the model. Members without a reward (NaN: dropped or stopped with no reward given)
+   are left out of their group's statistics and of the loss.
+2. Loss: PPO's clipped surrogate, per response token, with the ratio taken against the behaviour
+   logprobs vLLM recorded while sampling (`r.signals["logprobs"]`); clip 0.2; token-level mean over
+   every response token of the batch (DAPO's token-level normalization). No KL term.
+3. `mini_batches` optimizer steps (AdamW, gradient clipping), each on a slice of the samples; with one
+   the update is on-policy and the ratio is 1 up to the numeric gap between vLLM and torch
+   (`logprob_gap` in the metrics shows it).
+4. The new weights go into the running engine (`engine.update_weights`); the engine is never restarted.
+
+`mask_resumed=True` leaves out of the loss each response's leading tokens generated under weights older
+than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of
+them for a member that finished steps before its group did): slime's `--mask-offpolicy-in-partial-rollout`,
+asked for by `april(mask_stale_tokens=True)`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from lssim.core import Group, Request, off_policy_tokens
+
+
+class GRPOTrainer:
+    def __init__(self, model_dir: str, engine=None, prompts=None, *, lr: float = 2e-5, clip: float = 0.2, eps: float = 1e-6,
+                 mini_batches: int = 1, max_grad_norm: float = 1.0, weight_decay: float = 0.0, micro_batch_tokens: int = 16384,
+                 mask_resumed: bool = False, device: str = "cpu", dtype: str = "float32", seed: int = 0, threads: int | None = None,
+                 sync_on_start: bool = True):
+        """
+        engine: where new weights go after each step (anything with update_weights(state_dict)); None: nowhere.
+        prompts: gives each prompt's token ids (prompt_tokens(prompt_id)).
+        micro_batch_tokens: padded tokens per forward/backward pass (gradients accumulate over them).
+        sync_on_start: push the checkpoint's weights into the engine now, so a reused engine starts from
+            the checkpoint whatever ran on it before.
+        """
+        if mini_batches < 1:
+            raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.engine, self.prompts = engine, prompts
+        self.clip, self.eps, self.mini_batches = clip, eps, mini_batches
+        self.max_grad_norm, self.micro_batch_tokens, self.mask_resumed = max_grad_norm, micro_batch_tokens, mask_resumed
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device)
+        self.model.train()
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.rng = np.random.default_rng(seed)
+        self.version = 0
+        self.last_sync_seconds = 0.0
+        if sync_on_start and engine is not None:
+            self.last_sync_seconds = engine.update_weights(self.model.state_dict(), version=0)
+
+    # -- Trainer protocol --------------------------------------------------------------------------
+    def train(self, groups: list[Group], step: int) -> dict:
+        t0 = time.monotonic()
+        samples = self._samples(groups, step)
+        metrics = {"samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
+                   "tokens": int(sum(s.n_loss for s in samples)), "loss": math.nan, "grad_norm": math.nan,
+                   "clip_fraction": math.nan, "logprob_gap": math.nan, "optimizer_steps": 0}
+        if samples and metrics["tokens"] > 0:
+            order = self.rng.permutation(len(samples))
+            slices = [s for s in np.array_split(order, min(self.mini_batches, len(samples))) if len(s)]
+            losses, norms, clipped, gaps = [], [], [], []
+            for k, idx in enumerate(slices):
+                loss, norm, clip_frac, gap = self._update([samples[i] for i in idx])
+                losses.append(loss), norms.append(norm), clipped.append(clip_frac)
+                if k == 0:
+                    gaps.append(gap)  # before any update this step: the vLLM/torch numeric gap alone
+            metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), clip_fraction=float(np.mean(clipped)),
+                           logprob_gap=float(gaps[0]), optimizer_steps=len(slices))
+        compute = time.monotonic() - t0
+        sync = 0.0
+        if metrics["optimizer_steps"] and self.engine is not None:
+            sync = self.engine.update_weights(self.model.state_dict(), version=step + 1)
+        self.version = step + 1 if metrics["optimizer_steps"] else self.version
+        self.last_sync_seconds = sync
+        # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
+        metrics.update(compute_seconds=compute, sync_seconds=sync)
+        return metrics
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _samples(self, groups: list[Group], step: int) -> list["_Sample"]:
+        out = []
+        for gi, g in enumerate(groups):
+            members = [r for r in g.requests if math.isfinite(r.reward) and r.tokens is not None and r.generated > 0]
+            if len(members) < 2:
+                continue
+            rewards = np.array([r.reward for r in members], dtype=float)
+            std = rewards.std()
+            if std == 0.0:
+                continue  # no signal: every advantage is zero
+            adv = (rewards - rewards.mean()) / (std + self.eps)
+            for r, a in zip(members, adv):
+                out.append(self._sample(r, float(a), gi, step))
+        return out
+
+    def _sample(self, r: Request, advantage: float, group: int, step: int) -> "_Sample":
+        prompt = list(self.prompts.prompt_tokens(r.prompt_id))
+        response = list(r.tokens[:r.generated])
+        behaviour = list(r.signals["logprobs"][:r.generated])
+        if len(behaviour) != len(response):
+            raise ValueError(f"request {r.rid}: {len(response)} tokens but {len(behaviour)} behaviour logprobs")
+        mask = [1.0] * len(response)
+        if self.mask_resumed:
+            for i in range(min(off_policy_tokens(r, step), len(mask))):
+                mask[i] = 0.0
+        return _Sample(prompt, response, behaviour, mask, advantage, group)
+
+    def _update(self, samples: list["_Sample"]) -> tuple[float, float, float, float]:
+        """One optimizer step on `samples`; returns (loss, grad norm, clip fraction, mean |logp - behaviour|)."""
+        n_tokens = sum(s.n_loss for s in samples)
+        if n_tokens == 0:
+            return math.nan, math.nan, math.nan, math.nan
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss, total_clipped, total_gap = 0.0, 0.0, 0.0
+        for batch in self._micro_batches(samples):
+            ids, attn, targets, behaviour, adv, mask = batch
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, 1:].unsqueeze(-1)).squeeze(-1)
+            m = mask[:, 1:]
+            old = behaviour[:, 1:]
+            ratio = torch.exp(torch.clamp(logp - old, -20.0, 20.0))  # no inf * 0 on masked positions
+            a = adv.unsqueeze(1)
+            surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * a)
+            loss = -(surrogate * m).sum() / n_tokens
+            loss.backward()
+            with torch.no_grad():
+                total_loss += float(loss)
+                total_clipped += float((((ratio - 1).abs() > self.clip).float() * m).sum())
+                total_gap += float(((logp - old).abs() * m).sum())
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
+
+    def _micro_batches(self, samples: list["_Sample"]):
+        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each."""
+        order = sorted(samples, key=lambda s: s.length)
+        batch: list[_Sample] = []
+        for s in order:
+            if batch and (len(batch) + 1) * max(s.length, batch[-1].length) > self.micro_batch_tokens:
+                yield self._collate(batch)
+                batch = []
+            batch.append(s)
+        if batch:
+            yield self._collate(batch)
+
+    def _collate(self, batch: list["_Sample"]):
+        T = max(s.length for s in batch)
+        B = len(batch)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, T), dtype=torch.long)
+        behaviour = torch.zeros((B, T), dtype=torch.float32)
+        mask = torch.zeros((B, T), dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
+        for i, s in enumerate(batch):
+            P, R = len(s.prompt), len(s.response)
+            ids[i, :P + R] = torch.tensor(s.prompt + s.response)
+            attn[i, :P + R] = 1
+            behaviour[i, P:P + R] = torch.tensor(s.behaviour)
+            mask[i, P:P + R] = torch.tensor(s.mask)
+        d = self.device
+        return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
+
+
+class _Sample:
+    __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group")
+
+    def __init__(self, prompt, response, behaviour, mask, advantage, group):
+        self.prompt, self.response, self.behaviour, self.mask = prompt, response, behaviour, mask
+        self.advantage, self.group = advantage, group
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+    @property
+    def n_loss(self) -> int:
+        return int(sum(self.mask))

