@@ -88,6 +88,7 @@ class Policy:
 
     name = "baseline"
     progress_interval: int | None = None  # ask on_progress every this many tokens (None: never)
+    needs_oracle = False  # True if the policy reads ctx.oracle_length (true lengths: the simulator only)
     speculation: Speculation | None = None  # ask the engine to speculate at small batch (None: never)
 
     def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
@@ -151,6 +152,7 @@ class Compose(Policy):
             raise ValueError("Compose needs at least one policy")
         self.policies = list(policies)
         self.name = "+".join(p.name for p in self.policies)
+        self.needs_oracle = any(p.needs_oracle for p in self.policies)
         # Only the members with an opinion are asked, so an unused hook costs nothing on the hot path.
         self._by_hook = {h: [p for p in self.policies if p.overrides(h)] for h in HOOKS}
         intervals = [p.progress_interval for p in self._by_hook["on_progress"] if p.progress_interval]

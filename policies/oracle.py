@@ -12,6 +12,7 @@ from lssim.policy import Policy
 
 class Oracle(Policy):
     name = "oracle"
+    needs_oracle = True
 
     def __init__(self):
         self._length = None

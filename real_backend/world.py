@@ -72,6 +72,8 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     """Check every input of a run and build the cheap objects; raises ValueError with a clear message."""
     setup.check()
     built = make_policy(policy) if isinstance(policy, str) else policy
+    if built.needs_oracle:
+        raise ValueError(f"policy {built.name} needs every length in advance, which only the simulator knows")
     if getattr(built, "speculation", None) is not None:
         raise ValueError(f"policy {built.name} asks for speculative decoding, which the vLLM backend does not do yet")
     try:
