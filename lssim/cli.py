@@ -144,7 +144,7 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------
 
 TABLE_COLUMNS = {  # summary column -> (header, format)
-    "rollout_seconds": ("rollout s", "{:,.0f}"),
+    "rollout_seconds": ("rollout s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # a CPU run's seconds or a cluster's days
     "speedup": ("speedup", "{:.3f}x"),
     "tokens_per_second": ("tok/s", "{:,.0f}"),
     "lower_bound_efficiency": ("bound eff", "{:.1%}"),
@@ -165,23 +165,41 @@ TABLE_COLUMNS = {  # summary column -> (header, format)
 def format_summary(table) -> str:
     """The terminal table: one row per policy, the columns a researcher reads first."""
     headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
-    cell = lambda v, fmt: "-" if v != v else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
+    cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
     rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
     widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The simulated cluster and run length, shared by `replay` and `sweep`."""
+    p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
+    p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
+    p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per engine instance")
+    p.add_argument("--instances", type=int, default=8, help="engine instances")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
+    p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
+    p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _setup_from_args(args: argparse.Namespace):
+    from .replay import SimSetup
+
+    return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
+                    max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+
+
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import SimSetup, replay, summarize
+    from .replay import replay, summarize
     from .results import write_results
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    setup = SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
-                     max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
-    policies = [p for spec in args.policy for p in [spec]]
-    results = replay(trace, policies, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty())
+    setup = _setup_from_args(args)
+    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty())
     table = summarize(results)
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
@@ -210,15 +228,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
     p.add_argument("--policy", action="append", default=[], metavar="SPEC",
                    help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
-    p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
-    p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
-    p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
-    p.add_argument("--tp", type=int, default=1, help="GPUs per engine instance")
-    p.add_argument("--instances", type=int, default=8, help="engine instances")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
-    p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
-    p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
-    p.add_argument("--seed", type=int, default=0)
+    _add_cluster_args(p)
     p.add_argument("--out", metavar="DIR", help="write per-response and per-step parquet and the summary here")
     p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
     p.set_defaults(func=_run_replay)
@@ -259,7 +269,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .policy import available_policies
-    from .replay import SimSetup
     from .sweep import compositions, sweep
     from .trace import load_trace
 
@@ -268,8 +277,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     if not names:
         raise ValueError("--policies: no policy named")
     trace = load_trace(args.trace)
-    setup = SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
-                     max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+    setup = _setup_from_args(args)
     n_runs = len(compositions(names, args.max_size)) + 1
     bar = None
     if not args.json and sys.stderr.isatty():
@@ -328,15 +336,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--by", choices=["speedup", "lower_bound_efficiency"], default="speedup",
                    help="what 'best' means: rollout time per trained group against baseline (default), or bound efficiency")
     p.add_argument("--top", type=int, default=10, help="rows of the table to print (default 10)")
-    p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
-    p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
-    p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
-    p.add_argument("--tp", type=int, default=1, help="GPUs per engine instance")
-    p.add_argument("--instances", type=int, default=8, help="engine instances")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
-    p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
-    p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
-    p.add_argument("--seed", type=int, default=0)
+    _add_cluster_args(p)
     p.add_argument("--out", metavar="DIR", help="write sweep.csv (every run's summary) and sweep.json here")
     p.add_argument("--json", action="store_true", help="print one JSON object: the best run, every run, what was skipped")
     p.set_defaults(func=_run_sweep)

@@ -17,6 +17,24 @@ from pathlib import Path
 import pandas as pd
 
 
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call `write(tmp)` on a temporary file beside `path`, then move it over `path`: readers see the old
+    file or the new one, and a failed write leaves nothing behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def policy_dirname(name: str) -> str:
     """A file-system-safe folder name for a policy spec such as `hadb(short_batch_factor=3)+april`."""
     return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name).strip("_") or "policy"

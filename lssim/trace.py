@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -569,18 +568,9 @@ def write_trace(df: pd.DataFrame, path: str | os.PathLike, *, compression: str =
     meta = dict(table.schema.metadata or {})
     meta[b"lssim.trace_format"] = TRACE_FORMAT_VERSION.encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression=compression)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    from .results import atomic_write
+
+    atomic_write(p, lambda tmp: pq.write_table(table, tmp, compression=compression))
     return norm
 
 

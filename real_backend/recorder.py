@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -31,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.core import Request
+from lssim.results import atomic_write
 from lssim.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
@@ -76,8 +75,8 @@ class Recorder:
         responses, steps = self._responses(result.responses), result.steps
         self.out.mkdir(parents=True, exist_ok=True)
         write_trace(to_trace(responses, steps), self.out / "trace.parquet")
-        _atomic(self.out / "steps.parquet", lambda p: steps.to_parquet(p, index=False))
-        _atomic(self.out / "responses.parquet", lambda p: responses.to_parquet(p, index=False))
+        atomic_write(self.out / "steps.parquet", lambda p: steps.to_parquet(p, index=False))
+        atomic_write(self.out / "responses.parquet", lambda p: responses.to_parquet(p, index=False))
         self.meta["steps_done"] = len(steps)
         self._write_meta()
 
@@ -100,7 +99,7 @@ class Recorder:
 
     def _write_meta(self) -> None:
         text = json.dumps(self.meta, indent=2, default=_json_default)
-        _atomic(self.out / "meta.json", lambda p: Path(p).write_text(text))
+        atomic_write(self.out / "meta.json", lambda p: Path(p).write_text(text))
 
     def _responses(self, df: pd.DataFrame) -> pd.DataFrame:
         df = df.copy()
@@ -145,19 +144,6 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return trace
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _json_default(o):
