@@ -1,13 +1,14 @@
 """Build the reference model of the real backend: tokenizer, SFT data, training, checkpoint.
 
-    python -m real_backend.make_reference_model          # ~6 min on 2 CPU cores
+    python -m real_backend.make_reference_model          # ~5 min on 2 idle CPU cores
 
 writes real_backend/reference_model/ (Llama checkpoint + word-level tokenizer) and
 real_backend/data/prompts.jsonl. Everything is seeded, so a rerun gives the same
 prompts and (on the same torch build and thread count) the same weights.
 
-The model is trained deliberately briefly: it should be right on short traces and often
-wrong on long ones, so that RL has something to improve (see TASK.md).
+The model is meant to be imperfect: right on short traces, often wrong on long ones, now
+and then stuck in a loop, so that RL has something to improve. It learns that from SFT
+traces with injected slips and loops (`noisy_response`) and a short training (see TASK.md).
 """
 from __future__ import annotations
 

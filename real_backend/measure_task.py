@@ -2,7 +2,7 @@
 
     VLLM_CPU_KVCACHE_SPACE=1 python -m real_backend.measure_task --prompts 64 --samples 8
 
-Samples `--samples` responses per prompt (temperature 1.0, max_tokens 512) for the first
+Samples `--samples` responses per prompt (temperature 1.0, max_tokens 512 by default) for the first
 `--prompts` prompts of prompts.jsonl and prints the figures quoted in TASK.md.
 """
 from __future__ import annotations
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     ap.add_argument("--model", default=str(task.MODEL_DIR))
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--dump", help="also write every response here (jsonl)")
@@ -100,7 +101,7 @@ def main() -> None:
               max_model_len=1024, seed=args.seed)
     print(f"engine up in {time.time() - t0:.0f}s")
     # no per-request seed: the n samples of a request would share it; LLM(seed=) suffices
-    sp = SamplingParams(n=args.samples, temperature=1.0, max_tokens=args.max_tokens)
+    sp = SamplingParams(n=args.samples, temperature=args.temperature, max_tokens=args.max_tokens)
     t0 = time.time()
     res = llm.generate([p.text for p in prompts], sp)
     print(f"generated in {time.time() - t0:.0f}s")

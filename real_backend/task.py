@@ -18,6 +18,7 @@ response lengths long-tailed. See TASK.md.
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import asdict, dataclass
@@ -93,10 +94,11 @@ def fits(n: int) -> bool:
     return len(xs) <= MAX_STEPS and max(xs) < 10**WIDTH
 
 
-def eligible_starts() -> list[int]:
+@functools.lru_cache(maxsize=1)
+def eligible_starts() -> tuple[int, ...]:
     # n = 3 (mod 4): n = 1 (mod 4) always stops after 3 steps, which would put half of
     # the prompts at one trivial length; the remaining ones still have a heavy tail.
-    return [n for n in range(3, START_MAX, 4) if fits(n)]
+    return tuple(n for n in range(3, START_MAX, 4) if fits(n))
 
 
 def _make_prompt(prompt_id: int, n: int) -> Prompt:
