@@ -311,19 +311,21 @@ class RooflineCostModel:
 
     # -- hot path ------------------------------------------------------------------------------
 
+    def _sides(self, n_seqs: int, ctx_tokens: float) -> tuple[float, float, float, float]:
+        """(v0, s0, v1, s1): the roofline side on top at the span's first iteration (its time and
+        per-iteration slope as the context grows), then the other side."""
+        mb, cb = self._mem_b, self._cmp_b
+        m0 = self._mem_a + mb * ctx_tokens
+        c0 = self._cmp_a * n_seqs + cb * ctx_tokens
+        if c0 >= m0:
+            return c0, cb * n_seqs, m0, mb * n_seqs
+        return m0, mb * n_seqs, c0, cb * n_seqs
+
     def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
         if n_iters <= 0 or n_seqs <= 0:
             return 0.0
         k = n_iters
-        mb = self._mem_b
-        cb = self._cmp_b
-        m0 = self._mem_a + mb * ctx_tokens
-        c0 = self._cmp_a * n_seqs + cb * ctx_tokens
-        # v0/s0: the side on top at iteration 0 (value, per-iteration slope); v1/s1: the other.
-        if c0 >= m0:
-            v0, s0, v1, s1 = c0, cb * n_seqs, m0, mb * n_seqs
-        else:
-            v0, s0, v1, s1 = m0, mb * n_seqs, c0, cb * n_seqs
+        v0, s0, v1, s1 = self._sides(n_seqs, ctx_tokens)
         if s1 > s0:
             # The other side overtakes after iteration floor((v0 - v1)/(s1 - s0)).
             j = int((v0 - v1) / (s1 - s0)) + 1
@@ -340,14 +342,7 @@ class RooflineCostModel:
             raise ValueError(f"seconds must be finite, got {seconds}")
         if seconds <= 0.0:
             return 0  # every iteration takes > 0 s (the weight read)
-        mb = self._mem_b
-        cb = self._cmp_b
-        m0 = self._mem_a + mb * ctx_tokens
-        c0 = self._cmp_a * n_seqs + cb * ctx_tokens
-        if c0 >= m0:
-            v0, s0, v1, s1 = c0, cb * n_seqs, m0, mb * n_seqs
-        else:
-            v0, s0, v1, s1 = m0, mb * n_seqs, c0, cb * n_seqs
+        v0, s0, v1, s1 = self._sides(n_seqs, ctx_tokens)
         ov = self._ov
         est = _ramp_count(v0 + ov, s0, seconds)
         if s1 > s0:
