@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.bounds import make_lower_bound
 from lssim.checks import check_policy
 from lssim.cli import main
 from lssim.controller import Controller, RunConfig
@@ -19,27 +18,11 @@ from lssim.core import GroupSpec, InstanceLoad, PromptPool, Speculation, StepCon
 from lssim.cost import RooflineCostModel, SpeculativeCost, solo_decode_time
 from lssim.history import LengthHistory
 from lssim.policy import StepOutcome, make_policy
-from lssim.sim import EngineConfig, SimEngine, SimTrainer
 from lssim.workload import Workload
-from test_sim import COST, NO_TRAIN, make_trace
+from test_sim import COST, make_trace, run
 
 NEW = ["seer", "rollpacker", "segment", "spec_tail", "ebs", "lpt"]
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed=0, steps=None):
-    """As tests/test_sim.run, but the lower bound is priced with the engine's cost model once the controller has
-    set the policy's execution features up (as lssim.replay.simulate does)."""
-    wl = Workload(trace, seed=seed)
-    engine = SimEngine(wl, COST, EngineConfig(n_instances, max_num_seqs, kv))
-    n_steps = steps or len(wl.steps)
-    cfg = RunConfig(steps=2 * n_steps, groups_per_step=wl.groups_per_step, group_size=wl.group_size, max_tokens=wl.max_tokens,
-                    total_groups=n_steps * wl.groups_per_step, seed=seed)
-    policy = make_policy(policy) if isinstance(policy, str) else policy
-    ctl = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, policy, cfg,
-                     oracle_length=lambda st_, pid, sidx, b: wl.response(st_, pid, sidx, b).length)
-    ctl.lower_bound = make_lower_bound(engine.cost, n_instances, max_num_seqs)
-    return ctl.run(), engine
 
 
 def outcome(step, lengths: dict):

@@ -42,8 +42,11 @@ def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed
     cfg = RunConfig(steps=2 * n_steps, groups_per_step=wl.groups_per_step, group_size=wl.group_size, max_tokens=wl.max_tokens,
                     total_groups=n_steps * wl.groups_per_step, seed=seed)
     policy = make_policy(policy) if isinstance(policy, str) else policy
-    ctl = Controller(engine, SimTrainer(engine, train), wl, policy, cfg, lower_bound=make_lower_bound(COST, n_instances, max_num_seqs),
+    ctl = Controller(engine, SimTrainer(engine, train), wl, policy, cfg,
                      oracle_length=lambda st_, pid, sidx, b: wl.response(st_, pid, sidx, b).length)
+    # Priced with the engine's cost model once the controller has set the policy's execution features up
+    # (speculation wraps it), as lssim.replay.simulate does.
+    ctl.lower_bound = make_lower_bound(engine.cost, n_instances, max_num_seqs)
     return ctl.run(), engine
 
 
