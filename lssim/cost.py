@@ -87,6 +87,16 @@ class CostModel(Protocol):
 # ----------------------------------------------------------------------------------------------
 
 
+def _settle(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int) -> int:
+    """Move an estimate k of `iterations_within` to the exact answer against the forward formula:
+    the largest k with decode_time(n_seqs, ctx_tokens, k) <= seconds (float rounding moves k by one)."""
+    while decode_time(n_seqs, ctx_tokens, k + 1) <= seconds:
+        k += 1
+    while k > 0 and decode_time(n_seqs, ctx_tokens, k) > seconds:
+        k -= 1
+    return k
+
+
 def _ramp_count(a: float, b: float, seconds: float) -> float:
     """Real k >= 0 solving ``k*a + b*k*(k-1)/2 == seconds`` (a > 0, b >= 0, seconds >= 0).
 
@@ -350,7 +360,7 @@ class RooflineCostModel:
             if est > j:
                 rest = seconds - j * (v0 + s0 * (j - 1) * 0.5 + ov)
                 est = j + _ramp_count(v1 + s1 * j + ov, s1, max(rest, 0.0))
-        return self._fix(n_seqs, ctx_tokens, seconds, int(est))
+        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, int(est))
 
     def prefill_time(self, n_tokens: int) -> float:
         if n_tokens <= 0:
@@ -358,15 +368,6 @@ class RooflineCostModel:
         return self._pf_a * n_tokens + self._pf_w
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _fix(self, n: int, ctx: float, seconds: float, k: int) -> int:
-        """Step the closed-form estimate to the exact answer for the forward formula."""
-        dt = self.decode_time
-        while dt(n, ctx, k + 1) <= seconds:
-            k += 1
-        while k > 0 and dt(n, ctx, k) > seconds:
-            k -= 1
-        return k
 
     def iteration_breakdown(self, n_seqs: int, ctx_tokens: float) -> dict:
         """Components of one iteration's time (seconds), for reports and sanity checks."""
@@ -461,12 +462,7 @@ class ProfiledCostModel:
             return 0
         a = self.c0 + (self.c1 + self.c3 * n_seqs) * n_seqs + self.c2 * ctx_tokens
         k = int(_ramp_count(a, self.c2 * n_seqs, seconds))
-        dt = self.decode_time
-        while dt(n_seqs, ctx_tokens, k + 1) <= seconds:
-            k += 1
-        while k > 0 and dt(n_seqs, ctx_tokens, k) > seconds:
-            k -= 1
-        return k
+        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def prefill_time(self, n_tokens: int) -> float:
         if n_tokens <= 0:
@@ -702,12 +698,8 @@ class SpeculativeCost:
         if seconds <= 0.0:
             return 0
         k = self.base.iterations_within(n_seqs, ctx_tokens, seconds / self._factors[n_seqs])
-        dt = self.decode_time  # the division may round either way: settle against the forward formula
-        while dt(n_seqs, ctx_tokens, k + 1) <= seconds:
-            k += 1
-        while k > 0 and dt(n_seqs, ctx_tokens, k) > seconds:
-            k -= 1
-        return k
+        # the division may round either way: settle against the forward formula
+        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def prefill_time(self, n_tokens: int) -> float:
         return self.base.prefill_time(n_tokens)

@@ -92,12 +92,7 @@ def test_april_ends_at_the_target_and_carries_the_rest_with_their_tokens():
     assert len(waited) > 0 and (waited["off_policy_tokens"] == waited["response_len"]).all()
 
 
-traces = st.builds(
-    lambda steps, prompts, group, seed, tail: make_trace(
-        np.minimum(np.random.default_rng(seed).lognormal(3.5, tail, size=(steps, prompts, group)).astype(int) + 1, 400),
-        max_tokens=400),
-    steps=st.integers(1, 3), prompts=st.integers(1, 5), group=st.integers(1, 4), seed=st.integers(0, 10**6),
-    tail=st.floats(0.2, 1.5))
+from test_sim import traces  # noqa: E402  (the same small long-tailed traces as the core properties)
 
 
 @FAST

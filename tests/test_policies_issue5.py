@@ -248,12 +248,7 @@ def test_segment_extends_the_window_of_a_response_predicted_to_finish_soon():
 
 # -- properties over the new policies ------------------------------------------------------------------
 
-traces = st.builds(
-    lambda steps, prompts, group, seed, tail: make_trace(
-        np.minimum(np.random.default_rng(seed).lognormal(3.5, tail, size=(steps, prompts, group)).astype(int) + 1, 400),
-        max_tokens=400),
-    steps=st.integers(1, 3), prompts=st.integers(1, 5), group=st.integers(1, 4), seed=st.integers(0, 10**6),
-    tail=st.floats(0.2, 1.5))
+from test_sim import traces  # noqa: E402  (the same small long-tailed traces as the core properties)
 
 
 @FAST
