@@ -259,6 +259,47 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="measure the real engine's iteration time and fit the simulator's profiled cost model",
+        description="Start the vLLM engine, time decode iterations over a grid of running batch sizes and contexts "
+        "and the time to first token of each batch, fit lssim.cost.ProfiledCostModel, and write it as JSON "
+        "(use it with `lssim replay --profile FILE`); the measurements go beside it as parquet.",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from real_backend.profile import run as run_profile
+
+        return run_profile(args)
+
+    from real_backend.profile import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="record real runs (or take recorded ones), replay each in the simulator, report the error",
+        description="For each policy, run it on the real vLLM backend (or take a run recorded by `lssim real`), "
+        "replay its trace in the simulator with the same policy, seeds and a profiled cost model, and compare "
+        "step by step: rollout makespan, finish order and times, tokens, and the speedup over baseline. "
+        "See real_backend/VALIDATION.md.",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from real_backend.validate import run as run_validate
+
+        return run_validate(args)
+
+    from real_backend.validate import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 # --------------------------------------------------------------------------
 # sweep
 # --------------------------------------------------------------------------
@@ -349,6 +390,8 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "trace": _add_trace,
     "replay": _add_replay,
     "real": _add_real,
+    "profile": _add_profile,
+    "validate": _add_validate,
     "sweep": _add_sweep,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""

@@ -531,8 +531,9 @@ class ProfiledCostModel:
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def to_json(self, path) -> None:
-        """Write the coefficients, the functional form and the fit error to ``path``."""
+    def to_json(self, path, meta: dict | None = None) -> None:
+        """Write the coefficients, the functional form and the fit error to ``path``; ``meta`` (how and
+        where it was measured: command, engine, machine) is kept under "measured_by"."""
         payload = {
             "kind": "ProfiledCostModel",
             "name": self.name,
@@ -542,6 +543,7 @@ class ProfiledCostModel:
             "decode_coefficients": {"c0": self.c0, "c1": self.c1, "c2": self.c2, "c3": self.c3},
             "prefill_coefficients": {"p0": self.p0, "p1": self.p1},
             "fit_error": self.fit_stats,
+            **({"measured_by": meta} if meta else {}),
         }
         Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 

@@ -51,20 +51,26 @@ class SimSetup:
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
-             progress: bool = False) -> RunResult:
-    """Run one policy over the trace's workload: the same number of groups the trace trained on."""
+             progress: bool = False, *, config: RunConfig | None = None, prompts=None) -> RunResult:
+    """Run one policy over the trace's workload: by default the same number of groups the trace trained on.
+
+    `config` replaces that run shape (a validation replays a real run with the real run's own config);
+    `prompts` replaces the data loader (the Workload's recorded batches) with another PromptSource, e.g. the
+    real run's own, so that a policy drawing more or other prompts than the trace's steps draws the same
+    ones as it did for real; the Workload still answers every response."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg)
     trainer = SimTrainer(engine, setup.train)
-    n_steps = steps or len(workload.steps)
-    # Every policy trains on the same number of groups; policies that batch differently take more or
-    # fewer steps to get there (up to twice the trace's).
-    config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
-                       max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
+    if config is None:
+        n_steps = steps or len(workload.steps)
+        # Every policy trains on the same number of groups; policies that batch differently take more or
+        # fewer steps to get there (up to twice the trace's).
+        config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
+                           max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
     oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
-    controller = Controller(engine, trainer, workload, policy, config, oracle_length=oracle)
+    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle)
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
     # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.
     controller.lower_bound = make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs)

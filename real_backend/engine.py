@@ -145,6 +145,12 @@ class VLLMEngine:
                     max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=True,
                     scheduling_policy="priority", gpu_memory_utilization=gpu_memory_utilization,
                     max_logprobs=-1 if logprobs < 0 else max(logprobs, 1), disable_log_stats=True)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vLLM 0.32 CPU: a seeded request whose prefill is split over two iterations (chunked prefill) kills
+            # the engine ("CPU Generator does not use offset"); make every step's prefills fit in one iteration.
+            args["max_num_batched_tokens"] = max_num_seqs * max_model_len
         args.update(extra)
         # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
         # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.

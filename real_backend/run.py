@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_real(setup, policy, config, args.out, engine=engine, prompts=prompts,
                           on_step=lambda row: print(format_step(row), flush=True),
-                          meta={"command": " ".join(sys.argv)})
+                          meta={"command": " ".join(sys.argv), "policy_spec": args.policy})
     except EngineError as e:
         print(f"lssim: error: {e}; {args.out} keeps every step that finished", file=sys.stderr)
         return EXIT_ENGINE

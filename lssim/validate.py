@@ -1,0 +1,179 @@
+"""Fidelity: how far the simulator's prediction of a real run is from what the run measured.
+
+    run = load_run("runs/validate/real/hadb")                 # a folder written by `lssim real`
+    sim = replay_run(run, setup, prompts)                     # same policy, seeds, config, data loader
+    steps, responses = compare(run, sim)                      # per step and per response, predicted vs measured
+    table = fidelity_table(steps, responses)                  # per policy: APE of makespan, finish order, tokens
+
+The comparisons are plain frames; `real_backend/validate.py` (`lssim validate`) records the runs,
+replays them and prints these tables. Nothing here needs vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .controller import RunConfig, RunResult
+from .trace import load_trace
+
+RUN_FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
+KEY = ["step", "prompt_id", "sample_idx"]
+
+
+@dataclass
+class RecordedRun:
+    """A run recorded by the real backend (real_backend.recorder): its trace, step and response rows, and meta."""
+
+    name: str  # the policy spec it ran, e.g. "hadb" or "april(ratio=0.5)"
+    trace: pd.DataFrame
+    steps: pd.DataFrame
+    responses: pd.DataFrame
+    config: RunConfig
+    meta: dict = field(default_factory=dict)
+    folder: str = ""
+
+
+def load_run(folder) -> RecordedRun:
+    """Read a run folder; ValueError naming the folder and what is missing or wrong."""
+    folder = Path(folder)
+    missing = [f for f in RUN_FILES if not (folder / f).is_file()]
+    if missing:
+        raise ValueError(f"{folder}: not a recorded run (missing {', '.join(missing)}; `lssim real --out {folder}` writes them)")
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{folder / 'meta.json'}: not valid JSON ({e})") from None
+    for key in ("config", "policy"):
+        if key not in meta:
+            raise ValueError(f"{folder / 'meta.json'}: no {key!r} (was it written by `lssim real`?)")
+    names = {f.name for f in fields(RunConfig)}
+    config = RunConfig(**{k: v for k, v in meta["config"].items() if k in names})
+    steps = pd.read_parquet(folder / "steps.parquet")
+    if steps.empty:
+        raise ValueError(f"{folder}: the run recorded no finished step")
+    return RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
+                       steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
+                       folder=str(folder))
+
+
+def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = None, policy=None) -> RunResult:
+    """Simulate `run` again: the same policy (a fresh object from its spec), config, seeds and data loader
+    (`prompts`, a fresh PromptSource equal to the one the run drew from), on `setup` (lssim.replay.SimSetup).
+    `trace` (default: the run's own) is where the Workload takes responses from: another run's trace makes
+    it a counterfactual prediction, as when a baseline trace is replayed under a new policy."""
+    from .policy import make_policy
+    from .replay import simulate
+    from .workload import Workload
+
+    workload = Workload(run.trace if trace is None else trace, seed=run.config.seed)
+    config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
+    config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
+    return simulate(workload, make_policy(policy or run.name), setup, config=config, prompts=prompts)
+
+
+def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Step by step and response by response, measured (the run) against predicted (the simulation).
+
+    Steps: measured/predicted rollout seconds, their absolute percentage error, tokens, and the step's
+    finish-order agreement (Spearman rank correlation of finish times over the responses both ended
+    in that step). Responses: each one both worlds ended, with its measured and predicted finish time
+    and length."""
+    name = policy or run.name
+    real_s, sim_s = run.steps, sim.steps
+    steps = pd.DataFrame({"step": real_s["step"].to_numpy()})
+    steps["measured_seconds"] = real_s["rollout_seconds"].to_numpy(float)
+    predicted = sim_s.set_index("step")["rollout_seconds"]
+    steps["predicted_seconds"] = steps["step"].map(predicted).to_numpy(float)
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    steps["measured_tokens"] = real_s["tokens"].to_numpy()
+    steps["predicted_tokens"] = steps["step"].map(sim_s.set_index("step")["tokens"]).to_numpy()
+    steps["exact_fraction"] = steps["step"].map(sim_s.set_index("step")["exact_fraction"]).to_numpy(float)
+
+    cols = KEY + ["end_step", "response_len", "finish_time", "finish_reason"]
+    responses = run.responses[cols].merge(sim.responses[cols], on=KEY, suffixes=("_measured", "_predicted"))
+    responses.insert(0, "policy", name)
+    same_step = responses["end_step_measured"] == responses["end_step_predicted"]
+    rho = {}
+    for step, g in responses[same_step].groupby("end_step_measured"):
+        if len(g) >= 3 and g["finish_time_measured"].nunique() > 1 and g["finish_time_predicted"].nunique() > 1:
+            rho[step] = float(g["finish_time_measured"].rank().corr(g["finish_time_predicted"].rank()))
+    steps["finish_order_spearman"] = steps["step"].map(rho).astype(float)
+    steps.insert(0, "policy", name)
+    return steps, responses
+
+
+def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[str, tuple[int, int]] | None = None) -> pd.DataFrame:
+    """Per policy: median / p90 APE of step makespan, mean finish-order Spearman, median APE of finish
+    times, token error, and (with `groups`: policy -> (measured, predicted) groups trained) the speedup
+    over baseline in rollout seconds per trained group, measured and predicted, and the error in points."""
+    rows = {}
+    for name, s in steps.groupby("policy", sort=False):
+        r = responses[responses["policy"] == name]
+        finished = r[(r["end_step_measured"] == r["end_step_predicted"]) & (r["finish_time_measured"] > 0)]
+        finish_ape = ((finished["finish_time_predicted"] - finished["finish_time_measured"]).abs()
+                      / finished["finish_time_measured"] * 100)
+        rows[name] = {
+            "steps": len(s),
+            "makespan_median_ape_pct": float(s["ape_pct"].median()),
+            "makespan_p90_ape_pct": float(np.percentile(s["ape_pct"], 90)),
+            "measured_seconds": float(s["measured_seconds"].sum()),
+            "predicted_seconds": float(s["predicted_seconds"].sum()),
+            "finish_order_spearman": float(s["finish_order_spearman"].mean()),
+            "finish_time_median_ape_pct": float(finish_ape.median()) if len(finish_ape) else float("nan"),
+            "tokens_error_pct": float((s["predicted_tokens"].sum() - s["measured_tokens"].sum()) / s["measured_tokens"].sum() * 100),
+            "exact_fraction": float(s["exact_fraction"].mean()),
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "policy"
+    if groups and "baseline" in table.index:
+        per_group = {k: (table.loc[k, "measured_seconds"] / groups[k][0], table.loc[k, "predicted_seconds"] / groups[k][1])
+                     for k in table.index if k in groups}
+        base = per_group["baseline"]
+        table["speedup_measured"] = [base[0] / per_group[k][0] if k in per_group else np.nan for k in table.index]
+        table["speedup_predicted"] = [base[1] / per_group[k][1] if k in per_group else np.nan for k in table.index]
+        table["speedup_error_points"] = (table["speedup_predicted"] - table["speedup_measured"]) * 100
+    return table
+
+
+def length_distance(measured: np.ndarray, modelled: np.ndarray) -> dict:
+    """How far modelled response lengths are from measured ones: two-sample Kolmogorov-Smirnov statistic
+    (and its p-value), Wasserstein-1 distance in tokens, and the two means."""
+    from scipy import stats
+
+    measured, modelled = np.asarray(measured, float), np.asarray(modelled, float)
+    if not len(measured) or not len(modelled):
+        return {"ks": np.nan, "ks_pvalue": np.nan, "wasserstein_tokens": np.nan, "measured_mean": np.nan, "modelled_mean": np.nan}
+    ks = stats.ks_2samp(measured, modelled)
+    return {"ks": float(ks.statistic), "ks_pvalue": float(ks.pvalue),
+            "wasserstein_tokens": float(stats.wasserstein_distance(measured, modelled)),
+            "measured_mean": float(measured.mean()), "modelled_mean": float(modelled.mean())}
+
+
+def plot(steps: pd.DataFrame, path, title: str = "") -> None:
+    """Predicted against measured rollout seconds, one point per step, one colour per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for name, s in steps.groupby("policy", sort=False):
+        ax.scatter(s["measured_seconds"], s["predicted_seconds"], s=18, label=name)
+    lo = float(min(steps["measured_seconds"].min(), steps["predicted_seconds"].min())) * 0.9
+    hi = float(max(steps["measured_seconds"].max(), steps["predicted_seconds"].max())) * 1.1
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.92, hi * 0.92], [lo * 1.08, hi * 1.08], color="grey", alpha=0.15, label="±8%")
+    ax.set(xlabel="measured rollout seconds (vLLM)", ylabel="predicted rollout seconds (simulator)", xlim=(lo, hi), ylim=(lo, hi),
+           title=title or "simulator vs real engine, per step")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")  # the path may be a temporary name
+    plt.close(fig)
+
+
+__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "fidelity_table", "length_distance", "plot"]

@@ -1,0 +1,181 @@
+"""Profile the real engine: per-iteration decode time over a grid of batch sizes and contexts, and the
+time to first token of a batch (submission, prefill, the first iteration, the trip back), measured
+through the very `VLLMEngine` path a run uses, so the client-side work per token (streaming, the
+controller's queue) is in the figures.
+
+    engine = start_engine(setup, prompts)
+    decode, prefill = measure(engine, batch_sizes=(1, 8, 32), prompt_lens=(8, 128), length=128)
+    model = fit(decode, prefill)        # lssim.cost.ProfiledCostModel
+
+How: a cell (n, P) submits n requests at once, each with a random prompt of P tokens and exactly
+`length` tokens to generate (`ignore_eos`). They run in lockstep, so the batch stays n throughout. A
+progress checkpoint every `window` tokens timestamps each request; the time between two checkpoints
+over `window` is one iteration's time at n running sequences and total context n*(P + tokens so far).
+The time to first token is what the simulator charges as `prefill_time(n*P)` plus one iteration.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from lssim.core import Request
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96)
+DEFAULT_PROMPT_LENS = (8, 128, 384)
+
+
+def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
+            window: int = 16, repeats: int = 2, seed: int = 0, progress=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Measure `engine` (a VLLMEngine with nothing in flight). Returns (decode, prefill) frames:
+    decode rows n_seqs, ctx_tokens, seconds (one iteration, averaged over a window and the batch), with the
+    cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds."""
+    if length < 2 * window:
+        raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
+    rng = np.random.default_rng(seed)
+    vocab = int(getattr(engine, "vocab_size", 16))
+    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
+    prompts: dict[int, list[int]] = {}
+    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
+    engine.sampling_kwargs["ignore_eos"] = True  # exactly max_tokens tokens each
+    engine.set_progress_interval(window)
+    decode_rows, prefill_rows = [], []
+    cells = [(rep, p, n) for rep in range(repeats) for p in prompt_lens for n in batch_sizes]
+    rid = 0
+    try:
+        for rep, p, n in (progress(cells) if progress else cells):
+            requests = []
+            for i in range(n):
+                # Distinct random prompts: no prefix-cache hits, as for a run's distinct prompts.
+                prompts[rid] = rng.integers(0, vocab, size=p).tolist()
+                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
+                                        max_tokens=length, seed=int(rng.integers(1 << 30))))
+                rid += 1
+            stamps = {r.rid: {} for r in requests}
+            t_submit = engine.now()
+            engine.submit(requests)
+            left = n
+            while left:
+                for ev in engine.next_events():
+                    stamps[ev.request.rid][ev.request.generated] = ev.time
+                    left -= ev.kind == "finished"
+            ttft = float(np.mean([r.first_token_time for r in requests])) - t_submit
+            prefill_rows.append({"n_seqs": n, "prompt_len": p, "prefill_tokens": n * p, "ttft_seconds": ttft, "repeat": rep})
+            # Iteration time per window, averaged over the batch (they run in lockstep).
+            marks = sorted(set.intersection(*(set(s) for s in stamps.values())))
+            for a, b in zip(marks, marks[1:]):
+                dt = float(np.mean([stamps[r.rid][b] - stamps[r.rid][a] for r in requests])) / (b - a)
+                decode_rows.append({"n_seqs": n, "ctx_tokens": n * (p + (a + b) / 2), "seconds": dt,
+                                    "prompt_len": p, "generated": (a + b) / 2, "repeat": rep})
+            for r in requests:
+                prompts.pop(r.rid, None)
+    finally:
+        engine.abort_all()
+        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
+        engine.sampling_kwargs.clear()
+        engine.sampling_kwargs.update(saved[2])
+        engine.set_progress_interval(None)
+    return pd.DataFrame(decode_rows), pd.DataFrame(prefill_rows)
+
+
+def fit(decode: pd.DataFrame, prefill: pd.DataFrame, name: str = "profiled"):
+    """The ProfiledCostModel of these measurements: decode fitted first; prefill is the time to first
+    token less the first iteration (what the simulator adds back when it admits)."""
+    from lssim.cost import ProfiledCostModel
+
+    quadratic = decode["n_seqs"].nunique() >= 3  # a batch-size curvature needs three batch sizes to show
+    base = ProfiledCostModel.fit(decode, quadratic_n=quadratic, name=name)
+    first_iter = np.array([base.decode_time(int(n), float(n * p), 1)
+                           for n, p in zip(prefill["n_seqs"], prefill["prompt_len"])])
+    pre = pd.DataFrame({"prefill_tokens": prefill["prefill_tokens"],
+                        "seconds": np.maximum(prefill["ttft_seconds"].to_numpy(float) - first_iter, 1e-6)})
+    return ProfiledCostModel.fit(decode, pre, quadratic_n=quadratic, name=name)
+
+
+def run(args) -> int:
+    """`lssim profile`: start the engine, measure, fit, write the profile JSON and the measurements."""
+    import os
+    import sys
+    from pathlib import Path
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from lssim.controller import RunConfig
+    from lssim.results import atomic_write
+
+    from .world import RealSetup, prepare, start_engine
+
+    out = Path(args.out)
+    if out.suffix != ".json":
+        raise ValueError(f"--out {args.out}: the profile is a .json file")
+    if not out.parent.exists():
+        raise ValueError(f"--out {args.out}: folder {out.parent} does not exist")
+    batch_sizes, prompt_lens = _int_list(args.batch_sizes, "--batch-sizes"), _int_list(args.prompt_lens, "--prompt-lens")
+    setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, max_num_seqs=max(batch_sizes),
+                      kv_cache_gib=args.kv_cache_gib)
+    if max(prompt_lens) + args.length > setup.max_model_len:
+        raise ValueError(f"longest prompt ({max(prompt_lens)}) + --length ({args.length}) exceeds --max-model-len {setup.max_model_len}")
+    prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
+    print(f"lssim profile: {len(batch_sizes)} batch sizes x {len(prompt_lens)} prompt lengths x {args.repeats} repeats, "
+          f"{args.length} tokens each; model {setup.model_dir}", file=sys.stderr)
+    t0 = time.monotonic()
+    engine = start_engine(setup, prompts, seed=0)
+    print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    try:
+        from tqdm import tqdm
+
+        decode, prefill = measure(engine, batch_sizes, prompt_lens, args.length, args.window, args.repeats,
+                                  progress=lambda cells: tqdm(cells, desc="cells", unit="cell", file=sys.stderr))
+    finally:
+        engine.close()
+    model = fit(decode, prefill, name=f"vllm {engine.model}")
+    stem = out.with_suffix("")
+    atomic_write(Path(f"{stem}_decode.parquet"), lambda p: decode.to_parquet(p, index=False))
+    atomic_write(Path(f"{stem}_prefill.parquet"), lambda p: prefill.to_parquet(p, index=False))
+    meta = {"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "engine": "vllm (VLLMEngine)", "model": setup.model_dir,
+            "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": args.length,
+                     "window": args.window, "repeats": args.repeats}}
+    atomic_write(out, lambda p: model.to_json(p, meta=meta))
+    err = model.fit_stats
+    print(f"{model!r}\nfit error per iteration: median {err['median_ape_pct']:.1f}%, p90 {err['p90_ape_pct']:.1f}%, "
+          f"max {err['max_ape_pct']:.1f}% over {err['n_points']} points\nwritten to {out} (+ {stem.name}_decode.parquet, "
+          f"{stem.name}_prefill.parquet)")
+    return 0
+
+
+def add_arguments(p) -> None:
+    from . import task
+
+    p.add_argument("--out", required=True, metavar="JSON", help="profile to write (measurements go beside it as parquet)")
+    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), metavar="N,N,...",
+                   help=f"running batch sizes (default: {','.join(map(str, DEFAULT_BATCH_SIZES))})")
+    p.add_argument("--prompt-lens", default=",".join(map(str, DEFAULT_PROMPT_LENS)), metavar="P,P,...",
+                   help=f"prompt lengths in tokens (default: {','.join(map(str, DEFAULT_PROMPT_LENS))})")
+    p.add_argument("--length", type=int, default=256, help="tokens each request generates (default: 256)")
+    p.add_argument("--window", type=int, default=16, help="tokens per timed window (default: 16)")
+    p.add_argument("--repeats", type=int, default=2, help="times the grid is measured (default: 2)")
+    p.add_argument("--model-dir", default=str(task.MODEL_DIR), metavar="DIR", help="model folder (default: the reference model)")
+    p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} {text!r}: expected integers >= 1")
+    return sorted(set(values))
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")
+
+
+__all__ = ["measure", "fit", "run", "add_arguments"]
