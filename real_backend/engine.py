@@ -15,6 +15,17 @@ an `abort` is ignored, so an aborted request keeps exactly the tokens the contro
 (`r.generated == len(r.tokens)`), and resuming it (a carried response) submits prompt + those tokens
 as a `TokensPrompt` with `max_tokens - generated` left; prefix caching reuses the prefix's KV.
 
+Speculative decoding (`speculation=Speculation(method="ngram", gamma=...)`, what policies/spec_tail.py asks for):
+vLLM's n-gram (prompt-lookup) proposer, configured at engine start (vLLM cannot switch it on later), so a run
+with speculation needs an engine started with the same one (`set_speculation` checks; world.prepare puts the
+policy's speculation into RealSetup so start_engine starts the right engine). `max_batch` maps onto vLLM
+0.32's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`): gamma drafted tokens while the
+scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not). The engine counts vLLM's spec-decode stats through a stat logger
+(drafts, drafted and accepted tokens): `spec_counters()`, `reset_spec_counters()`. Only "ngram" is possible:
+a draft model is not wired in and vLLM has no layer skip. On vLLM 0.32's CPU build speculation samples
+wrongly at temperature > 0 (measured: degenerate text, reward 0), so the engine refuses it there unless the
+requests are greedy (`sampling_kwargs={"temperature": 0.0}`).
+
 One engine is one instance (`n_instances = 1`): on this machine's CPU there is room for one. Several
 data-parallel instances on GPUs (one AsyncLLM per GPU behind this dispatcher, or vLLM's own
 `data_parallel_size`) are future work; `Request.instance` is ignored for now.
@@ -36,7 +47,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request
+from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request, Speculation
 from lssim.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.signals import WINDOW_KEY, SignalSpec, signals_from_tokens
 
@@ -81,7 +92,8 @@ class VLLMEngine:
                  *, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 256,
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
                  logprobs: int = 0, signal_spec: SignalSpec = DEFAULT_SIGNALS, stall_timeout: float = 600.0,
-                 engine_kwargs: dict | None = None, sampling_kwargs: dict | None = None):
+                 engine_kwargs: dict | None = None, sampling_kwargs: dict | None = None,
+                 speculation: Speculation | None = None, ngram_lookup: tuple[int, int] = (1, 4)):
         """
         model: a local model folder (Hugging Face layout: config.json, weights, tokenizer).
         prompt_tokens: prompt_id -> the prompt's token ids.
@@ -96,7 +108,22 @@ class VLLMEngine:
         engine_kwargs: passed on to vLLM's AsyncEngineArgs (tensor_parallel_size=..., and so on).
         sampling_kwargs: added to every request's SamplingParams (top_p=..., and so on; temperature is 1.0
             unless given here). vLLM does not detokenize (the task decodes what it needs).
+        speculation: n-gram speculative decoding (method "ngram" only; gamma drafted tokens per step while at
+            most max_batch sequences are scheduled). ngram_lookup: vLLM's (prompt_lookup_min, prompt_lookup_max),
+            the n-gram sizes the proposer matches against the sequence's own earlier tokens.
         """
+        if speculation is not None and speculation.method != "ngram":
+            raise ValueError(f"the vLLM backend does speculative decoding by n-gram lookup only, not {speculation.method!r}")
+        if speculation is not None and _cpu_platform() and float((sampling_kwargs or {}).get("temperature", 1.0)) != 0.0:
+            # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
+            # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
+            # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
+            # Greedy (temperature 0) is exact (the same tokens as without speculation).
+            raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
+                             "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
+        self.speculation = speculation
+        self.ngram_lookup = tuple(ngram_lookup)
+        self._spec = _SpecCounts()
         # vLLM reads these when it spawns its engine core: set them first.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(kv_cache_gib)))))
@@ -151,15 +178,46 @@ class VLLMEngine:
             # vLLM 0.32 CPU: a seeded request whose prefill is split over two iterations (chunked prefill) kills
             # the engine ("CPU Generator does not use offset"); make every step's prefills fit in one iteration.
             args["max_num_batched_tokens"] = max_num_seqs * max_model_len
+        loggers = None
+        spec = self.speculation
+        if spec is not None:
+            lo, hi = self.ngram_lookup
+            config = {"method": "ngram", "num_speculative_tokens": spec.gamma, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+            if spec.max_batch < max_num_seqs:  # dynamic speculative decoding: no drafts above max_batch
+                config["num_speculative_tokens_per_batch_size"] = [(1, spec.max_batch, spec.gamma), (spec.max_batch + 1, max_num_seqs, 0)]
+            args["speculative_config"] = config
+            args["disable_log_stats"] = False  # the spec-decode counters come with the scheduler stats
+            counts = self._spec
+            spec_logger = _make_spec_logger_class()
+            loggers = [lambda vllm_config, engine_index=0: spec_logger(counts)]
         args.update(extra)
         # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
         # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def set_speculation(self, speculation: Speculation | None) -> None:
+        """vLLM configures speculation at start: accept the run's request only if this engine was started with it
+        (same method, gamma and max_batch; alpha is the simulator's assumption, not an engine setting)."""
+        def key(s):
+            return None if s is None else (s.method, s.gamma, s.max_batch)
+
+        if key(speculation) != key(self.speculation):
+            raise ValueError(f"this vLLM engine was started with speculation {self.speculation}, the run asks for "
+                             f"{speculation}: start an engine with it (VLLMEngine(speculation=...); world.prepare and "
+                             f"start_engine do it for `lssim real`)")
+
+    def spec_counters(self) -> dict:
+        """vLLM's spec-decode counters since the last reset: drafts (request-steps that drafted), draft_tokens,
+        accepted_tokens, accepted_per_position, plus engine steps and tokens generated (all, drafting or not)."""
+        return self._spec.snapshot()
+
+    def reset_spec_counters(self) -> None:
+        self._spec.reset()
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
@@ -385,6 +443,7 @@ class VLLMEngine:
             await asyncio.gather(*(run(i) for i in range(4)))
 
         self._call(all_of(), timeout=600)
+        self._spec.reset()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -457,3 +516,62 @@ class _Live:
     def __init__(self, request: Request):
         self.request = request
         self.started = False
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+class _SpecCounts:
+    """Spec-decode counters summed over engine steps (written by the stat logger on the asyncio thread)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.drafts = self.draft_tokens = self.accepted_tokens = self.steps = self.generation_tokens = 0
+            self.accepted_per_position: list[int] = []
+
+    def add(self, scheduler_stats, iteration_stats) -> None:
+        with self._lock:
+            d = getattr(scheduler_stats, "spec_decoding_stats", None) if scheduler_stats is not None else None
+            if d is not None:
+                self.drafts += d.num_drafts
+                self.draft_tokens += d.num_draft_tokens
+                self.accepted_tokens += d.num_accepted_tokens
+                pos = list(d.num_accepted_tokens_per_pos)
+                if len(self.accepted_per_position) < len(pos):
+                    self.accepted_per_position += [0] * (len(pos) - len(self.accepted_per_position))
+                for i, n in enumerate(pos):
+                    self.accepted_per_position[i] += n
+            if iteration_stats is not None:
+                self.steps += 1
+                self.generation_tokens += iteration_stats.num_generation_tokens
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                    "accepted_per_position": list(self.accepted_per_position), "steps": self.steps,
+                    "generation_tokens": self.generation_tokens}
+
+
+def _make_spec_logger_class():
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SpecLogger(StatLoggerBase):
+        """A vLLM stat logger that only sums the spec-decode counters into a _SpecCounts."""
+
+        def __init__(self, counts: _SpecCounts):
+            self.counts = counts
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0, **_):
+            self.counts.add(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self):
+            pass
+
+    return SpecLogger

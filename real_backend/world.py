@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from lssim.controller import Controller, RunConfig, RunResult
+from lssim.core import Speculation
 from lssim.policy import Policy, make_policy
 
 from . import task
@@ -47,6 +48,11 @@ class RealSetup:
     mask_resumed: bool = False  # leave tokens generated before a resume out of the loss
     exact_entropy: bool = False  # ask vLLM for the whole vocabulary's logprobs (exact per-token entropy; slower)
     stall_timeout: float = 600.0
+    # n-gram speculative decoding for the engine (set by `prepare` from the policy's `speculation`; vLLM needs it
+    # at engine start). ngram_lookup: vLLM's (prompt_lookup_min, prompt_lookup_max).
+    speculation: Speculation | None = None
+    ngram_lookup: tuple[int, int] = (1, 4)
+    temperature: float = 1.0  # sampling temperature (0: greedy; the CPU build speculates correctly only greedy)
 
     def check(self) -> None:
         model = Path(self.model_dir)
@@ -74,8 +80,18 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     built = make_policy(policy) if isinstance(policy, str) else policy
     if built.needs_oracle:
         raise ValueError(f"policy {built.name} needs every length in advance, which only the simulator knows")
-    if getattr(built, "speculation", None) is not None:
-        raise ValueError(f"policy {built.name} asks for speculative decoding, which the vLLM backend does not do yet")
+    spec = getattr(built, "speculation", None)
+    if spec is not None and spec.method == "layer_skip":
+        raise ValueError(f"policy {built.name} asks for layer skip, which vLLM cannot do (no early-exit decoding); "
+                         f"the vLLM backend speculates by n-gram lookup only: method='ngram'")
+    if spec is not None and spec.method != "ngram":
+        raise ValueError(f"policy {built.name} asks for speculative decoding with a draft model (method={spec.method!r}), "
+                         f"but the vLLM backend has no draft model to give vLLM; use method='ngram'")
+    if spec is not None and setup.temperature != 0 and _vllm_on_cpu():
+        raise ValueError(f"policy {built.name} asks for speculative decoding, which vLLM 0.32's CPU build does not sample "
+                         f"correctly at temperature > 0 (measured: degenerate text; real_backend/README.md); on CPU it "
+                         f"runs greedy only (RealSetup(temperature=0.0)), or use a GPU build")
+    setup.speculation = spec  # the engine must be started with it (start_engine)
     try:
         prompts = TaskPrompts.from_files(setup.prompts_path, setup.model_dir, setup.n_prompts,
                                          seed=config.seed if seed is None else seed)
@@ -95,7 +111,8 @@ def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
     return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, dtype=setup.dtype, max_model_len=setup.max_model_len,
                       seed=seed, max_num_seqs=setup.max_num_seqs, kv_cache_gib=setup.kv_cache_gib,
                       gpu_memory_utilization=setup.gpu_memory_utilization, logprobs=-1 if setup.exact_entropy else 0,
-                      stall_timeout=setup.stall_timeout)
+                      stall_timeout=setup.stall_timeout, speculation=setup.speculation, ngram_lookup=setup.ngram_lookup,
+                      sampling_kwargs={"temperature": setup.temperature})
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
@@ -110,6 +127,11 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
 
     engine.abort_all()
     engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
+    spec = getattr(policy, "speculation", None)
+    if hasattr(engine, "set_speculation"):
+        engine.set_speculation(spec)  # before anything else: refuses an engine started without it
+    if hasattr(engine, "reset_spec_counters"):
+        engine.reset_spec_counters()
     if trainer is None:
         # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
         mask = setup.mask_resumed or any(getattr(m, "mask_stale_tokens", False) for m in policy.members)
@@ -123,6 +145,14 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     recorder.remove_stale()
     controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step)
     recorder.attach(controller)
+    if spec is not None:
+        previous = controller.on_step
+
+        def on_step(row: dict) -> None:  # the measured acceptance rate so far, in meta.json at every step
+            recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
+            previous(row)
+
+        controller.on_step = on_step
     engine.observers.append(recorder.observe)
     try:
         result = controller.run()
@@ -138,9 +168,28 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
             engine.abort_all()
         except Exception:
             pass
+    if spec is not None:
+        recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
     recorder.finish("finished")
     result.meta.update(recorder.meta)
     return result
+
+
+def speculation_meta(spec: Speculation, counts: dict) -> dict:
+    """What a run's meta.json says about speculation: the setting, vLLM's counters and the acceptance rate.
+
+    alpha: `Speculation.alpha_from_counts(drafts, accepted_tokens, gamma)`, the per-token acceptance that gives
+    the measured mean accepted length per draft in the simulator's model (each draft gamma tokens long, each
+    accepted with probability alpha until the first rejection). The n-gram proposer drafts fewer than gamma
+    tokens, or none, when its lookup finds no match, so two more figures: `token_acceptance` (accepted over
+    drafted tokens, vLLM's "draft acceptance rate") and `tokens_per_step` (tokens generated per engine step).
+    """
+    drafts, accepted = counts["drafts"], counts["accepted_tokens"]
+    alpha = Speculation.alpha_from_counts(drafts, accepted, spec.gamma) if drafts > 0 else None
+    return {"method": spec.method, "gamma": spec.gamma, "max_batch": spec.max_batch, "alpha": alpha,
+            "token_acceptance": accepted / counts["draft_tokens"] if counts["draft_tokens"] else None,
+            "mean_draft_len": counts["draft_tokens"] / drafts if drafts else None,
+            "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
 
 
 def format_step(row: dict) -> str:
@@ -154,6 +203,16 @@ def format_step(row: dict) -> str:
             f"responses {row['responses_in']} = {row['finished']} stop + {row['truncated']} length + "
             f"{row['policy_stopped']} policy + {row['dropped']} dropped + {row['carried_out']} carried  "
             f"groups {row['groups_trained']} ({row['effective_groups']} with signal)  loss {f('trainer_loss', '.4f')}")
+
+
+def _vllm_on_cpu() -> bool:
+    """Whether the installed vLLM is the CPU build (False without vLLM: the engine will say what is missing)."""
+    try:
+        from .engine import _cpu_platform
+
+        return _cpu_platform()
+    except ImportError:
+        return False
 
 
 def _vllm_version() -> str | None:
@@ -186,4 +245,4 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     return None
 
 
-__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "format_step", "out_dir_problem"]
+__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "format_step", "out_dir_problem"]
