@@ -17,6 +17,10 @@ Conventions shared by all models (the ``CostModel`` protocol):
   (possibly of several prompts together). Affine in ``tokens`` with a non-negative intercept, so
   it is subadditive: ``prefill_time(a + b) <= prefill_time(a) + prefill_time(b)``. Pricing all
   prompts as one call therefore never overstates their prefill, which keeps lower bounds valid.
+* ``departure_time(k)``: seconds added when ``k`` sequences leave a running batch at once (finished or
+  aborted): the engine's work to free them and re-pack its batch. 0 for ``k == 0``; non-negative, so it
+  only ever adds time and lower bounds priced without it stay valid. 0 in the roofline; a profile
+  measures it (on vLLM's CPU build about a millisecond, as much as an iteration of a small batch).
 
 Hot-path methods use plain float arithmetic only (no numpy, no allocation); constants are
 precomputed in ``__init__``.
@@ -42,6 +46,7 @@ __all__ = [
     "HARDWARE",
     "RooflineCostModel",
     "ProfiledCostModel",
+    "batch_features",
     "kv_capacity_tokens",
     "solo_decode_time",
     "peak_tokens_per_second",
@@ -72,6 +77,11 @@ class CostModel(Protocol):
     def prefill_time(self, n_tokens: int) -> float:
         """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration);
         0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
+        ...
+
+    def departure_time(self, n_leaving: int) -> float:
+        """Seconds added when ``n_leaving`` sequences leave the running batch at one iteration boundary;
+        0 for ``n_leaving <= 0``, non-negative otherwise."""
         ...
 
     def describe(self) -> dict:
@@ -367,6 +377,9 @@ class RooflineCostModel:
             return 0.0
         return self._pf_a * n_tokens + self._pf_w
 
+    def departure_time(self, n_leaving: int) -> float:
+        return 0.0  # a GPU engine's scheduler work overlaps the previous iteration; its overhead is in `_ov`
+
     # -- helpers -------------------------------------------------------------------------------
 
     def iteration_breakdown(self, n_seqs: int, ctx_tokens: float) -> dict:
@@ -408,6 +421,9 @@ class RooflineCostModel:
 
 _DECODE_FORM = "t_iter = c0 + c1*n_seqs + c2*ctx_tokens + c3*n_seqs^2"
 _PREFILL_FORM = "t_prefill = p0 + p1*prefill_tokens (0 when prefill_tokens == 0)"
+_DEPARTURE_FORM = "t_departure = f0 + f1*leaving (0 when leaving == 0): k sequences leave the batch at one iteration"
+_COEFFICIENTS = ("c0", "c1", "c2", "c3", "p0", "p1", "f0", "f1")
+_BATCH_COLUMNS = ("n_seqs", "prompt_len", "lengths", "seconds")
 _DECODE_COLUMNS = ("n_seqs", "ctx_tokens", "seconds")
 _PREFILL_COLUMNS = ("prefill_tokens", "seconds")
 
@@ -415,12 +431,17 @@ _PREFILL_COLUMNS = ("prefill_tokens", "seconds")
 class ProfiledCostModel:
     """Table-driven model fitted to per-iteration measurements of a real engine (the Vidur approach).
 
-    Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``.
+    Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``; when
+    ``k`` sequences leave the batch (finish or abort) ``t = f0 + f1*k``.
     ``n`` is constant over a span and ``ctx`` ramps linearly, so a span of ``k`` iterations is
     ``k*a + c2*n*k*(k-1)/2`` with ``a`` the first iteration's time: exact, and exactly invertible.
     Coefficients are non-negative (fitted with NNLS), which makes every method monotone.
     ``c3`` (a superlinear batch term) is fitted only with ``fit(..., quadratic_n=True)``; if it is
     positive, throughput can fall at large batches (see :func:`peak_tokens_per_second`).
+
+    Two ways to fit: :meth:`fit` to per-iteration and prefill measurements, or :meth:`fit_makespans` to the
+    makespans of whole batches with known lengths, the quantity the simulator predicts: a batch's makespan
+    under this model is linear in all eight coefficients (:func:`batch_features`), so NNLS fits them at once.
     """
 
     def __init__(
@@ -431,17 +452,19 @@ class ProfiledCostModel:
         c3: float = 0.0,
         p0: float = 0.0,
         p1: float = 0.0,
+        f0: float = 0.0,
+        f1: float = 0.0,
         *,
         fit_stats: dict | None = None,
         name: str = "profiled",
     ) -> None:
-        coeffs = {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "p0": p0, "p1": p1}
+        coeffs = {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "p0": p0, "p1": p1, "f0": f0, "f1": f1}
         for key, value in coeffs.items():
             if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 <= value < _INF):
                 raise ValueError(f"ProfiledCostModel coefficient {key} must be finite and >= 0, got {value!r}")
         if c0 + c1 + c3 <= 0:
             raise ValueError("ProfiledCostModel: c0 + c1 + c3 must be > 0 (an iteration must take time)")
-        self.c0, self.c1, self.c2, self.c3, self.p0, self.p1 = (float(v) for v in coeffs.values())
+        self.c0, self.c1, self.c2, self.c3, self.p0, self.p1, self.f0, self.f1 = (float(v) for v in coeffs.values())
         self.fit_stats = dict(fit_stats) if fit_stats else None  # fit_error() at fit time
         self.name = name
 
@@ -468,6 +491,21 @@ class ProfiledCostModel:
         if n_tokens <= 0:
             return 0.0
         return self.p0 + self.p1 * n_tokens
+
+    def departure_time(self, n_leaving: int) -> float:
+        if n_leaving <= 0:
+            return 0.0
+        return self.f0 + self.f1 * n_leaving
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in _COEFFICIENTS}
+
+    def makespan(self, lengths, prompt_len: int) -> float:
+        """Seconds from submission to the last token of a batch of requests admitted at once, one per entry
+        of ``lengths`` (tokens each generates), each with a prompt of ``prompt_len``: what the simulator gives."""
+        f = batch_features(lengths, prompt_len)
+        return sum(getattr(self, k) * v for k, v in f.items())
 
     # -- fitting -------------------------------------------------------------------------------
 
@@ -512,6 +550,37 @@ class ProfiledCostModel:
         model.fit_stats = model.fit_error(ddf)
         return model
 
+    @classmethod
+    def fit_makespans(cls, batches, *, quadratic_n: bool = True, name: str = "profiled") -> "ProfiledCostModel":
+        """Fit every coefficient to measured batch makespans. ``batches``: rows with ``n_seqs``, ``prompt_len``,
+        ``lengths`` (the list of tokens each request generated) and ``seconds`` (submission to last token).
+        Minimises squared relative error with non-negative coefficients; ``fit_stats`` is the makespan error
+        (:meth:`makespan_error`). The design must vary the batch size, the prompt length and how the lengths
+        spread (a batch whose requests all finish together says nothing about departures)."""
+        import numpy as np
+
+        df, src = _load_batches(batches)
+        terms = [k for k in _COEFFICIENTS if quadratic_n or k != "c3"]
+        X = np.array([[f[k] for k in terms] for f in (batch_features(l, p) for l, p in zip(df["lengths"], df["prompt_len"]))])
+        if len(np.unique(df["n_seqs"])) < 3 or len(np.unique(df["prompt_len"])) < 2:
+            raise ValueError(f"{src}: too few distinct points: need >= 3 distinct n_seqs and >= 2 distinct prompt_len values")
+        coef = dict(zip(terms, _nnls_relative(X, df["seconds"].to_numpy(float), src)))
+        if coef["c0"] + coef["c1"] + coef.get("c3", 0.0) <= 0:
+            raise ValueError(f"{src}: fit gave zero time for an iteration; check the 'seconds' column units")
+        model = cls(**{k: float(coef.get(k, 0.0)) for k in _COEFFICIENTS}, name=name)
+        model.fit_stats = model.makespan_error(df)
+        return model
+
+    def makespan_error(self, batches) -> dict:
+        """Median / p90 / max absolute percentage error (in %) of :meth:`makespan` over measured batches."""
+        import numpy as np
+
+        df, _ = _load_batches(batches)
+        pred = np.array([self.makespan(l, p) for l, p in zip(df["lengths"], df["prompt_len"])])
+        ape = np.abs(pred - df["seconds"].to_numpy(float)) / df["seconds"].to_numpy(float) * 100.0
+        return {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
+                "max_ape_pct": float(ape.max()), "n_points": int(len(ape)), "of": "batch makespan"}
+
     def fit_error(self, decode_df) -> dict:
         """Median / p90 / max absolute percentage error (in %) of the per-iteration time predicted
         for the rows of ``decode_df`` (same columns as :meth:`fit`), and the number of points."""
@@ -542,6 +611,8 @@ class ProfiledCostModel:
             "prefill_form": _PREFILL_FORM,
             "decode_coefficients": {"c0": self.c0, "c1": self.c1, "c2": self.c2, "c3": self.c3},
             "prefill_coefficients": {"p0": self.p0, "p1": self.p1},
+            "departure_form": _DEPARTURE_FORM,
+            "departure_coefficients": {"f0": self.f0, "f1": self.f1},
             "fit_error": self.fit_stats,
             **({"measured_by": meta} if meta else {}),
         }
@@ -561,7 +632,8 @@ class ProfiledCostModel:
         try:
             d = payload["decode_coefficients"]
             p = payload.get("prefill_coefficients") or {"p0": 0.0, "p1": 0.0}
-            return cls(d["c0"], d["c1"], d["c2"], d.get("c3", 0.0), p["p0"], p["p1"],
+            f = payload.get("departure_coefficients") or {"f0": 0.0, "f1": 0.0}
+            return cls(d["c0"], d["c1"], d["c2"], d.get("c3", 0.0), p["p0"], p["p1"], f["f0"], f["f1"],
                        fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
         except KeyError as exc:
             raise ValueError(f"{path}: missing key {exc.args[0]!r}") from None
@@ -576,12 +648,66 @@ class ProfiledCostModel:
             "prefill_form": _PREFILL_FORM,
             "c0": self.c0, "c1": self.c1, "c2": self.c2, "c3": self.c3,
             "p0": self.p0, "p1": self.p1,
+            "departure_form": _DEPARTURE_FORM,
+            "f0": self.f0, "f1": self.f1,
             "fit_error": self.fit_stats,
         }
 
     def __repr__(self) -> str:
         return (f"ProfiledCostModel(c0={self.c0:.4g}, c1={self.c1:.4g}, c2={self.c2:.4g}, "
-                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g})")
+                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g}, f0={self.f0:.4g}, f1={self.f1:.4g})")
+
+
+def batch_features(lengths, prompt_len: int) -> dict[str, float]:
+    """A batch admitted at once (one request per entry of ``lengths``, prompts of ``prompt_len``), run as the
+    simulator runs it: one prefill of all prompts, then spans of decode iterations between finishes, a
+    departure where requests finish (the last one ends the batch, so it adds nothing). Its makespan under a
+    ProfiledCostModel is ``sum(coefficient * feature)``; these are the features, named after the coefficients."""
+    L = sorted(int(x) for x in lengths)
+    n = len(L)
+    f = dict.fromkeys(_COEFFICIENTS, 0.0)
+    if not n:
+        return f
+    f["p0"], f["p1"] = 1.0, float(n * prompt_len)
+    ctx, done, i = float(n * prompt_len), 0, 0
+    while i < n:
+        k = L[i] - done  # iterations until the next finish, at n - i running sequences
+        m = n - i
+        if k > 0:
+            f["c0"] += k
+            f["c1"] += m * k
+            f["c3"] += m * m * k
+            f["c2"] += k * ctx + m * k * (k - 1) / 2
+            ctx += m * k
+            done = L[i]
+        j = i
+        while j < n and L[j] == L[i]:
+            ctx -= prompt_len + L[j]
+            j += 1
+        if j < n:
+            f["f0"] += 1.0
+            f["f1"] += j - i
+        i = j
+    return f
+
+
+def _load_batches(data):
+    """Batch makespan measurements, checked (see ProfiledCostModel.fit_makespans)."""
+    import pandas as pd
+
+    df = pd.read_parquet(data) if isinstance(data, (str, Path)) else data
+    source = str(data) if isinstance(data, (str, Path)) else "batch measurements"
+    missing = [c for c in _BATCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column(s) {missing}; need {list(_BATCH_COLUMNS)}")
+    if len(df) == 0:
+        raise ValueError(f"{source}: no rows")
+    bad = [i for i, (l, n) in enumerate(zip(df["lengths"], df["n_seqs"])) if len(l) != n or min(l) < 1]
+    if bad:
+        raise ValueError(f"{source}: row {bad[0]}: 'lengths' must hold n_seqs lengths, each >= 1")
+    if not (df["seconds"] > 0).all():
+        raise ValueError(f"{source}: column 'seconds' must be > 0 (measured times)")
+    return df, source
 
 
 def _load_table(data, required: tuple[str, ...], what: str):
@@ -705,6 +831,9 @@ class SpeculativeCost:
 
     def prefill_time(self, n_tokens: int) -> float:
         return self.base.prefill_time(n_tokens)
+
+    def departure_time(self, n_leaving: int) -> float:
+        return self.base.departure_time(n_leaving)
 
     def describe(self) -> dict:
         from dataclasses import asdict as _asdict

@@ -38,7 +38,8 @@ class EngineConfig:
 
 
 class _Instance:
-    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending")
+    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending",
+                 "left_at", "left")
 
     def __init__(self, idx: int, t: float):
         self.idx = idx
@@ -53,6 +54,7 @@ class _Instance:
         self.seq_seconds = 0.0  # integral of running sequences over time (mean batch = seq_seconds / busy)
         self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
         self.pending = 0  # requests placed here and not yet ended (running + waiting)
+        self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
 
 
 class SimEngine:
@@ -146,6 +148,7 @@ class SimEngine:
             r.generated = member[3] + (inst.it - member[2])
             inst.n -= 1
             inst.ctx -= r.prompt_len + r.generated
+            self._depart(inst, 1)
         self._admit(inst)
         self._schedule(inst)
 
@@ -249,10 +252,23 @@ class SimEngine:
                 self._push_checkpoint(inst, r, ep)
                 self._measure(r, generated)
                 out.append(Event("progress", r, t))
+        left = inst.n - n
         inst.n, inst.ctx, inst.pending = n, ctx, pending
+        if left:
+            self._depart(inst, left)
         if n and self.config.kv_capacity_tokens - ctx < n:
             self._preempt(inst)
         return out
+
+    def _depart(self, inst: _Instance, k: int) -> None:
+        """k sequences left the batch at this boundary: the engine's cost of re-packing it (cost.departure_time),
+        priced once per boundary, so k finishes and aborts at one boundary cost departure_time(k)."""
+        before = inst.left if inst.left_at == inst.it else 0
+        dt = self.cost.departure_time(before + k) - self.cost.departure_time(before)
+        inst.left_at, inst.left = inst.it, before + k
+        if dt:
+            inst.t += dt
+            inst.busy += dt
 
     def _preempt(self, inst: _Instance) -> None:
         """Free KV by recompute, as vLLM does: the lowest-priority, latest-admitted sequences go back to waiting."""

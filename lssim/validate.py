@@ -107,6 +107,25 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     return steps, responses
 
 
+def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-step rows of several recordings of each policy (`compare` frames concatenated, a `repeat` column),
+    each repeat predicted from its own trace, reduced to one row per policy and step: the median measured and
+    the median predicted seconds. A policy whose decisions depend on wall time (april stops at a count of
+    finished groups) makes other tokens in each repeat, so the two medians are taken apart, not per response.
+
+    Also returns the spread: each repeat's measured seconds against its step's median, the run-to-run timing
+    noise of the machine (for timing-dependent policies, schedule changes too) that no model can predict."""
+    cols = ["measured_seconds", "predicted_seconds", "measured_tokens", "predicted_tokens", "exact_fraction",
+            "finish_order_spearman"]
+    median = steps.groupby(["policy", "step"], sort=False)[cols].median().reset_index()
+    median["ape_pct"] = (median["predicted_seconds"] - median["measured_seconds"]).abs() / median["measured_seconds"] * 100
+    median["repeats"] = steps.groupby(["policy", "step"], sort=False).size().to_numpy()
+    spread = steps[["policy", "repeat", "step", "measured_seconds"]].merge(
+        median[["policy", "step", "measured_seconds"]].rename(columns={"measured_seconds": "median_seconds"}), on=["policy", "step"])
+    spread["ape_pct"] = (spread["measured_seconds"] - spread["median_seconds"]).abs() / spread["median_seconds"] * 100
+    return median, spread
+
+
 def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[str, tuple[int, int]] | None = None) -> pd.DataFrame:
     """Per policy: median / p90 APE of step makespan, mean finish-order Spearman, median APE of finish
     times, token error, and (with `groups`: policy -> (measured, predicted) groups trained) the speedup
@@ -176,4 +195,4 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "fidelity_table", "length_distance", "plot"]
+__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "fidelity_table", "length_distance", "plot"]

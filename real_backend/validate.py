@@ -45,27 +45,40 @@ def run_prompts(run):
 
 
 def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str, pd.DataFrame]:
-    """Replay each recorded run (name -> RecordedRun) and compare. Returns the frames `lssim validate` writes."""
-    from lssim.validate import compare, fidelity_table, length_distance, replay_run
+    """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
+    list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
+    Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
+    noise (with repeats) and counterfactual."""
+    from lssim.validate import compare, fidelity_table, length_distance, median_over_repeats, replay_run
 
-    step_frames, response_frames, groups, sims = [], [], {}, {}
-    for name, run in runs.items():
-        sim = sims[name] = replay_run(run, sim_setup(run, profile), run_prompts(run))
-        s, r = compare(run, sim, name)
-        step_frames.append(s)
-        response_frames.append(r)
-        groups[name] = (int(run.steps["groups_trained"].sum()), int(sim.steps["groups_trained"].sum()))
-    steps, responses = pd.concat(step_frames, ignore_index=True), pd.concat(response_frames, ignore_index=True)
+    runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
+    step_frames, response_frames, groups, first_sim = [], [], {}, {}
+    for name, repeats in runs.items():
+        measured_groups, predicted_groups = [], []
+        for k, run in enumerate(repeats):
+            sim = replay_run(run, sim_setup(run, profile), run_prompts(run))
+            first_sim.setdefault(name, sim)
+            s, r = compare(run, sim, name)
+            step_frames.append(s.assign(repeat=k))
+            response_frames.append(r.assign(repeat=k))
+            measured_groups.append(int(run.steps["groups_trained"].sum()))
+            predicted_groups.append(int(sim.steps["groups_trained"].sum()))
+        groups[name] = (float(np.mean(measured_groups)), float(np.mean(predicted_groups)))
+    steps, spread = median_over_repeats(pd.concat(step_frames, ignore_index=True))
+    responses = pd.concat(response_frames, ignore_index=True)
     out = {"steps": steps, "responses": responses, "summary": fidelity_table(steps, responses, groups)}
+    if spread["repeat"].nunique() > 1:
+        out["noise"] = spread
 
-    base = runs.get("baseline")
+    base = runs.get("baseline", [None])[0]
     if counterfactual and base is not None and len(runs) > 1:
         rows = []
-        base_pred = sims["baseline"].steps
+        base_pred = first_sim["baseline"].steps
         base_per_group = base_pred["rollout_seconds"].sum() / base_pred["groups_trained"].sum()
-        for name, run in runs.items():
+        for name, repeats in runs.items():
             if name == "baseline":
                 continue
+            run = repeats[0]
             sim = replay_run(run, sim_setup(run, profile), run_prompts(run), trace=base.trace)
             per_group = sim.steps["rollout_seconds"].sum() / max(1, sim.steps["groups_trained"].sum())
             both = run.responses[["step", "prompt_id", "sample_idx", "response_len", "finish_reason"]].merge(
@@ -81,6 +94,39 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
         cf["speedup_error_points"] = (cf["speedup_predicted_from_baseline_trace"] - cf["speedup_measured"]) * 100
         out["counterfactual"] = cf
     return out
+
+
+def stages(runs: dict, profile: str, workdir: Path) -> pd.DataFrame:
+    """The error after each modelling step, each a cost model refitted from the measurements `lssim profile`
+    wrote beside `profile` and saved to `workdir`: per-iteration decode only, + time to first token (prefill),
+    + batch makespans (departures; the profile itself). Without those measurements, the profile alone."""
+    from lssim.cost import ProfiledCostModel
+
+    from .profile import fit
+
+    stem = Path(profile).with_suffix("")
+    files = {kind: Path(f"{stem}_{kind}.parquet") for kind in ("decode", "prefill", "batches")}
+    models = {}
+    if all(f.is_file() for f in files.values()):
+        decode, prefill, batches = (pd.read_parquet(f) for f in files.values())
+        models["decode iterations only (lockstep windows)"] = fit(decode, None)
+        models["+ time to first token (prefill)"] = fit(decode, prefill)
+    models["fitted to batch makespans (+ departures)"] = ProfiledCostModel.from_json(profile)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for label, model in models.items():
+        path = workdir / f"stage{len(rows) + 1}.json"
+        model.to_json(path, meta={"stage": label, "from": str(profile)})
+        frames = validate(runs, str(path), counterfactual=False)
+        s, ape = frames["summary"], frames["steps"]["ape_pct"]
+        signed = (frames["steps"]["predicted_seconds"] / frames["steps"]["measured_seconds"] - 1) * 100
+        rows.append({"stage": label, "median_ape_pct": float(ape.median()), "p90_ape_pct": float(np.percentile(ape, 90)),
+                     "median_signed_pct": float(signed.median()),
+                     "worst_policy_median_ape_pct": float(s["makespan_median_ape_pct"].max()),
+                     "worst_policy_p90_ape_pct": float(s["makespan_p90_ape_pct"].max()),
+                     "largest_speedup_error_points": float(s["speedup_error_points"].abs().max()) if "speedup_error_points" in s else np.nan,
+                     "model": str(path)})
+    return pd.DataFrame(rows).set_index("stage")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,11 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ValueError(f"--out {args.out} is not empty (pass --overwrite to replace what is there)")
 
-    runs = {}
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.runs:
-        for folder in args.runs:
-            run_ = load_run(folder)
-            runs[run_.name] = run_
+        recorded = [load_run(folder) for folder in args.runs]
     else:
         config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
                            max_tokens=args.max_tokens, seed=args.seed)
@@ -117,25 +162,28 @@ def run(args: argparse.Namespace) -> int:
         specs = _policy_specs(args.policies, available_policies, make_policy)
         for spec in specs:  # every policy checked before the engine starts
             prepare(setup, spec, config)
-        for spec in specs:
             problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
             if problem:
                 raise ValueError(problem)
-        runs = _record(specs, setup, config, out, format_step, prepare)
+        recorded = _record(specs, setup, config, out, format_step, prepare, args.repeats)
+    runs: dict[str, list] = {}
+    for r in recorded:  # several recordings of one policy are repeats
+        runs.setdefault(r.name, []).append(r)
 
-    print(f"replaying {len(runs)} runs in the simulator (profile {profile}) ...", file=sys.stderr)
+    print(f"replaying {len(recorded)} runs in the simulator (profile {profile}) ...", file=sys.stderr)
     frames = validate(runs, profile, counterfactual=not args.no_counterfactual)
-    out.mkdir(parents=True, exist_ok=True)
+    frames["stages"] = stages(runs, profile, out / "models")
     from lssim.results import atomic_write
 
-    atomic_write(out / "steps.parquet", lambda p: frames["steps"].to_parquet(p, index=False))
-    atomic_write(out / "responses.parquet", lambda p: frames["responses"].to_parquet(p, index=False))
-    atomic_write(out / "summary.csv", lambda p: frames["summary"].to_csv(p))
-    if "counterfactual" in frames:
-        atomic_write(out / "counterfactual.csv", lambda p: frames["counterfactual"].to_csv(p))
+    for name in ("steps", "responses", "noise"):
+        if name in frames:
+            atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
+    for name in ("summary", "counterfactual", "stages"):
+        if name in frames:
+            atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
     atomic_write(out / "validation.png", lambda p: plot(frames["steps"], p))
     print(format_summary(frames))
-    print(f"written to {out}/ (steps.parquet, responses.parquet, summary.csv, validation.png)")
+    print(f"written to {out}/ (summary.csv, steps.parquet, responses.parquet, stages.csv, validation.png, ...)")
     return 0
 
 
@@ -153,6 +201,14 @@ def format_summary(frames: dict[str, pd.DataFrame]) -> str:
                  f"p90 {np.percentile(all_steps, 90):.1f}% (target {TARGET_P90_PCT:.0f}%); worst policy median "
                  f"{s['makespan_median_ape_pct'].max():.1f}%, p90 {s['makespan_p90_ape_pct'].max():.1f}%; "
                  f"largest speedup error {worst_speedup:.1f} points (target {TARGET_SPEEDUP_POINTS:.0f})")
+    if "noise" in frames:
+        noise = frames["noise"]
+        k = int(noise["repeat"].max()) + 1
+        lines.append(f"run-to-run noise: one run's step against the median of its policy's {k} repeats (same seeds, same "
+                     f"tokens): median {noise['ape_pct'].median():.1f}%, p90 {np.percentile(noise['ape_pct'], 90):.1f}%")
+    if "stages" in frames:
+        lines += ["", "error after each modelling step:",
+                  frames["stages"].drop(columns="model").to_string(float_format=lambda v: f"{v:.2f}")]
     if "counterfactual" in frames:
         cf = frames["counterfactual"]
         lines += ["", "counterfactual: each policy predicted from the baseline's trace, and the lengths the Workload modelled "
@@ -163,8 +219,14 @@ def format_summary(frames: dict[str, pd.DataFrame]) -> str:
     return "\n".join(lines)
 
 
-def _record(specs, setup, config, out: Path, format_step, prepare) -> dict:
-    """Run each policy on one engine, one after another; each run recorded under out/real/<policy>/."""
+def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int = 1) -> list:
+    """Run each policy `repeats` times on one engine, recorded under out/real/<policy>/repeat<k>/. Repeat-major
+    order (every policy once, then every policy again): the machine's speed drifts over minutes, and drift must
+    reach every policy alike instead of passing for one policy's speedup."""
+    import tempfile
+    from dataclasses import asdict
+
+    from lssim.controller import RunConfig
     from lssim.results import policy_dirname
     from lssim.validate import load_run
 
@@ -175,16 +237,23 @@ def _record(specs, setup, config, out: Path, format_step, prepare) -> dict:
     print("starting the vLLM engine ...", file=sys.stderr)
     engine = start_engine(setup, prompts, seed=config.seed)
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    runs = {}
+    runs = []
     try:
-        for spec in specs:
-            prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
-            folder = out / "real" / policy_dirname(spec)
-            print(f"-- {spec}: {config.steps} steps on vLLM", file=sys.stderr)
-            run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
-                     on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
-                     meta={"command": " ".join(sys.argv), "policy_spec": spec})
-            runs[spec] = load_run(folder)
+        # A throwaway run first: the engine's and the trainer's first steps in a process are slower (kernels for new
+        # batch shapes, allocator), and the first recorded run would pay for it.
+        with tempfile.TemporaryDirectory() as scratch:
+            prompts, policy = prepare(setup, "baseline", config)
+            warm = RunConfig(**{**asdict(config), "steps": 2, "total_groups": None})
+            run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts)
+        for k in range(repeats):
+            for spec in specs:
+                prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
+                folder = out / "real" / policy_dirname(spec) / f"repeat{k}"
+                print(f"-- {spec} (repeat {k + 1} of {repeats}): {config.steps} steps on vLLM", file=sys.stderr)
+                run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
+                         on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
+                         meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
+                runs.append(load_run(folder))
     finally:
         engine.close()
     return runs
@@ -211,7 +280,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="baseline,hadb", metavar="A,B,...",
                    help="policies to run on vLLM and replay (comma-separated specs, or 'all'); baseline is always added "
                         "(default: baseline,hadb)")
-    p.add_argument("--runs", nargs="+", metavar="DIR", help="take runs recorded by `lssim real --out DIR` instead of running")
+    p.add_argument("--runs", nargs="+", metavar="DIR", help="take runs recorded by `lssim real --out DIR` instead of running "
+                        "(several runs of one policy are repeats: their per-step median is compared)")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE), metavar="JSON",
                    help=f"profiled cost model (`lssim profile`; default: {DEFAULT_PROFILE.relative_to(Path.cwd()) if DEFAULT_PROFILE.is_relative_to(Path.cwd()) else DEFAULT_PROFILE})")
     p.add_argument("--steps", type=int, default=5, help="RL steps per run (default: 5)")
@@ -221,6 +291,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=int, metavar="N", help="use only the first N prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-counterfactual", action="store_true", help="skip predicting each policy from the baseline's trace")
+    p.add_argument("--repeats", type=int, default=3, metavar="K",
+                   help="record each policy K times (same seeds, same tokens) and predict the per-step median; the spread "
+                        "of the K runs is the machine's timing noise (default: 3)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the runs and the comparison")
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 

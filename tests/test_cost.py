@@ -271,3 +271,34 @@ def test_profiled_fit_from_file_and_bad_input(tmp_path):
     junk.write_text('{"kind": "ProfiledCostModel", "decode_coefficients": {"c0": 1}}')
     with pytest.raises(ValueError, match=r"junk\.json.*c1"):
         ProfiledCostModel.from_json(junk)
+
+
+def test_fit_makespans_recovers_coefficients():
+    from lssim.cost import batch_features
+
+    truth = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, c3=2e-7, p0=3e-3, p1=2e-5, f0=1e-3, f1=2e-4)
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in (1, 4, 16, 48, 96):
+        for p in (8, 128):
+            for spread in (False, True):
+                lengths = rng.integers(1, 257, size=n).tolist() if spread else [256] * n
+                rows.append({"n_seqs": n, "prompt_len": p, "lengths": lengths, "seconds": truth.makespan(lengths, p)})
+    got = ProfiledCostModel.fit_makespans(pd.DataFrame(rows))
+    for k, v in truth.coefficients.items():
+        assert getattr(got, k) == pytest.approx(v, rel=1e-4, abs=1e-10), k
+    assert got.fit_stats["max_ape_pct"] < 1e-6
+    assert batch_features([5], 3) == {"c0": 5, "c1": 5, "c2": 5 * 3 + 10, "c3": 5, "p0": 1, "p1": 3, "f0": 0, "f1": 0}
+
+
+def test_profiled_json_keeps_departures(tmp_path):
+    m = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, f0=1e-3, f1=2e-4)
+    m.to_json(tmp_path / "m.json")
+    back = ProfiledCostModel.from_json(tmp_path / "m.json")
+    assert back.departure_time(3) == pytest.approx(1e-3 + 6e-4) and back.departure_time(0) == 0
+
+
+def test_fit_makespans_names_bad_rows():
+    bad = pd.DataFrame({"n_seqs": [2], "prompt_len": [8], "lengths": [[3]], "seconds": [0.1]})
+    with pytest.raises(ValueError, match="row 0"):
+        ProfiledCostModel.fit_makespans(bad)

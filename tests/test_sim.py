@@ -180,3 +180,28 @@ def test_more_instances_never_make_the_oracle_slower(trace, instances):
     few, _ = run(trace, "oracle", n_instances=instances, max_num_seqs=4)
     more, _ = run(trace, "oracle", n_instances=instances + 1, max_num_seqs=4)
     assert more.steps["rollout_seconds"].sum() <= few.steps["rollout_seconds"].sum() * (1 + 1e-9)
+
+
+# -- departures: what a batch costs when its members leave -----------------------------------------
+
+DEPARTING = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, c3=2e-7, p0=3e-3, p1=2e-5, f0=1e-3, f1=2e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=24), prompt_len=st.integers(1, 40))
+def test_a_batch_takes_what_its_features_say(lengths, prompt_len):
+    """The profiler fits coefficients to batch makespans through `batch_features`; that fit means something
+    only if the simulator runs a batch exactly as the features price it (departures included)."""
+    trace = make_trace([[lengths]], prompt_len=prompt_len, max_tokens=61)  # none at the cap: every length is exact
+    wl = Workload(trace, seed=0)
+    engine = SimEngine(wl, DEPARTING, EngineConfig(1, 256, 10**7))
+    ctl = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy("baseline"),
+                     RunConfig(steps=1, groups_per_step=1, group_size=len(lengths), max_tokens=61, seed=0))
+    res = ctl.run()
+    assert res.steps["rollout_seconds"].iloc[0] == pytest.approx(DEPARTING.makespan(lengths, prompt_len), rel=1e-9)
+
+
+def test_departures_at_one_boundary_cost_once():
+    # two finishing at 10 and two at 20: one departure of two sequences at iteration 10 (the last ends the batch)
+    together = DEPARTING.makespan([10, 10, 20, 20], 8) - ProfiledCostModel(**{**DEPARTING.coefficients, "f0": 0, "f1": 0}).makespan([10, 10, 20, 20], 8)
+    assert together == pytest.approx(DEPARTING.departure_time(2))

@@ -155,14 +155,17 @@ def test_profile_bad_input_exits_2(tmp_path, capsys, monkeypatch, args, message)
 def test_profile_measures_the_engine(vllm_engine):
     from real_backend.profile import fit, measure
 
-    decode, prefill = measure(vllm_engine, batch_sizes=(1, 4), prompt_lens=(8, 32), length=32, window=8, repeats=1)
-    assert set(decode["n_seqs"]) == {1, 4} and (decode["seconds"] > 0).all()
-    assert len(prefill) == 4 and (prefill["ttft_seconds"] > 0).all()
+    decode, prefill, batches = measure(vllm_engine, batch_sizes=(1, 4, 8), prompt_lens=(8, 32), length=32, window=8, repeats=1)
+    assert set(decode["n_seqs"]) == {1, 4, 8} and (decode["seconds"] > 0).all()
+    assert len(prefill) == 6 and (prefill["ttft_seconds"] > 0).all()
+    assert len(batches) == 12 and set(batches["spread"]) == {"lockstep", "longtail"} and (batches["seconds"] > 0).all()
+    assert all(len(l) == n and max(l) <= 32 for l, n in zip(batches["lengths"], batches["n_seqs"]))
     # context grows along a cell: n * (prompt + tokens so far)
     cell = decode[(decode["n_seqs"] == 4) & (decode["prompt_len"] == 32)]
     assert cell["ctx_tokens"].is_monotonic_increasing and cell["ctx_tokens"].iloc[0] > 4 * 32
-    model = fit(decode, prefill)
+    model = fit(decode, prefill, batches)
     assert model.decode_time(4, 200, 1) > 0 and np.isfinite(model.fit_stats["median_ape_pct"])
+    assert model.fit_stats["of"] == "batch makespan" and np.isfinite(model.fit_stats["iteration"]["median_ape_pct"])
     assert not vllm_engine._live and vllm_engine.sampling_kwargs.get("ignore_eos") is None  # left as found
 
 
