@@ -4,23 +4,25 @@ Two limits, and the step can beat neither:
 
 - the longest response alone: its prefill plus its decode with a batch of one (an iteration never
   gets cheaper by adding sequences, and its context is at least its own);
-- total work over capacity: every token must be decoded at no more than the instance's peak decode
-  throughput (the best batch size, at the smallest context any sequence has), and every prompt
+- total work over capacity: the least decode time of all the step's tokens (`cost.work_time`: at the
+  best batch sizes, but each token at its own context, whose sum no schedule changes) and every prompt
   prefilled, spread evenly over the instances.
 
-Both hold for any cost model whose iteration time is non-decreasing in batch size and context.
+Both hold for any cost model whose iteration time is non-decreasing in batch size and context. The
+work term used to price every token at the smallest context any sequence had (peak throughput); the
+context each token reads is known from the lengths alone, and counting it makes the bound tighter
+wherever reading the KV cache is a real share of an iteration (long responses).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cost import peak_tokens_per_second, solo_decode_time
+from .cost import solo_decode_time
 
 
 def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
     """A `LowerBound` for the controller: f(prompt_lens, ctx_at_start, tokens_in_step) -> seconds."""
-    peak_cache: dict[int, float] = {}
 
     def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray) -> float:
         ran = tokens > 0
@@ -30,10 +32,9 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
         # The solo bound grows with tokens and context, so only the longest few can hold the maximum.
         top = np.argsort(tokens)[-32:]
         solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(ctx0[top], tokens[top]))
-        min_ctx = int(ctx0.min())
-        if min_ctx not in peak_cache:
-            peak_cache[min_ctx] = peak_tokens_per_second(cost, max_num_seqs, min_ctx)
-        work = (float(tokens.sum()) / peak_cache[min_ctx] + cost.prefill_time(int(ctx0.sum()))) / n_instances
+        # token j of a response resumed at context c is decoded at context c + j
+        context_reads = float((tokens * ctx0 + tokens * (tokens - 1) / 2).sum())
+        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(ctx0.sum()))) / n_instances
         return max(solo, work)
 
     return lower_bound

@@ -79,6 +79,13 @@ class CostModel(Protocol):
         0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
         ...
 
+    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
+        """A lower bound on the summed decode seconds of any schedule that generates ``tokens`` tokens with at
+        most ``max_num_seqs`` sequences per iteration, where ``context_reads`` is the sum over those tokens of
+        the context each was decoded at (schedule-independent: a response of ``L`` tokens on a context of
+        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.bounds)."""
+        ...
+
     def departure_time(self, n_leaving: int) -> float:
         """Seconds added when ``n_leaving`` sequences leave the running batch at one iteration boundary;
         0 for ``n_leaving <= 0``, non-negative otherwise."""
@@ -380,6 +387,16 @@ class RooflineCostModel:
     def departure_time(self, n_leaving: int) -> float:
         return 0.0  # a GPU engine's scheduler work overlaps the previous iteration; its overhead is in `_ov`
 
+    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
+        # Each iteration costs max(memory, compute) + overhead >= either side, so the sum is at least either
+        # side summed; both grow with the number of iterations, which is at least tokens / max_num_seqs.
+        if tokens <= 0:
+            return 0.0
+        iters = tokens / max_num_seqs
+        memory = iters * (self._mem_a + self._ov) + self._mem_b * context_reads
+        compute = self._cmp_a * tokens + self._cmp_b * context_reads + self._ov * iters
+        return max(memory, compute)
+
     # -- helpers -------------------------------------------------------------------------------
 
     def iteration_breakdown(self, n_seqs: int, ctx_tokens: float) -> dict:
@@ -496,6 +513,16 @@ class ProfiledCostModel:
         if n_leaving <= 0:
             return 0.0
         return self.f0 + self.f1 * n_leaving
+
+    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
+        # Summed over I iterations with n_i sequences: c0*I + c1*T + c3*sum(n_i^2) + c2*W, and sum(n_i^2) >= T^2/I
+        # (Cauchy-Schwarz); c0*I + c3*T^2/I is least at I = T*sqrt(c3/c0), held within [T/max_num_seqs, T].
+        if tokens <= 0:
+            return 0.0
+        lo, hi = tokens / max_num_seqs, float(tokens)
+        best = tokens * math.sqrt(self.c3 / self.c0) if self.c0 > 0 else hi
+        iters = min(max(best, lo), hi)
+        return self.c0 * iters + self.c3 * tokens * tokens / iters + self.c1 * tokens + self.c2 * context_reads
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -834,6 +861,10 @@ class SpeculativeCost:
 
     def departure_time(self, n_leaving: int) -> float:
         return self.base.departure_time(n_leaving)
+
+    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
+        # every iteration costs at least the smallest factor times its plain cost
+        return min(self._factors[1:] + [1.0]) * self.base.work_time(tokens, context_reads, max_num_seqs)
 
     def describe(self) -> dict:
         from dataclasses import asdict as _asdict

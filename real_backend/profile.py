@@ -43,12 +43,35 @@ def longtail_lengths(rng, n: int, length: int) -> list[int]:
     return np.clip(np.round(rng.lognormal(np.log(length / 4), 0.85, size=n)), 1, length).astype(int).tolist()
 
 
+CUTS = (0.25, 0.5, 0.75)  # where a long-tailed batch is also cut: the finish-time curve, not only its end
+
+
+def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
+    """A batch's makespan, and for a long-tailed batch also the time its requests at the CUTS quantiles of
+    length finished: the makespan of the same batch cut at that length (every longer request counted as
+    ending there), which is what a rollout that stops early (april) costs. These rows tell a large batch's
+    iterations from a small one's within one cell, where the whole makespan only gives their sum."""
+    rows = [{"n_seqs": n, "prompt_len": p, "spread": spread, "cut": 1.0, "lengths": list(lengths),
+             "seconds": max(finish_times), "repeat": rep}]
+    if spread == "lockstep" or n < 4:
+        return rows
+    order = sorted(lengths)
+    for q in CUTS:
+        cut = order[int(q * n)]
+        if cut < order[-1]:
+            seconds = max(t for l, t in zip(lengths, finish_times) if l == cut)
+            rows.append({"n_seqs": n, "prompt_len": p, "spread": spread, "cut": q, "lengths": [min(l, cut) for l in lengths],
+                         "seconds": seconds, "repeat": rep})
+    return rows
+
+
 def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
             window: int = 16, repeats: int = 2, seed: int = 0, progress=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Measure `engine` (a VLLMEngine with nothing in flight). Returns (decode, prefill, batches) frames:
     decode rows n_seqs, ctx_tokens, seconds (one iteration, averaged over a window and the batch), with the
     cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds; batches rows
-    n_seqs, prompt_len, spread, lengths, seconds (submission to the last token), repeat."""
+    n_seqs, prompt_len, spread, cut, lengths, seconds (submission to the last token of the batch cut at the
+    `cut` quantile of its lengths: 1.0 is the whole batch), repeat."""
     if length < 2 * window:
         raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
     rng = np.random.default_rng(seed)
@@ -76,14 +99,13 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
             stamps = {r.rid: {} for r in requests}
             t_submit = engine.now()
             engine.submit(requests)
-            left, last = n, t_submit
+            left, finish = n, {}
             while left:
                 for ev in engine.next_events():
                     stamps[ev.request.rid][ev.request.generated] = ev.time
                     if ev.kind == "finished":
-                        left, last = left - 1, max(last, ev.time)
-            batch_rows.append({"n_seqs": n, "prompt_len": p, "spread": spread, "lengths": lengths,
-                               "seconds": last - t_submit, "repeat": rep})
+                        left, finish[ev.request.rid] = left - 1, ev.time - t_submit
+            batch_rows += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep)
             for r in requests:
                 prompts.pop(r.rid, None)
             if spread != "lockstep":
@@ -156,27 +178,41 @@ def run(args) -> int:
     engine = start_engine(setup, prompts, seed=0)
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     try:
-        from tqdm import tqdm
-
-        decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, args.length, args.window, args.repeats,
-                                           progress=lambda cells: tqdm(cells, desc="cells", unit="cell", file=sys.stderr))
+        model = profile_engine(engine, out, batch_sizes=batch_sizes, prompt_lens=prompt_lens, length=args.length,
+                               window=args.window, repeats=args.repeats,
+                               meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir)})
     finally:
         engine.close()
-    model = fit(decode, prefill, batches, name=f"vllm {Path(setup.model_dir).name}")
-    stem = out.with_suffix("")
-    for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
-        atomic_write(Path(f"{stem}_{kind}.parquet"), lambda p, f=frame: f.to_parquet(p, index=False))
-    meta = {"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "engine": "vllm (VLLMEngine)", "model": setup.model_dir,
-            "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": args.length,
-                     "window": args.window, "repeats": args.repeats}}
-    atomic_write(out, lambda p: model.to_json(p, meta=meta))
     err, it = model.fit_stats, model.fit_stats["iteration"]
     print(f"{model!r}\nfit error per batch makespan: median {err['median_ape_pct']:.1f}%, p90 {err['p90_ape_pct']:.1f}%, "
           f"max {err['max_ape_pct']:.1f}% over {err['n_points']} batches; per iteration (lockstep windows): median "
           f"{it['median_ape_pct']:.1f}%, p90 {it['p90_ape_pct']:.1f}% over {it['n_points']} windows\n"
-          f"written to {out} (+ {stem.name}_decode.parquet, _prefill.parquet, _batches.parquet)")
+          f"written to {out} (+ {out.stem}_decode.parquet, _prefill.parquet, _batches.parquet)")
     return 0
+
+
+def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
+                   window: int = 16, repeats: int = 2, meta: dict | None = None):
+    """Measure a running engine, fit the model, write it to `out` (JSON) with the measurements beside it as
+    <stem>_decode/_prefill/_batches.parquet (each atomically). Returns the ProfiledCostModel."""
+    import sys
+    from pathlib import Path
+
+    from lssim.results import atomic_write
+    from tqdm import tqdm
+
+    out = Path(out)
+    decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, length, window, repeats,
+                                       progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr))
+    model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
+    stem = out.with_suffix("")
+    for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
+        atomic_write(Path(f"{stem}_{kind}.parquet"), lambda p, f=frame: f.to_parquet(p, index=False))
+    meta = {"engine": "vllm (VLLMEngine)", "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": length,
+                     "window": window, "repeats": repeats}, **(meta or {})}
+    atomic_write(out, lambda p: model.to_json(p, meta=meta))
+    return model
 
 
 def add_arguments(p) -> None:
@@ -205,6 +241,14 @@ def _int_list(text: str, flag: str) -> list[int]:
     return sorted(set(values))
 
 
+def _relative(path: str) -> str:
+    """A path relative to the working folder where it is inside it (profiles are shipped in the repo)."""
+    from pathlib import Path
+
+    p = Path(path).resolve()
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
+
+
 def _machine() -> str:
     import os
     import platform
@@ -212,4 +256,4 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")
 
 
-__all__ = ["measure", "fit", "run", "add_arguments"]
+__all__ = ["measure", "fit", "profile_engine", "run", "add_arguments"]

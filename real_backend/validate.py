@@ -7,7 +7,8 @@ policy, seeds, data loader and a profiled cost model, and report how far the pre
 Writes to --out: real/<policy>/ (each recorded run, unless --runs), steps.parquet and responses.parquet
 (predicted against measured, lssim.validate.compare), summary.csv (the printed table), counterfactual.csv
 (each policy predicted from the baseline's trace instead of its own), and validation.png (predicted vs
-measured per step). Every input is checked before the engine starts. See real_backend/VALIDATION.md.
+measured per step), stages.csv (the error after each modelling step) and noise.parquet (the spread of the
+repeats). Every input is checked before the engine starts. Results and how to read them: real_backend/README.md.
 """
 
 from __future__ import annotations
@@ -141,11 +142,14 @@ def run(args: argparse.Namespace) -> int:
 
     from .world import RealSetup, format_step, out_dir_problem, prepare
 
-    profile = args.profile
-    if not Path(profile).is_file():
-        raise ValueError(f"--profile {profile} does not exist (make one with `lssim profile --out {profile}`)")
-    ProfiledCostModel.from_json(profile)  # a bad file fails here, before anything runs
     out = Path(args.out)
+    if args.reprofile and args.runs:
+        raise ValueError("--reprofile measures the engine the runs are recorded on; with --runs there is none (use --profile)")
+    profile = str(out / "profile.json") if args.reprofile else args.profile
+    if not args.reprofile:
+        if not Path(profile).is_file():
+            raise ValueError(f"--profile {profile} does not exist (make one with `lssim profile --out {profile}`)")
+        ProfiledCostModel.from_json(profile)  # a bad file fails here, before anything runs
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
             if problem:
                 raise ValueError(problem)
-        recorded = _record(specs, setup, config, out, format_step, prepare, args.repeats)
+        recorded = _record(specs, setup, config, out, format_step, prepare, args.repeats, profile if args.reprofile else None)
     runs: dict[str, list] = {}
     for r in recorded:  # several recordings of one policy are repeats
         runs.setdefault(r.name, []).append(r)
@@ -219,10 +223,11 @@ def format_summary(frames: dict[str, pd.DataFrame]) -> str:
     return "\n".join(lines)
 
 
-def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int = 1) -> list:
+def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int = 1, profile_to: str | None = None) -> list:
     """Run each policy `repeats` times on one engine, recorded under out/real/<policy>/repeat<k>/. Repeat-major
     order (every policy once, then every policy again): the machine's speed drifts over minutes, and drift must
-    reach every policy alike instead of passing for one policy's speedup."""
+    reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the engine is
+    profiled first (real_backend.profile.profile_engine), minutes before the runs it is to predict."""
     import tempfile
     from dataclasses import asdict
 
@@ -245,6 +250,12 @@ def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int 
             prompts, policy = prepare(setup, "baseline", config)
             warm = RunConfig(**{**asdict(config), "steps": 2, "total_groups": None})
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts)
+        if profile_to:
+            from .profile import profile_engine
+
+            print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
+            out.mkdir(parents=True, exist_ok=True)
+            profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": setup.model_dir})
         for k in range(repeats):
             for spec in specs:
                 prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
@@ -284,6 +295,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(several runs of one policy are repeats: their per-step median is compared)")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE), metavar="JSON",
                    help=f"profiled cost model (`lssim profile`; default: {DEFAULT_PROFILE.relative_to(Path.cwd()) if DEFAULT_PROFILE.is_relative_to(Path.cwd()) else DEFAULT_PROFILE})")
+    p.add_argument("--reprofile", action="store_true",
+                   help="profile the engine first, on the engine the runs are then recorded on, into OUT/profile.json "
+                        "(recalibration and validation in one command; about 3 minutes more on this CPU)")
     p.add_argument("--steps", type=int, default=5, help="RL steps per run (default: 5)")
     p.add_argument("--groups-per-step", type=int, default=8, help="prompts per step (default: 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt (default: 4)")

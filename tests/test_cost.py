@@ -17,6 +17,7 @@ from lssim.cost import (
     ModelSpec,
     ProfiledCostModel,
     RooflineCostModel,
+    SpeculativeCost,
     kv_capacity_tokens,
     peak_tokens_per_second,
     solo_decode_time,
@@ -302,3 +303,32 @@ def test_fit_makespans_names_bad_rows():
     bad = pd.DataFrame({"n_seqs": [2], "prompt_len": [8], "lengths": [[3]], "seconds": [0.1]})
     with pytest.raises(ValueError, match="row 0"):
         ProfiledCostModel.fit_makespans(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(0, 5e5)), min_size=1, max_size=40), st.sampled_from(["roofline", "profiled", "quadratic", "spec"]))
+def test_work_time_bounds_any_schedule(iterations, which):
+    """The lower bound's work term: whatever iterations generate T tokens reading W context tokens (at most 64
+    sequences each), their summed time is at least work_time(T, W, 64)."""
+    from lssim.core import Speculation
+
+    models = {
+        "roofline": RooflineCostModel("qwen2.5-7b", "H100"),
+        "profiled": ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7),
+        "quadratic": ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, c3=4e-6),
+    }
+    models["spec"] = SpeculativeCost(models["roofline"], Speculation(method="ngram", alpha=0.6, gamma=4, max_batch=32))
+    cost = models[which]
+    spent = sum(cost.decode_time(n, c, 1) for n, c in iterations)
+    tokens, reads = sum(n for n, _ in iterations), sum(c for _, c in iterations)
+    assert spent >= cost.work_time(tokens, reads, 64) * (1 - 1e-9)
+
+
+def test_work_time_counts_the_context_the_old_term_left_out():
+    cost = RooflineCostModel("qwen2.5-7b", "H100")
+    prompt, length = 500, 8000  # a step of long responses
+    tokens = 256 * length
+    reads = 256 * (length * prompt + length * (length - 1) / 2)
+    old = tokens / peak_tokens_per_second(cost, 256, prompt)
+    assert cost.work_time(tokens, tokens * prompt, 256) >= old * (1 - 1e-9)  # never looser
+    assert cost.work_time(tokens, reads, 256) > 1.5 * old  # long responses: the KV reads dominate

@@ -79,6 +79,34 @@ def test_fidelity_table_errors_and_speedup():
     assert table.loc["baseline", "finish_order_spearman"] == pytest.approx(0.75)
 
 
+def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
+    from lssim.validate import median_over_repeats
+
+    rows = []
+    for k, (measured, predicted) in enumerate([(1.0, 1.1), (1.2, 1.0), (1.1, 0.9)]):
+        rows.append({"policy": "p", "step": 0, "measured_seconds": measured, "predicted_seconds": predicted, "measured_tokens": 10,
+                     "predicted_tokens": 10, "exact_fraction": 1.0, "finish_order_spearman": 1.0, "repeat": k})
+    steps, spread = median_over_repeats(pd.DataFrame(rows))
+    assert len(steps) == 1 and steps["repeats"].iloc[0] == 3
+    assert steps["measured_seconds"].iloc[0] == pytest.approx(1.1) and steps["predicted_seconds"].iloc[0] == pytest.approx(1.0)
+    assert steps["ape_pct"].iloc[0] == pytest.approx(100 / 11)
+    assert sorted(spread["ape_pct"].round(6)) == pytest.approx(sorted([100 / 11, 100 / 11, 0.0]))
+
+
+def test_profile_batch_rows_cut_the_finish_curve():
+    from lssim.cost import batch_features
+    from real_backend.profile import _batch_rows
+
+    lengths = [5, 10, 10, 20, 40, 40, 80, 160]
+    finish = [0.1 * l for l in lengths]
+    rows = _batch_rows(8, 7, "longtail", lengths, finish, 0)
+    assert [r["cut"] for r in rows] == [1.0, 0.25, 0.5, 0.75]
+    assert [r["seconds"] for r in rows] == pytest.approx([16.0, 1.0, 4.0, 8.0])
+    assert rows[1]["lengths"] == [5, 10, 10, 10, 10, 10, 10, 10]  # cut at the 25% quantile: everything longer ends there
+    assert batch_features(rows[1]["lengths"], 7)["c0"] == 10  # ten iterations up to the cut
+    assert len(_batch_rows(8, 7, "lockstep", [16] * 8, [1.0] * 8, 0)) == 1
+
+
 def test_length_distance():
     same = length_distance(np.arange(100), np.arange(100))
     assert same["ks"] == 0 and same["wasserstein_tokens"] == 0
@@ -122,11 +150,13 @@ def test_load_run_names_what_is_missing(tmp_path):
     (["--profile", "no/such/profile.json"], "does not exist"),
     (["--runs", "no/such/run"], "not a recorded run"),
     (["--policies", "no_such_policy"], "no_such_policy"),
+    (["--runs", "a", "--reprofile"], "--reprofile"),
+    (["--repeats", "0"], "--repeats"),
 ])
 def test_validate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, profile, args, message):
     out = tmp_path / "out"
     argv = ["validate", "--out", str(out), *args]
-    if "--profile" not in args:
+    if "--profile" not in args and "--reprofile" not in args:
         argv += ["--profile", profile]
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -158,7 +188,10 @@ def test_profile_measures_the_engine(vllm_engine):
     decode, prefill, batches = measure(vllm_engine, batch_sizes=(1, 4, 8), prompt_lens=(8, 32), length=32, window=8, repeats=1)
     assert set(decode["n_seqs"]) == {1, 4, 8} and (decode["seconds"] > 0).all()
     assert len(prefill) == 6 and (prefill["ttft_seconds"] > 0).all()
-    assert len(batches) == 12 and set(batches["spread"]) == {"lockstep", "longtail"} and (batches["seconds"] > 0).all()
+    whole = batches[batches["cut"] == 1.0]
+    assert len(whole) == 12 and set(whole["spread"]) == {"lockstep", "longtail"} and (batches["seconds"] > 0).all()
+    for _, cell in batches[batches["spread"] == "longtail"].groupby(["n_seqs", "prompt_len"]):  # cut earlier, done earlier
+        assert cell.sort_values("cut")["seconds"].is_monotonic_increasing
     assert all(len(l) == n and max(l) <= 32 for l, n in zip(batches["lengths"], batches["n_seqs"]))
     # context grows along a cell: n * (prompt + tokens so far)
     cell = decode[(decode["n_seqs"] == 4) & (decode["prompt_len"] == 32)]
