@@ -181,8 +181,9 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for name, s in steps.groupby("policy", sort=False):
-        ax.scatter(s["measured_seconds"], s["predicted_seconds"], s=18, label=name)
+    colors, markers = plt.cm.tab20.colors, "osD^v<>p"
+    for i, (name, s) in enumerate(steps.groupby("policy", sort=False)):  # a colour and a marker each: 13+ policies
+        ax.scatter(s["measured_seconds"], s["predicted_seconds"], s=20, label=name, color=colors[i % 20], marker=markers[i % 8])
     lo = float(min(steps["measured_seconds"].min(), steps["predicted_seconds"].min())) * 0.9
     hi = float(max(steps["measured_seconds"].max(), steps["predicted_seconds"].max())) * 1.1
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     setup = RealSetup(model_dir=args.model_dir, prompts_path=args.prompts, n_prompts=args.n_prompts, dtype=args.dtype,
                       trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                       gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
-                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy)
+                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile)
     if args.group_size < 2:
         raise ValueError("--group-size must be >= 2 (GRPO normalizes rewards within a group)")
     problem = out_dir_problem(args.out, args.overwrite)
@@ -96,6 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")
+    p.add_argument("--profile", metavar="JSON", help="a profiled cost model of this engine (`lssim profile`, e.g. "
+                   "real_backend/profile_cpu.json): each step then gets its lower bound and bound efficiency")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

@@ -53,6 +53,9 @@ class RealSetup:
     speculation: Speculation | None = None
     ngram_lookup: tuple[int, int] = (1, 4)
     temperature: float = 1.0  # sampling temperature (0: greedy; the CPU build speculates correctly only greedy)
+    # A profiled cost model of this engine (`lssim profile`): when given, each real step gets the simulator's lower
+    # bound priced with it (steps.parquet lower_bound_seconds / lower_bound_efficiency), else those are NaN.
+    profile: str | None = None
 
     def check(self) -> None:
         model = Path(self.model_dir)
@@ -72,6 +75,12 @@ class RealSetup:
             raise ValueError(f"clip must be in (0, 1), got {self.clip}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.profile is not None:
+            from lssim.cost import ProfiledCostModel
+
+            if not Path(self.profile).is_file():
+                raise ValueError(f"profile {self.profile} does not exist (make one with `lssim profile --out {self.profile}`)")
+            ProfiledCostModel.from_json(self.profile)  # a bad file fails here, naming itself
 
 
 def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int | None = None) -> tuple[TaskPrompts, Policy]:
@@ -144,6 +153,11 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         **(meta or {})})
     recorder.remove_stale()
     controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step)
+    if setup.profile:  # the same bound the simulator prices, with this engine's measured cost model
+        from lssim.bounds import make_lower_bound
+        from lssim.cost import ProfiledCostModel
+
+        controller.lower_bound = make_lower_bound(ProfiledCostModel.from_json(setup.profile), engine.n_instances, setup.max_num_seqs)
     recorder.attach(controller)
     if spec is not None:
         previous = controller.on_step

@@ -66,6 +66,7 @@ def _parity_reward(r: Request) -> float:
     (["--steps", "0"], "steps must be >= 1"),
     (["--group-size", "1"], "group-size"),
     (["--max-tokens", "5000"], "max_model_len"),
+    (["--profile", "/nonexistent/profile.json"], "does not exist"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, real_model_dir_cheap, args, message):
     out = tmp_path / "run"

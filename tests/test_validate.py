@@ -207,13 +207,14 @@ def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, p
     from real_backend.validate import format_summary, validate
     from real_backend.world import RealSetup, prepare, run_real
 
-    setup = RealSetup(model_dir=str(real_model_dir), n_prompts=16)
+    setup = RealSetup(model_dir=str(real_model_dir), n_prompts=16, profile=profile)  # real steps get the profiled bound
     config = RunConfig(steps=2, groups_per_step=4, group_size=4, max_tokens=64, seed=0)
     runs = {}
     for spec in ("baseline", "lpt"):
         prompts, policy = prepare(setup, spec, config)
         run_real(setup, policy, config, tmp_path / spec, engine=vllm_engine, prompts=prompts, meta={"policy_spec": spec})
         runs[spec] = load_run(tmp_path / spec)
+    assert (runs["baseline"].steps["lower_bound_seconds"] > 0).all()
     frames = validate(runs, profile)
     steps, summary = frames["steps"], frames["summary"]
     assert len(steps) == 4 and (steps["predicted_seconds"] > 0).all() and steps["ape_pct"].notna().all()
