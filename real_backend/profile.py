@@ -55,10 +55,11 @@ def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
              "seconds": max(finish_times), "repeat": rep}]
     if spread == "lockstep" or n < 4:
         return rows
-    order = sorted(lengths)
+    order, seen = sorted(lengths), set()
     for q in CUTS:
         cut = order[int(q * n)]
-        if cut < order[-1]:
+        if cut < order[-1] and cut not in seen:
+            seen.add(cut)
             seconds = max(t for l, t in zip(lengths, finish_times) if l == cut)
             rows.append({"n_seqs": n, "prompt_len": p, "spread": spread, "cut": q, "lengths": [min(l, cut) for l in lengths],
                          "seconds": seconds, "repeat": rep})

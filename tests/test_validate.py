@@ -191,7 +191,8 @@ def test_profile_measures_the_engine(vllm_engine):
     whole = batches[batches["cut"] == 1.0]
     assert len(whole) == 12 and set(whole["spread"]) == {"lockstep", "longtail"} and (batches["seconds"] > 0).all()
     for _, cell in batches[batches["spread"] == "longtail"].groupby(["n_seqs", "prompt_len"]):  # cut earlier, done earlier
-        assert cell.sort_values("cut")["seconds"].is_monotonic_increasing
+        # (requests that finish in one iteration reach the controller in one delivery, stamped microseconds apart)
+        assert (cell.sort_values("cut")["seconds"].diff().dropna() > -1e-3).all()
     assert all(len(l) == n and max(l) <= 32 for l, n in zip(batches["lengths"], batches["n_seqs"]))
     # context grows along a cell: n * (prompt + tokens so far)
     cell = decode[(decode["n_seqs"] == 4) & (decode["prompt_len"] == 32)]
