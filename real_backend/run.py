@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     setup = RealSetup(model_dir=args.model_dir, prompts_path=args.prompts, n_prompts=args.n_prompts, dtype=args.dtype,
                       trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                       gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
-                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile)
+                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
+                      n_instances=args.instances)
     if args.group_size < 2:
         raise ValueError("--group-size must be >= 2 (GRPO normalizes rewards within a group)")
     problem = out_dir_problem(args.out, args.overwrite)
@@ -93,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: estimated by -logprob of the sampled token")
     p.add_argument("--dtype", default="float32", help="engine and trainer dtype: float32, bfloat16, float16 (default: float32)")
     p.add_argument("--trainer-device", default="cpu", help="torch device of the trainer: cpu or cuda (default: cpu)")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="engine instances: vLLM data parallelism, one engine core (GPU) each; the policy's place() "
+                        "picks a request's instance, else the least loaded (default: 1)")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")

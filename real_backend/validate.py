@@ -27,13 +27,14 @@ TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS = 3.0, 8.0, 5.0
 
 
 def sim_setup(run, profile: str):
-    """The simulated twin of the run's engine: one instance, its limits, the profiled cost model."""
+    """The simulated twin of the run's engine: its instances and limits, the profiled cost model."""
     from lssim.replay import SimSetup
 
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
+    n_instances = int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
-    return SimSetup(model="tiny-ref", n_instances=1, max_num_seqs=max_num_seqs,
+    return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
                     kv_capacity_tokens=max_num_seqs * max_model_len, profile=profile)
 
 

@@ -41,7 +41,8 @@ class RealSetup:
     max_model_len: int = 1024
     kv_cache_gib: float = 1.0  # CPU engine only
     gpu_memory_utilization: float = 0.5  # GPU engine only (leave room for the trainer on the same GPU)
-    max_num_seqs: int = 256
+    max_num_seqs: int = 256  # per instance
+    n_instances: int = 1  # engine instances (vLLM data parallelism; the policy's `place` picks one per request)
     lr: float = 2e-5
     mini_batches: int = 1  # optimizer steps per RL step
     clip: float = 0.2
@@ -66,7 +67,7 @@ class RealSetup:
             raise ValueError(f"{self.model_dir} is not a model folder (no config.json)")
         if not Path(self.prompts_path).is_file():
             raise ValueError(f"prompts file {self.prompts_path} does not exist")
-        for name in ("max_model_len", "max_num_seqs", "mini_batches"):
+        for name in ("max_model_len", "max_num_seqs", "mini_batches", "n_instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -117,7 +118,8 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
 def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
     from .engine import VLLMEngine
 
-    return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, dtype=setup.dtype, max_model_len=setup.max_model_len,
+    return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, n_instances=setup.n_instances,
+                      dtype=setup.dtype, max_model_len=setup.max_model_len,
                       seed=seed, max_num_seqs=setup.max_num_seqs, kv_cache_gib=setup.kv_cache_gib,
                       gpu_memory_utilization=setup.gpu_memory_utilization, logprobs=-1 if setup.exact_entropy else 0,
                       stall_timeout=setup.stall_timeout, speculation=setup.speculation, ngram_lookup=setup.ngram_lookup,
