@@ -39,7 +39,7 @@ class EngineConfig:
 
 class _Instance:
     __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending",
-                 "left_at", "left")
+                 "left_at", "left", "owed")
 
     def __init__(self, idx: int, t: float):
         self.idx = idx
@@ -55,6 +55,7 @@ class _Instance:
         self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
         self.pending = 0  # requests placed here and not yet ended (running + waiting)
         self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
+        self.owed = 0.0  # departure (re-pack) seconds the next iteration pays; dropped if the batch empties first
 
 
 class SimEngine:
@@ -186,7 +187,8 @@ class SimEngine:
         """Run k decode iterations with the current batch."""
         if k <= 0:
             return
-        dt = self.cost.decode_time(inst.n, inst.ctx, k)
+        dt = self.cost.decode_time(inst.n, inst.ctx, k) + inst.owed
+        inst.owed = 0.0
         inst.t += dt
         inst.busy += dt
         inst.seq_seconds += inst.n * dt
@@ -200,9 +202,9 @@ class SimEngine:
         if inst.n == 0:
             inst.t = max(inst.t, now)  # idle: nothing to run until something arrives
             return
-        if inst.t >= now:
+        if inst.t + inst.owed >= now:
             return
-        k = self.cost.iterations_within(inst.n, inst.ctx, now - inst.t)
+        k = self.cost.iterations_within(inst.n, inst.ctx, now - inst.t - inst.owed)
         nxt = self._next_iteration(inst)
         self._run(inst, min(k, nxt - inst.it - 1))
 
@@ -224,7 +226,7 @@ class SimEngine:
                 raise RuntimeError(f"instance {inst.idx} is idle with {len(inst.waiting)} waiting requests it cannot admit")
             return
         target_it = self._next_iteration(inst)
-        t = inst.t + self.cost.decode_time(inst.n, inst.ctx, target_it - inst.it)
+        t = inst.t + inst.owed + self.cost.decode_time(inst.n, inst.ctx, target_it - inst.it)
         heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version, target_it))
 
     def _fire(self, inst: _Instance, target_it: int) -> list[Event]:
@@ -262,13 +264,15 @@ class SimEngine:
 
     def _depart(self, inst: _Instance, k: int) -> None:
         """k sequences left the batch at this boundary: the engine's cost of re-packing it (cost.departure_time),
-        priced once per boundary, so k finishes and aborts at one boundary cost departure_time(k)."""
+        priced once per boundary, so k finishes and aborts at one boundary cost departure_time(k). Nothing to
+        re-pack once the batch is empty (as lssim.cost.batch_features prices a batch's last boundary), so the
+        next iteration pays it: a rollout that aborts everything still running at its end owes nothing."""
+        if not inst.n:
+            inst.owed = 0.0
+            return
         before = inst.left if inst.left_at == inst.it else 0
-        dt = self.cost.departure_time(before + k) - self.cost.departure_time(before)
         inst.left_at, inst.left = inst.it, before + k
-        if dt:
-            inst.t += dt
-            inst.busy += dt
+        inst.owed += self.cost.departure_time(before + k) - self.cost.departure_time(before)
 
     def _preempt(self, inst: _Instance) -> None:
         """Free KV by recompute, as vLLM does: the lowest-priority, latest-admitted sequences go back to waiting."""

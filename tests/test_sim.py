@@ -199,9 +199,22 @@ def test_a_batch_takes_what_its_features_say(lengths, prompt_len):
                      RunConfig(steps=1, groups_per_step=1, group_size=len(lengths), max_tokens=61, seed=0))
     res = ctl.run()
     assert res.steps["rollout_seconds"].iloc[0] == pytest.approx(DEPARTING.makespan(lengths, prompt_len), rel=1e-9)
+    assert res.steps["busy_fraction"].iloc[0] <= 1 + 1e-9  # a departure that empties the batch costs nothing
 
 
 def test_departures_at_one_boundary_cost_once():
     # two finishing at 10 and two at 20: one departure of two sequences at iteration 10 (the last ends the batch)
     together = DEPARTING.makespan([10, 10, 20, 20], 8) - ProfiledCostModel(**{**DEPARTING.coefficients, "f0": 0, "f1": 0}).makespan([10, 10, 20, 20], 8)
     assert together == pytest.approx(DEPARTING.departure_time(2))
+
+
+@pytest.mark.parametrize("policy", ["april", "seer(chunk=8)", "segment(window=16)", "rollpacker"])
+def test_departures_keep_busy_within_the_rollout(policy):
+    """Aborts at a rollout's end leave an empty batch: nothing to re-pack, no busy time past the step."""
+    rng = np.random.default_rng(3)
+    trace = make_trace(rng.integers(1, 60, size=(4, 8, 4)), max_tokens=61)
+    wl = Workload(trace, seed=0)
+    engine = SimEngine(wl, DEPARTING, EngineConfig(2, 64, 10**7))
+    cfg = RunConfig(steps=4, groups_per_step=8, group_size=4, max_tokens=61, seed=0)
+    res = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy(policy), cfg).run()
+    assert (res.steps["busy_fraction"] <= 1 + 1e-9).all()
