@@ -178,9 +178,15 @@ class SimEngine:
     def utilization(self) -> tuple[float, float]:
         """(busy seconds, sequence-seconds) summed over instances so far: the controller turns them into
         each step's busy fraction and mean running batch."""
+        busy = seqs = 0.0
         for inst in self.instances:
             self._catch_up(inst, self.clock)
-        return sum(inst.busy for inst in self.instances), sum(inst.seq_seconds for inst in self.instances)
+            # An admission charges its whole prefill at once, so an instance can be ahead of the clock; that time
+            # has not passed yet (a rollout may end, and abort the prefilling requests, before it does).
+            ahead = max(0.0, inst.t - self.clock)
+            busy += inst.busy - ahead
+            seqs += max(0.0, inst.seq_seconds - inst.n * ahead)
+        return busy, seqs
 
     # -- one instance ------------------------------------------------------------------------------
     def _run(self, inst: _Instance, k: int) -> None:

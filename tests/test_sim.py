@@ -218,3 +218,17 @@ def test_departures_keep_busy_within_the_rollout(policy):
     cfg = RunConfig(steps=4, groups_per_step=8, group_size=4, max_tokens=61, seed=0)
     res = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy(policy), cfg).run()
     assert (res.steps["busy_fraction"] <= 1 + 1e-9).all()
+
+
+def test_no_busy_time_before_any_time_passes():
+    """An admission charges its whole prefill at once; until the clock gets there, none of it has been spent
+    (a rollout that ends earlier, aborting the prefilling requests, must not count it)."""
+    from lssim.core import Request
+
+    wl = Workload(make_trace([[[50, 60]]], prompt_len=1000, max_tokens=61), seed=0)
+    engine = SimEngine(wl, ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=0.5, p1=1e-3), EngineConfig(1, 64, 10**7))
+    engine.submit([Request(rid=i, group_id=0, step=0, prompt_id=0, sample_idx=i, prompt_len=1000, max_tokens=61) for i in range(2)])
+    assert engine.utilization() == (0.0, 0.0)
+    engine.next_events()  # the first finish: prefill and 50 iterations have passed, all of it busy
+    busy, _ = engine.utilization()
+    assert busy == pytest.approx(engine.now())
