@@ -3,6 +3,7 @@
     run = load_run("runs/validate/real/hadb")                 # a folder written by `lssim real`
     sim = replay_run(run, setup, prompts)                     # same policy, seeds, config, data loader
     steps, responses = compare(run, sim)                      # per step and per response, predicted vs measured
+    steps, noise = median_over_repeats(steps.assign(repeat=0))  # with repeats: per-step medians and their spread
     table = fidelity_table(steps, responses)                  # per policy: APE of makespan, finish order, tokens
 
 The comparisons are plain frames; `real_backend/validate.py` (`lssim validate`) records the runs,
@@ -126,6 +127,23 @@ def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     return median, spread
 
 
+def anchor_on_baseline(steps: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
+    """Per-repeat `compare` rows with every prediction scaled by the machine's speed during the recordings:
+    the median, over the reference policy's steps (all repeats), of measured over predicted seconds. What is
+    left is the model's shape; the drift in the VM's speed between profiling and recording (about 5% either way
+    here) is gone. A median over many steps, not one run's sum: single steps of this VM run 20-30% slow. The
+    reference is then calibrated, not predicted, so its rows are dropped."""
+    ref = steps[steps["policy"] == reference]
+    if ref.empty:
+        raise ValueError(f"no {reference!r} runs to anchor the machine's speed on")
+    factor = float((ref["measured_seconds"] / ref["predicted_seconds"]).median())
+    out = steps[steps["policy"] != reference].copy()
+    out["predicted_seconds"] = out["predicted_seconds"] * factor
+    out["ape_pct"] = (out["predicted_seconds"] - out["measured_seconds"]).abs() / out["measured_seconds"] * 100
+    out.attrs["speed_factor"] = factor
+    return out
+
+
 def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[str, tuple[int, int]] | None = None) -> pd.DataFrame:
     """Per policy: median / p90 APE of step makespan, mean finish-order Spearman, median APE of finish
     times, token error, and (with `groups`: policy -> (measured, predicted) groups trained) the speedup
@@ -196,4 +214,4 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "fidelity_table", "length_distance", "plot"]
+__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]

@@ -93,6 +93,20 @@ def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
     assert sorted(spread["ape_pct"].round(6)) == pytest.approx(sorted([100 / 11, 100 / 11, 0.0]))
 
 
+def test_anchor_on_baseline_takes_the_machines_speed_from_the_reference_and_drops_it():
+    from lssim.validate import anchor_on_baseline
+
+    rows = []
+    for step, measured in enumerate([1.2, 1.2, 1.2, 1.2, 1.8]):  # the machine 20% slow; one step an outlier
+        rows.append({"policy": "baseline", "repeat": 0, "step": step, "predicted_seconds": 1.0, "measured_seconds": measured})
+        rows.append({"policy": "p", "repeat": 0, "step": step, "predicted_seconds": 0.5, "measured_seconds": 0.5 * 1.2 * 1.1})
+    out = anchor_on_baseline(pd.DataFrame(rows))
+    assert set(out["policy"]) == {"p"} and out.attrs["speed_factor"] == pytest.approx(1.2)  # the median ignores the outlier
+    assert out["ape_pct"].tolist() == pytest.approx([100 / 11] * 5)  # what is left is the model's own miss
+    with pytest.raises(ValueError, match="baseline"):
+        anchor_on_baseline(pd.DataFrame(rows).query("policy == 'p'"))
+
+
 def test_profile_batch_rows_cut_the_finish_curve():
     from lssim.cost import batch_features
     from real_backend.profile import _batch_rows
