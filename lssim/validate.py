@@ -90,7 +90,7 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     steps["measured_seconds"] = real_s["rollout_seconds"].to_numpy(float)
     predicted = sim_s.set_index("step")["rollout_seconds"]
     steps["predicted_seconds"] = steps["step"].map(predicted).to_numpy(float)
-    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    steps["ape_pct"] = _ape_pct(steps["predicted_seconds"], steps["measured_seconds"])
     steps["measured_tokens"] = real_s["tokens"].to_numpy()
     steps["predicted_tokens"] = steps["step"].map(sim_s.set_index("step")["tokens"]).to_numpy()
     steps["exact_fraction"] = steps["step"].map(sim_s.set_index("step")["exact_fraction"]).to_numpy(float)
@@ -108,6 +108,11 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     return steps, responses
 
 
+def _ape_pct(predicted: pd.Series, measured: pd.Series) -> pd.Series:
+    """Absolute percentage error of `predicted` against `measured`."""
+    return (predicted - measured).abs() / measured * 100
+
+
 def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-step rows of several recordings of each policy (`compare` frames concatenated, a `repeat` column),
     each repeat predicted from its own trace, reduced to one row per policy and step: the median measured and
@@ -119,11 +124,11 @@ def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     cols = ["measured_seconds", "predicted_seconds", "measured_tokens", "predicted_tokens", "exact_fraction",
             "finish_order_spearman"]
     median = steps.groupby(["policy", "step"], sort=False)[cols].median().reset_index()
-    median["ape_pct"] = (median["predicted_seconds"] - median["measured_seconds"]).abs() / median["measured_seconds"] * 100
+    median["ape_pct"] = _ape_pct(median["predicted_seconds"], median["measured_seconds"])
     median["repeats"] = steps.groupby(["policy", "step"], sort=False).size().to_numpy()
     spread = steps[["policy", "repeat", "step", "measured_seconds"]].merge(
         median[["policy", "step", "measured_seconds"]].rename(columns={"measured_seconds": "median_seconds"}), on=["policy", "step"])
-    spread["ape_pct"] = (spread["measured_seconds"] - spread["median_seconds"]).abs() / spread["median_seconds"] * 100
+    spread["ape_pct"] = _ape_pct(spread["measured_seconds"], spread["median_seconds"])
     return median, spread
 
 
@@ -139,7 +144,7 @@ def anchor_on_baseline(steps: pd.DataFrame, reference: str = "baseline") -> pd.D
     factor = float((ref["measured_seconds"] / ref["predicted_seconds"]).median())
     out = steps[steps["policy"] != reference].copy()
     out["predicted_seconds"] = out["predicted_seconds"] * factor
-    out["ape_pct"] = (out["predicted_seconds"] - out["measured_seconds"]).abs() / out["measured_seconds"] * 100
+    out["ape_pct"] = _ape_pct(out["predicted_seconds"], out["measured_seconds"])
     out.attrs["speed_factor"] = factor
     return out
 

@@ -15,8 +15,8 @@ checkpoint every `window` tokens timestamps each request; the time between two c
 is one iteration's time at n running sequences and total context n*(P + tokens so far) (`decode`).
 
 Why makespans: per-iteration times measured in lockstep miss what a rollout pays when its batch shrinks
-(each departure costs the CPU engine about a millisecond of re-packing, as much as a small batch's
-iteration), and a fit to iterations alone predicted the CPU engine's steps 7-10% short. A batch's makespan
+(each sequence leaving the batch costs the CPU engine 0.3-0.5 ms of re-packing), and a fit to iterations
+alone predicted the CPU engine's steps 7-10% short. A batch's makespan
 is linear in all of the model's coefficients (lssim.cost.batch_features), so `fit` fits them to the
 quantity the simulator predicts, and reports the per-iteration error beside.
 """
@@ -192,6 +192,14 @@ def run(args) -> int:
     return 0
 
 
+def measurement_files(profile) -> dict:
+    """Where a profile's measurements lie beside it: <stem>_decode/_prefill/_batches.parquet."""
+    from pathlib import Path
+
+    stem = Path(profile).with_suffix("")
+    return {kind: Path(f"{stem}_{kind}.parquet") for kind in ("decode", "prefill", "batches")}
+
+
 def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
                    window: int = 16, repeats: int = 2, meta: dict | None = None):
     """Measure a running engine, fit the model, write it to `out` (JSON) with the measurements beside it as
@@ -206,9 +214,8 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
     decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, length, window, repeats,
                                        progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr))
     model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
-    stem = out.with_suffix("")
     for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
-        atomic_write(Path(f"{stem}_{kind}.parquet"), lambda p, f=frame: f.to_parquet(p, index=False))
+        atomic_write(measurement_files(out)[kind], lambda p, f=frame: f.to_parquet(p, index=False))
     meta = {"engine": "vllm (VLLMEngine)", "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": length,
                      "window": window, "repeats": repeats}, **(meta or {})}
@@ -257,4 +264,4 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")
 
 
-__all__ = ["measure", "fit", "profile_engine", "run", "add_arguments"]
+__all__ = ["measure", "fit", "measurement_files", "profile_engine", "run", "add_arguments"]

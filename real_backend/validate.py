@@ -99,38 +99,35 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     return out
 
 
-def stages(runs: dict, profile: str, workdir: Path) -> pd.DataFrame:
-    """The error after each modelling step, each a cost model refitted from the measurements `lssim profile`
-    wrote beside `profile` and saved to `workdir`: per-iteration decode only, + time to first token (prefill),
-    + batch makespans (departures; the profile itself). Without those measurements, the profile alone."""
-    from lssim.cost import ProfiledCostModel
+def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The error after each modelling step: the cost models refitted from the measurements `lssim profile` wrote
+    beside `profile` (per-iteration decode only, + time to first token), each saved to `workdir` and replayed;
+    then the profile itself (`profiled`: the frames `validate` already made with it), and the profile with the
+    speed level taken from the baseline's runs. Without the measurements, the profile's stages alone."""
+    from .profile import fit, measurement_files
 
-    from .profile import fit
-
-    stem = Path(profile).with_suffix("")
-    files = {kind: Path(f"{stem}_{kind}.parquet") for kind in ("decode", "prefill", "batches")}
-    models = {}
+    files = measurement_files(profile)
+    refitted = {}
     if all(f.is_file() for f in files.values()):
-        decode, prefill, batches = (pd.read_parquet(f) for f in files.values())
-        models["decode iterations only (lockstep windows)"] = fit(decode, None)
-        models["+ time to first token (prefill)"] = fit(decode, prefill)
-    models["fitted to batch makespans (+ departures)"] = ProfiledCostModel.from_json(profile)
+        decode, prefill = pd.read_parquet(files["decode"]), pd.read_parquet(files["prefill"])
+        refitted["decode iterations only (lockstep windows)"] = fit(decode, None)
+        refitted["+ time to first token (prefill)"] = fit(decode, prefill)
     workdir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for label, model in models.items():
+    for label, model in refitted.items():
         path = workdir / f"stage{len(rows) + 1}.json"
         model.to_json(path, meta={"stage": label, "from": str(profile)})
         frames = validate(runs, str(path), counterfactual=False)
-        s = frames["summary"]
-        rows.append(_stage_row(label, frames["steps"], s, str(path)))
-    if "baseline" in runs and len(runs) > 1:  # the last model again, its level set by the baseline's recorded runs
+        rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
+    rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
+    if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
         from lssim.validate import anchor_on_baseline, median_over_repeats
 
-        anchored, _ = median_over_repeats(anchor_on_baseline(frames["steps_by_repeat"]))
-        table = frames["summary"].drop(index="baseline")
+        anchored, _ = median_over_repeats(anchor_on_baseline(profiled["steps_by_repeat"]))
         per_policy = anchored.groupby("policy")["ape_pct"]
-        table = table.assign(makespan_median_ape_pct=per_policy.median(), makespan_p90_ape_pct=per_policy.quantile(0.9))
-        rows.append(_stage_row("+ speed level from the baseline's runs (baseline excluded)", anchored, table, str(path)))
+        table = profiled["summary"].drop(index="baseline").assign(
+            makespan_median_ape_pct=per_policy.median(), makespan_p90_ape_pct=per_policy.quantile(0.9))
+        rows.append(_stage_row("+ speed level from the baseline's runs (baseline excluded)", anchored, table, str(profile)))
     return pd.DataFrame(rows).set_index("stage")
 
 
@@ -162,9 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--reprofile measures the engine the runs are recorded on; with --runs there is none (use --profile)")
     profile = str(out / "profile.json") if args.reprofile else args.profile
     if not args.reprofile:
-        if not Path(profile).is_file():
-            raise ValueError(f"--profile {profile} does not exist (make one with `lssim profile --out {profile}`)")
-        ProfiledCostModel.from_json(profile)  # a bad file fails here, before anything runs
+        ProfiledCostModel.from_json(profile)  # a missing or bad file fails here, before anything runs
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
@@ -191,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"replaying {len(recorded)} runs in the simulator (profile {profile}) ...", file=sys.stderr)
     frames = validate(runs, profile, counterfactual=not args.no_counterfactual)
-    frames["stages"] = stages(runs, profile, out / "models")
+    frames["stages"] = stages(runs, profile, out / "models", frames)
     from lssim.results import atomic_write
 
     for name in ("steps", "steps_by_repeat", "responses", "noise"):

@@ -79,9 +79,7 @@ class RealSetup:
         if self.profile is not None:
             from lssim.cost import ProfiledCostModel
 
-            if not Path(self.profile).is_file():
-                raise ValueError(f"profile {self.profile} does not exist (make one with `lssim profile --out {self.profile}`)")
-            ProfiledCostModel.from_json(self.profile)  # a bad file fails here, naming itself
+            ProfiledCostModel.from_json(self.profile)  # a missing or bad file fails here, naming itself
 
 
 def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int | None = None) -> tuple[TaskPrompts, Policy]:
