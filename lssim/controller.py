@@ -19,6 +19,7 @@ import pandas as pd
 from .core import (ABORT, LENGTH, POLICY_STOP, STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
                    off_policy_tokens)
 from .policy import CARRY, Policy, StepOutcome
+from .rewards import RewardScale
 
 
 class PromptSource(Protocol):
@@ -27,10 +28,12 @@ class PromptSource(Protocol):
     pool: PromptPool
 
     def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
-        """What a policy with no opinion trains on at `step` (verl's default: a random batch).
+        """What a policy with no opinion trains on at `step` (verl's default: a random batch; a trace's Workload:
+        the batch it recorded at that step, with its own group sizes and budgets).
 
         The controller asks for each step's batch once, steps in increasing order, always with the run's
-        `groups_per_step`, and uses a prefix of it (see `Controller._take`)."""
+        `groups_per_step`, and proposes it whole, less the groups carried in (see `Controller._proposal_size`
+        and `Controller._take`)."""
         ...
 
     def prompt_len(self, prompt_id: int) -> int: ...
@@ -38,7 +41,8 @@ class PromptSource(Protocol):
 
 @dataclass(slots=True)
 class RunConfig:
-    """The RL run's shape. A run ends after `steps` steps or once `total_groups` groups have trained."""
+    """The RL run's shape. A run ends after `steps` steps or once `total_groups` groups have trained (a recorded
+    group that the recorded run left out of training counts as used: see `Controller._leave_out`)."""
 
     steps: int
     groups_per_step: int
@@ -46,6 +50,7 @@ class RunConfig:
     max_tokens: int
     total_groups: int | None = None  # default: steps * groups_per_step (the same data for every policy)
     seed: int = 0
+    reward_scale: RewardScale = RewardScale()  # the rewards' range, told to policies (a trace's own; a task's 0/1)
 
     def __post_init__(self):
         for name in ("steps", "groups_per_step", "group_size", "max_tokens"):
@@ -86,6 +91,7 @@ class Controller:
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
         self._pending_rows: dict[int, int] = {}  # rid -> its response row, for members of groups not yet settled
+        self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
         self._counterfactual = getattr(engine, "counterfactual", None)  # optional: engines that know (the simulator)
         self._rows: dict[str, list] = {k: [] for k in RESPONSE_COLUMNS}
         self._step_rows: list[dict] = []
@@ -141,10 +147,10 @@ class Controller:
         groups_left = cfg.total_groups - self.groups_trained
         ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
                           groups_left=groups_left, carried_groups=len(self._group_members), pool=self.prompts.pool,
-                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self._take(int(n)))
-        n_default = max(0, min(cfg.groups_per_step - ctx.carried_groups, groups_left - ctx.carried_groups))
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self._take(int(n)),
+                          reward_scale=cfg.reward_scale)
         self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
-        proposal = self._take(n_default)
+        proposal = self._take(self._proposal_size(step, ctx.carried_groups, groups_left))
         plan = policy.plan(ctx, proposal)
         fresh = self._make_requests(plan, step)
         state.groups_submitted = len(self._group_members)
@@ -167,9 +173,9 @@ class Controller:
         for gid, members in self._group_members.items():
             if not all(r.done for r in members):
                 self._waiting_groups[gid] = members
-        trained = policy.select(done_groups, step)
+        trained, left_out = self._leave_out(policy.select(done_groups, step), done_groups)
         train_metrics = self.trainer.train(trained, step) if trained else {}
-        self.groups_trained += len(trained)
+        self.groups_trained += len(trained) + left_out
         step_end = engine.now()
 
         trained_ids = {r.rid for g in trained for r in g.requests}  # rids: select may train on reshaped copies
@@ -293,6 +299,34 @@ class Controller:
                 del self._batches[old]
         return batch
 
+    def _proposal_size(self, step: int, carried: int, groups_left: int) -> int:
+        """Groups the step's proposal takes from the loader: its own batch whole, less the carried groups, within
+        what the run has left. A recorded batch (a trace's step) may differ in size from the run's nominal
+        `groups_per_step`; a dataset's batches are that size. Where the loader was drawn past the step's batch, or
+        the carried groups fill the nominal batch, the nominal size counts (and no batch is fetched that the
+        proposal would not take: a source that is a cursor sees the same stream as before)."""
+        nominal = self.config.groups_per_step
+        if self._cursor == (step, 0) and nominal > carried and groups_left > carried:
+            nominal = len(self._batch(step))
+        return max(0, min(nominal - carried, groups_left - carried))
+
+    def _leave_out(self, selected: list[Group], done: list[Group]) -> tuple[list[Group], int]:
+        """The selected groups less the members their recorded group says were not trained, and how many groups
+        that left empty: those were generated, and used, but not trained, as in the run the trace recorded."""
+        if not self._left_out:
+            return selected, 0
+        left_out, trained, emptied = self._left_out, [], 0
+        for g in selected:
+            members = [r for r in g.requests if r.rid not in left_out]
+            if len(members) == len(g.requests):
+                trained.append(g)
+            elif members:
+                trained.append(Group(g.prompt_id, g.step, members))
+            else:
+                emptied += 1
+        left_out.difference_update(r.rid for g in done for r in g.requests)  # settled: forget them
+        return trained, emptied
+
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], step: int) -> list[Request]:
         requests = []
@@ -305,10 +339,13 @@ class Controller:
             used[g.prompt_id] = first + g.n_samples
             prompt_len = self.prompts.prompt_len(g.prompt_id)
             members = []
+            budgets, trains = g.member_max_tokens, g.member_trained
             for k in range(g.n_samples):
                 r = Request(rid=self._next_rid, group_id=gid, step=step, prompt_id=g.prompt_id, sample_idx=first + k,
-                            prompt_len=prompt_len, max_tokens=g.max_tokens, priority=g.priority, instance=g.instance,
-                            seed=next(seeds), first_version=step)
+                            prompt_len=prompt_len, max_tokens=g.max_tokens if budgets is None else min(budgets[k], g.max_tokens),
+                            priority=g.priority, instance=g.instance, seed=next(seeds), first_version=step)
+                if trains is not None and not trains[k]:
+                    self._left_out.add(r.rid)
                 self._next_rid += 1
                 self._ctx_at_start[r.rid] = prompt_len
                 members.append(r)

@@ -12,6 +12,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .rewards import RewardScale
+
 # How a response ended. Every response ends in exactly one of these (or is carried to the next step).
 STOP = "stop"  # ended by itself (EOS)
 LENGTH = "length"  # hit its max_tokens budget
@@ -29,12 +31,25 @@ class GroupSpec:
     max_tokens: int
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     instance: int | None = None  # pin to an engine instance; None lets the engine/placement decide
+    # A recorded group (lssim.workload replays a trace's batches as recorded), where its members differ:
+    # member k's own budget, capped by max_tokens (a policy that lowers max_tokens lowers them all), and
+    # whether the recorded run trained member k (False: generated, then left out of training, e.g. a group
+    # DAPO filtered out). None: every member gets max_tokens and may train.
+    member_max_tokens: tuple[int, ...] | None = None
+    member_trained: tuple[bool, ...] | None = None
 
     def __post_init__(self):
         if self.n_samples < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): n_samples must be >= 1, got {self.n_samples}")
         if self.max_tokens < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("member_max_tokens", "member_trained"):
+            members = getattr(self, name)
+            if members is not None and len(members) != self.n_samples:
+                raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): {name} has {len(members)} entries for "
+                                 f"{self.n_samples} samples")
+        if self.member_max_tokens is not None and min(self.member_max_tokens) < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): member_max_tokens must be >= 1")
 
 
 @dataclass(slots=True, eq=False)
@@ -117,6 +132,7 @@ class StepContext:
     # off; what is drawn is consumed, as in slime's data source. For over-provisioning and top-ups (during the
     # step's rollout too). None where no loader is attached (a hand-made context).
     draw: Callable[[int], list[GroupSpec]] | None = None
+    reward_scale: RewardScale = RewardScale()  # the run's reward range: what "correct" and "lowest" mean (lssim.rewards)
 
 
 @dataclass(slots=True)

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from .core import FINISH_REASONS
-from .trace_checks import (CROSS_COLUMN_CHECKS, STR_DTYPE, TraceError, check_column_range, coerce_float, coerce_int,
-                           coerce_str, num)
+from .trace_checks import (CROSS_COLUMN_CHECKS, STR_DTYPE, TraceError, check_column_range, coerce_bool, coerce_float,
+                           coerce_id, coerce_int, coerce_str, num, sortable_ids)
 
 __all__ = [
     "TraceError",
@@ -72,7 +72,8 @@ class Column:
 
     name: str
     kind: str
-    """``"int"`` (stored int64), ``"float"`` (float64) or ``"str"``."""
+    """``"int"`` (stored int64), ``"float"`` (float64), ``"str"``, ``"bool"`` or ``"id"`` (int64 or text,
+    whichever the trace has: an identifier kept as written)."""
     required: bool
     doc: str
     default: Any = None
@@ -88,7 +89,7 @@ class Column:
 
     @property
     def dtype(self) -> str:
-        return {"int": "int64", "float": "float64", "str": "string"}[self.kind]
+        return {"int": "int64", "float": "float64", "str": "string", "bool": "bool", "id": "int64 or string"}[self.kind]
 
     @property
     def range_doc(self) -> str:
@@ -103,6 +104,8 @@ class Column:
             parts.append(f"<= {num(self.max)}")
         if self.kind == "float":
             parts.append("NaN = unknown" if self.allow_nan else "finite, no NaN")
+        if self.kind == "id":
+            parts = [f"integers {parts[0]}" if parts else "integers", "or text (not empty), kept as written"]
         return "; ".join(parts) if parts else "any"
 
     @property
@@ -121,11 +124,17 @@ _NAN = float("nan")
 COLUMNS: tuple[Column, ...] = (
     # ---- required ----------------------------------------------------------
     Column("step", "int", True, "RL step = policy (weight) version the response was generated for.", min=0),
-    Column("prompt_id", "int", True, "Identifier of the prompt (e.g. its dataset index); stable across steps.", min=0),
-    Column("sample_idx", "int", True, "Index of the response within the prompt's group at this step (0..G-1).", min=0),
+    Column(
+        "prompt_id", "id", True,
+        "Identifier of the prompt (a dataset index, a uid, a hash of its text); stable across steps.", min=0,
+    ),
+    Column(
+        "sample_idx", "int", True,
+        "Index of the response among the prompt's responses at this step (0..G-1; numbered across its groups).", min=0,
+    ),
     Column("prompt_len", "int", True, "Prompt length in tokens.", min=1),
     Column("response_len", "int", True, "Generated response length in tokens.", min=0),
-    Column("reward", "float", True, "Scalar reward of the response (e.g. 0/1 correctness).", min=-1.0, max=1.0),
+    Column("reward", "float", True, "Scalar reward of the response, on any scale (0/1 correctness, +5/-5, a reward model's score)."),
     Column("finish_reason", "str", True, "Why generation ended.", choices=FINISH_REASONS),
     Column("max_tokens", "int", True, "Response-token cap in force for this response.", min=1),
     # ---- optional ----------------------------------------------------------
@@ -175,6 +184,16 @@ COLUMNS: tuple[Column, ...] = (
         "Token index where the response's entropy collapses (low-entropy rambling without exact repetition); -1 if none.",
         default=-1, min=-1,
     ),
+    Column(
+        "group_id", "int", False,
+        "Tells apart groups of one prompt in one step (a prompt drawn twice, DAPO-style extra batches): rows of "
+        "one (`step`, `prompt_id`) with different `group_id` are different groups.", default=0, min=0,
+    ),
+    Column(
+        "trained", "bool", False,
+        "False for a response generated but not trained on (its group filtered out, DAPO-style, or left out "
+        "by a policy).", default=True,
+    ),
 )
 
 SCHEMA: dict[str, Column] = {c.name: c for c in COLUMNS}
@@ -211,9 +230,9 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
 
     The returned frame has every schema column (required ones checked, missing
     optional ones filled with their defaults) in schema order, cast to int64 /
-    float64 / string, followed by any extra columns unchanged; rows are sorted
-    by (step, prompt_id, sample_idx) with a fresh RangeIndex.  The input is not
-    modified.
+    float64 / string / bool (``prompt_id``: int64, or text as written),
+    followed by any extra columns unchanged; rows are sorted by (step,
+    prompt_id, sample_idx) with a fresh RangeIndex.  The input is not modified.
 
     Raises :class:`TraceError` naming ``source``, the column and the first bad
     row (0-based position in the input) with its value.  The checks run in the
@@ -254,13 +273,14 @@ def _coerced_columns(df: pd.DataFrame, source: str) -> dict[str, Any]:
         if c.name not in df.columns:
             continue
         s = df[c.name]
-        if c.kind == "int":
-            cols[c.name] = coerce_int(s, c.name, source)
-        elif c.kind == "float":
-            cols[c.name] = coerce_float(s, c.name, source)
-        else:
+        if c.kind == "str":
             cols[c.name] = coerce_str(s, c.name, source, None if c.required else c.default)
+        else:
+            cols[c.name] = _COERCE[c.kind](s, c.name, source)
     return cols
+
+
+_COERCE = {"int": coerce_int, "float": coerce_float, "bool": coerce_bool, "id": coerce_id}
 
 
 def _fill_defaults(cols: dict[str, Any], n: int) -> None:
@@ -270,10 +290,8 @@ def _fill_defaults(cols: dict[str, Any], n: int) -> None:
             continue
         if c.default is _STEP:
             cols[c.name] = cols["step"].copy()
-        elif c.kind == "int":
-            cols[c.name] = np.full(n, c.default, dtype="int64")
-        elif c.kind == "float":
-            cols[c.name] = np.full(n, c.default, dtype="float64")
+        elif c.kind in ("int", "float", "bool"):
+            cols[c.name] = np.full(n, c.default, dtype={"int": "int64", "float": "float64", "bool": bool}[c.kind])
         else:
             cols[c.name] = pd.Series([c.default] * n, dtype=STR_DTYPE) if n else pd.Series([], dtype=STR_DTYPE)
 
@@ -281,7 +299,7 @@ def _fill_defaults(cols: dict[str, Any], n: int) -> None:
 def _sorted_frame(cols: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
     """Schema columns in schema order, then ``df``'s extra columns, rows sorted by the key."""
     n = len(df)
-    order = np.lexsort((cols["sample_idx"], cols["prompt_id"], cols["step"]))
+    order = np.lexsort((cols["sample_idx"], sortable_ids(cols["prompt_id"]), cols["step"]))
     identity = bool((order == np.arange(n)).all())
 
     def arr(v: Any) -> Any:

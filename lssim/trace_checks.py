@@ -173,6 +173,57 @@ def coerce_str(s: pd.Series, col: str, source: str, nan_default: str | None) -> 
     return s.astype(STR_DTYPE)
 
 
+def coerce_bool(s: pd.Series, col: str, source: str) -> np.ndarray:
+    """bool: a bool column, or 0/1 numbers; refuses text, other numbers and missing values."""
+    if pd.api.types.is_bool_dtype(s.dtype):
+        na = s.isna().to_numpy()
+        if na.any():
+            fail(source, col, s, na, "missing value (NA) in bool column")
+        return s.to_numpy(dtype=bool)
+    if s.dtype == object:
+        bad = np.fromiter((not (isinstance(v, (bool, np.bool_)) or (_is_real_number(v) and v in (0, 1))) for v in s),
+                          dtype=bool, count=len(s))
+        if bad.any():
+            fail(source, col, s, bad, "expected a bool (True/False or 1/0)")
+        return s.to_numpy().astype(bool)
+    a = _as_float_array(s, col, source, "a bool (True/False or 1/0)")
+    bad = ~np.isin(a, (0.0, 1.0))
+    if bad.any():
+        fail(source, col, s, bad, "expected a bool (True/False or 1/0)")
+    return a.astype(bool)
+
+
+def coerce_id(s: pd.Series, col: str, source: str) -> np.ndarray | pd.Series:
+    """An identifier as the trace wrote it: int64 where every value is a whole number (as coerce_int), text
+    where every value is text (not empty); a column mixing the two, or missing a value, is refused."""
+    dt = s.dtype
+    text = isinstance(dt, pd.CategoricalDtype) or (pd.api.types.is_string_dtype(dt) and dt != object)
+    if dt == object:
+        inferred = pd.api.types.infer_dtype(s, skipna=True)
+        if inferred.startswith("mixed") and inferred != "mixed-integer-float":
+            known = ~s.isna().to_numpy()
+            is_text = np.fromiter((isinstance(v, str) for v in s), dtype=bool, count=len(s))
+            first = int(np.flatnonzero(known)[0])
+            mixed = known & (is_text != is_text[first])
+            if mixed.any():
+                fail(source, col, s, mixed, f"identifiers mix text and numbers (row {first} has {fmt_value(s.iloc[first])})")
+        text = inferred in ("string", "empty")
+    if not text:
+        return coerce_int(s, col, source)
+    ids = coerce_str(s, col, source, None)
+    empty = (ids.str.len() == 0).to_numpy()
+    if empty.any():
+        fail(source, col, ids, empty, "empty identifier")
+    return ids
+
+
+def sortable_ids(ids: np.ndarray | pd.Series) -> np.ndarray:
+    """Identifiers as int64 codes in their sort order (text sorts as text), for np.lexsort."""
+    if isinstance(ids, np.ndarray):
+        return ids
+    return pd.factorize(ids, sort=True)[0]
+
+
 # --------------------------------------------------------------------------
 # Per-column checks (driven by the schema's Column records)
 # --------------------------------------------------------------------------
@@ -188,7 +239,8 @@ def check_column_range(c: Any, values: Any, source: str) -> None:
         inf = np.isinf(values)
         if inf.any():
             fail(source, c.name, values, inf, "infinite value")
-    if c.kind in ("int", "float"):
+    numeric = c.kind in ("int", "float") or (c.kind == "id" and isinstance(values, np.ndarray))
+    if numeric:
         with np.errstate(invalid="ignore"):
             if c.min is not None and (bad := values < c.min).any():
                 fail(source, c.name, values, bad, f"must be >= {num(c.min)}")
@@ -286,12 +338,13 @@ def check_unique_key(cols: Columns, source: str, key: tuple[str, ...] = ("step",
     if not dup.any():
         return
     second = int(np.flatnonzero(dup)[0])
-    kv = tuple(int(cols[k][second]) for k in key)
+    kv = tuple(_at(cols[k], second) for k in key)
+    kv = tuple(x if isinstance(x, str) else int(x) for x in kv)
     same = np.ones(len(dup), bool)
     for k, x in zip(key, kv):
-        same &= cols[k] == x
+        same &= np.asarray(cols[k] == x)
     first = int(np.flatnonzero(same)[0])
-    desc = ", ".join(f"{k}={x}" for k, x in zip(key, kv))
+    desc = ", ".join(f"{k}={x!r}" if isinstance(x, str) else f"{k}={x}" for k, x in zip(key, kv))
     ndup = int(dup.sum())
     more = f"; {ndup} duplicate rows in all" if ndup > 1 else ""
     names = ", ".join(repr(k) for k in key)

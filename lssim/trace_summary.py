@@ -35,7 +35,7 @@ def trace_info(df: pd.DataFrame, *, validate: bool = True, source: str = "<frame
     """Summary statistics of a trace, as a JSON-serializable dict.
 
     Keys: ``rows``, ``steps``, ``step_min``, ``step_max``, ``prompts``,
-    ``groups``, ``group_size`` (int if every group has the same size, else
+    ``groups`` (rows sharing step, prompt_id and group_id), ``group_size`` (int if every group has the same size, else
     None), ``group_size_min``/``group_size_max``, ``max_tokens`` (int if
     constant, else None) and ``max_tokens_max``, ``prompt_len_mean``,
     ``response_len`` (dict of mean, p10, p50, p90, p99, max), per-step tail
@@ -54,32 +54,36 @@ def trace_info(df: pd.DataFrame, *, validate: bool = True, source: str = "<frame
     rl = df["response_len"].to_numpy()
     step = df["step"].to_numpy()
     pid = df["prompt_id"].to_numpy()
-    info: dict[str, Any] = {}
-    info["rows"] = int(len(df))
-    steps = np.unique(step)
-    info["steps"] = int(len(steps))
-    info["step_min"] = int(steps[0])
-    info["step_max"] = int(steps[-1])
-    info["prompts"] = int(len(np.unique(pid)))
-    gsize = df.groupby(["step", "prompt_id"], sort=False).size().to_numpy()
-    info["groups"] = int(len(gsize))
-    info["group_size"] = int(gsize[0]) if gsize.min() == gsize.max() else None
-    info["group_size_min"] = int(gsize.min())
-    info["group_size_max"] = int(gsize.max())
-    mt = df["max_tokens"].to_numpy()
-    info["max_tokens"] = int(mt[0]) if mt.min() == mt.max() else None
-    info["max_tokens_max"] = int(mt.max())
-    info["prompt_len_mean"] = _f(df["prompt_len"].mean())
+    info: dict[str, Any] = {"rows": int(len(df))}
+    info.update(_shape(df, step, pid))
+    info.update(_lengths(rl, step))
+    info.update(_reasons_and_rewards(df, rl, step, pid))
+    info.update(_persistence(pid, step, rl))
+    info["timed_fraction"] = _f((~np.isnan(df["finish_time"].to_numpy())).mean())
+    return info
 
-    q = np.quantile(rl, [0.1, 0.5, 0.9, 0.99])
-    info["response_len"] = {
-        "mean": _f(rl.mean()),
-        "p10": _f(q[0]),
-        "p50": _f(q[1]),
-        "p90": _f(q[2]),
-        "p99": _f(q[3]),
-        "max": int(rl.max()),
+
+def _shape(df: pd.DataFrame, step: np.ndarray, pid: np.ndarray) -> dict[str, Any]:
+    """Steps, prompts, groups (rows sharing step, prompt_id, group_id) and budgets."""
+    steps = np.unique(step)
+    gsize = df.groupby(["step", "prompt_id", "group_id"], sort=False).size().to_numpy()
+    mt = df["max_tokens"].to_numpy()
+    return {
+        "steps": int(len(steps)), "step_min": int(steps[0]), "step_max": int(steps[-1]),
+        "prompts": int(len(np.unique(pid))), "groups": int(len(gsize)),
+        "group_size": int(gsize[0]) if gsize.min() == gsize.max() else None,
+        "group_size_min": int(gsize.min()), "group_size_max": int(gsize.max()),
+        "max_tokens": int(mt[0]) if mt.min() == mt.max() else None, "max_tokens_max": int(mt.max()),
+        "prompt_len_mean": _f(df["prompt_len"].mean()),
     }
+
+
+def _lengths(rl: np.ndarray, step: np.ndarray) -> dict[str, Any]:
+    """Response-length quantiles and the tail, overall and per step."""
+    q = np.quantile(rl, [0.1, 0.5, 0.9, 0.99])
+    info: dict[str, Any] = {"response_len": {
+        "mean": _f(rl.mean()), "p10": _f(q[0]), "p50": _f(q[1]), "p90": _f(q[2]), "p99": _f(q[3]), "max": int(rl.max()),
+    }}
     info["max_over_median"] = _f(rl.max() / q[1]) if q[1] > 0 else None
     g = pd.Series(rl.astype("float64")).groupby(step)
     smax, smed, sp99 = g.max(), g.median(), g.quantile(0.99)
@@ -88,19 +92,26 @@ def trace_info(df: pd.DataFrame, *, validate: bool = True, source: str = "<frame
         r2 = (sp99 / smed).replace([np.inf, -np.inf], np.nan).dropna()
     info["step_max_over_median"] = _f(r1.median()) if len(r1) else None
     info["step_p99_over_p50"] = _f(r2.median()) if len(r2) else None
+    return info
 
+
+def _reasons_and_rewards(df: pd.DataFrame, rl: np.ndarray, step: np.ndarray, pid: np.ndarray) -> dict[str, Any]:
+    """Finish reasons, loops, and rewards (on the trace's own scale) overall and for short / long members."""
     fr = df["finish_reason"].value_counts(normalize=True)
-    info["finish_reason"] = {r: _f(fr.get(r, 0.0)) for r in FINISH_REASONS}
+    info: dict[str, Any] = {"finish_reason": {r: _f(fr.get(r, 0.0)) for r in FINISH_REASONS}}
     info["truncated_fraction"] = info["finish_reason"]["length"]
     info["loop_fraction"] = _f((df["loop_start"].to_numpy() >= 0).mean())
     reward = df["reward"].to_numpy()
     info["reward_mean"] = _f(reward.mean())
-    gmed = pd.Series(rl.astype("float64")).groupby([step, pid]).transform("median").to_numpy()
+    gmed = pd.Series(rl.astype("float64")).groupby([step, pid, df["group_id"].to_numpy()]).transform("median").to_numpy()
     short, long_ = rl < gmed, rl > gmed
     info["reward_mean_short"] = _f(reward[short].mean()) if short.any() else None
     info["reward_mean_long"] = _f(reward[long_].mean()) if long_.any() else None
+    return info
 
-    # persistence: prompt's mean log-length at consecutive appearances
+
+def _persistence(pid: np.ndarray, step: np.ndarray, rl: np.ndarray) -> dict[str, Any]:
+    """How a prompt's mean log-length at one appearance predicts it at the next."""
     m = (
         pd.DataFrame({"prompt_id": pid, "step": step, "ll": np.log1p(rl)})
         .groupby(["prompt_id", "step"], sort=True)["ll"]
@@ -110,13 +121,11 @@ def trace_info(df: pd.DataFrame, *, validate: bool = True, source: str = "<frame
     same = m["prompt_id"].to_numpy()[1:] == m["prompt_id"].to_numpy()[:-1]
     a = m["ll"].to_numpy()[:-1][same]
     b = m["ll"].to_numpy()[1:][same]
-    info["persistence_pairs"] = int(len(a))
-    info["persistence_pearson_log"] = _corr(a, b)
-    info["persistence_spearman"] = (
-        _corr(pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()) if len(a) else None
-    )
-    info["timed_fraction"] = _f((~np.isnan(df["finish_time"].to_numpy())).mean())
-    return info
+    return {
+        "persistence_pairs": int(len(a)),
+        "persistence_pearson_log": _corr(a, b),
+        "persistence_spearman": _corr(pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()) if len(a) else None,
+    }
 
 
 def format_trace_info(info: dict[str, Any], title: str | None = None) -> str:
