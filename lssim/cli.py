@@ -113,7 +113,8 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_info(args: argparse.Namespace) -> int:
-    from .trace import format_trace_info, load_trace, trace_info
+    from .trace import load_trace
+    from .trace_summary import format_trace_info, trace_info
 
     df = load_trace(args.file)
     info = trace_info(df, validate=False)

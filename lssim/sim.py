@@ -113,10 +113,10 @@ class SimEngine:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
             if r.rid not in target:
-                length, reason, reward, source, row = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
-                target[r.rid] = (length, reason, reward, row)
-                self.sources[source] += 1
-                r.exact = source == EXACT
+                answer = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
+                target[r.rid] = (answer.length, answer.finish_reason, answer.reward, answer.row)
+                self.sources[answer.source] += 1
+                r.exact = answer.source == EXACT
             if r.instance is None:
                 pending, idx = by_load[0]
                 heapq.heapreplace(by_load, (pending + 1, idx))

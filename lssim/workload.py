@@ -20,7 +20,7 @@ responses, and runs to the budget if there are none (loops do).
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -42,15 +42,17 @@ def _hash01(*parts: int) -> float:
     return (x >> 11) / float(1 << 53)
 
 
-@dataclass(slots=True)
-class Outcome:
+class Outcome(NamedTuple):
+    """The Workload's answer for one response: what it will be, and how the Workload knows.
+
+    A named tuple, so the simulator's hot path (one answer per response) pays no more than for a plain
+    tuple; the response's signals are `Workload.signal_columns(row)`."""
+
     length: int  # tokens the response will have
     finish_reason: str  # "stop" or "length"
     reward: float
     source: str  # exact / truncated / resampled / global
-    loop_start: int = -1  # token where a repetition loop starts, -1 if none
-    collapse_start: int = -1  # token where the entropy collapses, -1 if none
-    entropy: float = float("nan")  # the response's mean per-token entropy (nats), NaN if unknown
+    row: int  # the trace row the answer comes from
 
 
 class Workload:
@@ -118,17 +120,9 @@ class Workload:
         return [GroupSpec(pid, group_size, max_tokens) for pid, _ in recorded[:n_groups]]
 
     # -- the counterfactual model ------------------------------------------------------------------
-    def response(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
-        length, reason, reward, source, row = self.lookup(step, prompt_id, sample_idx, max_tokens)
-        return Outcome(length, reason, reward, source, *self.signal_columns(row))
-
-    def signal_columns(self, row: int) -> tuple[int, int, float]:
-        """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
-        return self._loop[row], self._collapse[row], self._entropy[row]
-
-    def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> tuple:
-        """`response` as a plain tuple (length, finish_reason, reward, source, row): the engine's hot path.
-        `row` is the trace row the answer comes from (see `signal_columns`)."""
+    def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
+        """What response `sample_idx` of `prompt_id`'s group at run step `step` is, under budget `max_tokens`:
+        exact from the trace where it holds it, else modelled (the module docstring says how)."""
         hit = self._groups.get((step, prompt_id))
         if hit is not None and sample_idx < hit[1]:
             return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
@@ -144,22 +138,28 @@ class Workload:
             row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
-    def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> tuple:
+    response = lookup  # the same answer, under the name the oracle and the tests read best
+
+    def signal_columns(self, row: int) -> tuple[int, int, float]:
+        """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
+        return self._loop[row], self._collapse[row], self._entropy[row]
+
+    def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> Outcome:
         length, loop = self._len[row], self._loop[row]
         if self._stopped[row]:
             if length <= budget:
-                return length, STOP, self._reward[row], source, row
-            return budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, row
+                return Outcome(length, STOP, self._reward[row], source, row)
+            return Outcome(budget, LENGTH, 0.0, TRUNCATED if source == EXACT else source, row)
         if budget <= length:  # cut short in the trace too; the budget cuts it no later
             exact = source == EXACT and budget == length and self._max[row] == length
-            return budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), row
+            return Outcome(budget, LENGTH, 0.0, EXACT if exact else (TRUNCATED if source == EXACT else source), row)
         # Recorded only up to `length`; the budget allows more. A loop or an entropy
         # collapse runs on; otherwise take one of the prompt's responses that is known to be longer.
         if loop < 0 and self._collapse[row] < 0:
             longer = self._longer_response(prompt_id, step, length, sample_idx)
             if longer is not None and self._len[longer] <= budget and self._stopped[longer]:
-                return self._len[longer], STOP, self._reward[longer], RESAMPLED, longer
-        return budget, LENGTH, 0.0, RESAMPLED, row
+                return Outcome(self._len[longer], STOP, self._reward[longer], RESAMPLED, longer)
+        return Outcome(budget, LENGTH, 0.0, RESAMPLED, row)
 
     def _longer_response(self, prompt_id: int, step: int, than: int, sample_idx: int) -> int | None:
         candidates = []

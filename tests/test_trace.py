@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from lssim import trace as T
 from lssim.cli import main
+from lssim.trace_summary import format_trace_info, trace_info
 from lssim.trace import (
     COLUMNS,
     KEY,
@@ -23,7 +24,6 @@ from lssim.trace import (
     REQUIRED,
     TraceError,
     load_trace,
-    trace_info,
     validate_trace,
     write_trace,
 )
@@ -434,7 +434,7 @@ def test_trace_info_ragged_groups():
     df = make_frame().iloc[:-1]
     info = trace_info(df)
     assert info["group_size"] is None and info["group_size_min"] == 1 and info["group_size_max"] == 2
-    assert "1..2" in T.format_trace_info(info)
+    assert "1..2" in format_trace_info(info)
 
 
 def test_cli_trace_info(tmp_path, capsys):
