@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import pandas as pd
 
-from .core import (ABORT, LENGTH, POLICY_STOP, STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
+from .core import (ABORT, FINISHED, LENGTH, POLICY_STOP, STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
                    off_policy_tokens)
 from .policy import CARRY, Policy, StepOutcome
 
@@ -202,7 +202,7 @@ class Controller:
                 r = ev.request
                 if r.rid not in self._in_flight:
                     continue  # a stale event for a request the controller already ended
-                if ev.kind == "finished":
+                if ev.kind == FINISHED:
                     self._end(r, state)
                     if asks["on_finish"]:
                         policy.on_finish(r, state)

@@ -19,6 +19,12 @@ POLICY_STOP = "policy_stop"  # a policy stopped it; Request.stop_reason says why
 ABORT = "abort"  # the rollout ended without it and the policy dropped it
 FINISH_REASONS = (STOP, LENGTH, POLICY_STOP, ABORT)
 
+# What an engine reports (Event.kind). Plain strings, compared on the hot path: the simulator keeps them in
+# its heaps as they are, so an event costs no conversion between the engine and the controller.
+FINISHED = "finished"  # a request ended (Request.finish_reason says how)
+PROGRESS = "progress"  # a request passed a progress checkpoint (every Engine.set_progress_interval tokens)
+EVENT_KINDS = (FINISHED, PROGRESS)
+
 
 @dataclass(slots=True)
 class GroupSpec:
@@ -75,7 +81,7 @@ class Request:
 class Event:
     """Something an engine reports: a request finished, or passed a progress checkpoint."""
 
-    kind: str  # "finished" or "progress"
+    kind: str  # FINISHED or PROGRESS
     request: Request
     time: float
 
