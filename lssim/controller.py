@@ -86,21 +86,15 @@ class Controller:
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
         self._pending_rows: dict[int, int] = {}  # rid -> its response row, for members of groups not yet settled
-        self._counterfactual = getattr(engine, "counterfactual", None)  # optional: engines that know (the simulator)
         self._rows: dict[str, list] = {k: [] for k in RESPONSE_COLUMNS}
         self._step_rows: list[dict] = []
         self.groups_trained = 0
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
-        # Execution features are set once per run, before the first step (vLLM configures them at start).
-        speculation = getattr(policy, "speculation", None)
-        set_speculation = getattr(engine, "set_speculation", None)  # optional: engines that can speculate
-        if set_speculation is not None:
-            set_speculation(speculation)
-        elif speculation is not None:
-            raise ValueError(f"policy {policy.name} asks for speculative decoding ({speculation}), "
-                             f"which {type(engine).__name__} cannot do (it has no set_speculation)")
+        # Execution features are set once per run, before the first step (vLLM configures them at start); an
+        # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
+        engine.set_speculation(policy.needs().speculation)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
@@ -347,7 +341,8 @@ class Controller:
         extra = self._topped_up
         ended = self._ended_this_step
         rows = self._rows
-        cf = [self._counterfactual(r) for r in ended] if self._counterfactual else [(-1, float("nan"))] * len(ended)
+        cf = [self.engine.counterfactual(r) for r in ended]
+        cf = [(-1, float("nan")) if c is None else c for c in cf]  # None: the engine cannot tell
         trained_now = [r.rid in trained_ids for r in ended]
         first_row = len(rows["step"])
         for i, r in enumerate(ended):  # ended, but its group is still open: settled in a later step
@@ -415,8 +410,7 @@ class Controller:
         return row
 
     def _busy(self) -> tuple[float, float]:
-        utilization = getattr(self.engine, "utilization", None)  # optional: engines that can tell
-        return utilization() if utilization else (float("nan"), float("nan"))
+        return self.engine.utilization()
 
     def _outcome(self, step: int, rollout_seconds: float, trained: list[Group]) -> StepOutcome:
         ended = self._ended_this_step
@@ -442,4 +436,4 @@ RESPONSE_COLUMNS = ("step", "end_step", "prompt_id", "sample_idx", "group_id", "
 # off_policy_tokens: its leading tokens generated under weights older than those of the step that trained it
 #   (lssim.core.off_policy_tokens; for a response never trained, relative to the step it ended in).
 # natural_len / natural_reward: what the response would have been had no policy stopped it (the simulator's
-#   Workload at its budget; -1 / NaN where the engine cannot tell, as on vLLM).
+#   Workload at its budget; -1 / NaN where the engine cannot tell, as on vLLM: Engine.counterfactual).

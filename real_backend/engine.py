@@ -245,6 +245,10 @@ class VLLMEngine:
         self._account(self.now())
         return self._busy, self._seq_seconds
 
+    def counterfactual(self, request: Request) -> None:
+        """What a stopped response would have been: vLLM cannot tell (the tokens were never generated)."""
+        return None
+
     def submit(self, requests: Sequence[Request]) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
