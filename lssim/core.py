@@ -179,9 +179,9 @@ class Speculation:
     """An execution feature a policy asks of the engine: faster decoding while the running batch is small.
 
     A policy asks for it in its needs (`PolicyNeeds.speculation`); the controller hands it to the engine once,
-    before the first step (`Engine.set_speculation`, as with the progress interval), and each engine instance applies it
-    whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running requests: large
-    batches are compute-bound and verifying drafts costs more than it saves).
+    before the first step (`Engine.set_speculation`, as with the progress interval), and each engine instance
+    applies it whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running
+    requests: large batches are compute-bound and verifying drafts costs more than it saves).
 
     Methods:
     - "ngram" (lossless): drafts by prompt lookup (vLLM's n-gram proposer; SPEC-RL's reuse of the prompt's

@@ -26,7 +26,8 @@ Hooks, in the order the controller calls them during a step, and the rule that c
 
 Declarations, read once before the first step (not hooks):
 
-    progress_interval (attribute)              on_progress every this many tokens: the smallest of the members'
+    progress_interval (attribute)              ask on_progress every this many tokens; composed: the smallest
+                                               among the members that answer on_progress
     needs() -> PolicyNeeds                     what the policy needs of the world (true lengths, speculation,
                                                masked stale tokens); merged by `PolicyNeeds.merge`: a need of
                                                any member is the composition's, and members may ask for
