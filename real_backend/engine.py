@@ -48,7 +48,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request, Speculation
+from lssim.core import FINISHED, LENGTH, PROGRESS, STOP, Event, InstanceLoad, Request, Speculation
 from lssim.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.signals import WINDOW_KEY, SignalSpec, signals_from_tokens
 
@@ -245,6 +245,10 @@ class VLLMEngine:
         self._account(self.now())
         return self._busy, self._seq_seconds
 
+    def counterfactual(self, request: Request) -> None:
+        """What a stopped response would have been: vLLM cannot tell (the tokens were never generated)."""
+        return None
+
     def submit(self, requests: Sequence[Request]) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -372,7 +376,7 @@ class VLLMEngine:
                 r.signals["entropy"].extend(ents)
                 r.generated = len(r.tokens)
                 if interval and r.generated // interval > before // interval and finish is None:
-                    progressed[key] = Event("progress", r, t)
+                    progressed[key] = Event(PROGRESS, r, t)
             if finish is None:
                 continue
             if finish not in (STOP, LENGTH):
@@ -384,7 +388,7 @@ class VLLMEngine:
             r.reward = float(self.reward_fn(r)) if self.reward_fn else math.nan
             self._forget(key, t)
             progressed.pop(key, None)
-            finished[key] = Event("finished", r, t)
+            finished[key] = Event(FINISHED, r, t)
             for observe in self.observers:
                 observe(r, "finished")
         for ev in progressed.values():

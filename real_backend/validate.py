@@ -286,7 +286,7 @@ def _policy_specs(text: str, available, make_policy) -> list[str]:
         specs = []
         for name in available():
             p = make_policy(name)
-            if not p.needs_oracle and getattr(p, "speculation", None) is None:
+            if not p.needs().oracle and p.needs().speculation is None:
                 specs.append(name)
     else:
         specs = [s.strip() for s in text.split(",") if s.strip()]

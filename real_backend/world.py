@@ -86,9 +86,10 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     """Check every input of a run and build the cheap objects; raises ValueError with a clear message."""
     setup.check()
     built = make_policy(policy) if isinstance(policy, str) else policy
-    if built.needs_oracle:
+    needs = built.needs()
+    if needs.oracle:
         raise ValueError(f"policy {built.name} needs every length in advance, which only the simulator knows")
-    spec = getattr(built, "speculation", None)
+    spec = needs.speculation
     if spec is not None and spec.method == "layer_skip":
         raise ValueError(f"policy {built.name} asks for layer skip, which vLLM cannot do (no early-exit decoding); "
                          f"the vLLM backend speculates by n-gram lookup only: method='ngram'")
@@ -136,14 +137,14 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
 
     engine.abort_all()
     engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
-    spec = getattr(policy, "speculation", None)
-    if hasattr(engine, "set_speculation"):
-        engine.set_speculation(spec)  # before anything else: refuses an engine started without it
+    needs = policy.needs()
+    spec = needs.speculation
+    engine.set_speculation(spec)  # before anything else: refuses an engine started without it
     if hasattr(engine, "reset_spec_counters"):
         engine.reset_spec_counters()
     if trainer is None:
         # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
-        mask = setup.mask_resumed or any(getattr(m, "mask_stale_tokens", False) for m in policy.members)
+        mask = setup.mask_resumed or needs.mask_stale_tokens
         trainer = GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
                               mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed)
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
