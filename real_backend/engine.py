@@ -50,9 +50,7 @@ from typing import Callable, Sequence
 
 from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request, Speculation
 from lssim.signals import DEFAULT as DEFAULT_SIGNALS
-from lssim.signals import WINDOW_KEY, SignalSpec, signals_from_tokens
-
-from .signals import loop_start, token_entropy
+from lssim.signals import WINDOW_KEY, SignalSpec, loop_start, signals_from_tokens, token_entropy
 
 
 # vLLM configures its logging when it is first imported: logs go to stderr (stdout is for the run's own
