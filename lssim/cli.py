@@ -290,11 +290,11 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from real_backend.validate import run as run_validate
+        from real_backend.sim_vs_real import run as run_validate
 
         return run_validate(args)
 
-    from real_backend.validate import add_arguments
+    from real_backend.sim_vs_real import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=run)

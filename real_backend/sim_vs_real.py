@@ -5,7 +5,7 @@ policy, seeds, data loader and a profiled cost model, and report how far the pre
     lssim validate --runs runs/a runs/b --out runs/validate-ab      # runs recorded by `lssim real`
 
 Writes to --out: real/<policy>/ (each recorded run, unless --runs), steps.parquet and responses.parquet
-(predicted against measured, lssim.validate.compare), summary.csv (the printed table), counterfactual.csv
+(predicted against measured, lssim.fidelity.compare), summary.csv (the printed table), counterfactual.csv
 (each policy predicted from the baseline's trace instead of its own), and validation.png (predicted vs
 measured per step), stages.csv (the error after each modelling step) and noise.parquet (the spread of the
 repeats). Every input is checked before the engine starts. Results and how to read them: real_backend/README.md.
@@ -51,7 +51,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
-    from lssim.validate import compare, fidelity_table, length_distance, median_over_repeats, replay_run
+    from lssim.fidelity import compare, fidelity_table, length_distance, median_over_repeats, replay_run
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
     step_frames, response_frames, groups, first_sim = [], [], {}, {}
@@ -121,7 +121,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
     rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
-        from lssim.validate import anchor_on_baseline, median_over_repeats
+        from lssim.fidelity import anchor_on_baseline, median_over_repeats
 
         anchored, _ = median_over_repeats(anchor_on_baseline(profiled["steps_by_repeat"]))
         per_policy = anchored.groupby("policy")["ape_pct"]
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from lssim.cost import ProfiledCostModel
     from lssim.results import policy_dirname
     from lssim.policy import available_policies, make_policy
-    from lssim.validate import load_run, plot
+    from lssim.fidelity import load_run, plot
 
     from .world import RealSetup, format_step, out_dir_problem, prepare
 
@@ -243,7 +243,7 @@ def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int 
 
     from lssim.controller import RunConfig
     from lssim.results import policy_dirname
-    from lssim.validate import load_run
+    from lssim.fidelity import load_run
 
     from .world import run_real, start_engine
 

@@ -6,7 +6,7 @@
     steps, noise = median_over_repeats(steps.assign(repeat=0))  # with repeats: per-step medians and their spread
     table = fidelity_table(steps, responses)                  # per policy: APE of makespan, finish order, tokens
 
-The comparisons are plain frames; `real_backend/validate.py` (`lssim validate`) records the runs,
+The comparisons are plain frames; `real_backend/sim_vs_real.py` (`lssim validate`) records the runs,
 replays them and prints these tables. Nothing here needs vLLM.
 """
 
