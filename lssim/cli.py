@@ -27,6 +27,8 @@ import sys
 from dataclasses import fields
 from typing import Callable, Sequence
 
+from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
+
 PROG = "lssim"
 
 
@@ -142,35 +144,6 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------
 # replay
 # --------------------------------------------------------------------------
-
-TABLE_COLUMNS = {  # summary column -> (header, format)
-    "rollout_seconds": ("rollout s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # a CPU run's seconds or a cluster's days
-    "speedup": ("speedup", "{:.3f}x"),
-    "tokens_per_second": ("tok/s", "{:,.0f}"),
-    "lower_bound_efficiency": ("bound eff", "{:.1%}"),
-    "long_tail_ratio": ("tail ratio", "{:.2f}"),
-    "busy_fraction": ("busy", "{:.1%}"),
-    "mean_running": ("batch", "{:.0f}"),
-    "truncated_fraction": ("truncated", "{:.1%}"),
-    "policy_stopped_fraction": ("stopped", "{:.1%}"),
-    "tokens_saved_fraction": ("saved", "{:.1%}"),
-    "stopped_correct_fraction": ("stop FP", "{:.1%}"),
-    "off_policy_token_fraction": ("off-policy", "{:.1%}"),
-    "effective_group_fraction": ("eff groups", "{:.1%}"),
-    "exact_fraction": ("exact", "{:.1%}"),
-    "steps": ("steps", "{:d}"),
-}
-
-
-def format_summary(table) -> str:
-    """The terminal table: one row per policy, the columns a researcher reads first."""
-    headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
-    cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
-    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
-    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     """The simulated cluster and run length, shared by `replay` and `sweep`."""

@@ -206,19 +206,6 @@ def speculation_meta(spec: Speculation, counts: dict) -> dict:
             "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
 
 
-def format_step(row: dict) -> str:
-    """One progress line per step."""
-    def f(key, fmt, default="-"):
-        v = row.get(key)
-        return default if v is None or v != v else format(v, fmt)
-
-    return (f"step {row['step']:3d}  reward {f('mean_reward', '.3f')}  rollout {row['rollout_seconds']:6.2f} s  "
-            f"tokens {row['tokens']:6,d} ({f('tokens_per_second', ',.0f')} tok/s)  train {row['train_seconds']:5.2f} s  "
-            f"responses {row['responses_in']} = {row['finished']} stop + {row['truncated']} length + "
-            f"{row['policy_stopped']} policy + {row['dropped']} dropped + {row['carried_out']} carried  "
-            f"groups {row['groups_trained']} ({row['effective_groups']} with signal)  loss {f('trainer_loss', '.4f')}")
-
-
 def _vllm_on_cpu() -> bool:
     """Whether the installed vLLM is the CPU build (False without vLLM: the engine will say what is missing)."""
     try:
@@ -259,4 +246,4 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     return None
 
 
-__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "format_step", "out_dir_problem"]
+__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "out_dir_problem"]

@@ -219,7 +219,8 @@ def test_profile_measures_the_engine(vllm_engine):
 
 @pytest.mark.real
 def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, profile):
-    from real_backend.sim_vs_real import format_summary, validate
+    from lssim.tables import format_fidelity
+    from real_backend.sim_vs_real import validate
     from real_backend.world import RealSetup, prepare, run_real
 
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=16, profile=profile)  # real steps get the profiled bound
@@ -237,4 +238,4 @@ def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, p
     assert (steps["predicted_tokens"] == steps["measured_tokens"]).all() and (steps["exact_fraction"] == 1).all()
     assert np.isfinite(summary.loc["lpt", "speedup_error_points"])
     assert "lpt" in frames["counterfactual"].index
-    assert "median APE" in format_summary(frames)
+    assert "median APE" in format_fidelity(frames)
