@@ -25,6 +25,7 @@ from lssim.core import Speculation
 from lssim.policy import Policy, make_policy
 
 from . import task
+from .engine_config import VLLMConfig
 from .prompts import TaskPrompts
 from .recorder import FILES, Recorder
 
@@ -80,6 +81,16 @@ class RealSetup:
             from lssim.cost import ProfiledCostModel
 
             ProfiledCostModel.from_json(self.profile)  # a missing or bad file fails here, naming itself
+        self.engine_config()  # the engine's limits, checked now rather than when vLLM starts
+
+    def engine_config(self, seed: int = 0) -> VLLMConfig:
+        """What the engine of a run with this setup is started with (start_engine)."""
+        return VLLMConfig(model=self.model_dir, n_instances=self.n_instances, dtype=self.dtype,
+                          max_model_len=self.max_model_len, seed=seed, max_num_seqs=self.max_num_seqs,
+                          kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+                          logprobs=-1 if self.exact_entropy else 0, stall_timeout=self.stall_timeout,
+                          speculation=self.speculation, ngram_lookup=self.ngram_lookup,
+                          sampling_kwargs={"temperature": self.temperature})
 
 
 def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int | None = None) -> tuple[TaskPrompts, Policy]:
@@ -114,14 +125,10 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
 
 
 def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
+    """A VLLMEngine as `setup` says (`RealSetup.engine_config`), serving `prompts`."""
     from .engine import VLLMEngine
 
-    return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, n_instances=setup.n_instances,
-                      dtype=setup.dtype, max_model_len=setup.max_model_len,
-                      seed=seed, max_num_seqs=setup.max_num_seqs, kv_cache_gib=setup.kv_cache_gib,
-                      gpu_memory_utilization=setup.gpu_memory_utilization, logprobs=-1 if setup.exact_entropy else 0,
-                      stall_timeout=setup.stall_timeout, speculation=setup.speculation, ngram_lookup=setup.ngram_lookup,
-                      sampling_kwargs={"temperature": setup.temperature})
+    return VLLMEngine(setup.engine_config(seed), prompts.prompt_tokens, prompts.reward)
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
