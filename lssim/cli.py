@@ -1,12 +1,31 @@
 """The ``lssim`` command line.
 
-Subcommands::
+Subcommands (``lssim COMMAND --help`` lists every option)::
 
-    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N]
-                [--group-size N] [--max-tokens N] [--set KEY=VALUE ...] --out FILE
+    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N] [--group-size N]
+                [--max-tokens N] [--n-prompts N] [--set KEY=VALUE ...] --out FILE
+        generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
-    lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
-    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
+        validate a trace and summarize it (lssim.trace)
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--out DIR] [--json]
+        replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
+    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--by speedup|lower_bound_efficiency] [--top N]
+                [cluster options] [--out DIR] [--json]
+        search compositions of policies for the best one (lssim.sweep)
+    lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
+               [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
+        run the RL loop on a real vLLM engine and a torch trainer under a policy, recording its trace
+        (real_backend/run.py)
+    lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
+        time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
+    lssim validate [--policies A,B,...|all] [--runs DIR ...] [--profile JSON | --reprofile]
+                   [--repeats K] ... --out DIR [--overwrite]
+        record real runs (or take recorded ones), replay each in the simulator, report the error
+        (real_backend/sim_vs_real.py, lssim.fidelity)
+
+Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
+--instances N --max-num-seqs N --kv-tokens N --profile JSON --seed N``. ``real``, ``profile`` and
+``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
@@ -259,7 +278,7 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         description="For each policy, run it on the real vLLM backend (or take a run recorded by `lssim real`), "
         "replay its trace in the simulator with the same policy, seeds and a profiled cost model, and compare "
         "step by step: rollout makespan, finish order and times, tokens, and the speedup over baseline. "
-        "See real_backend/VALIDATION.md.",
+        "See real_backend/README.md.",
     )
 
     def run(args: argparse.Namespace) -> int:
