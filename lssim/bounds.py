@@ -12,13 +12,29 @@ Both hold for any cost model whose iteration time is non-decreasing in batch siz
 work term used to price every token at the smallest context any sequence had (peak throughput); the
 context each token reads is known from the lengths alone, and counting it makes the bound tighter
 wherever reading the KV cache is a real share of an iteration (long responses).
+
+The bound depends on the step's responses as a set, never on their order: the solo term is the
+exact maximum over every response that no other one beats in both length and context (the only
+ones that can hold it), and the work term sums integers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cost import solo_decode_time
+from .cost.protocol import solo_decode_time
+
+
+def solo_candidates(ctx0: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (context, tokens) pairs whose solo time can be the step's largest: those no other response
+    matches or beats in both (the solo time is non-decreasing in each), each pair once. Depends only on
+    the multiset of pairs, not on their order. Usually a handful; at most the number of distinct contexts."""
+    order = np.lexsort((-ctx0, -tokens))  # most tokens first, and among equal tokens the largest context
+    c, t = ctx0[order], tokens[order]
+    # Every earlier row has at least as many tokens, so a row is dominated unless its context beats them all.
+    best_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], c[:-1].astype(np.int64))))
+    keep = c > best_before
+    return c[keep], t[keep]
 
 
 def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
@@ -28,12 +44,10 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
         ran = tokens > 0
         if not ran.any():
             return 0.0
-        ctx0, tokens = ctx0[ran], tokens[ran]
-        # The solo bound grows with tokens and context, so only the longest few can hold the maximum.
-        top = np.argsort(tokens)[-32:]
-        solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(ctx0[top], tokens[top]))
-        # token j of a response resumed at context c is decoded at context c + j
-        context_reads = float((tokens * ctx0 + tokens * (tokens - 1) / 2).sum())
+        ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
+        solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(*solo_candidates(ctx0, tokens)))
+        # token j of a response resumed at context c is decoded at context c + j (integers: the sum is exact)
+        context_reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
         work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(ctx0.sum()))) / n_instances
         return max(solo, work)
 

@@ -15,12 +15,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from .core import Event, InstanceLoad, Request
+from .core import FINISHED, PROGRESS, Event, InstanceLoad, Request
 from .signals import DEFAULT as DEFAULT_SIGNALS
 from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
 from .workload import EXACT, Workload
-
-FINISH, PROGRESS = 0, 1
 
 
 @dataclass(slots=True)
@@ -47,7 +45,7 @@ class _Instance:
         self.it = 0  # decode iterations run so far
         self.n = 0  # running sequences
         self.ctx = 0  # sum of running sequences' context lengths at boundary `it` (= KV tokens held)
-        self.running: list = []  # heap of (iteration, seq, kind, epoch, request): finishes and checkpoints
+        self.running: list = []  # heap of (iteration, seq, event kind, epoch, request): finishes and checkpoints
         self.waiting: list = []  # heap of (priority, arrival, epoch, request)
         self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
         self.busy = 0.0  # seconds with at least one sequence running
@@ -247,7 +245,7 @@ class SimEngine:
                 continue
             _, _, admit_it, gen0, _ = members[rid]
             generated = r.generated = gen0 + (it - admit_it)
-            if kind == FINISH:
+            if kind == FINISHED:
                 _, r.finish_reason, r.reward, _ = targets[rid]
                 r.finish_time = t
                 del members[rid], where[rid]
@@ -255,11 +253,11 @@ class SimEngine:
                 n -= 1
                 pending -= 1
                 ctx -= r.prompt_len + generated
-                out.append(Event("finished", r, t))
+                out.append(Event(FINISHED, r, t))
             else:
                 self._push_checkpoint(inst, r, ep)
                 self._measure(r, generated)
-                out.append(Event("progress", r, t))
+                out.append(Event(PROGRESS, r, t))
         left = inst.n - n
         inst.n, inst.ctx, inst.pending = n, ctx, pending
         if left:
@@ -317,7 +315,7 @@ class SimEngine:
             members[rid] = (priority, arrival, it, generated, r)
             admitted.append(r)
             length = target[rid][0]
-            heappush(running, (it + max(0, length - generated), next(seq), FINISH, ep, r))
+            heappush(running, (it + max(0, length - generated), next(seq), FINISHED, ep, r))
             if interval:
                 self._push_checkpoint(inst, r, ep)
         inst.n, inst.ctx = n, ctx
