@@ -42,7 +42,8 @@ def trace_info(df: pd.DataFrame, *, validate: bool = True, source: str = "<frame
     ``step_max_over_median`` and ``step_p99_over_p50`` (medians over steps),
     ``max_over_median`` (overall), ``finish_reason`` (fraction of rows per
     reason), ``truncated_fraction`` (finish_reason == 'length'),
-    ``loop_fraction`` (loop_start >= 0), ``reward_mean``, ``reward_mean_short`` /
+    ``loop_fraction`` (loop_start >= 0), ``reward_mean``, ``trained_fraction``
+    (rows trained on), ``reward_mean_short`` /
     ``reward_mean_long`` (rows below / above their group's median length),
     ``persistence_spearman`` / ``persistence_pearson_log`` (correlation of a
     prompt's mean log(1+response_len) between consecutive appearances) and
@@ -103,6 +104,7 @@ def _reasons_and_rewards(df: pd.DataFrame, rl: np.ndarray, step: np.ndarray, pid
     info["loop_fraction"] = _f((df["loop_start"].to_numpy() >= 0).mean())
     reward = df["reward"].to_numpy()
     info["reward_mean"] = _f(reward.mean())
+    info["trained_fraction"] = _f(df["trained"].to_numpy().mean())
     gmed = pd.Series(rl.astype("float64")).groupby([step, pid, df["group_id"].to_numpy()]).transform("median").to_numpy()
     short, long_ = rl < gmed, rl > gmed
     info["reward_mean_short"] = _f(reward[short].mean()) if short.any() else None
@@ -153,7 +155,8 @@ def format_trace_info(info: dict[str, Any], title: str | None = None) -> str:
         f"tail            max/median {num(info['max_over_median'], '.1f')} overall; per step (median over steps): "
         f"max/median {num(info['step_max_over_median'], '.1f')}, p99/p50 {num(info['step_p99_over_p50'], '.2f')}",
         f"finish_reason   {fr}",
-        f"truncated       {100 * info['truncated_fraction']:.2f}%   loops {100 * info['loop_fraction']:.2f}%",
+        f"truncated       {100 * info['truncated_fraction']:.2f}%   loops {100 * info['loop_fraction']:.2f}%   "
+        f"trained {100 * info['trained_fraction']:.1f}%",
         f"reward          mean {num(info['reward_mean'], '.3f')}  (shorter than group median "
         f"{num(info['reward_mean_short'], '.3f')}, longer {num(info['reward_mean_long'], '.3f')})",
         f"persistence     spearman {num(info['persistence_spearman'], '.3f')}  pearson(log) "

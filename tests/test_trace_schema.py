@@ -79,4 +79,4 @@ def test_trained_and_group_id_are_kept_and_groups_counted_by_group_id():
     out = validate_trace(df)
     assert out["trained"].dtype == bool and out["trained"].tolist() == [True, True, False, False] * 2
     info = trace_info(out)
-    assert info["groups"] == 4 and info["group_size"] == 2
+    assert info["groups"] == 4 and info["group_size"] == 2 and info["trained_fraction"] == 0.5
