@@ -17,9 +17,11 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import pandas as pd
 
-from .core import ABORT, FINISHED, POLICY_STOP, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer
+from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
+                   note_resume)
+from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .records import LowerBound, ResponseTable, StepEnd, StepState, step_outcome, step_row
+from .records import LowerBound, ResponseTable, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
 
 
@@ -76,8 +78,13 @@ class Controller:
     the run (the same seed gives the same result); what a step tracks while it runs is its `StepState`."""
 
     def __init__(self, engine: Engine, trainer: Trainer, prompts: PromptSource, policy: Policy, config: RunConfig,
-                 lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None):
+                 lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
+                 mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
+        # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.modes); the
+        # default is the synchronous, collocated step.
+        self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
+        self.mode.bind(engine, config.groups_per_step)
         self.lower_bound = lower_bound
         self.oracle_length = oracle_length
         self.on_step = on_step  # called with each step's row as it completes (progress bars, recorders)
@@ -86,6 +93,10 @@ class Controller:
         self._next_rid = 0
         self._next_group = 0
         self._carried: list[Request] = []  # unfinished responses waiting for the next step
+        self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
+        self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
+        self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
+        self._last_rollout_end = engine.now()
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
@@ -106,7 +117,7 @@ class Controller:
         for step in progress(steps) if progress else steps:
             # Done once enough groups trained, but not while responses are carried: those run to their end
             # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
-            if self.groups_trained >= self.config.total_groups and not self._carried:
+            if self.groups_trained >= self.config.total_groups and not self._carried and not self._kept:
                 break
             self.run_step(step)
         return self.result()
@@ -120,7 +131,9 @@ class Controller:
         """One synchronous RL step; returns its row (lssim.records.step_row)."""
         s = self._start_step(step)  # carried groups reopen; carried responses resume where they stopped
         ctx, proposal = self._proposal(s)
-        s.fresh = self._make_requests(self.policy.plan(ctx, proposal), s)
+        plan = self.policy.plan(ctx, proposal)
+        self._admitted += len(plan)
+        s.fresh = self._make_requests(plan, s)
         self._launch(s)  # carried responses and the plan's, in one submission
         self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
         self._settle_unfinished(s)  # what still runs is carried or dropped
@@ -133,19 +146,21 @@ class Controller:
 
     def _start_step(self, step: int) -> StepState:
         """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
-        t0 = self.engine.now()
+        self.mode.before_rollout(step)  # disaggregated and hybrid wait here for the weights this step may use
+        t0, version = self.engine.now(), self.mode.version
         s = StepState(step=step, started=t0, busy_at_start=self.engine.utilization(),
-                      rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried)
-        self._carried = []
+                      rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
+                      kept_in=list(self._kept.values()), version=version, waited=t0 - self._last_rollout_end)
+        self._carried, self._kept = [], {}
         for gid, members in self._waiting_groups.items():
             s.members[gid] = members
             s.open_members[gid] = sum(not m.done for m in members)
         self._waiting_groups = {}
         for r in s.carried_in:
             s.context_at_start[r.rid] = r.prompt_len + r.generated
-            r.tokens_before_resume = r.generated
-            if r.generated == 0:  # it never started: its first token comes from this step's weights
-                r.first_version = step
+            note_resume(r, version)
+        for r in s.kept_in:  # still generating: their tokens so far were counted in the steps they ran in
+            s.context_at_start[r.rid] = r.prompt_len + r.generated
         return s
 
     def _proposal(self, s: StepState) -> tuple[StepContext, list[GroupSpec]]:
@@ -157,33 +172,59 @@ class Controller:
                           rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self._take(int(n)),
                           reward_scale=cfg.reward_scale)
         self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
-        return ctx, self._take(self._proposal_size(step, ctx.carried_groups, groups_left))
+        default = self._proposal_size(step, ctx.carried_groups, groups_left)
+        n = self.mode.admission(step, self._admitted, default, max(0, groups_left - self._open_groups(s)))
+        return ctx, self._take(n)
+
+    def _open_groups(self, s: StepState) -> int:
+        """Groups submitted and not yet settled (trained, or dropped): the ones still to come of what was admitted."""
+        return len(s.members)
 
     def _launch(self, s: StepState) -> None:
         s.rollout.groups_submitted = len(s.members)
-        self._submit(s.carried_in + s.fresh)
-        s.in_flight.update((r.rid, r) for r in s.carried_in)
-        s.in_flight.update((r.rid, r) for r in s.fresh)
+        for requests in (s.kept_in, s.carried_in, s.fresh):
+            s.in_flight.update((r.rid, r) for r in requests)
         s.rollout.requests_in_flight = len(s.in_flight)
+        self._drop_stale(s)
+        self._submit([r for r in s.carried_in + s.fresh if not r.done])  # kept ones are running already
+
+    def _drop_stale(self, s: StepState) -> None:
+        """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
+        unfinished members end as aborted ("stale") and the group never trains."""
+        for gid, members in s.members.items():
+            if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
+                continue
+            for r in members:
+                if not r.done:
+                    if r in s.kept_in:
+                        self.engine.abort(r)
+                    r.finish_reason, r.stop_reason = ABORT, "stale"
+                    self._end(r, s)
+            s.dropped_groups.add(gid)
+            self._admitted -= 1
 
     def _train(self, s: StepState) -> StepEnd:
         """After the rollout: the completed groups go to the policy's selection and on to the trainer; the
         others wait for their carried members."""
         engine, step = self.engine, s.step
         rollout_end, busy = engine.now(), engine.utilization()
+        self._last_rollout_end = rollout_end
         for r in s.ended + s.carried_out:
-            r.last_version = step
-        done_groups = [Group(members[0].prompt_id, members[0].step, members) for members in s.members.values()
-                       if all(r.done for r in members)]
+            r.last_version = self.mode.version
+        done_groups = [Group(members[0].prompt_id, members[0].step, members) for gid, members in s.members.items()
+                       if gid not in s.dropped_groups and all(r.done for r in members)]
         for gid, members in s.members.items():
             if not all(r.done for r in members):
                 self._waiting_groups[gid] = members
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
         train_metrics = self.trainer.train(trained, step) if trained else {}
+        timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)
         self.groups_trained += len(trained) + left_out
-        return StepEnd(rollout_end=rollout_end, step_end=engine.now(), busy_at_rollout_end=busy, done_groups=done_groups,
-                       trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
-                       train_metrics=train_metrics)
+        end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
+                      trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
+                      train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
+        self._last_end = max(self._last_end, timing.end)
+        return end
 
     def _record(self, s: StepState, end: StepEnd) -> dict:
         """The step's rows: settle earlier members of the groups completed now, add this step's responses
@@ -191,12 +232,14 @@ class Controller:
         self._responses.settle(end, s.step)
         self._responses.add(s, end, self.engine.counterfactual, open_groups=self._waiting_groups)
         row = step_row(s, end, self.lower_bound, self.engine.n_instances)
+        row.update(mode_fields(s, end, self.mode.config, self.engine.n_instances))
         self._step_rows.append(row)
         return row
 
     # -- the rollout phase -------------------------------------------------------------------------
     def _rollout(self, s: StepState) -> None:
         engine, policy, asks, state, in_flight = self.engine, self.policy, self._asks, s.rollout, s.in_flight
+        mode_ends = type(self.mode).rollout_done is not ExecutionMode.rollout_done
         while True:
             events = engine.next_events()
             if not events:
@@ -207,6 +250,9 @@ class Controller:
                 continue
             for ev in events:
                 r = ev.request
+                if ev.kind == WAKE:  # the mode's timer: weights arriving mid-rollout
+                    self._weights_arrived(s)
+                    continue
                 if r.rid not in in_flight:
                     continue  # a stale event for a request the controller already ended
                 if ev.kind == FINISHED:
@@ -218,11 +264,33 @@ class Controller:
                     if action is not None:
                         self._act(r, action, s)
             state.now = events[-1].time
+            if mode_ends and in_flight and self.mode.rollout_done(state):
+                return
             if asks["end_rollout"] and in_flight and policy.end_rollout(state):
                 more = policy.top_up(state) if asks["top_up"] else []
                 if not more:
                     return
                 self._submit_more(more, s)
+
+    def _weights_arrived(self, s: StepState) -> None:
+        """New weights reached the engine mid-rollout (async): generation pauses for the sync, every response in
+        flight is re-prefilled under the new weights and continues (AReaL's interruptible rollout), and the
+        admission gate may let more groups in."""
+        pause = self.mode.on_wake()
+        if pause is None:
+            return
+        running = list(s.in_flight.values())
+        for r in running:
+            self.engine.abort(r)
+        self.engine.advance(pause)
+        for r in running:
+            note_resume(r, self.mode.version)
+        self._submit(running)
+        left = self.config.total_groups - self.groups_trained - len(s.members)
+        n = self.mode.admission(s.step, self._admitted, 0, max(0, left))
+        more = self._take(n) if n else []
+        if more:
+            self._submit_more(more, s)
 
     def _act(self, r: Request, action, s: StepState) -> None:
         self.engine.abort(r)
@@ -260,6 +328,14 @@ class Controller:
 
     def _settle_unfinished(self, s: StepState) -> None:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""
+        if self.mode.keeps_generating:  # nothing stops: the unfinished run on into the next step
+            running = list(s.in_flight.values())
+            self.engine.refresh(running)
+            for r in running:
+                del s.in_flight[r.rid]
+                s.rollout.requests_in_flight -= 1
+                s.carried_out.append(r)
+                self._kept[r.rid] = r
         for r in list(s.in_flight.values()):
             self.engine.abort(r)
             if self._asks["on_unfinished"] and self.policy.on_unfinished(r) == CARRY:
@@ -269,7 +345,7 @@ class Controller:
             else:
                 r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
                 self._end(r, s)
-        self._carried = s.carried_out
+        self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
     def _take(self, n: int) -> list[GroupSpec]:
@@ -370,6 +446,7 @@ class Controller:
         self.engine.submit(requests)
 
     def _submit_more(self, more: list[GroupSpec], s: StepState) -> None:
+        self._admitted += len(more)
         fresh = self._make_requests(more, s)
         s.topped_up.extend(fresh)
         s.rollout.groups_submitted += len(more)

@@ -25,7 +25,8 @@ FINISH_REASONS = (STOP, LENGTH, POLICY_STOP, ABORT)
 # its heaps as they are, so an event costs no conversion between the engine and the controller.
 FINISHED = "finished"  # a request ended (Request.finish_reason says how)
 PROGRESS = "progress"  # a request passed a progress checkpoint (every Engine.set_progress_interval tokens)
-EVENT_KINDS = (FINISHED, PROGRESS)
+WAKE = "wake"  # a timer set with Engine.wake_at went off (Event.request is None): the execution modes' clock
+EVENT_KINDS = (FINISHED, PROGRESS, WAKE)
 
 
 @dataclass(slots=True)
@@ -80,8 +81,11 @@ class Request:
     submit_time: float = float("nan")  # seconds on the world's clock, for the latest submission
     first_token_time: float = float("nan")
     finish_time: float = float("nan")
-    first_version: int = -1  # policy versions (steps) whose weights generated its tokens
+    first_version: int = -1  # weights versions (train steps applied) that generated its first and last tokens
     last_version: int = -1
+    # (version, tokens generated before it) each time it resumed under other weights than it last ran with:
+    # a carried response resumed next step, or an async rollout interrupted by new weights. None: never.
+    resumes: list[tuple[int, int]] | None = None
     tokens_before_resume: int = 0  # tokens generated under older weights (off-policy after a carry)
     exact: bool = True  # simulator: replayed exactly from the trace (False: modelled)
     tokens: list[int] | None = None  # real world: generated token ids so far
@@ -96,8 +100,8 @@ class Request:
 class Event:
     """Something an engine reports: a request finished, or passed a progress checkpoint."""
 
-    kind: str  # FINISHED or PROGRESS
-    request: Request
+    kind: str  # FINISHED, PROGRESS or WAKE
+    request: Request | None  # None for WAKE
     time: float
 
 
@@ -179,12 +183,37 @@ class Group:
         return len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0.0
 
 
+def version_spans(r: Request) -> list[tuple[int, int]]:
+    """(weights version, tokens generated under it) of a response, oldest first; versions with no token left out."""
+    starts = [(r.first_version, 0)] + (r.resumes or [])
+    ends = [g for _, g in starts[1:]] + [r.generated]
+    return [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+def note_resume(r: Request, version: int) -> None:
+    """A response resumes under weights `version`: its next tokens are that version's (see version_spans)."""
+    if r.generated == 0:  # it never started: its first token comes from these weights
+        r.first_version, r.resumes = version, None
+    elif (r.resumes[-1][0] if r.resumes else r.first_version) != version:
+        r.resumes = (r.resumes or []) + [(version, r.generated)]
+    r.tokens_before_resume = r.generated
+
+
 def off_policy_tokens(r: Request, train_step: int) -> int:
-    """How many of a response's tokens (its leading ones) were generated under weights older than those of
-    `train_step`, the step whose update trains on it: the tokens before its last resume if it last ran in
-    that step, all of them if it ended earlier (its group completed later, as with partial rollouts).
-    A trainer that masks stale tokens masks exactly these."""
-    return r.tokens_before_resume if r.last_version >= train_step else r.generated
+    """How many of a response's tokens were generated under weights older than those `train_step` trains from
+    (version `train_step`): tokens before its last resume if it resumed under those weights, all of them if it
+    ended before (its group completed later, as with partial rollouts). A trainer that masks stale tokens masks
+    exactly these."""
+    if r.first_version < 0:  # no version history (a hand-made request): what the last resume says
+        return r.tokens_before_resume if r.last_version >= train_step else r.generated
+    if r.resumes is None:
+        return 0 if r.first_version >= train_step else r.generated
+    return sum(n for v, n in version_spans(r) if v < train_step)
+
+
+def token_lags(r: Request, train_step: int) -> list[tuple[int, int]]:
+    """(versions behind `train_step`, tokens) of a response trained at `train_step`: its staleness by token."""
+    return [(train_step - v, n) for v, n in version_spans(r)]
 
 
 SPECULATION_METHODS = ("ngram", "draft", "layer_skip")
@@ -304,6 +333,20 @@ class Engine(Protocol):
     def loads(self) -> list[InstanceLoad]: ...
 
     def set_progress_interval(self, tokens: int | None) -> None: ...
+
+    def advance(self, seconds: float) -> None:
+        """The world is busy outside the engine for `seconds` (a blocking train phase, a weight sync with
+        generation paused): virtual time passes in the simulator; on a real engine that work has already taken
+        its time, so nothing happens. The one place the two clocks differ, as in SimPy's RealtimeEnvironment."""
+        ...
+
+    def wake_at(self, time: float) -> None:
+        """Report an Event(WAKE, None, t) from next_events once the clock reaches `time` (t >= time), even with
+        nothing in flight: the execution modes' timer (new weights arriving mid-rollout, the end of a wait)."""
+        raise NotImplementedError(f"{type(self).__name__} has no timers: this execution mode needs them")
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring running requests' `generated` up to the clock (an engine that streams tokens keeps it current)."""
 
     def counterfactual(self, request: Request) -> tuple[int, float] | None:
         return None

@@ -14,13 +14,14 @@ Both worlds keep the same books: nothing here knows whether the engine is simula
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Container
 
 import numpy as np
 import pandas as pd
 
-from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
+from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens, token_lags
 from .policy import StepOutcome
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -56,7 +57,11 @@ class StepState:
     topped_up: list[Request] = field(default_factory=list)  # submitted by top-ups during the rollout
     in_flight: dict[int, Request] = field(default_factory=dict)  # rid -> submitted and not yet ended or carried
     ended: list[Request] = field(default_factory=list)  # ended in this step, in the order they ended
-    carried_out: list[Request] = field(default_factory=list)  # unfinished, to resume next step
+    carried_out: list[Request] = field(default_factory=list)  # unfinished, to resume next step (or kept generating)
+    kept_in: list[Request] = field(default_factory=list)  # still generating since an earlier step (async modes)
+    version: int = 0  # the weights version on the rollout engine when the step's rollout started
+    waited: float = 0.0  # seconds between the last rollout's end and this one's start (weights, switches)
+    dropped_groups: set[int] = field(default_factory=set)  # cancelled as stale: never trained
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +75,8 @@ class StepEnd:
     trained: list[Group]  # what the policy selected from them (possibly subsets or reshaped copies)
     trained_ids: frozenset[int]  # rids of the trained responses (select may train on copies: match by rid)
     train_metrics: dict
+    timing: "TrainTiming | None" = None  # when the training ran (lssim.modes); None: ended with the rollout
+    previous_end: float = float("nan")  # when the previous step's training ended (the step's time runs from it)
 
 
 class ResponseTable:
@@ -140,12 +147,12 @@ def step_row(s: StepState, end: StepEnd, lower_bound: LowerBound | None, n_insta
     row = {
         "step": step,
         "rollout_seconds": rollout_s,
-        "train_seconds": end.step_end - end.rollout_end,
-        "step_seconds": end.step_end - s.started,
+        "train_seconds": end.step_end - end.rollout_end if end.timing is None else sum(end.timing.phases.values()),
+        "step_seconds": end.step_end - (s.started if end.timing is None else end.previous_end),
         "tokens": tokens,
         "tokens_per_second": _per_second(float(tokens), rollout_s),
-        "responses_in": len(s.carried_in) + len(s.fresh) + len(s.topped_up),
-        "carried_in": len(s.carried_in),
+        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up),
+        "carried_in": len(s.carried_in) + len(s.kept_in),
         "finished": reasons.count(STOP),
         "truncated": reasons.count(LENGTH),
         "policy_stopped": reasons.count(POLICY_STOP),
@@ -202,3 +209,30 @@ def step_outcome(s: StepState, end: StepEnd) -> StepOutcome:
         rollout_seconds=end.rollout_end - s.started,
         trained_prompt_ids=np.array([g.prompt_id for g in end.trained], dtype=np.int64),
     )
+
+
+def mode_fields(s: StepState, end: StepEnd, mode, n_instances: int) -> dict:
+    """The step's end-to-end fields under an execution mode (lssim.modes.ModeConfig): when its rollout and
+    training ran, each train phase, the devices kept busy, the tokens trained and how stale they were."""
+    timing, trained = end.timing, [r for g in end.trained for r in g.requests]
+    lags: dict[int, int] = {}
+    for r in trained:
+        for lag, n in token_lags(r, s.step):
+            lags[lag] = lags.get(lag, 0) + n
+    busy_instance_seconds = end.busy_at_rollout_end[0] - s.busy_at_start[0]
+    row = {
+        "rollout_start": s.started,
+        "rollout_end": end.rollout_end,
+        "train_start": timing.start,
+        "train_end": timing.end,
+        "wait_seconds": s.waited,
+        "weights_version": s.version,
+        **{f"{phase}_seconds": seconds for phase, seconds in timing.phases.items()},
+        "rollout_busy_device_seconds": busy_instance_seconds * mode.rollout_devices / n_instances,
+        "train_busy_device_seconds": timing.busy_device_seconds,
+        "trained_tokens": sum(r.prompt_len + r.generated for r in trained),
+        "max_staleness": max(lags) if lags else 0,
+        "staleness_histogram": json.dumps({str(k): v for k, v in sorted(lags.items())}),
+        "dropped_stale": sum(len(s.members[g]) for g in s.dropped_groups),
+    }
+    return row

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from .core import FINISHED, PROGRESS, Event, InstanceLoad, Request
+from .core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
 from .signals import DEFAULT as DEFAULT_SIGNALS
 from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
 from .workload import EXACT, Workload
@@ -70,6 +70,7 @@ class SimEngine:
         self.clock = 0.0
         self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
         self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
+        self._timers: list = []  # heap of (time, seq): wake_at's timers (lssim.core.WAKE)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
         self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward, trace row)
@@ -83,8 +84,24 @@ class SimEngine:
         return self.clock
 
     def advance(self, seconds: float) -> None:
-        """Let `seconds` of virtual time pass (the train phase); instances catch up lazily."""
+        """Let `seconds` of virtual time pass (a blocking train phase, a paused weight sync); instances catch up
+        lazily (whatever runs on them keeps running)."""
         self.clock += seconds
+
+    def wake_at(self, time: float) -> None:
+        heapq.heappush(self._timers, (time, next(self._seq)))
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring the running requests' `generated` up to the clock (their instances to the last iteration boundary
+        before it), so a step that ends with them still generating counts the tokens they made in it."""
+        for r in requests:
+            inst = self._where.get(r.rid)
+            if inst is None:
+                continue
+            self._catch_up(inst, self.clock)
+            member = inst.members.get(r.rid)
+            if member is not None:
+                r.generated = member[3] + (inst.it - member[2])
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens
@@ -152,8 +169,12 @@ class SimEngine:
         self._schedule(inst)
 
     def next_events(self) -> list[Event]:
-        events = self._events
-        while events:
+        events, timers = self._events, self._timers
+        while events or timers:
+            if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this
+                t, _ = heapq.heappop(timers)
+                self.clock = max(self.clock, t)
+                return [Event(WAKE, None, self.clock)]
             t, _, idx, version, target_it = heapq.heappop(events)
             inst = self.instances[idx]
             if version != inst.version:
@@ -369,7 +390,7 @@ class SimTrainer:
         self.engine, self.model = engine, model or TrainTimeModel()
 
     def train(self, groups, step: int) -> dict:
+        """The step's train phases, priced; the execution mode puts them on the clock (lssim.modes)."""
         tokens = sum(r.prompt_len + r.generated for g in groups for r in g.requests)
         train = self.model.fixed_seconds + self.model.seconds_per_token * tokens
-        self.engine.advance(train + self.model.sync_seconds)
-        return {"seconds": train, "sync_seconds": self.model.sync_seconds, "tokens": tokens}
+        return {"update_seconds": train, "sync_seconds": self.model.sync_seconds, "tokens": tokens}

@@ -161,6 +161,15 @@ class VLLMEngine:
     def reset_spec_counters(self) -> None:
         self._spec.reset()
 
+    def advance(self, seconds: float) -> None:
+        """Work outside the engine (training) has already taken its wall-clock time: nothing to do."""
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Nothing to do: `generated` follows the token stream."""
+
+    def wake_at(self, time: float) -> None:
+        raise NotImplementedError("the vLLM engine has no timers yet: only --mode collocated runs on the real backend")
+
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
 
