@@ -174,7 +174,7 @@ class ProfiledTrainCost:
     # -- persistence -----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return {"kind": "ProfiledTrainCost", "version": 1, "units": "seconds", "forms": FORMS,
+        return {"kind": "ProfiledTrainCost", "version": 1, "units": "seconds", "forms": dict(FORMS),
                 "coefficients": {c: getattr(self, c) for c in COEFFICIENTS},
                 "trainer": {k: getattr(self, k) for k in _TRAINER_KEYS},
                 "fit_error": self.fit_stats, "measured_by": self.meta}
@@ -220,7 +220,7 @@ class ProfiledTrainCost:
         return _with(model, **overrides) if overrides else model
 
     def describe(self) -> dict:
-        return {"kind": "profiled", "forms": FORMS, "coefficients": {c: getattr(self, c) for c in COEFFICIENTS},
+        return {"kind": "profiled", "forms": dict(FORMS), "coefficients": {c: getattr(self, c) for c in COEFFICIENTS},
                 "coefficients_source": "fitted (NNLS on relative error) to the measurements named in measured_by",
                 "trainer": {k: getattr(self, k) for k in _TRAINER_KEYS}, "fit_error": self.fit_stats,
                 "measured_by": self.meta}
