@@ -125,12 +125,12 @@ def _machine(threads: int) -> dict:
             "note": "a shared VM: other processes ran beside the profile"}
 
 
-def _start_engine(model_dir: str):
+def _start_engine(model_dir: str, dtype: str = "float32"):
     from lssim.controller import RunConfig
 
     from .world import RealSetup, prepare, start_engine
 
-    setup = RealSetup(model_dir=model_dir)
+    setup = RealSetup(model_dir=model_dir, dtype=dtype)
     prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=16))
     return start_engine(setup, prompts)
 
@@ -152,10 +152,10 @@ def _measure_all(args) -> pd.DataFrame:
     from .trainer import GRPOTrainer
 
     rng = np.random.default_rng(args.seed)
-    engine = _start_engine(args.model_dir)
+    engine = _start_engine(args.model_dir, args.dtype)
     try:
         trainer = GRPOTrainer(args.model_dir, engine=None, prompts=_Prompts(), lr=1e-6, recompute_logprobs=True,
-                              threads=args.threads, seed=args.seed)
+                              threads=args.threads, seed=args.seed, device=args.device, dtype=args.dtype)
         vocab = int(trainer.model.config.vocab_size)
         measure(trainer, engine, plan_cells(rng, 1, 2, quick=True)[:6], rng, vocab)  # warm-up, discarded
         cells = plan_cells(rng, args.repeats, args.sync_repeats, quick=args.quick)
@@ -177,6 +177,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sync-repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the trainer (the real world pins one core)")
+    ap.add_argument("--device", default="cpu", help="the trainer's torch device (cuda on a GPU machine)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"), help="fit on the trainer's CPU time (a shared "
+                    "CPU machine) or wall time (a GPU, whose work the CPU clock does not see)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a small grid (for tests and a first look)")
     ap.add_argument("--from-measurements", metavar="PARQUET", help="refit from measurements already taken (no engine, "
@@ -197,10 +201,11 @@ def main(argv=None) -> int:
     else:
         df = _measure_all(args)
         meta = {"command": command, "trainer": "real_backend.trainer.GRPOTrainer (recompute_logprobs=True while profiling)",
-                "model_dir": str(args.model_dir), **_machine(args.threads), "gpu": "none lent to this task: no GPU measurement"}
+                "model_dir": str(args.model_dir), "device": args.device, "dtype": args.dtype, **_machine(args.threads)}
     meta["measurements"] = steps_path.name
     mbt = int(df["micro_batch_tokens"].iloc[0])
-    model = ProfiledTrainCost.fit(df, micro_batch_tokens=mbt, mini_batches=1, meta=meta, source=str(steps_path))
+    model = ProfiledTrainCost.fit(df, micro_batch_tokens=mbt, mini_batches=1, meta=meta, source=str(steps_path),
+                                  clock=args.clock)
     if Path(args.from_measurements or "").resolve() != steps_path.resolve():
         tmp = steps_path.with_name(steps_path.name + ".tmp")
         df.to_parquet(tmp, index=False)
