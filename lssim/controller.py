@@ -96,7 +96,6 @@ class Controller:
         self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
-        self._last_rollout_end = engine.now()
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
@@ -131,8 +130,7 @@ class Controller:
         """One synchronous RL step; returns its row (lssim.records.step_row)."""
         s = self._start_step(step)  # carried groups reopen; carried responses resume where they stopped
         ctx, proposal = self._proposal(s)
-        plan = self.policy.plan(ctx, proposal)
-        self._admitted += len(plan)
+        plan = self._admit(self.policy.plan(ctx, proposal), s)
         s.fresh = self._make_requests(plan, s)
         self._launch(s)  # carried responses and the plan's, in one submission
         self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
@@ -146,11 +144,12 @@ class Controller:
 
     def _start_step(self, step: int) -> StepState:
         """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
+        before = self.engine.now()
         self.mode.before_rollout(step)  # disaggregated and hybrid wait here for the weights this step may use
         t0, version = self.engine.now(), self.mode.version
         s = StepState(step=step, started=t0, busy_at_start=self.engine.utilization(),
                       rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
-                      kept_in=list(self._kept.values()), version=version, waited=t0 - self._last_rollout_end)
+                      kept_in=list(self._kept.values()), version=version, waited=t0 - before)
         self._carried, self._kept = [], {}
         for gid, members in self._waiting_groups.items():
             s.members[gid] = members
@@ -176,6 +175,14 @@ class Controller:
         n = self.mode.admission(step, self._admitted, default, max(0, groups_left - self._open_groups(s)))
         return ctx, self._take(n)
 
+    def _admit(self, groups: list[GroupSpec], s: StepState) -> list[GroupSpec]:
+        """The groups the mode lets in now, in order (async: its admission gate; groups the policy drew past it
+        are not generated), counted as admitted."""
+        left = max(0, self.config.total_groups - self.groups_trained - self._open_groups(s))
+        allowed = groups[:self.mode.admission(s.step, self._admitted, len(groups), left)]
+        self._admitted += len(allowed)
+        return allowed
+
     def _open_groups(self, s: StepState) -> int:
         """Groups submitted and not yet settled (trained, or dropped): the ones still to come of what was admitted."""
         return len(s.members)
@@ -191,6 +198,7 @@ class Controller:
     def _drop_stale(self, s: StepState) -> None:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
         unfinished members end as aborted ("stale") and the group never trains."""
+        counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
         for gid, members in s.members.items():
             if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
                 continue
@@ -202,13 +210,13 @@ class Controller:
                     self._end(r, s)
             s.dropped_groups.add(gid)
             self._admitted -= 1
+        s.rollout.groups_done, s.rollout.groups_effective = counters
 
     def _train(self, s: StepState) -> StepEnd:
         """After the rollout: the completed groups go to the policy's selection and on to the trainer; the
         others wait for their carried members."""
         engine, step = self.engine, s.step
         rollout_end, busy = engine.now(), engine.utilization()
-        self._last_rollout_end = rollout_end
         for r in s.ended + s.carried_out:
             r.last_version = self.mode.version
         done_groups = [Group(members[0].prompt_id, members[0].step, members) for gid, members in s.members.items()
@@ -287,7 +295,7 @@ class Controller:
             note_resume(r, self.mode.version)
         self._submit(running)
         left = self.config.total_groups - self.groups_trained - len(s.members)
-        n = self.mode.admission(s.step, self._admitted, 0, max(0, left))
+        n = self.mode.admission(s.step, self._admitted, 0, max(0, left))  # room the new weights opened
         more = self._take(n) if n else []
         if more:
             self._submit_more(more, s)
@@ -446,7 +454,9 @@ class Controller:
         self.engine.submit(requests)
 
     def _submit_more(self, more: list[GroupSpec], s: StepState) -> None:
-        self._admitted += len(more)
+        more = self._admit(more, s)
+        if not more:
+            return
         fresh = self._make_requests(more, s)
         s.topped_up.extend(fresh)
         s.rollout.groups_submitted += len(more)

@@ -208,6 +208,8 @@ class Async(ExecutionMode):
     interrupts = True
 
     def admission(self, step, admitted_groups, default, limit):
+        if step - self.version > self.config.staleness:  # its first tokens would already be too stale to train
+            return 0
         capacity = (self.config.staleness + self.version + 1) * self._batch - admitted_groups  # AReaL's gate
         return max(0, min(capacity, limit))
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import gc
+import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 from .bounds import make_lower_bound
 from .controller import Controller, RunConfig, RunResult
 from .cost import HARDWARE, MODELS, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .modes import ModeConfig
 from .policy import Policy, make_policy
 from .rewards import RewardScale
 from .sim import EngineConfig, SimEngine, SimTrainer
@@ -25,9 +27,11 @@ from .workload import Workload
 
 @dataclass
 class SimSetup:
-    """The simulated cluster: a model on some hardware, N engine instances, and the training-phase model.
+    """The simulated cluster: a model on some hardware, N engine instances, the training-phase model, and the
+    execution mode (lssim.modes): where training runs and how far the rollout may run ahead of the weights.
 
-    The trainer runs collocated on the rollout's devices (n_instances x tp), verl's default."""
+    The rollout runs on n_instances x tp devices. In the default mode, collocated (verl's default), training takes
+    turns with it on the same devices; in the others it runs on `train_devices` devices of its own."""
 
     model: str = "qwen2.5-7b"  # a key of lssim.cost.MODELS
     hardware: str = "H100"  # a key of lssim.cost.HARDWARE
@@ -39,6 +43,11 @@ class SimSetup:
     # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
     # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
     train: TrainCostModel | str | None = None
+    mode: str = "collocated"  # collocated, disaggregated, async or hybrid (lssim.modes)
+    train_devices: int | None = None  # devices of the trainer's own (not collocated); default: as many as the rollout's
+    staleness: int = 1  # async: versions the rollout may run ahead of the weights
+    async_variant: str = "roll"  # async: "roll" drops groups that would train over the bound, "areal" never drops
+    elastic: bool = True  # hybrid: rollout devices join the update once the rollout ends
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -46,6 +55,13 @@ class SimSetup:
         if self.hardware not in HARDWARE:
             raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
         self.train_cost()  # a missing or bad file fails here, naming itself
+        self.mode_config()  # an unknown mode or a bad device split fails here
+
+    def mode_config(self) -> ModeConfig:
+        rollout = self.n_instances * self.tp
+        train = rollout if self.mode == "collocated" else (self.train_devices or rollout)
+        return ModeConfig(mode=self.mode, rollout_devices=rollout, train_devices=train, staleness=self.staleness,
+                          variant=self.async_variant, elastic=self.elastic)
 
     def train_cost(self) -> TrainCostModel:
         if self.train is None:
@@ -78,7 +94,8 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg)
-    trainer = SimTrainer(engine, setup.train_cost(), n_devices=setup.n_instances * setup.tp)
+    mode_cfg = setup.mode_config()
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated)
     if config is None:
         n_steps = steps or len(workload.steps)
         # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run
@@ -88,7 +105,8 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
                            max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
                            reward_scale=workload.reward_scale)
     oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
-    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle)
+    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle,
+                            mode=mode_cfg.build())
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
     # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.
     controller.lower_bound = make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs)
@@ -111,7 +129,7 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
             bar.close()
     if prompts is None:  # the trace's own prompts: its ids as written (text ids ran as int codes)
         result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
-    result.meta.update(reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
+    result.meta.update(mode={**asdict(mode_cfg), "label": mode_cfg.label()}, reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
                        cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),
                        sources=dict(engine.sources),
                        preemptions=engine.preemptions, speculated_tokens=engine.speculated_tokens)
@@ -176,9 +194,45 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "steps": len(s),
             "groups_trained": groups,
             "responses": len(r),
+            **end_to_end(res),
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "policy"
     if "baseline" in table.index:
-        table.insert(1, "speedup", table.loc["baseline", "rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
+        base = table.loc["baseline"]
+        table.insert(1, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])
+        table.insert(2, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
     return table
+
+
+def end_to_end(res: RunResult) -> dict:
+    """A run's whole-step figures under its execution mode: wall time, phases, idle devices, staleness, throughput.
+    `step_seconds` is the run's wall time (each step's runs from the end of the last one's training)."""
+    s, mode = res.steps, res.meta.get("mode", {})
+    wall = float(s["step_seconds"].sum())
+    groups = int(s["groups_trained"].sum())
+    rollout_devices, train_devices = mode.get("rollout_devices", 1), mode.get("train_devices", 1)
+    collocated = mode.get("mode", "collocated") == "collocated"
+    devices = rollout_devices if collocated else rollout_devices + train_devices
+    rollout_busy, train_busy = float(s["rollout_busy_device_seconds"].sum()), float(s["train_busy_device_seconds"].sum())
+    histogram: dict[int, int] = {}
+    for text in s["staleness_histogram"]:
+        for lag, tokens in json.loads(text).items():
+            histogram[int(lag)] = histogram.get(int(lag), 0) + tokens
+    trained_tokens = float(s["trained_tokens"].sum())
+    return {
+        "mode": mode.get("label", "collocated"),
+        "step_seconds_per_group": wall / groups if groups else float("nan"),
+        "train_seconds": float(s["train_seconds"].sum()),
+        **{f"{phase}_seconds": float(s[f"{phase}_seconds"].sum()) for phase in ("logprob", "reference", "update", "sync", "switch")},
+        "wait_seconds": float(s["wait_seconds"].sum()),
+        "devices": devices,
+        "idle_device_seconds": max(0.0, devices * wall - rollout_busy - train_busy),
+        "rollout_idle_device_seconds": float("nan") if collocated else max(0.0, rollout_devices * wall - rollout_busy),
+        "train_idle_device_seconds": float("nan") if collocated else max(0.0, train_devices * wall - train_busy),
+        "max_staleness": int(s["max_staleness"].max()) if len(s) else 0,
+        "staleness_histogram": {k: histogram[k] for k in sorted(histogram)},
+        "stale_token_fraction": sum(v for k, v in histogram.items() if k > 0) / max(1, sum(histogram.values())),
+        "dropped_stale": int(s["dropped_stale"].sum()),
+        "trained_tokens_per_second": trained_tokens / wall if wall > 0 else float("nan"),
+    }
