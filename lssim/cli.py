@@ -175,14 +175,36 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
     p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
     p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
+    p.add_argument("--train-cost", metavar="JSON", help="a training-phase cost model (default: analytic for --model on "
+                   "--hardware; a trainer profile from `python -m real_backend.profile_trainer`)")
     p.add_argument("--seed", type=int, default=0)
+    modes = p.add_argument_group("execution mode (lssim/modes.py)")
+    modes.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
+                       help="where training runs and how far the rollout may run ahead of the weights (default collocated)")
+    modes.add_argument("--rollout-devices", type=int, help="devices that roll out (instances x tp; sets --instances)")
+    modes.add_argument("--train-devices", type=int, help="devices of the trainer's own (not collocated; default: as many "
+                       "as the rollout's)")
+    modes.add_argument("--staleness", type=int, default=1, help="async: versions the rollout may run ahead (default 1)")
+    modes.add_argument("--async-variant", choices=["roll", "areal"], default="roll",
+                       help="async: roll drops groups that would train over the bound (ROLL); areal never drops (AReaL "
+                       "bounds admission only)")
+    modes.add_argument("--no-elastic", action="store_true", help="hybrid: rollout devices do not join the update")
 
 
 def _setup_from_args(args: argparse.Namespace):
     from .replay import SimSetup
 
-    return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
-                    max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+    instances = args.instances
+    if args.rollout_devices is not None:
+        if args.rollout_devices % args.tp:
+            raise ValueError(f"--rollout-devices {args.rollout_devices} is not a multiple of --tp {args.tp}")
+        instances = args.rollout_devices // args.tp
+    if args.mode == "collocated" and args.train_devices is not None:
+        raise ValueError("--train-devices: collocated training uses the rollout's devices; pick another --mode")
+    return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=instances,
+                    max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile,
+                    train=args.train_cost, mode=args.mode, train_devices=args.train_devices, staleness=args.staleness,
+                    async_variant=args.async_variant, elastic=not args.no_elastic)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
@@ -197,10 +219,10 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
     if args.json:
-        print(json.dumps({name: {k: _jsonable(v) for k, v in row.items()} for name, row in table.to_dict("index").items()}, indent=2))
+        print(json.dumps(_summary_json(table), indent=2))
     else:
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
-              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}")
+              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
         if args.out:
             print(f"results written to {args.out}/")
@@ -209,6 +231,14 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def _jsonable(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def _summary_json(table) -> dict:
+    """The summary table as {policy: {field: value}}; the staleness histogram as an object, not its JSON text."""
+    out = {}
+    for name, row in table.to_dict("index").items():
+        out[name] = {k: json.loads(v) if k == "staleness_histogram" else _jsonable(v) for k, v in row.items()}
+    return out
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
@@ -390,8 +420,17 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """No option is reachable by an abbreviation (`--mode` must never be taken for `--model`); subcommands'
+    parsers are of this class too (argparse makes them of the parent's)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Replay rollout-length traces of RL post-training under scheduling policies.",
     )

@@ -369,6 +369,9 @@ class Controller:
                 k, i = k + 1, 0
                 continue
             taken = batch[i:i + n - len(out)]
+            for g in taken:
+                if g.batch is None:
+                    g.batch = k
             out.extend(taken)
             i += len(taken)
         self._cursor = (k, i)
@@ -427,7 +430,8 @@ class Controller:
             for k in range(g.n_samples):
                 r = Request(rid=self._next_rid, group_id=gid, step=s.step, prompt_id=g.prompt_id, sample_idx=first + k,
                             prompt_len=prompt_len, max_tokens=g.max_tokens if budgets is None else min(budgets[k], g.max_tokens),
-                            priority=g.priority, instance=g.instance, seed=next(seeds), first_version=s.step)
+                            priority=g.priority, instance=g.instance, seed=next(seeds), first_version=self.mode.version,
+                            batch=-1 if g.batch is None else g.batch)
                 if trains is not None and not trains[k]:
                     self._left_out.add(r.rid)
                 self._next_rid += 1

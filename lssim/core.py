@@ -44,6 +44,10 @@ class GroupSpec:
     # DAPO filtered out). None: every member gets max_tokens and may train.
     member_max_tokens: tuple[int, ...] | None = None
     member_trained: tuple[bool, ...] | None = None
+    # The data loader's batch (step of the trace or dataset) the group came from; None for groups a policy made.
+    # A group generated in another step than its batch's (drawn ahead, admitted early by an async mode) is still
+    # that batch's sample: the simulator answers it from the batch's recorded responses.
+    batch: int | None = None
 
     def __post_init__(self):
         if self.n_samples < 1:
@@ -73,6 +77,7 @@ class Request:
     priority: int = 0
     instance: int | None = None
     seed: int = 0
+    batch: int = -1  # the data loader's batch it came from (GroupSpec.batch); -1: its own step's
     # filled in by the engine
     generated: int = 0  # tokens generated so far (a carried response resumes from here)
     finish_reason: str = ""

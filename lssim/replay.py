@@ -231,7 +231,7 @@ def end_to_end(res: RunResult) -> dict:
         "rollout_idle_device_seconds": float("nan") if collocated else max(0.0, rollout_devices * wall - rollout_busy),
         "train_idle_device_seconds": float("nan") if collocated else max(0.0, train_devices * wall - train_busy),
         "max_staleness": int(s["max_staleness"].max()) if len(s) else 0,
-        "staleness_histogram": {k: histogram[k] for k in sorted(histogram)},
+        "staleness_histogram": json.dumps({str(k): histogram[k] for k in sorted(histogram)}),  # versions behind: tokens
         "stale_token_fraction": sum(v for k, v in histogram.items() if k > 0) / max(1, sum(histogram.values())),
         "dropped_stale": int(s["dropped_stale"].sum()),
         "trained_tokens_per_second": trained_tokens / wall if wall > 0 else float("nan"),

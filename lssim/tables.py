@@ -17,8 +17,10 @@ from typing import Callable
 _Format = str | Callable[[float], str]
 
 TABLE_COLUMNS: dict[str, tuple[str, _Format]] = {  # summary column -> (header, format)
+    "step_seconds": ("step s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # end to end: the run's wall time
+    "speedup": ("speedup", "{:.3f}x"),  # end to end, per trained group, against baseline in the same mode
     "rollout_seconds": ("rollout s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # a CPU run's seconds or a cluster's days
-    "speedup": ("speedup", "{:.3f}x"),
+    "rollout_speedup": ("rollout x", "{:.3f}x"),
     "tokens_per_second": ("tok/s", "{:,.0f}"),
     "lower_bound_efficiency": ("bound eff", "{:.1%}"),
     "long_tail_ratio": ("tail ratio", "{:.2f}"),
@@ -29,6 +31,7 @@ TABLE_COLUMNS: dict[str, tuple[str, _Format]] = {  # summary column -> (header, 
     "tokens_saved_fraction": ("saved", "{:.1%}"),
     "stopped_correct_fraction": ("stop FP", "{:.1%}"),
     "off_policy_token_fraction": ("off-policy", "{:.1%}"),
+    "max_staleness": ("max stale", "{:.0f}"),
     "effective_group_fraction": ("eff groups", "{:.1%}"),
     "exact_fraction": ("exact", "{:.1%}"),
     "steps": ("steps", "{:d}"),
@@ -37,9 +40,10 @@ TABLE_COLUMNS: dict[str, tuple[str, _Format]] = {  # summary column -> (header, 
 
 def format_summary(table) -> str:
     """The terminal table: one row per policy, the columns a researcher reads first."""
-    headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
+    columns = {col: spec for col, spec in TABLE_COLUMNS.items() if col in table.columns}  # a table may lack some
+    headers = ["policy"] + [h for h, _ in columns.values()]
     cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
-    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
+    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in columns.items()] for name in table.index]
     widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])

@@ -20,7 +20,7 @@ def test_format_summary_one_aligned_row_per_policy_and_dash_for_nan():
     table = pd.DataFrame.from_dict({"baseline": _summary_row(speedup=1.0),
                                     "hadb+april(ratio=0.5)": _summary_row(lower_bound_efficiency=math.nan)}, orient="index")
     lines = format_summary(table).splitlines()
-    assert lines[0].split()[:3] == ["policy", "rollout", "s"]
+    assert lines[0].split()[:5] == ["policy", "step", "s", "speedup", "rollout"]  # end to end first (issue 14)
     assert len(lines) == 2 + len(table)
     assert len({len(line) for line in lines}) == 1  # every column padded to one width
     assert lines[2].startswith("baseline ") and "1.000x" in lines[2] and "1,234" in lines[2]
