@@ -38,17 +38,30 @@ def solo_candidates(ctx0: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, n
 
 
 def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
-    """A `LowerBound` for the controller: f(prompt_lens, ctx_at_start, tokens_in_step) -> seconds."""
+    """A `LowerBound` for the controller: f(prompt_lens, ctx_at_start, tokens_in_step, running=None) -> seconds.
 
-    def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray) -> float:
+    `running` marks responses still generating when the step began (an async mode keeps them): they need no
+    prefill, and the iteration they were in may have begun before the step, so their first token of the step
+    is taken as free (looser for them, still a bound)."""
+
+    def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray, running: np.ndarray | None = None) -> float:
         ran = tokens > 0
         if not ran.any():
             return 0.0
         ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
-        solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(*solo_candidates(ctx0, tokens)))
+        kept = np.zeros(len(tokens), dtype=bool) if running is None else np.asarray(running, dtype=bool)[ran]
+        ctx0, tokens = ctx0 + kept, tokens - kept
+        prefilled = ctx0[~kept]
+        solo = 0.0
+        for is_kept in (False, True):
+            rows = kept == is_kept
+            if rows.any():
+                c_rows, t_rows = solo_candidates(ctx0[rows], tokens[rows])
+                solo = max(solo, max(solo_decode_time(cost, int(c), int(t)) - (cost.prefill_time(int(c)) if is_kept else 0.0)
+                                     for c, t in zip(c_rows, t_rows)))
         # token j of a response resumed at context c is decoded at context c + j (integers: the sum is exact)
         context_reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
-        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(ctx0.sum()))) / n_instances
+        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(prefilled.sum()))) / n_instances
         return max(solo, work)
 
     return lower_bound

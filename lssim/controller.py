@@ -99,6 +99,7 @@ class Controller:
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
+        self._batch_samples: dict[int, dict[int, int]] = {}  # loader batch -> prompt -> samples of it generated so far
         self._responses = ResponseTable()
         self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
         self._step_rows: list[dict] = []
@@ -384,6 +385,7 @@ class Controller:
             batch = self._batches[k] = self.prompts.default_groups(k, cfg.groups_per_step, cfg.group_size, cfg.max_tokens)
             for old in [j for j in self._batches if j < k - 1]:
                 del self._batches[old]
+                self._batch_samples.pop(old, None)
         return batch
 
     def _proposal_size(self, step: int, carried: int, groups_left: int) -> int:
@@ -424,6 +426,11 @@ class Controller:
             self._next_group += 1
             first = used.get(g.prompt_id, 0)
             used[g.prompt_id] = first + g.n_samples
+            # Its place among the samples its loader batch holds of this prompt (the simulator answers from there).
+            of_batch = self._batch_samples.setdefault(g.batch, {}) if g.batch is not None else None
+            first_in_batch = of_batch.get(g.prompt_id, 0) if of_batch is not None else first
+            if of_batch is not None:
+                of_batch[g.prompt_id] = first_in_batch + g.n_samples
             prompt_len = self.prompts.prompt_len(g.prompt_id)
             members = []
             budgets, trains = g.member_max_tokens, g.member_trained
@@ -431,7 +438,7 @@ class Controller:
                 r = Request(rid=self._next_rid, group_id=gid, step=s.step, prompt_id=g.prompt_id, sample_idx=first + k,
                             prompt_len=prompt_len, max_tokens=g.max_tokens if budgets is None else min(budgets[k], g.max_tokens),
                             priority=g.priority, instance=g.instance, seed=next(seeds), first_version=self.mode.version,
-                            batch=-1 if g.batch is None else g.batch)
+                            batch=-1 if g.batch is None else g.batch, batch_sample=first_in_batch + k)
                 if trains is not None and not trains[k]:
                     self._left_out.add(r.rid)
                 self._next_rid += 1

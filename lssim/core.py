@@ -78,6 +78,7 @@ class Request:
     instance: int | None = None
     seed: int = 0
     batch: int = -1  # the data loader's batch it came from (GroupSpec.batch); -1: its own step's
+    batch_sample: int = -1  # its index among the samples of its prompt in that batch (sample_idx counts in the step)
     # filled in by the engine
     generated: int = 0  # tokens generated so far (a carried response resumes from here)
     finish_reason: str = ""

@@ -25,8 +25,9 @@ from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState
 from .policy import StepOutcome
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
-# the step (prompt + tokens carried in) and tokens generated in the step. See lssim.bounds.
-LowerBound = Callable[[np.ndarray, np.ndarray, np.ndarray], float]
+# the step (prompt + tokens carried in), tokens generated in the step, and which were still generating when
+# it began (None: none). See lssim.bounds.
+LowerBound = Callable[..., float]
 
 RESPONSE_COLUMNS = ("step", "end_step", "prompt_id", "sample_idx", "group_id", "prompt_len", "response_len", "max_tokens",
                     "reward", "finish_reason", "stop_reason", "policy_version_first", "policy_version_last",
@@ -185,7 +186,11 @@ def _tokens_and_bound(s: StepState, lower_bound: LowerBound | None) -> tuple[int
     ctx1 = np.array([r.prompt_len + r.generated for r in ran], dtype=np.int64)
     step_tokens = ctx1 - ctx0
     prompt_lens = np.array([r.prompt_len for r in ran], dtype=np.int64)
-    bound = lower_bound(prompt_lens, ctx0, step_tokens) if lower_bound and len(ran) else float("nan")
+    running = None
+    if s.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
+        kept = {r.rid for r in s.kept_in}
+        running = np.array([r.rid in kept for r in ran], dtype=bool)
+    bound = lower_bound(prompt_lens, ctx0, step_tokens, running) if lower_bound and len(ran) else float("nan")
     return int(step_tokens.sum()), bound
 
 

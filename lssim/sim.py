@@ -131,7 +131,8 @@ class SimEngine:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
             if r.rid not in target:
-                answer = lookup(r.step if r.batch < 0 else r.batch, r.prompt_id, r.sample_idx, r.max_tokens)
+                answer = (lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens) if r.batch < 0 else
+                          lookup(r.batch, r.prompt_id, r.batch_sample, r.max_tokens))
                 target[r.rid] = (answer.length, answer.finish_reason, answer.reward, answer.row)
                 self.sources[answer.source] += 1
                 r.exact = answer.source == EXACT

@@ -28,6 +28,8 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
+        if r.batch >= 0:  # a loader group: the engine answers it from its batch (lssim.core.Request.batch)
+            return self._length(r.batch, r.prompt_id, r.batch_sample, r.max_tokens) - r.generated
         return self._length(r.step, r.prompt_id, r.sample_idx, r.max_tokens) - r.generated
 
     def priority(self, request):
