@@ -1,12 +1,31 @@
 """The ``lssim`` command line.
 
-Subcommands::
+Subcommands (``lssim COMMAND --help`` lists every option)::
 
-    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N]
-                [--group-size N] [--max-tokens N] [--set KEY=VALUE ...] --out FILE
+    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N] [--group-size N]
+                [--max-tokens N] [--n-prompts N] [--set KEY=VALUE ...] --out FILE
+        generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
-    lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
-    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
+        validate a trace and summarize it (lssim.trace)
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--out DIR] [--json]
+        replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
+    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--by speedup|lower_bound_efficiency] [--top N]
+                [cluster options] [--out DIR] [--json]
+        search compositions of policies for the best one (lssim.sweep)
+    lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
+               [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
+        run the RL loop on a real vLLM engine and a torch trainer under a policy, recording its trace
+        (real_backend/run.py)
+    lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
+        time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
+    lssim validate [--policies A,B,...|all] [--runs DIR ...] [--profile JSON | --reprofile]
+                   [--repeats K] ... --out DIR [--overwrite]
+        record real runs (or take recorded ones), replay each in the simulator, report the error
+        (real_backend/sim_vs_real.py, lssim.fidelity)
+
+Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
+--instances N --max-num-seqs N --kv-tokens N --profile JSON --seed N``. ``real``, ``profile`` and
+``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
@@ -26,6 +45,8 @@ import os
 import sys
 from dataclasses import fields
 from typing import Callable, Sequence
+
+from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
 
 PROG = "lssim"
 
@@ -113,7 +134,8 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_info(args: argparse.Namespace) -> int:
-    from .trace import format_trace_info, load_trace, trace_info
+    from .trace import load_trace
+    from .trace_summary import format_trace_info, trace_info
 
     df = load_trace(args.file)
     info = trace_info(df, validate=False)
@@ -142,35 +164,6 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------
 # replay
 # --------------------------------------------------------------------------
-
-TABLE_COLUMNS = {  # summary column -> (header, format)
-    "rollout_seconds": ("rollout s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # a CPU run's seconds or a cluster's days
-    "speedup": ("speedup", "{:.3f}x"),
-    "tokens_per_second": ("tok/s", "{:,.0f}"),
-    "lower_bound_efficiency": ("bound eff", "{:.1%}"),
-    "long_tail_ratio": ("tail ratio", "{:.2f}"),
-    "busy_fraction": ("busy", "{:.1%}"),
-    "mean_running": ("batch", "{:.0f}"),
-    "truncated_fraction": ("truncated", "{:.1%}"),
-    "policy_stopped_fraction": ("stopped", "{:.1%}"),
-    "tokens_saved_fraction": ("saved", "{:.1%}"),
-    "stopped_correct_fraction": ("stop FP", "{:.1%}"),
-    "off_policy_token_fraction": ("off-policy", "{:.1%}"),
-    "effective_group_fraction": ("eff groups", "{:.1%}"),
-    "exact_fraction": ("exact", "{:.1%}"),
-    "steps": ("steps", "{:d}"),
-}
-
-
-def format_summary(table) -> str:
-    """The terminal table: one row per policy, the columns a researcher reads first."""
-    headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
-    cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
-    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
-    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     """The simulated cluster and run length, shared by `replay` and `sweep`."""
@@ -286,15 +279,15 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         description="For each policy, run it on the real vLLM backend (or take a run recorded by `lssim real`), "
         "replay its trace in the simulator with the same policy, seeds and a profiled cost model, and compare "
         "step by step: rollout makespan, finish order and times, tokens, and the speedup over baseline. "
-        "See real_backend/VALIDATION.md.",
+        "See real_backend/README.md.",
     )
 
     def run(args: argparse.Namespace) -> int:
-        from real_backend.validate import run as run_validate
+        from real_backend.sim_vs_real import run as run_validate
 
         return run_validate(args)
 
-    from real_backend.validate import add_arguments
+    from real_backend.sim_vs_real import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=run)

@@ -12,12 +12,20 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .rewards import RewardScale
+
 # How a response ended. Every response ends in exactly one of these (or is carried to the next step).
 STOP = "stop"  # ended by itself (EOS)
 LENGTH = "length"  # hit its max_tokens budget
 POLICY_STOP = "policy_stop"  # a policy stopped it; Request.stop_reason says why
 ABORT = "abort"  # the rollout ended without it and the policy dropped it
 FINISH_REASONS = (STOP, LENGTH, POLICY_STOP, ABORT)
+
+# What an engine reports (Event.kind). Plain strings, compared on the hot path: the simulator keeps them in
+# its heaps as they are, so an event costs no conversion between the engine and the controller.
+FINISHED = "finished"  # a request ended (Request.finish_reason says how)
+PROGRESS = "progress"  # a request passed a progress checkpoint (every Engine.set_progress_interval tokens)
+EVENT_KINDS = (FINISHED, PROGRESS)
 
 
 @dataclass(slots=True)
@@ -29,12 +37,25 @@ class GroupSpec:
     max_tokens: int
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     instance: int | None = None  # pin to an engine instance; None lets the engine/placement decide
+    # A recorded group (lssim.workload replays a trace's batches as recorded), where its members differ:
+    # member k's own budget, capped by max_tokens (a policy that lowers max_tokens lowers them all), and
+    # whether the recorded run trained member k (False: generated, then left out of training, e.g. a group
+    # DAPO filtered out). None: every member gets max_tokens and may train.
+    member_max_tokens: tuple[int, ...] | None = None
+    member_trained: tuple[bool, ...] | None = None
 
     def __post_init__(self):
         if self.n_samples < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): n_samples must be >= 1, got {self.n_samples}")
         if self.max_tokens < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("member_max_tokens", "member_trained"):
+            members = getattr(self, name)
+            if members is not None and len(members) != self.n_samples:
+                raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): {name} has {len(members)} entries for "
+                                 f"{self.n_samples} samples")
+        if self.member_max_tokens is not None and min(self.member_max_tokens) < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): member_max_tokens must be >= 1")
 
 
 @dataclass(slots=True, eq=False)
@@ -75,7 +96,7 @@ class Request:
 class Event:
     """Something an engine reports: a request finished, or passed a progress checkpoint."""
 
-    kind: str  # "finished" or "progress"
+    kind: str  # FINISHED or PROGRESS
     request: Request
     time: float
 
@@ -117,6 +138,7 @@ class StepContext:
     # off; what is drawn is consumed, as in slime's data source. For over-provisioning and top-ups (during the
     # step's rollout too). None where no loader is attached (a hand-made context).
     draw: Callable[[int], list[GroupSpec]] | None = None
+    reward_scale: RewardScale = RewardScale()  # the run's reward range: what "correct" and "lowest" mean (lssim.rewards)
 
 
 @dataclass(slots=True)
@@ -172,10 +194,10 @@ SPECULATION_METHODS = ("ngram", "draft", "layer_skip")
 class Speculation:
     """An execution feature a policy asks of the engine: faster decoding while the running batch is small.
 
-    A policy exposes it as its `speculation` attribute; the controller hands it to the engine once, before the
-    first step (`Engine.set_speculation`, as with the progress interval), and each engine instance applies it
-    whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running requests: large
-    batches are compute-bound and verifying drafts costs more than it saves).
+    A policy asks for it in its needs (`PolicyNeeds.speculation`); the controller hands it to the engine once,
+    before the first step (`Engine.set_speculation`, as with the progress interval), and each engine instance
+    applies it whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running
+    requests: large batches are compute-bound and verifying drafts costs more than it saves).
 
     Methods:
     - "ngram" (lossless): drafts by prompt lookup (vLLM's n-gram proposer; SPEC-RL's reuse of the prompt's
@@ -252,6 +274,21 @@ class Engine(Protocol):
     The controller calls only these. `next_events` returns the next batch of events, advancing the
     clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
     list only when nothing is in flight.
+
+    Every engine has every method: the last three are abilities an engine may lack, and an engine without
+    one answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
+    answers, so an engine that subclasses `Engine` inherits them (lssim.sim.SimEngine and
+    real_backend.engine.VLLMEngine implement all three themselves):
+
+    - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
+      None where the engine cannot tell (the real world). The controller records it as natural_len /
+      natural_reward (-1 / NaN for None).
+    - `utilization()`: (busy seconds, sequence-seconds) summed over instances since the engine started; NaNs
+      where the engine cannot tell. The controller turns the step's difference into busy_fraction and
+      mean_running.
+    - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
+      `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
+      otherwise.
     """
 
     n_instances: int
@@ -268,9 +305,16 @@ class Engine(Protocol):
 
     def set_progress_interval(self, tokens: int | None) -> None: ...
 
-    # Optional: an engine that can speculate. The controller calls it once, before the first step, when the
-    # engine has it (with None too); a policy asking for speculation on an engine without it is an error.
-    def set_speculation(self, speculation: Speculation | None) -> None: ...
+    def counterfactual(self, request: Request) -> tuple[int, float] | None:
+        return None
+
+    def utilization(self) -> tuple[float, float]:
+        return float("nan"), float("nan")
+
+    def set_speculation(self, speculation: Speculation | None) -> None:
+        if speculation is not None:
+            raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
+                             f"cannot do")
 
 
 class Trainer(Protocol):

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -18,13 +18,17 @@ from .controller import Controller, RunConfig, RunResult
 from .cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
 from .cost.operators import KERNEL_PROFILES, OperatorCostModel
 from .policy import Policy, make_policy
-from .sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from .rewards import RewardScale
+from .sim import EngineConfig, SimEngine, SimTrainer
+from .training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from .workload import Workload
 
 
 @dataclass
 class SimSetup:
-    """The simulated cluster: a model on some hardware, N engine instances, and the train-time model."""
+    """The simulated cluster: a model on some hardware, N engine instances, and the training-phase model.
+
+    The trainer runs collocated on the rollout's devices (n_instances x tp), verl's default."""
 
     model: str = "qwen2.5-7b"  # a key of lssim.cost.MODELS
     hardware: str = "H100"  # a key of lssim.cost.HARDWARE
@@ -34,7 +38,9 @@ class SimSetup:
     kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
     profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
     cost: str = "roofline"  # or "operators": kernel by kernel from measured GPU kernels (lssim.cost.operators)
-    train: TrainTimeModel = field(default_factory=TrainTimeModel)
+    # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
+    # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
+    train: TrainCostModel | str | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -48,6 +54,16 @@ class SimSetup:
                              f"have {', '.join(KERNEL_PROFILES)}")
         if self.cost == "operators" and self.model not in SHAPES:
             raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
+        self.train_cost()  # a missing or bad file fails here, naming itself
+
+    def train_cost(self) -> TrainCostModel:
+        if self.train is None:
+            return AnalyticTrainCost(self.model, self.hardware)
+        if isinstance(self.train, str):
+            return load_train_cost(self.train)
+        if not isinstance(self.train, TrainCostModel):
+            raise ValueError(f"SimSetup.train must be a TrainCostModel, a JSON path or None, got {self.train!r}")
+        return self.train
 
     def cost_model(self):
         if self.profile:
@@ -73,13 +89,15 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg)
-    trainer = SimTrainer(engine, setup.train)
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=setup.n_instances * setup.tp)
     if config is None:
         n_steps = steps or len(workload.steps)
-        # Every policy trains on the same number of groups; policies that batch differently take more or
-        # fewer steps to get there (up to twice the trace's).
+        # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run
+        # left out of training count as used); policies that batch differently take more or fewer steps to get
+        # there (up to twice the trace's). The baseline proposes each recorded batch whole: it replays the trace.
         config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
-                           max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
+                           max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
+                           reward_scale=workload.reward_scale)
     oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
     controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle)
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
@@ -102,7 +120,11 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
             gc.enable()
         if bar is not None:
             bar.close()
-    result.meta.update(setup=asdict(setup), cost=engine.cost.describe(), engine=asdict(engine_cfg), sources=dict(engine.sources),
+    if prompts is None:  # the trace's own prompts: its ids as written (text ids ran as int codes)
+        result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
+    result.meta.update(reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
+                       cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),
+                       sources=dict(engine.sources),
                        preemptions=engine.preemptions, speculated_tokens=engine.speculated_tokens)
     return result
 
@@ -124,7 +146,8 @@ SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bou
                    "effective_groups_per_step", "exact_fraction", "mean_reward", "steps", "groups_trained", "responses"]
 # tokens_saved_fraction: tokens policy stops saved (natural_len - response_len of the stopped responses) over
 #   the tokens generated plus those saved. stopped_correct_fraction: stopped responses that would have ended
-#   correct (natural_reward > 0), the stops' false-positive rate; NaN when nothing was stopped or nobody can tell.
+#   correct (natural_reward in the upper half of the run's reward range, lssim.rewards: 1 of 0/1), the stops'
+#   false-positive rate; NaN when nothing was stopped or nobody can tell.
 # off_policy_token_fraction: of the tokens trained on, those generated under weights older than the step that
 #   trained them (lssim.core.off_policy_tokens).
 
@@ -140,6 +163,7 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
         stopped = r["finish_reason"] == "policy_stop"
         # What stops saved and cost, where the world knows what the response would have been (the simulator).
         known = stopped & (r["natural_len"] >= 0)
+        scale = RewardScale(*res.meta.get("reward_scale", (0.0, 1.0)))
         saved = float((r.loc[known, "natural_len"] - r.loc[known, "response_len"]).clip(lower=0).sum())
         rows[name] = {
             "rollout_seconds": rollout,
@@ -154,7 +178,7 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "truncated_fraction": float((r["finish_reason"] == "length").mean()),
             "policy_stopped_fraction": float(stopped.mean()),
             "tokens_saved_fraction": saved / (float(r["response_len"].sum()) + saved) if saved > 0 else 0.0,
-            "stopped_correct_fraction": float((r.loc[known, "natural_reward"] > 0).mean()) if known.any() else float("nan"),
+            "stopped_correct_fraction": float(scale.correct(r.loc[known, "natural_reward"]).mean()) if known.any() else float("nan"),
             "off_policy_token_fraction": float(r.loc[trained, "off_policy_tokens"].sum() / max(1, r.loc[trained, "response_len"].sum())),
             "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
             "effective_groups_per_step": float(s["effective_groups"].mean()),

@@ -7,16 +7,18 @@ within 4/3 of the optimal makespan for identical machines; with the per-step low
 what any scheduling policy can reach.
 """
 
-from lssim.policy import Policy
+from lssim.policy import Policy, PolicyNeeds
 
 
 class Oracle(Policy):
     name = "oracle"
-    needs_oracle = True
 
     def __init__(self):
         self._length = None
         self._work: list[int] = []
+
+    def needs(self):
+        return PolicyNeeds(oracle=True)  # ctx.oracle_length: the simulator only
 
     def plan(self, ctx, proposal):
         if ctx.oracle_length is None:
