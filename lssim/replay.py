@@ -16,7 +16,8 @@ import pandas as pd
 
 from .bounds import make_lower_bound
 from .controller import Controller, RunConfig, RunResult
-from .cost import HARDWARE, MODELS, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .cost.operators import KERNEL_PROFILES, OperatorCostModel
 from .modes import ModeConfig
 from .policy import Policy, make_policy
 from .rewards import RewardScale
@@ -40,6 +41,7 @@ class SimSetup:
     max_num_seqs: int = 256
     kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
     profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
+    cost: str = "roofline"  # or "operators": kernel by kernel from measured GPU kernels (lssim.cost.operators)
     # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
     # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
     train: TrainCostModel | str | None = None
@@ -54,6 +56,13 @@ class SimSetup:
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         if self.hardware not in HARDWARE:
             raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
+        if self.cost not in ("roofline", "operators"):
+            raise ValueError(f"SimSetup.cost must be 'roofline' or 'operators', got {self.cost!r}")
+        if self.cost == "operators" and self.hardware not in KERNEL_PROFILES:
+            raise ValueError(f"SimSetup.cost='operators': no measured kernel profile for {self.hardware!r}; "
+                             f"have {', '.join(KERNEL_PROFILES)}")
+        if self.cost == "operators" and self.model not in SHAPES:
+            raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
         self.train_cost()  # a missing or bad file fails here, naming itself
         self.mode_config()  # an unknown mode or a bad device split fails here
 
@@ -75,6 +84,8 @@ class SimSetup:
     def cost_model(self):
         if self.profile:
             return ProfiledCostModel.from_json(self.profile)
+        if self.cost == "operators":
+            return OperatorCostModel(MODELS[self.model], self.hardware, tp=self.tp)
         return RooflineCostModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
 
     def engine_config(self) -> EngineConfig:

@@ -11,11 +11,16 @@ conventions every model follows are in :mod:`lssim.cost.protocol`; the pieces:
     profiled.py     ProfiledCostModel: fitted to measurements of a real engine; batch_features
     fitting.py      reading and checking measurement tables, the relative-error NNLS, APE summaries
     speculative.py  SpeculativeCost: any model with speculative decoding / layer skip at small batch
+    operators.py    OperatorCostModel: a GPU iteration as the sum of its kernels, from measured kernel times
+                    (KernelProfile); operator_fit.py fits a profile and reports its held-out error;
+                    data/ holds the measurements and the fitted H100 profile
+                    (made by python -m lssim.benchmarks.gpu_cost_model --write)
 
 Every public name is re-exported here, so ``from lssim.cost import X`` works for all of them.
 """
 
-from .catalog import HARDWARE, MODELS, Hardware, ModelSpec, kv_capacity_tokens
+from .catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware, ModelSpec, kv_capacity_tokens
+from .operators import KernelProfile, OperatorCostModel
 from .profiled import ProfiledCostModel, batch_features
 from .protocol import CostModel, peak_tokens_per_second, solo_decode_time
 from .roofline import RooflineCostModel
@@ -34,4 +39,8 @@ __all__ = [
     "solo_decode_time",
     "peak_tokens_per_second",
     "SpeculativeCost",
+    "DecoderShape",
+    "SHAPES",
+    "KernelProfile",
+    "OperatorCostModel",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["ModelSpec", "Hardware", "MODELS", "HARDWARE", "kv_capacity_tokens"]
+__all__ = ["ModelSpec", "Hardware", "DecoderShape", "MODELS", "HARDWARE", "SHAPES", "kv_capacity_tokens"]
 
 _INF = float("inf")
 
@@ -70,6 +70,49 @@ MODELS: dict[str, ModelSpec] = {
     # The project's CPU reference model: 2 layers, hidden 128, 4 heads (MHA, head_dim 32), vocab 64.
     # Parameter count assumes a 4x gated MLP (intermediate 512) and tied embeddings; fp32 on CPU.
     "tiny-ref": ModelSpec(533_120, 2, 128, 4, 4, 32, 4, "tiny-ref"),
+    # meta-llama/Llama-2-7b-hf: 32 layers, hidden 4096, 32 heads (MHA), head_dim 128, vocab 32000, MLP 11008.
+    # The model of Vidur's public H100 per-operation profiles (lssim.cost.data, lssim.benchmarks.gpu_cost_model).
+    "llama2-7b": ModelSpec(6_738_415_616, 32, 4096, 32, 32, 128, 2, "llama2-7b"),
+}
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What ``ModelSpec`` leaves out and a per-kernel cost model needs: the vocabulary (LM head and sampling),
+    the MLP width (gated: gate and up projections fused, then down), whether the input embedding is the
+    LM head (tied), and whether the QKV projection has a bias (Qwen2)."""
+
+    vocab: int
+    intermediate: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    def __post_init__(self) -> None:
+        for field in ("vocab", "intermediate"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"DecoderShape.{field} must be a positive int, got {value!r}")
+        for field in ("tied_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"DecoderShape.{field} must be a bool, got {getattr(self, field)!r}")
+
+    def params(self, spec: ModelSpec) -> int:
+        """The parameter count these shapes give with ``spec`` (embeddings, attention with its bias, gated
+        MLP, two norms a layer and the final norm): equals ``spec.params`` for every entry of SHAPES."""
+        h, q, kv = spec.hidden, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        attn = h * (q + 2 * kv) + (q + 2 * kv if self.qkv_bias else 0) + q * h
+        layer = attn + 3 * h * self.intermediate + 2 * h
+        return self.vocab * h * (1 if self.tied_embeddings else 2) + spec.n_layers * layer + h
+
+
+# From the same config.json files as MODELS (vocab_size, intermediate_size, tie_word_embeddings, QKV bias).
+SHAPES: dict[str, DecoderShape] = {
+    "qwen2.5-7b": DecoderShape(152_064, 18_944, False, True),
+    "qwen2.5-1.5b": DecoderShape(151_936, 8_960, True, True),
+    "qwen2.5-32b": DecoderShape(152_064, 27_648, False, True),
+    "llama3-8b": DecoderShape(128_256, 14_336, False, False),
+    "tiny-ref": DecoderShape(64, 512, True, False),
+    "llama2-7b": DecoderShape(32_000, 11_008, False, False),
 }
 
 
