@@ -7,6 +7,7 @@ Subcommands::
     lssim trace info FILE [--json]
     lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
     lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
+    lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
@@ -137,6 +138,39 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=_run_trace_info)
 
+
+
+# --------------------------------------------------------------------------
+# import
+# --------------------------------------------------------------------------
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from .importers import FRAMEWORKS, write_imported
+
+    imported = FRAMEWORKS[args.framework].run(args)
+    write_imported(imported, args.out)
+    print(imported.summary(args.out))
+    return 0
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    from .importers import FRAMEWORKS
+
+    p = sub.add_parser(
+        "import",
+        help="import a verl, slime, AReaL or TRL rollout dump as a trace",
+        description="Read a training framework's rollout dump and write it as an lssim trace (atomically; nothing "
+        "is written on error), with columns saying which values the dump measured and which were inferred.",
+    )
+    fsub = p.add_subparsers(dest="framework", metavar="FRAMEWORK", required=True)
+    for name, module in FRAMEWORKS.items():
+        fp = fsub.add_parser(name, help=module.HELP, description=(module.__doc__ or "").split("\n\n")[0])
+        fp.add_argument("source", metavar="SOURCE", help="the dump's folder")
+        fp.add_argument("-o", "--out", required=True, metavar="FILE", help="output parquet trace")
+        fp.add_argument("--allow-gaps", action="store_true", help="accept holes in the step numbering")
+        module.add_arguments(fp)
+        fp.set_defaults(func=_run_import)
 
 
 # --------------------------------------------------------------------------
@@ -393,6 +427,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "profile": _add_profile,
     "validate": _add_validate,
     "sweep": _add_sweep,
+    "import": _add_import,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 
