@@ -369,3 +369,27 @@ def test_a_response_longer_than_the_cap_names_its_record(tmp_path):
     src = write_slime(tmp_path / "d", make_run())
     with pytest.raises(DumpError, match=r"0\.pt: record \d+: response length \d+ > the cap 10"):
         read_slime(src, max_tokens=10)
+
+
+def test_trl_reads_the_wandb_table_of_older_versions(tmp_path, tokenizer_dir):
+    """Before parquet logging, TRL logged a wandb table `completions` with the step as text and one reward column."""
+    run = make_run(sizes=(4,))
+    d = tmp_path / "media" / "table"
+    d.mkdir(parents=True)
+    for s, groups in enumerate(run):
+        data = [[str(10 * (s + 1)), g.prompt, words(n), r] for g in groups for n, r in zip(g.lengths, g.rewards)]
+        (d / f"completions_{3 * s + 7}_0123abcd.table.json").write_text(
+            json.dumps({"_type": "table", "columns": ["step", "prompt", "completion", "reward"], "data": data}))
+    result = imported("trl", d, ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP)])
+    assert observed(result.frame) == {10 * (s + 1): v for s, v in expected(run).items()}
+
+
+def test_verl_prompt_key_keeps_the_ids_as_written(tmp_path, tokenizer_dir):
+    src = write_verl(tmp_path / "d", make_run())
+    for path in src.iterdir():
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("\n".join(json.dumps({**r, "index": f"gsm8k-{PROMPTS.index(r['input'])}"}) for r in rows) + "\n")
+    options = ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP), "--prompt-key", "index"]
+    frame = imported("verl", src, options).frame
+    assert set(frame["prompt_id"]) <= {f"gsm8k-{k}" for k in range(len(PROMPTS))}
+    assert frame.groupby("prompt_id")["prompt_len"].nunique().eq(1).all()

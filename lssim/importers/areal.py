@@ -56,7 +56,7 @@ def read_areal(source: str | Path, *, max_tokens: int, allow_gaps: bool = False)
         if not tasks:
             raise DumpError(f"{folder}: no task files ({{task_id}}.jsonl)")
         for path in tasks:
-            for rec in _task(path, root, version):
+            for rec in _task(path, version):
                 first_unknown += rec.policy_version_first is None
                 responses.append(rec)
     for r in responses:
@@ -71,8 +71,8 @@ def read_areal(source: str | Path, *, max_tokens: int, allow_gaps: bool = False)
                     + (["first weight versions"] if first_unknown else []), notes)
 
 
-def _task(path: Path, root: Path, version: int) -> list[Response]:
-    rel = str(path.relative_to(root))
+def _task(path: Path, version: int) -> list[Response]:
+    rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
     out: list[Response] = []
     seen: set[int] = set()
     with open(path, encoding="utf-8") as f:

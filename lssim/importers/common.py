@@ -9,7 +9,8 @@ frame with extra columns saying where each value came from:
   (counted again from decoded text with ``--tokenizer``);
 - ``finish_source``: ``measured`` (the framework recorded why generation ended) or ``inferred``
   (``length`` where the response reaches the cap, ``stop`` below it);
-- ``source_file`` / ``source_record``: the dump file (relative to SOURCE) and the record in it.
+- ``source_file`` / ``source_record``: the dump file (as reached from SOURCE) and the record in it
+  (the line of a JSON-lines file, else the position in the file's samples or rows, from 0).
 
 :func:`write_imported` writes it with :func:`lssim.trace.write_trace` (atomic: nothing is left
 behind on error) and names the dump's file and record when the trace schema refuses a row.

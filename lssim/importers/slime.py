@@ -67,7 +67,7 @@ def read_slime(source: str | Path, *, max_tokens: int | None = None, prompt_key:
     for step, paths in files.items():
         for path in paths:
             samples = _samples(path, step, trust_pickle)
-            rel = str(path.relative_to(root))
+            rel = str(path)  # as reached from SOURCE: an error names a file the user can open
             responses += [_response(s, i, step, rel, prompt_key, reward_key) for i, s in enumerate(samples)]
     cap = max_tokens if max_tokens is not None else _inferred_cap(responses)
     notes = [] if max_tokens is not None else [f"cap of untruncated responses inferred as {cap} tokens; pass --max-tokens to set it"]

@@ -104,7 +104,7 @@ def _tables(root: Path) -> list[tuple[int, str, pd.DataFrame]]:
         m = re.fullmatch(FILE_PATTERN, path.name)
         if not (m and path.is_file()):
             continue
-        rel = str(path.relative_to(root))
+        rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
         table = _read(path, rel)
         for col in ("prompt", "completion"):
             if col not in table:

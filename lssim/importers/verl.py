@@ -56,7 +56,7 @@ def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, pro
     root = descend(Path(source), "rollout_data")
     files = step_files(root, r"(\d+)(?:[._-].*)?\.jsonl", "step files ({global_steps}.jsonl)")
     check_no_gaps(files, root, "step file", allow_gaps)
-    records = [rec for step, paths in files.items() for path in paths for rec in _records(path, root, step)]
+    records = [rec for step, paths in files.items() for path in paths for rec in _records(path, step)]
     for rel, line, rec in records:
         for key in ("input", "output"):
             if not isinstance(rec.get(key), str):
@@ -79,8 +79,8 @@ def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, pro
     return Imported(frame, NAME, ["steps", "groups (samples sharing a prompt)", f"rewards ({reward_key})"], inferred, notes)
 
 
-def _records(path: Path, root: Path, step: int) -> list[tuple[str, int, dict]]:
-    rel = str(path.relative_to(root))
+def _records(path: Path, step: int) -> list[tuple[str, int, dict]]:
+    rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
     out = []
     with open(path, encoding="utf-8") as f:
         for line_no, text in enumerate(f, start=1):
