@@ -22,9 +22,15 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
                    [--repeats K] ... --out DIR [--overwrite]
         record real runs (or take recorded ones), replay each in the simulator, report the error
         (real_backend/sim_vs_real.py, lssim.fidelity)
+    lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
+        turn a framework's rollout dump into an lssim trace (lssim.importers)
+    lssim plan TRACE --devices N [cluster options]
+        rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.plan)
 
 Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
---instances N --max-num-seqs N --kv-tokens N --profile JSON --seed N``. ``real``, ``profile`` and
+--instances N --max-num-seqs N --kv-tokens N --profile JSON --train-cost JSON --seed N``, and the execution
+mode: ``--mode collocated|disaggregated|async|hybrid --rollout-devices N --train-devices N --staleness K
+--async-variant roll|areal --no-elastic`` (lssim.modes). ``real``, ``profile`` and
 ``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
@@ -159,6 +165,39 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=_run_trace_info)
 
+
+
+# --------------------------------------------------------------------------
+# import
+# --------------------------------------------------------------------------
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from .importers import FRAMEWORKS, write_imported
+
+    imported = FRAMEWORKS[args.framework].run(args)
+    write_imported(imported, args.out)
+    print(imported.summary(args.out))
+    return 0
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    from .importers import FRAMEWORKS
+
+    p = sub.add_parser(
+        "import",
+        help="import a verl, slime, AReaL or TRL rollout dump as a trace",
+        description="Read a training framework's rollout dump and write it as an lssim trace (atomically; nothing "
+        "is written on error), with columns saying which values the dump measured and which were inferred.",
+    )
+    fsub = p.add_subparsers(dest="framework", metavar="FRAMEWORK", required=True)
+    for name, module in FRAMEWORKS.items():
+        fp = fsub.add_parser(name, help=module.HELP, description=(module.__doc__ or "").split("\n\n")[0])
+        fp.add_argument("source", metavar="SOURCE", help="the dump's folder")
+        fp.add_argument("-o", "--out", required=True, metavar="FILE", help="output parquet trace")
+        fp.add_argument("--allow-gaps", action="store_true", help="accept holes in the step numbering")
+        module.add_arguments(fp)
+        fp.set_defaults(func=_run_import)
 
 
 # --------------------------------------------------------------------------
@@ -416,6 +455,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "profile": _add_profile,
     "validate": _add_validate,
     "sweep": _add_sweep,
+    "import": _add_import,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 
