@@ -82,6 +82,8 @@ class FakeTQ:
         return out
 
     def kv_clear(self, keys, partition_id):
+        if not keys:
+            raise ValueError("Received an empty list as keys.")  # as transfer_queue's client does
         for key in keys:
             self.parts[partition_id].pop(key, None)
 
@@ -394,3 +396,144 @@ def test_config_command_prints_the_overrides_and_writes_the_agent_loop_yaml(tmp_
     bad = subprocess.run([sys.executable, "-m", "lssim.integrations.verl", "config", "--policy", "nope", "--out",
                           str(tmp_path / "x")], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stderr and not (tmp_path / "x").exists()
+
+
+# ---- against verl 0.9.1 itself (the separate environment) ---------------------------------------------------
+@needs_verl
+def test_verl_builds_the_sampler_from_its_own_config():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    kwargs = {"policy": "hadb+april", "groups_per_step": "${data.train_batch_size}", "run": "verl-config",
+              "group_size": "${actor_rollout_ref.rollout.n}", "max_tokens": "${actor_rollout_ref.rollout.response_length}"}
+    config = OmegaConf.create({
+        "data": {"train_batch_size": 8}, "actor_rollout_ref": {"rollout": {"n": 4, "response_length": 256}}, "algorithm": {},
+        "trainer": {"v1": {"trainer_mode": "colocate_async", "sampler": {
+            "max_off_policy_threshold": 8, "max_off_policy_strategy": "drop", "sampler_kwargs": kwargs,
+            "custom_sampler": {"path": "pkg://lssim.integrations.verl.sampler", "name": "LssimSampler"}}}}})
+    stub = SimpleNamespace(config=config, trainer_mode="colocate_async", _add_prompts_to_generate=lambda n: n)
+    sampler = PPOTrainer._build_replay_buffer(stub)  # verl's own loader and constructor call
+    assert isinstance(sampler, LssimSampler) and sampler.refill_fn is stub._add_prompts_to_generate
+    assert (sampler.settings.groups_per_step, sampler.settings.group_size, sampler.settings.max_tokens) == (8, 4, 256)
+    assert sampler.policy.name == "hadb+april" and sampler.max_off_policy_threshold == 8
+    end_run("verl-config")
+
+
+def _task_parquet(tmp_path, n=20):
+    import pandas as pd
+
+    rows = [json.loads(line) for line in open("real_backend/data/prompts.jsonl")][:n]
+    frame = pd.DataFrame({"prompt": [[{"role": "user", "content": r["text"]}] for r in rows], "data_source": "task",
+                          "reward_model": [{"ground_truth": r["answer"]} for r in rows],
+                          "extra_info": [{"index": r["prompt_id"]} for r in rows]})
+    path = tmp_path / "train.parquet"
+    frame.to_parquet(path)
+    return str(path)
+
+
+@needs_verl
+def test_verl_dataset_class_serves_the_policys_plan_through_verls_collate(tmp_path):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
+
+    from lssim.integrations.verl.driver import DriverConfig, PolicyDriver, start_run
+
+    train = _task_parquet(tmp_path)
+    config = OmegaConf.create({"train_files": train, "val_files": train, "filter_overlong_prompts": False,
+                               "cache_dir": str(tmp_path), "lssim_run": "verl-dataset",
+                               "custom_cls": {"path": "pkg://lssim.integrations.verl.dataset", "name": "LssimDataset"}})
+    cls = get_dataset_class(config)
+    driver = start_run("verl-dataset", PolicyDriver("vade", DriverConfig(4, 3, 64)))
+    tokenizer = AutoTokenizer.from_pretrained("real_backend/reference_model")
+    dataset = cls(data_files=train, tokenizer=tokenizer, config=config, processor=None)
+    assert dataset.lssim_driver is driver and len(driver.pool) == 20
+    batch = collate_fn([dataset[i] for i in range(4)])
+    plan = driver.plans[0]
+    assert list(batch[PROMPT_ID_FIELD]) == list(batch["index"]) == [g.prompt_id for g in plan]
+    assert list(batch[ROLLOUT_N_FIELD]) == [3] * 4 and list(batch[BUDGET_FIELD]) == [g.max_tokens for g in plan]
+    end_run("verl-dataset")
+
+
+@needs_verl
+def test_verl_agent_loop_sends_the_budget_and_records_why_it_ended():
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.workers.rollout.replica import TokenOutput
+
+    from lssim.integrations.verl.agent_loop import LssimSingleTurnAgentLoop
+
+    tokenizer = AutoTokenizer.from_pretrained("real_backend/reference_model")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 64, "response_length": 32}}, "data": {}})
+    sent = []
+
+    class Server:  # verl's LLMServerClient.generate, answering with the stop reason vLLM's server reports
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            sent.append(dict(sampling_params))
+            n = min(sampling_params["max_tokens"], 12)
+            tokens = [5] * n if n == sampling_params["max_tokens"] else [5] * (n - 1) + [tokenizer.eos_token_id]
+            return TokenOutput(token_ids=tokens, stop_reason="completed", extra_fields={"global_steps": 3})
+
+    async def run(budget):
+        loop = LssimSingleTurnAgentLoop(trainer_config=DictConfigWrap(config), server_manager=Server(), tokenizer=tokenizer,
+                                        processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))
+        return await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "1 2 3 :"}], **{BUDGET_FIELD: budget})
+
+    capped, ended = asyncio.run(run(8)), asyncio.run(run(1000))
+    assert [s["max_tokens"] for s in sent] == [8, 32]  # the policy's budget, capped at rollout.response_length
+    assert capped.as_dict()["extra_fields"]["lssim"] == {"max_tokens": 8, "finish_reason": "length", "generated": 8}
+    assert ended.as_dict()["extra_fields"]["lssim"] == {"max_tokens": 32, "finish_reason": "stop", "generated": 12}
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """A real TransferQueue on a local Ray (its controller and storage unit take one logical CPU each)."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def verl_writer(tq, key, tag, output, row_fields):
+    """_agent_loop_postprocess's put with verl's own classes: AgentLoopOutput.as_dict, list_of_dict_to_tensordict."""
+    from verl.experimental.agent_loop import AgentLoopOutput
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    out = AgentLoopOutput(prompt_ids=output["prompt_ids"], response_ids=output["response_ids"],
+                          response_mask=[1] * len(output["response_ids"]), reward_score=output["reward_score"],
+                          metrics=AgentLoopMetrics(), extra_fields=output["extra_fields"])
+    fields = out.as_dict()
+    fields.update(row_fields)
+    fields["loss_mask"] = fields["response_mask"]
+    tq.kv_batch_put(keys=[key], fields=list_of_dict_to_tensordict([fields]), tags=[tag], partition_id="train")
+
+
+@needs_verl
+@pytest.mark.parametrize("mode, policy", [("sync", "hadb+april"), ("colocate_async", "april")])
+def test_verl_transfer_queue_round_trip(transfer_queue, tmp_path, mode, policy):
+    from transfer_queue import KVBatchMeta
+
+    path = tmp_path / "verl.parquet"
+    trainer = FakeV1Trainer(mode, policy, B=4, n=2, pool=16, trace=path, tq=transfer_queue, batch_meta=KVBatchMeta,
+                            writer=verl_writer, warmup=0).fit(3)
+    trace = load_trace(path)
+    assert all(isinstance(b, KVBatchMeta) for _, b, _ in trainer.batches)
+    assert len(trace) == sum(len(b.keys) for _, b, _ in trainer.batches)
+    for r in trace.itertuples():  # lengths and rewards as generated, read back through TransferQueue's tensors
+        matches = [s for s in trainer.rollout.written.values() if (s.global_steps - 1, s.prompt_id) == (r.step, r.prompt_id)
+                   and s.target == r.response_len and reward_of(s.prompt_id, s.session) == r.reward]
+        assert matches and r.max_tokens == matches[0].budget
+    left = transfer_queue.kv_list("train").get("train", {})
+    if left:  # async: groups still in flight when the run stopped
+        transfer_queue.kv_clear(keys=list(left), partition_id="train")

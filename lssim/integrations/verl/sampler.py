@@ -113,6 +113,7 @@ class LssimSampler:
         self.policy = self.driver.policy
         self.recorder = TraceRecorder(s.trace_path) if s.trace_path else None
         self._read: dict[str, list[VerlResponse]] = {}  # uid -> its finished group's responses, read once
+        self._evicted: dict[str, list[VerlResponse]] = {}  # uid -> responses of groups dropped in this step
         self._asks = {h: self.policy.overrides(h) for h in ("end_rollout", "select", "top_up")}
         if trainer_mode == "sync" and self._asks["end_rollout"]:
             warnings.warn(f"policy {self.policy.name} ends rollouts early (end_rollout), which verl's sync trainer cannot "
@@ -129,6 +130,11 @@ class LssimSampler:
         while True:
             prompts, trajectories = self._snapshot(partition_id)
             self._read_finished(partition_id, prompts, trajectories)
+            stale = [uid for uid in self._done(prompts) if self._stale(prompts[uid], global_steps)]
+            if stale:  # verl's ReplayBufferAsync: evict the groups past the staleness bound, refill as many
+                self._evict(partition_id, stale, trajectories)
+                refilled += self._refill(len(stale))
+                continue
             in_flight = self._update_state(state, prompts, trajectories)
             if not in_flight:  # the rollout would end: a policy may add groups first (lssim's controller does the same)
                 more = self.policy.top_up(state) if self._asks["top_up"] else []
@@ -177,6 +183,12 @@ class LssimSampler:
             for uid in uids:
                 self._read.pop(uid, None)
 
+    def _evict(self, partition_id: str, uids: list[str], trajectories: dict) -> None:
+        """Drop finished groups (generated, not trained): cleared from TransferQueue, kept for the step's record."""
+        for uid in uids:
+            self._evicted[uid] = self._read.pop(uid)
+        self._clear(partition_id, uids, trajectories)
+
     def _refill(self, n: int) -> int:
         if n <= 0:
             return 0
@@ -223,21 +235,24 @@ class LssimSampler:
         failed = [uid for uid, tag in prompts.items()  # failed, or finished without a trajectory
                   if tag.get("status") == "failure" or (tag.get("status") == "finished" and not trajectories.get(uid))]
         done = self._done(prompts)
-        stale = [uid for uid in done if self._stale(prompts[uid], global_steps)]
-        candidates = [uid for uid in done if uid not in set(stale)]
-        trained_uids = self._select(candidates, step, batch_size)
-        dropped = [uid for uid in candidates if uid not in trained_uids and self._drops_unselected()] + stale
-        settled = [r for uid in list(trained_uids) + dropped for r in self._read[uid]]
+        trained_uids = self._select(done, step, batch_size)
+        if not trained_uids:
+            raise RuntimeError(f"step {global_steps}: policy {self.policy.name} selected none of the {len(done)} finished "
+                               "groups, and verl cannot train on an empty batch")
+        unselected = [uid for uid in done if uid not in trained_uids and self._drops_unselected()]
+        self._evict(partition, unselected, trajectories)
+        dropped, self._evicted = self._evicted, {}  # uid -> responses of every group dropped in this step
+        settled = [r for uid in trained_uids for r in self._read[uid]] + [r for rs in dropped.values() for r in rs]
         wait_s = state.now - state.started
         if self.recorder is not None:
             seconds = wait_s if self.trainer_mode == "sync" else math.nan
             self.recorder.add([r for uid in trained_uids for r in self._read[uid]], trained=True, rollout_seconds=seconds)
-            self.recorder.add([r for uid in dropped for r in self._read[uid]], trained=False, rollout_seconds=seconds)
+            self.recorder.add([r for rs in dropped.values() for r in rs], trained=False, rollout_seconds=seconds)
             self.recorder.write()
         carried = sum(tag.get("status") not in _TERMINAL for tag in prompts.values())
         self.driver.end_step(step_outcome(step, settled, set(trained_uids), wait_s), len(trained_uids), carried)
         keys, tags = _members(trained_uids, trajectories)
-        self._clear(partition, dropped + failed, trajectories)
+        self._clear(partition, failed, trajectories)
         if trained_uids:  # as verl's ReplayBuffer._materialize_batch: the prompt keys go, the trajectories stay
             self.store.kv_clear(keys=list(trained_uids), partition_id=partition)
         for uid in trained_uids:
