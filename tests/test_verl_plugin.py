@@ -390,7 +390,7 @@ def test_config_command_prints_the_overrides_and_writes_the_agent_loop_yaml(tmp_
     assert done.returncode == 0, done.stderr
     for needle in ("trainer.v1.sampler.custom_sampler.path=pkg://lssim.integrations.verl.sampler",
                    "trainer.v1.sampler.custom_sampler.name=LssimSampler", "data.custom_cls.name=LssimDataset",
-                   "agent_loop_config_path=", "sampler_kwargs.policy='hadb+april'"):
+                   "agent_loop_config_path=", 'sampler_kwargs.policy="hadb+april"'):
         assert needle in done.stdout
     assert "LssimSingleTurnAgentLoop" in (tmp_path / "lssim_agent_loops.yaml").read_text()
     bad = subprocess.run([sys.executable, "-m", "lssim.integrations.verl", "config", "--policy", "nope", "--out",
@@ -400,23 +400,29 @@ def test_config_command_prints_the_overrides_and_writes_the_agent_loop_yaml(tmp_
 
 # ---- against verl 0.9.1 itself (the separate environment) ---------------------------------------------------
 @needs_verl
-def test_verl_builds_the_sampler_from_its_own_config():
-    from omegaconf import OmegaConf
+def test_verl_composes_the_printed_overrides_and_builds_the_sampler(tmp_path):
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    kwargs = {"policy": "hadb+april", "groups_per_step": "${data.train_batch_size}", "run": "verl-config",
-              "group_size": "${actor_rollout_ref.rollout.n}", "max_tokens": "${actor_rollout_ref.rollout.response_length}"}
-    config = OmegaConf.create({
-        "data": {"train_batch_size": 8}, "actor_rollout_ref": {"rollout": {"n": 4, "response_length": 256}}, "algorithm": {},
-        "trainer": {"v1": {"trainer_mode": "colocate_async", "sampler": {
-            "max_off_policy_threshold": 8, "max_off_policy_strategy": "drop", "sampler_kwargs": kwargs,
-            "custom_sampler": {"path": "pkg://lssim.integrations.verl.sampler", "name": "LssimSampler"}}}}})
-    stub = SimpleNamespace(config=config, trainer_mode="colocate_async", _add_prompts_to_generate=lambda n: n)
+    from lssim.integrations.verl.__main__ import overrides
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    printed = overrides("hadb+april", str(tmp_path / "loops.yaml"), str(tmp_path / "t.parquet"), "colocate_async")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):  # verl's own ppo_trainer.yaml
+        config = compose(config_name="ppo_trainer", overrides=printed + ["data.train_batch_size=16", "actor_rollout_ref.rollout.n=4"])
+    assert config.data.custom_cls.name == "LssimDataset" and config.data.dataloader_num_workers == 0
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "lssim_single_turn"
+    stub = SimpleNamespace(config=config, trainer_mode=config.trainer.v1.trainer_mode, _add_prompts_to_generate=lambda n: n)
     sampler = PPOTrainer._build_replay_buffer(stub)  # verl's own loader and constructor call
     assert isinstance(sampler, LssimSampler) and sampler.refill_fn is stub._add_prompts_to_generate
-    assert (sampler.settings.groups_per_step, sampler.settings.group_size, sampler.settings.max_tokens) == (8, 4, 256)
-    assert sampler.policy.name == "hadb+april" and sampler.max_off_policy_threshold == 8
-    end_run("verl-config")
+    response_length = config.actor_rollout_ref.rollout.response_length
+    assert (sampler.settings.groups_per_step, sampler.settings.group_size, sampler.settings.max_tokens) == (16, 4, response_length)
+    assert sampler.policy.name == "hadb+april" and sampler.settings.trace_path == str(tmp_path / "t.parquet")
+    assert sampler.max_off_policy_threshold == config.trainer.v1.sampler.max_off_policy_threshold
+    end_run("lssim")
 
 
 def _task_parquet(tmp_path, n=20):

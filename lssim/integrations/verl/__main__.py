@@ -17,22 +17,22 @@ MODES = ("sync", "colocate_async")
 
 
 def overrides(policy: str, agent_loop_yaml: str, trace: str | None = None, mode: str = "sync", run: str = "lssim") -> list[str]:
-    """verl's Hydra overrides, in the order a reader checks them. sampler_kwargs repeat three of verl's own keys by
-    interpolation (verl hands a sampler none of them)."""
-    kwargs = "+trainer.v1.sampler.sampler_kwargs"
+    """verl's Hydra overrides (as Hydra reads them; `main` quotes them for a shell), in the order a reader checks
+    them. sampler_kwargs repeat three of verl's own keys by interpolation (verl hands a sampler none of them)."""
+    kwargs = "++trainer.v1.sampler.sampler_kwargs"  # ++: add the key (sampler_kwargs is {} in verl's config)
     out = [
         f"trainer.v1.trainer_mode={mode}",
         "trainer.v1.sampler.custom_sampler.path=pkg://lssim.integrations.verl.sampler",
         "trainer.v1.sampler.custom_sampler.name=LssimSampler",
-        f"{kwargs}.policy='{policy}'",
-        f"{kwargs}.groups_per_step='${{data.train_batch_size}}'",
-        f"{kwargs}.group_size='${{actor_rollout_ref.rollout.n}}'",
-        f"{kwargs}.max_tokens='${{actor_rollout_ref.rollout.response_length}}'",
+        f'{kwargs}.policy="{policy}"',
+        f"{kwargs}.groups_per_step=${{data.train_batch_size}}",
+        f"{kwargs}.group_size=${{actor_rollout_ref.rollout.n}}",
+        f"{kwargs}.max_tokens=${{actor_rollout_ref.rollout.response_length}}",
     ]
     if trace:
-        out.append(f"{kwargs}.trace_path={os.path.abspath(trace)}")
+        out.append(f'{kwargs}.trace_path="{os.path.abspath(trace)}"')
     if run != "lssim":
-        out += [f"{kwargs}.run={run}", f"+data.lssim_run={run}"]
+        out += [f'{kwargs}.run="{run}"', f'++data.lssim_run="{run}"']
     out += [
         "data.custom_cls.path=pkg://lssim.integrations.verl.dataset",
         "data.custom_cls.name=LssimDataset",
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(tmp, "w") as f:
         f.write(AGENT_LOOP_YAML)
     os.replace(tmp, path)
-    print(" \\\n    ".join(shlex.quote(o) if " " in o else o for o in overrides(args.policy, path, args.trace, args.mode)))
+    print(" \\\n    ".join(shlex.quote(o) for o in overrides(args.policy, path, args.trace, args.mode)))
     return 0
 
 
