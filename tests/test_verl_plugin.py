@@ -458,6 +458,8 @@ def test_verl_dataset_class_serves_the_policys_plan_through_verls_collate(tmp_pa
     plan = driver.plans[0]
     assert list(batch[PROMPT_ID_FIELD]) == list(batch["index"]) == [g.prompt_id for g in plan]
     assert list(batch[ROLLOUT_N_FIELD]) == [3] * 4 and list(batch[BUDGET_FIELD]) == [g.max_tokens for g in plan]
+    validation = cls(data_files=train, tokenizer=tokenizer, config=config, processor=None)  # val_files == train_files
+    assert validation.lssim_driver is None and ROLLOUT_N_FIELD not in validation[0] and len(driver.plans) == 1
     end_run("verl-dataset")
 
 

@@ -64,8 +64,10 @@ if RLHFDataset is not None:
                              max_samples=max_samples)
             self.lssim_driver = None
             if is_train_files(data_files, config):
-                self.lssim_driver = get_run(str(config.get("lssim_run", "lssim")))
-                self.lssim_driver.attach_pool(super().__len__())
+                driver = get_run(str(config.get("lssim_run", "lssim")))
+                if driver.pool is None:  # verl builds the train dataset first: a later one on the same files is validation
+                    self.lssim_driver = driver
+                    driver.attach_pool(super().__len__())
 
         def __getitem__(self, item):
             if self.lssim_driver is None:
