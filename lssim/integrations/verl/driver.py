@@ -60,9 +60,10 @@ class PolicyDriver:
 
     def __init__(self, policy: Policy | str, config: DriverConfig):
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
-        if self.policy.needs_oracle:
-            raise ValueError(f"policy {self.policy.name} reads true lengths (needs_oracle): it runs in the simulator only")
-        if self.policy.speculation is not None:
+        needs = self.policy.needs()
+        if needs.oracle:
+            raise ValueError(f"policy {self.policy.name} reads true lengths (needs().oracle): it runs in the simulator only")
+        if needs.speculation is not None:
             raise ValueError(f"policy {self.policy.name} asks the engine for speculative decoding, which this plug-in "
                              "cannot switch on: configure it in verl's rollout instead")
         self.config = config
