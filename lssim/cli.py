@@ -204,8 +204,9 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
 # replay
 # --------------------------------------------------------------------------
 
-def _add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """The simulated cluster and run length, shared by `replay` and `sweep`."""
+def _add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
+    """The simulated cluster and run length, shared by `replay`, `sweep`, `report` and `plan` (which searches the
+    execution modes itself: `modes=False`)."""
     p.add_argument("--steps", type=int, help="train on as many groups as this many of the trace's steps (default: all)")
     p.add_argument("--model", default="qwen2.5-7b", help="model preset for the roofline cost model")
     p.add_argument("--hardware", default="H100", help="hardware preset: H100, H200, A100")
@@ -217,6 +218,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-cost", metavar="JSON", help="a training-phase cost model (default: analytic for --model on "
                    "--hardware; a trainer profile from `python -m real_backend.profile_trainer`)")
     p.add_argument("--seed", type=int, default=0)
+    if not modes:
+        return
     modes = p.add_argument_group("execution mode (lssim/modes.py)")
     modes.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
                        help="where training runs and how far the rollout may run ahead of the weights (default collocated)")
@@ -446,6 +449,95 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------
+
+PLAN_TABLE = {  # plan column -> (header, format)
+    "mode": ("mode", "{}"), "policy": ("policy", "{}"), "step_seconds": ("step s", "{:,.0f}"),
+    "speedup": ("speedup", "{:.3f}x"), "trained_tokens_per_second": ("trained tok/s", "{:,.0f}"),
+    "max_staleness": ("max stale", "{:.0f}"), "off_policy_token_fraction": ("off-policy", "{:.1%}"),
+    "dropped_stale": ("dropped", "{:,.0f}"), "idle_device_fraction": ("idle", "{:.1%}"),
+    "within_bounds": ("ok", "{}"), "pareto": ("pareto", "{}"),
+}
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .plan import PlanSpace, plan
+    from .trace import load_trace
+
+    space = PlanSpace(devices=args.devices, modes=tuple(_names(args.modes)), policies=tuple(_names(args.policies)),
+                      rollout_fractions=tuple(float(f) for f in _names(args.rollout_fractions)),
+                      staleness=tuple(int(k) for k in _names(args.staleness_bounds)), max_staleness=args.max_staleness,
+                      max_off_policy=args.max_off_policy)
+    for mode in space.modes:
+        if mode not in ("collocated", "disaggregated", "async", "hybrid"):
+            raise ValueError(f"--modes: unknown mode {mode!r}")
+    trace = load_trace(args.trace)
+    args.mode, args.rollout_devices, args.train_devices, args.staleness, args.async_variant, args.no_elastic = \
+        "collocated", None, None, 1, "roll", False
+    base = replace(_setup_from_args(args), n_instances=args.devices // args.tp)
+    bar = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = lambda jobs: tqdm(jobs, desc="plan", unit="run", leave=False)  # noqa: E731
+    table = plan(trace, space, base, steps=args.steps, seed=args.seed, workers=args.workers, progress=bar)
+    if args.out:
+        from .results import atomic_write
+
+        atomic_write(args.out, lambda tmp: table.to_csv(tmp, index=False))
+    if args.json:
+        print(json.dumps({"trace": str(args.trace), "devices": args.devices,
+                          "candidates": [{k: _jsonable(v) for k, v in row.items()} for row in table.to_dict("records")]},
+                         indent=2, default=str))
+        return 0
+    print(f"trace {args.trace}: {args.devices} x {args.hardware} for {args.model}; {len(table)} candidates, best first "
+          f"by trained tokens/s (speedup: end to end against collocated baseline on all {args.devices})")
+    from .tables import format_table
+
+    print(format_table(table.head(args.top), PLAN_TABLE))
+    best = table.iloc[0]
+    if not best["within_bounds"]:
+        print("no candidate keeps the stated bounds")
+    else:
+        print(f"best: {best['mode']} with {best['policy']}: {best['speedup']:.3f}x, {best['trained_tokens_per_second']:,.0f} "
+              f"trained tokens/s, max staleness {best['max_staleness']:.0f}, off-policy tokens {best['off_policy_token_fraction']:.1%}")
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="rank execution modes, device splits, staleness bounds and policies for a cluster on a trace",
+        description="Simulate the trace under every execution mode x rollout/train split of --devices x async "
+        "staleness bound x policy, and rank them by trained tokens per second of the whole run (end to end), "
+        "with the staleness and lost signal each pays. Candidates that break --max-staleness or --max-off-policy "
+        "are listed but never best. See lssim/plan.py.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("--devices", type=int, required=True, help="devices in the cluster (rollout and training together)")
+    p.add_argument("--modes", default="collocated,disaggregated,async,hybrid", metavar="A,B", help="modes to try")
+    p.add_argument("--policies", default="baseline,april,seer", metavar="A,B", help="policies to try (compositions as a+b)")
+    p.add_argument("--rollout-fractions", default="0.25,0.5,0.75", metavar="F,F",
+                   help="shares of the devices that roll out, for the modes with a trainer of its own")
+    p.add_argument("--staleness-bounds", default="1,2", metavar="K,K", help="async staleness bounds to try")
+    p.add_argument("--max-staleness", type=int, help="a bound you state: no best candidate trains tokens staler")
+    p.add_argument("--max-off-policy", type=float, help="a bound you state: the largest share of off-policy trained tokens")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    p.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
+    _add_cluster_args(p, modes=False)
+    p.add_argument("--out", metavar="CSV", help="write every candidate's row here")
+    p.add_argument("--json", action="store_true", help="print one JSON object: every candidate, best first")
+    p.set_defaults(func=_run_plan)
+
+
+# --------------------------------------------------------------------------
 
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "synth": _add_synth,
@@ -455,6 +547,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "profile": _add_profile,
     "validate": _add_validate,
     "sweep": _add_sweep,
+    "plan": _add_plan,
     "import": _add_import,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""

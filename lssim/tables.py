@@ -40,10 +40,16 @@ TABLE_COLUMNS: dict[str, tuple[str, _Format]] = {  # summary column -> (header, 
 
 def format_summary(table) -> str:
     """The terminal table: one row per policy, the columns a researcher reads first."""
-    columns = {col: spec for col, spec in TABLE_COLUMNS.items() if col in table.columns}  # a table may lack some
-    headers = ["policy"] + [h for h, _ in columns.values()]
+    return format_table(table.rename_axis("policy").reset_index(), {"policy": ("policy", "{}"), **TABLE_COLUMNS})
+
+
+def format_table(table, columns: dict[str, tuple[str, _Format]]) -> str:
+    """Rows of `table` under `columns` (column -> (header, format)), those it has; the first left-aligned, the
+    others right-aligned, NaN as "-"."""
+    columns = {col: spec for col, spec in columns.items() if col in table.columns}  # a table may lack some
+    headers = [h for h, _ in columns.values()]
     cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
-    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in columns.items()] for name in table.index]
+    rows = [[cell(row[col], fmt) for col, (_, fmt) in columns.items()] for _, row in table.iterrows()]
     widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
