@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.sim import SimEngine, SimTrainer, TrainTimeModel
-from lssim.train_profiled import COEFFICIENTS, ProfiledTrainCost, step_features
+from lssim.sim import SimTrainer, TrainTimeModel
+from lssim.train_profiled import ProfiledTrainCost, step_features
 from lssim.training import (
     AnalyticTrainCost,
     TrainCostModel,
