@@ -12,29 +12,56 @@ Both hold for any cost model whose iteration time is non-decreasing in batch siz
 work term used to price every token at the smallest context any sequence had (peak throughput); the
 context each token reads is known from the lengths alone, and counting it makes the bound tighter
 wherever reading the KV cache is a real share of an iteration (long responses).
+
+The bound depends on the step's responses as a set, never on their order: the solo term is the
+exact maximum over every response that no other one beats in both length and context (the only
+ones that can hold it), and the work term sums integers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cost import solo_decode_time
+from .cost.protocol import solo_decode_time
+
+
+def solo_candidates(ctx0: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (context, tokens) pairs whose solo time can be the step's largest: those no other response
+    matches or beats in both (the solo time is non-decreasing in each), each pair once. Depends only on
+    the multiset of pairs, not on their order. Usually a handful; at most the number of distinct contexts."""
+    order = np.lexsort((-ctx0, -tokens))  # most tokens first, and among equal tokens the largest context
+    c, t = ctx0[order], tokens[order]
+    # Every earlier row has at least as many tokens, so a row is dominated unless its context beats them all.
+    best_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], c[:-1].astype(np.int64))))
+    keep = c > best_before
+    return c[keep], t[keep]
 
 
 def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
-    """A `LowerBound` for the controller: f(prompt_lens, ctx_at_start, tokens_in_step) -> seconds."""
+    """A `LowerBound` for the controller: f(prompt_lens, ctx_at_start, tokens_in_step, running=None) -> seconds.
 
-    def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray) -> float:
+    `running` marks responses still generating when the step began (an async mode keeps them): they need no
+    prefill, and the iteration they were in may have begun before the step, so their first token of the step
+    is taken as free (looser for them, still a bound)."""
+
+    def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray, running: np.ndarray | None = None) -> float:
         ran = tokens > 0
         if not ran.any():
             return 0.0
-        ctx0, tokens = ctx0[ran], tokens[ran]
-        # The solo bound grows with tokens and context, so only the longest few can hold the maximum.
-        top = np.argsort(tokens)[-32:]
-        solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(ctx0[top], tokens[top]))
-        # token j of a response resumed at context c is decoded at context c + j
-        context_reads = float((tokens * ctx0 + tokens * (tokens - 1) / 2).sum())
-        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(ctx0.sum()))) / n_instances
+        ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
+        kept = np.zeros(len(tokens), dtype=bool) if running is None else np.asarray(running, dtype=bool)[ran]
+        ctx0, tokens = ctx0 + kept, tokens - kept
+        prefilled = ctx0[~kept]
+        solo = 0.0
+        for is_kept in (False, True):
+            rows = kept == is_kept
+            if rows.any():
+                c_rows, t_rows = solo_candidates(ctx0[rows], tokens[rows])
+                solo = max(solo, max(solo_decode_time(cost, int(c), int(t)) - (cost.prefill_time(int(c)) if is_kept else 0.0)
+                                     for c, t in zip(c_rows, t_rows)))
+        # token j of a response resumed at context c is decoded at context c + j (integers: the sum is exact)
+        context_reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
+        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(prefilled.sum()))) / n_instances
         return max(solo, work)
 
     return lower_bound

@@ -15,8 +15,8 @@ from dataclasses import fields
 
 import pandas as pd
 
-from .core import Group, GroupSpec, Request, Speculation
-from .policy import CARRY, DROP, Action, Policy, StepOutcome
+from .core import Group, GroupSpec, Request
+from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome
 
 
 class PolicyCheckError(AssertionError):
@@ -39,9 +39,12 @@ class _Checked(Policy):
         self.progress_interval = inner.progress_interval
         if self.progress_interval is not None and (not isinstance(self.progress_interval, int) or self.progress_interval < 1):
             raise PolicyCheckError(f"{inner.name}: progress_interval must be a positive int or None, got {self.progress_interval!r}")
-        self.speculation = getattr(inner, "speculation", None)
-        if self.speculation is not None and not isinstance(self.speculation, Speculation):
-            raise PolicyCheckError(f"{inner.name}: speculation must be an lssim.core.Speculation or None, got {self.speculation!r}")
+        self._needs = inner.needs()
+        if not isinstance(self._needs, PolicyNeeds):
+            raise PolicyCheckError(f"{inner.name}: needs() must return an lssim.policy.PolicyNeeds, got {self._needs!r}")
+
+    def needs(self) -> PolicyNeeds:
+        return self._needs
 
     def overrides(self, hook: str) -> bool:
         return self.inner.overrides(hook)

@@ -1,12 +1,37 @@
 """The ``lssim`` command line.
 
-Subcommands::
+Subcommands (``lssim COMMAND --help`` lists every option)::
 
-    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N]
-                [--group-size N] [--max-tokens N] [--set KEY=VALUE ...] --out FILE
+    lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N] [--group-size N]
+                [--max-tokens N] [--n-prompts N] [--set KEY=VALUE ...] --out FILE
+        generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
-    lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
-    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
+        validate a trace and summarize it (lssim.trace)
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--out DIR] [--json]
+        replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
+    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--by speedup|lower_bound_efficiency] [--top N]
+                [cluster options] [--out DIR] [--json]
+        search compositions of policies for the best one (lssim.sweep)
+    lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
+               [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
+        run the RL loop on a real vLLM engine and a torch trainer under a policy, recording its trace
+        (real_backend/run.py)
+    lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
+        time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
+    lssim validate [--policies A,B,...|all] [--runs DIR ...] [--profile JSON | --reprofile]
+                   [--repeats K] ... --out DIR [--overwrite]
+        record real runs (or take recorded ones), replay each in the simulator, report the error
+        (real_backend/sim_vs_real.py, lssim.fidelity)
+    lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
+        turn a framework's rollout dump into an lssim trace (lssim.importers)
+    lssim plan TRACE --devices N [cluster options]
+        rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.plan)
+
+Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
+--instances N --max-num-seqs N --kv-tokens N --profile JSON --train-cost JSON --seed N``, and the execution
+mode: ``--mode collocated|disaggregated|async|hybrid --rollout-devices N --train-devices N --staleness K
+--async-variant roll|areal --no-elastic`` (lssim.modes). ``real``, ``profile`` and
+``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
@@ -26,6 +51,8 @@ import os
 import sys
 from dataclasses import fields
 from typing import Callable, Sequence
+
+from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
 
 PROG = "lssim"
 
@@ -113,7 +140,8 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_info(args: argparse.Namespace) -> int:
-    from .trace import format_trace_info, load_trace, trace_info
+    from .trace import load_trace
+    from .trace_summary import format_trace_info, trace_info
 
     df = load_trace(args.file)
     info = trace_info(df, validate=False)
@@ -140,37 +168,41 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------
-# replay
+# import
 # --------------------------------------------------------------------------
 
-TABLE_COLUMNS = {  # summary column -> (header, format)
-    "rollout_seconds": ("rollout s", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),  # a CPU run's seconds or a cluster's days
-    "speedup": ("speedup", "{:.3f}x"),
-    "tokens_per_second": ("tok/s", "{:,.0f}"),
-    "lower_bound_efficiency": ("bound eff", "{:.1%}"),
-    "long_tail_ratio": ("tail ratio", "{:.2f}"),
-    "busy_fraction": ("busy", "{:.1%}"),
-    "mean_running": ("batch", "{:.0f}"),
-    "truncated_fraction": ("truncated", "{:.1%}"),
-    "policy_stopped_fraction": ("stopped", "{:.1%}"),
-    "tokens_saved_fraction": ("saved", "{:.1%}"),
-    "stopped_correct_fraction": ("stop FP", "{:.1%}"),
-    "off_policy_token_fraction": ("off-policy", "{:.1%}"),
-    "effective_group_fraction": ("eff groups", "{:.1%}"),
-    "exact_fraction": ("exact", "{:.1%}"),
-    "steps": ("steps", "{:d}"),
-}
+
+def _run_import(args: argparse.Namespace) -> int:
+    from .importers import FRAMEWORKS, write_imported
+
+    imported = FRAMEWORKS[args.framework].run(args)
+    write_imported(imported, args.out)
+    print(imported.summary(args.out))
+    return 0
 
 
-def format_summary(table) -> str:
-    """The terminal table: one row per policy, the columns a researcher reads first."""
-    headers = ["policy"] + [h for h, _ in TABLE_COLUMNS.values()]
-    cell = lambda v, fmt: "-" if v != v else fmt(v) if callable(fmt) else fmt.format(v)  # noqa: E731  (NaN: nothing to report)
-    rows = [[name] + [cell(table.loc[name, col], fmt) for col, (_, fmt) in TABLE_COLUMNS.items()] for name in table.index]
-    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    from .importers import FRAMEWORKS
 
+    p = sub.add_parser(
+        "import",
+        help="import a verl, slime, AReaL or TRL rollout dump as a trace",
+        description="Read a training framework's rollout dump and write it as an lssim trace (atomically; nothing "
+        "is written on error), with columns saying which values the dump measured and which were inferred.",
+    )
+    fsub = p.add_subparsers(dest="framework", metavar="FRAMEWORK", required=True)
+    for name, module in FRAMEWORKS.items():
+        fp = fsub.add_parser(name, help=module.HELP, description=(module.__doc__ or "").split("\n\n")[0])
+        fp.add_argument("source", metavar="SOURCE", help="the dump's folder")
+        fp.add_argument("-o", "--out", required=True, metavar="FILE", help="output parquet trace")
+        fp.add_argument("--allow-gaps", action="store_true", help="accept holes in the step numbering")
+        module.add_arguments(fp)
+        fp.set_defaults(func=_run_import)
+
+
+# --------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     """The simulated cluster and run length, shared by `replay` and `sweep`."""
@@ -182,14 +214,36 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="running sequences per instance")
     p.add_argument("--kv-tokens", type=int, help="KV-cache capacity per instance in tokens (default: from the GPU memory)")
     p.add_argument("--profile", metavar="JSON", help="use a profiled cost model instead of the roofline")
+    p.add_argument("--train-cost", metavar="JSON", help="a training-phase cost model (default: analytic for --model on "
+                   "--hardware; a trainer profile from `python -m real_backend.profile_trainer`)")
     p.add_argument("--seed", type=int, default=0)
+    modes = p.add_argument_group("execution mode (lssim/modes.py)")
+    modes.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
+                       help="where training runs and how far the rollout may run ahead of the weights (default collocated)")
+    modes.add_argument("--rollout-devices", type=int, help="devices that roll out (instances x tp; sets --instances)")
+    modes.add_argument("--train-devices", type=int, help="devices of the trainer's own (not collocated; default: as many "
+                       "as the rollout's)")
+    modes.add_argument("--staleness", type=int, default=1, help="async: versions the rollout may run ahead (default 1)")
+    modes.add_argument("--async-variant", choices=["roll", "areal"], default="roll",
+                       help="async: roll drops groups that would train over the bound (ROLL); areal never drops (AReaL "
+                       "bounds admission only)")
+    modes.add_argument("--no-elastic", action="store_true", help="hybrid: rollout devices do not join the update")
 
 
 def _setup_from_args(args: argparse.Namespace):
     from .replay import SimSetup
 
-    return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=args.instances,
-                    max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile)
+    instances = args.instances
+    if args.rollout_devices is not None:
+        if args.rollout_devices % args.tp:
+            raise ValueError(f"--rollout-devices {args.rollout_devices} is not a multiple of --tp {args.tp}")
+        instances = args.rollout_devices // args.tp
+    if args.mode == "collocated" and args.train_devices is not None:
+        raise ValueError("--train-devices: collocated training uses the rollout's devices; pick another --mode")
+    return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=instances,
+                    max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile,
+                    train=args.train_cost, mode=args.mode, train_devices=args.train_devices, staleness=args.staleness,
+                    async_variant=args.async_variant, elastic=not args.no_elastic)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
@@ -204,10 +258,10 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
     if args.json:
-        print(json.dumps({name: {k: _jsonable(v) for k, v in row.items()} for name, row in table.to_dict("index").items()}, indent=2))
+        print(json.dumps(_summary_json(table), indent=2))
     else:
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
-              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}")
+              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
         if args.out:
             print(f"results written to {args.out}/")
@@ -216,6 +270,14 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def _jsonable(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def _summary_json(table) -> dict:
+    """The summary table as {policy: {field: value}}; the staleness histogram as an object, not its JSON text."""
+    out = {}
+    for name, row in table.to_dict("index").items():
+        out[name] = {k: json.loads(v) if k == "staleness_histogram" else _jsonable(v) for k, v in row.items()}
+    return out
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
@@ -286,15 +348,15 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         description="For each policy, run it on the real vLLM backend (or take a run recorded by `lssim real`), "
         "replay its trace in the simulator with the same policy, seeds and a profiled cost model, and compare "
         "step by step: rollout makespan, finish order and times, tokens, and the speedup over baseline. "
-        "See real_backend/VALIDATION.md.",
+        "See real_backend/README.md.",
     )
 
     def run(args: argparse.Namespace) -> int:
-        from real_backend.validate import run as run_validate
+        from real_backend.sim_vs_real import run as run_validate
 
         return run_validate(args)
 
-    from real_backend.validate import add_arguments
+    from real_backend.sim_vs_real import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=run)
@@ -393,12 +455,22 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "profile": _add_profile,
     "validate": _add_validate,
     "sweep": _add_sweep,
+    "import": _add_import,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """No option is reachable by an abbreviation (`--mode` must never be taken for `--model`); subcommands'
+    parsers are of this class too (argparse makes them of the parent's)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Replay rollout-length traces of RL post-training under scheduling policies.",
     )

@@ -12,12 +12,21 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .rewards import RewardScale
+
 # How a response ended. Every response ends in exactly one of these (or is carried to the next step).
 STOP = "stop"  # ended by itself (EOS)
 LENGTH = "length"  # hit its max_tokens budget
 POLICY_STOP = "policy_stop"  # a policy stopped it; Request.stop_reason says why
 ABORT = "abort"  # the rollout ended without it and the policy dropped it
 FINISH_REASONS = (STOP, LENGTH, POLICY_STOP, ABORT)
+
+# What an engine reports (Event.kind). Plain strings, compared on the hot path: the simulator keeps them in
+# its heaps as they are, so an event costs no conversion between the engine and the controller.
+FINISHED = "finished"  # a request ended (Request.finish_reason says how)
+PROGRESS = "progress"  # a request passed a progress checkpoint (every Engine.set_progress_interval tokens)
+WAKE = "wake"  # a timer set with Engine.wake_at went off (Event.request is None): the execution modes' clock
+EVENT_KINDS = (FINISHED, PROGRESS, WAKE)
 
 
 @dataclass(slots=True)
@@ -29,12 +38,29 @@ class GroupSpec:
     max_tokens: int
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     instance: int | None = None  # pin to an engine instance; None lets the engine/placement decide
+    # A recorded group (lssim.workload replays a trace's batches as recorded), where its members differ:
+    # member k's own budget, capped by max_tokens (a policy that lowers max_tokens lowers them all), and
+    # whether the recorded run trained member k (False: generated, then left out of training, e.g. a group
+    # DAPO filtered out). None: every member gets max_tokens and may train.
+    member_max_tokens: tuple[int, ...] | None = None
+    member_trained: tuple[bool, ...] | None = None
+    # The data loader's batch (step of the trace or dataset) the group came from; None for groups a policy made.
+    # A group generated in another step than its batch's (drawn ahead, admitted early by an async mode) is still
+    # that batch's sample: the simulator answers it from the batch's recorded responses.
+    batch: int | None = None
 
     def __post_init__(self):
         if self.n_samples < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): n_samples must be >= 1, got {self.n_samples}")
         if self.max_tokens < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("member_max_tokens", "member_trained"):
+            members = getattr(self, name)
+            if members is not None and len(members) != self.n_samples:
+                raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): {name} has {len(members)} entries for "
+                                 f"{self.n_samples} samples")
+        if self.member_max_tokens is not None and min(self.member_max_tokens) < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): member_max_tokens must be >= 1")
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +77,8 @@ class Request:
     priority: int = 0
     instance: int | None = None
     seed: int = 0
+    batch: int = -1  # the data loader's batch it came from (GroupSpec.batch); -1: its own step's
+    batch_sample: int = -1  # its index among the samples of its prompt in that batch (sample_idx counts in the step)
     # filled in by the engine
     generated: int = 0  # tokens generated so far (a carried response resumes from here)
     finish_reason: str = ""
@@ -59,8 +87,11 @@ class Request:
     submit_time: float = float("nan")  # seconds on the world's clock, for the latest submission
     first_token_time: float = float("nan")
     finish_time: float = float("nan")
-    first_version: int = -1  # policy versions (steps) whose weights generated its tokens
+    first_version: int = -1  # weights versions (train steps applied) that generated its first and last tokens
     last_version: int = -1
+    # (version, tokens generated before it) each time it resumed under other weights than it last ran with:
+    # a carried response resumed next step, or an async rollout interrupted by new weights. None: never.
+    resumes: list[tuple[int, int]] | None = None
     tokens_before_resume: int = 0  # tokens generated under older weights (off-policy after a carry)
     exact: bool = True  # simulator: replayed exactly from the trace (False: modelled)
     tokens: list[int] | None = None  # real world: generated token ids so far
@@ -75,8 +106,8 @@ class Request:
 class Event:
     """Something an engine reports: a request finished, or passed a progress checkpoint."""
 
-    kind: str  # "finished" or "progress"
-    request: Request
+    kind: str  # FINISHED, PROGRESS or WAKE
+    request: Request | None  # None for WAKE
     time: float
 
 
@@ -117,6 +148,7 @@ class StepContext:
     # off; what is drawn is consumed, as in slime's data source. For over-provisioning and top-ups (during the
     # step's rollout too). None where no loader is attached (a hand-made context).
     draw: Callable[[int], list[GroupSpec]] | None = None
+    reward_scale: RewardScale = RewardScale()  # the run's reward range: what "correct" and "lowest" mean (lssim.rewards)
 
 
 @dataclass(slots=True)
@@ -157,12 +189,37 @@ class Group:
         return len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0.0
 
 
+def version_spans(r: Request) -> list[tuple[int, int]]:
+    """(weights version, tokens generated under it) of a response, oldest first; versions with no token left out."""
+    starts = [(r.first_version, 0)] + (r.resumes or [])
+    ends = [g for _, g in starts[1:]] + [r.generated]
+    return [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+def note_resume(r: Request, version: int) -> None:
+    """A response resumes under weights `version`: its next tokens are that version's (see version_spans)."""
+    if r.generated == 0:  # it never started: its first token comes from these weights
+        r.first_version, r.resumes = version, None
+    elif (r.resumes[-1][0] if r.resumes else r.first_version) != version:
+        r.resumes = (r.resumes or []) + [(version, r.generated)]
+    r.tokens_before_resume = r.generated
+
+
 def off_policy_tokens(r: Request, train_step: int) -> int:
-    """How many of a response's tokens (its leading ones) were generated under weights older than those of
-    `train_step`, the step whose update trains on it: the tokens before its last resume if it last ran in
-    that step, all of them if it ended earlier (its group completed later, as with partial rollouts).
-    A trainer that masks stale tokens masks exactly these."""
-    return r.tokens_before_resume if r.last_version >= train_step else r.generated
+    """How many of a response's tokens were generated under weights older than those `train_step` trains from
+    (version `train_step`): tokens before its last resume if it resumed under those weights, all of them if it
+    ended before (its group completed later, as with partial rollouts). A trainer that masks stale tokens masks
+    exactly these."""
+    if r.first_version < 0:  # no version history (a hand-made request): what the last resume says
+        return r.tokens_before_resume if r.last_version >= train_step else r.generated
+    if r.resumes is None:
+        return 0 if r.first_version >= train_step else r.generated
+    return sum(n for v, n in version_spans(r) if v < train_step)
+
+
+def token_lags(r: Request, train_step: int) -> list[tuple[int, int]]:
+    """(versions behind `train_step`, tokens) of a response trained at `train_step`: its staleness by token."""
+    return [(train_step - v, n) for v, n in version_spans(r)]
 
 
 SPECULATION_METHODS = ("ngram", "draft", "layer_skip")
@@ -172,10 +229,10 @@ SPECULATION_METHODS = ("ngram", "draft", "layer_skip")
 class Speculation:
     """An execution feature a policy asks of the engine: faster decoding while the running batch is small.
 
-    A policy exposes it as its `speculation` attribute; the controller hands it to the engine once, before the
-    first step (`Engine.set_speculation`, as with the progress interval), and each engine instance applies it
-    whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running requests: large
-    batches are compute-bound and verifying drafts costs more than it saves).
+    A policy asks for it in its needs (`PolicyNeeds.speculation`); the controller hands it to the engine once,
+    before the first step (`Engine.set_speculation`, as with the progress interval), and each engine instance
+    applies it whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running
+    requests: large batches are compute-bound and verifying drafts costs more than it saves).
 
     Methods:
     - "ngram" (lossless): drafts by prompt lookup (vLLM's n-gram proposer; SPEC-RL's reuse of the prompt's
@@ -252,6 +309,21 @@ class Engine(Protocol):
     The controller calls only these. `next_events` returns the next batch of events, advancing the
     clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
     list only when nothing is in flight.
+
+    Every engine has every method: the last three are abilities an engine may lack, and an engine without
+    one answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
+    answers, so an engine that subclasses `Engine` inherits them (lssim.sim.SimEngine and
+    real_backend.engine.VLLMEngine implement all three themselves):
+
+    - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
+      None where the engine cannot tell (the real world). The controller records it as natural_len /
+      natural_reward (-1 / NaN for None).
+    - `utilization()`: (busy seconds, sequence-seconds) summed over instances since the engine started; NaNs
+      where the engine cannot tell. The controller turns the step's difference into busy_fraction and
+      mean_running.
+    - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
+      `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
+      otherwise.
     """
 
     n_instances: int
@@ -268,9 +340,30 @@ class Engine(Protocol):
 
     def set_progress_interval(self, tokens: int | None) -> None: ...
 
-    # Optional: an engine that can speculate. The controller calls it once, before the first step, when the
-    # engine has it (with None too); a policy asking for speculation on an engine without it is an error.
-    def set_speculation(self, speculation: Speculation | None) -> None: ...
+    def advance(self, seconds: float) -> None:
+        """The world is busy outside the engine for `seconds` (a blocking train phase, a weight sync with
+        generation paused): virtual time passes in the simulator; on a real engine that work has already taken
+        its time, so nothing happens. The one place the two clocks differ, as in SimPy's RealtimeEnvironment."""
+        ...
+
+    def wake_at(self, time: float) -> None:
+        """Report an Event(WAKE, None, t) from next_events once the clock reaches `time` (t >= time), even with
+        nothing in flight: the execution modes' timer (new weights arriving mid-rollout, the end of a wait)."""
+        raise NotImplementedError(f"{type(self).__name__} has no timers: this execution mode needs them")
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring running requests' `generated` up to the clock (an engine that streams tokens keeps it current)."""
+
+    def counterfactual(self, request: Request) -> tuple[int, float] | None:
+        return None
+
+    def utilization(self) -> tuple[float, float]:
+        return float("nan"), float("nan")
+
+    def set_speculation(self, speculation: Speculation | None) -> None:
+        if speculation is not None:
+            raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
+                             f"cannot do")
 
 
 class Trainer(Protocol):

@@ -5,10 +5,11 @@ the evidence e_i = (a_i, b_i) on top of a Beta(a0, b0) prior, so the posterior i
 
     alpha_i = a0 + a_i,   beta_i = b0 + b_i,   mean p_i = alpha_i / (alpha_i + beta_i)
 
-Evidence grows with each response that ends (reward r, clipped to [0, 1] so that a soft-landing
-penalty counts as a failure; NaN rewards, dropped responses, are skipped):
+Evidence grows with each response that ends (reward r, placed on the run's reward range and clipped,
+x = clip((r - low) / (high - low), 0, 1) -- for 0/1 rewards x = clip(r, 0, 1) -- so that a soft-landing
+penalty counts as a failure on any scale; NaN rewards, dropped responses, are skipped):
 
-    a_i += clip(r, 0, 1)        b_i += 1 - clip(r, 0, 1)
+    a_i += x        b_i += 1 - x
 
 and fades at two time scales, because the policy being trained changes under it:
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from .rewards import RewardScale
 
 
 class PromptPosterior:
@@ -44,10 +47,10 @@ class PromptPosterior:
             a, b = a * f, b * f
         return a, b
 
-    def update(self, step: int, prompt_ids: np.ndarray, rewards: np.ndarray) -> None:
-        """Add the responses that ended at `step` (one prompt id and reward per response)."""
+    def update(self, step: int, prompt_ids: np.ndarray, rewards: np.ndarray, scale: RewardScale = RewardScale()) -> None:
+        """Add the responses that ended at `step` (one prompt id and reward per response, on `scale`)."""
         counts: dict[int, list[float]] = {}
-        for pid, r in zip(prompt_ids.tolist(), rewards.tolist()):
+        for pid, r in zip(prompt_ids.tolist(), scale.normalized(np.asarray(rewards, dtype=float)).tolist()):
             if r != r:
                 continue
             x = min(1.0, max(0.0, r))

@@ -23,8 +23,15 @@ Hooks, in the order the controller calls them during a step, and the rule that c
     select(groups, step) -> list[Group]        chained left to right: what goes to training (groups, subsets
                                                of groups, or copies whose rewards are reshaped; never mutated)
     end_step(outcome)                          every policy is told; this is where policies remember
-    speculation (attribute, not a hook)        an engine feature (lssim.core.Speculation) set once per run;
-                                               members may ask for it only if they ask for the same one
+
+Declarations, read once before the first step (not hooks):
+
+    progress_interval (attribute)              ask on_progress every this many tokens; composed: the smallest
+                                               among the members that answer on_progress
+    needs() -> PolicyNeeds                     what the policy needs of the world (true lengths, speculation,
+                                               masked stale tokens); merged by `PolicyNeeds.merge`: a need of
+                                               any member is the composition's, and members may ask for
+                                               speculation only if they ask for the same one
 
 A plan that wants more groups than it was proposed (over-provisioning, top-ups) takes them from the data
 loader with `ctx.draw(n)`, which continues where the proposal left off. Plans chain, so order matters:
@@ -69,6 +76,45 @@ class Action:
 
 
 @dataclass(slots=True, frozen=True)
+class PolicyNeeds:
+    """What a policy needs of the world it runs in, declared by `Policy.needs()` and read before the first step.
+    The default of each is "nothing": a policy that needs nothing runs in every world.
+
+    - oracle: it reads `StepContext.oracle_length` (every response's true length in advance), which only the
+      simulator knows; the real world refuses such a policy before it starts.
+    - speculation: an execution feature (lssim.core.Speculation) the controller asks the engine for once
+      (`Engine.set_speculation`); an engine that cannot do it refuses the run.
+    - mask_stale_tokens: the trainer should mask (leave out of the loss) the tokens generated under weights
+      older than the step's (lssim.core.off_policy_tokens); read by the real trainer (the simulator's train
+      time does not depend on it).
+    """
+
+    oracle: bool = False
+    speculation: Speculation | None = None
+    mask_stale_tokens: bool = False
+
+    def __post_init__(self):
+        for name in ("oracle", "mask_stale_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PolicyNeeds.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.speculation is not None and not isinstance(self.speculation, Speculation):
+            raise ValueError(f"PolicyNeeds.speculation must be an lssim.core.Speculation or None, got {self.speculation!r}")
+
+    @staticmethod
+    def merge(needs: list["PolicyNeeds"], name: str) -> "PolicyNeeds":
+        """The needs of policies acting as one (`Compose`): a need any of them has, and the one speculation
+        those that ask for it agree on (`name`, the composition's, names a disagreement in the error)."""
+        asked = {n.speculation for n in needs if n.speculation is not None}
+        if len(asked) > 1:
+            raise ValueError(f"{name}: members ask the engine for different speculation: {sorted(map(repr, asked))}")
+        return PolicyNeeds(oracle=any(n.oracle for n in needs), speculation=asked.pop() if asked else None,
+                           mask_stale_tokens=any(n.mask_stale_tokens for n in needs))
+
+
+NO_NEEDS = PolicyNeeds()
+
+
+@dataclass(slots=True, frozen=True)
 class StepOutcome:
     """What a policy may remember about a finished step: one entry per response that ended in it."""
 
@@ -88,8 +134,10 @@ class Policy:
 
     name = "baseline"
     progress_interval: int | None = None  # ask on_progress every this many tokens (None: never)
-    needs_oracle = False  # True if the policy reads ctx.oracle_length (true lengths: the simulator only)
-    speculation: Speculation | None = None  # ask the engine to speculate at small batch (None: never)
+
+    def needs(self) -> PolicyNeeds:
+        """What this policy needs of the world (PolicyNeeds); the default needs nothing."""
+        return NO_NEEDS
 
     def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
         return proposal
@@ -152,19 +200,18 @@ class Compose(Policy):
             raise ValueError("Compose needs at least one policy")
         self.policies = list(policies)
         self.name = "+".join(p.name for p in self.policies)
-        self.needs_oracle = any(p.needs_oracle for p in self.policies)
         # Only the members with an opinion are asked, so an unused hook costs nothing on the hot path.
         self._by_hook = {h: [p for p in self.policies if p.overrides(h)] for h in HOOKS}
         intervals = [p.progress_interval for p in self._by_hook["on_progress"] if p.progress_interval]
         self.progress_interval = min(intervals) if intervals else None
-        asked = {p.speculation for p in self.policies if p.speculation is not None}
-        if len(asked) > 1:
-            raise ValueError(f"{self.name}: members ask the engine for different speculation: {sorted(map(repr, asked))}")
-        self.speculation = asked.pop() if asked else None
+        self._needs = PolicyNeeds.merge([p.needs() for p in self.policies], self.name)  # a conflict fails here
 
     @property
     def members(self) -> list[Policy]:
         return list(self.policies)
+
+    def needs(self) -> PolicyNeeds:
+        return self._needs
 
     def overrides(self, hook: str) -> bool:
         return bool(self._by_hook[hook])

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import gc
+import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -15,8 +16,11 @@ import pandas as pd
 
 from .bounds import make_lower_bound
 from .controller import Controller, RunConfig, RunResult
-from .cost import HARDWARE, MODELS, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
+from .cost.operators import KERNEL_PROFILES, OperatorCostModel
+from .modes import ModeConfig
 from .policy import Policy, make_policy
+from .rewards import RewardScale
 from .sim import EngineConfig, SimEngine, SimTrainer
 from .training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from .workload import Workload
@@ -24,9 +28,11 @@ from .workload import Workload
 
 @dataclass
 class SimSetup:
-    """The simulated cluster: a model on some hardware, N engine instances, and the training-phase model.
+    """The simulated cluster: a model on some hardware, N engine instances, the training-phase model, and the
+    execution mode (lssim.modes): where training runs and how far the rollout may run ahead of the weights.
 
-    The trainer runs collocated on the rollout's devices (n_instances x tp), verl's default."""
+    The rollout runs on n_instances x tp devices. In the default mode, collocated (verl's default), training takes
+    turns with it on the same devices; in the others it runs on `train_devices` devices of its own."""
 
     model: str = "qwen2.5-7b"  # a key of lssim.cost.MODELS
     hardware: str = "H100"  # a key of lssim.cost.HARDWARE
@@ -35,16 +41,36 @@ class SimSetup:
     max_num_seqs: int = 256
     kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
     profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
+    cost: str = "roofline"  # or "operators": kernel by kernel from measured GPU kernels (lssim.cost.operators)
     # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
     # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
     train: TrainCostModel | str | None = None
+    mode: str = "collocated"  # collocated, disaggregated, async or hybrid (lssim.modes)
+    train_devices: int | None = None  # devices of the trainer's own (not collocated); default: as many as the rollout's
+    staleness: int = 1  # async: versions the rollout may run ahead of the weights
+    async_variant: str = "roll"  # async: "roll" drops groups that would train over the bound, "areal" never drops
+    elastic: bool = True  # hybrid: rollout devices join the update once the rollout ends
 
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         if self.hardware not in HARDWARE:
             raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
+        if self.cost not in ("roofline", "operators"):
+            raise ValueError(f"SimSetup.cost must be 'roofline' or 'operators', got {self.cost!r}")
+        if self.cost == "operators" and self.hardware not in KERNEL_PROFILES:
+            raise ValueError(f"SimSetup.cost='operators': no measured kernel profile for {self.hardware!r}; "
+                             f"have {', '.join(KERNEL_PROFILES)}")
+        if self.cost == "operators" and self.model not in SHAPES:
+            raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
         self.train_cost()  # a missing or bad file fails here, naming itself
+        self.mode_config()  # an unknown mode or a bad device split fails here
+
+    def mode_config(self) -> ModeConfig:
+        rollout = self.n_instances * self.tp
+        train = rollout if self.mode == "collocated" else (self.train_devices or rollout)
+        return ModeConfig(mode=self.mode, rollout_devices=rollout, train_devices=train, staleness=self.staleness,
+                          variant=self.async_variant, elastic=self.elastic)
 
     def train_cost(self) -> TrainCostModel:
         if self.train is None:
@@ -58,6 +84,8 @@ class SimSetup:
     def cost_model(self):
         if self.profile:
             return ProfiledCostModel.from_json(self.profile)
+        if self.cost == "operators":
+            return OperatorCostModel(MODELS[self.model], self.hardware, tp=self.tp)
         return RooflineCostModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
 
     def engine_config(self) -> EngineConfig:
@@ -77,15 +105,19 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg)
-    trainer = SimTrainer(engine, setup.train_cost(), n_devices=setup.n_instances * setup.tp)
+    mode_cfg = setup.mode_config()
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated)
     if config is None:
         n_steps = steps or len(workload.steps)
-        # Every policy trains on the same number of groups; policies that batch differently take more or
-        # fewer steps to get there (up to twice the trace's).
+        # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run
+        # left out of training count as used); policies that batch differently take more or fewer steps to get
+        # there (up to twice the trace's). The baseline proposes each recorded batch whole: it replays the trace.
         config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
-                           max_tokens=workload.max_tokens, total_groups=n_steps * workload.groups_per_step, seed=seed)
+                           max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
+                           reward_scale=workload.reward_scale)
     oracle = lambda step, pid, sidx, budget: workload.response(step, pid, sidx, budget).length  # noqa: E731
-    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle)
+    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle,
+                            mode=mode_cfg.build())
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
     # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.
     controller.lower_bound = make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs)
@@ -106,8 +138,11 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
             gc.enable()
         if bar is not None:
             bar.close()
-    result.meta.update(setup=asdict(setup), cost=engine.cost.describe(), train=trainer.model.describe(),
-                       engine=asdict(engine_cfg), sources=dict(engine.sources),
+    if prompts is None:  # the trace's own prompts: its ids as written (text ids ran as int codes)
+        result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
+    result.meta.update(mode={**asdict(mode_cfg), "label": mode_cfg.label()}, reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
+                       cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),
+                       sources=dict(engine.sources),
                        preemptions=engine.preemptions, speculated_tokens=engine.speculated_tokens)
     return result
 
@@ -129,7 +164,8 @@ SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bou
                    "effective_groups_per_step", "exact_fraction", "mean_reward", "steps", "groups_trained", "responses"]
 # tokens_saved_fraction: tokens policy stops saved (natural_len - response_len of the stopped responses) over
 #   the tokens generated plus those saved. stopped_correct_fraction: stopped responses that would have ended
-#   correct (natural_reward > 0), the stops' false-positive rate; NaN when nothing was stopped or nobody can tell.
+#   correct (natural_reward in the upper half of the run's reward range, lssim.rewards: 1 of 0/1), the stops'
+#   false-positive rate; NaN when nothing was stopped or nobody can tell.
 # off_policy_token_fraction: of the tokens trained on, those generated under weights older than the step that
 #   trained them (lssim.core.off_policy_tokens).
 
@@ -145,6 +181,7 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
         stopped = r["finish_reason"] == "policy_stop"
         # What stops saved and cost, where the world knows what the response would have been (the simulator).
         known = stopped & (r["natural_len"] >= 0)
+        scale = RewardScale(*res.meta.get("reward_scale", (0.0, 1.0)))
         saved = float((r.loc[known, "natural_len"] - r.loc[known, "response_len"]).clip(lower=0).sum())
         rows[name] = {
             "rollout_seconds": rollout,
@@ -159,7 +196,7 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "truncated_fraction": float((r["finish_reason"] == "length").mean()),
             "policy_stopped_fraction": float(stopped.mean()),
             "tokens_saved_fraction": saved / (float(r["response_len"].sum()) + saved) if saved > 0 else 0.0,
-            "stopped_correct_fraction": float((r.loc[known, "natural_reward"] > 0).mean()) if known.any() else float("nan"),
+            "stopped_correct_fraction": float(scale.correct(r.loc[known, "natural_reward"]).mean()) if known.any() else float("nan"),
             "off_policy_token_fraction": float(r.loc[trained, "off_policy_tokens"].sum() / max(1, r.loc[trained, "response_len"].sum())),
             "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
             "effective_groups_per_step": float(s["effective_groups"].mean()),
@@ -168,9 +205,45 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
             "steps": len(s),
             "groups_trained": groups,
             "responses": len(r),
+            **end_to_end(res),
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "policy"
     if "baseline" in table.index:
-        table.insert(1, "speedup", table.loc["baseline", "rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
+        base = table.loc["baseline"]
+        table.insert(1, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])
+        table.insert(2, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
     return table
+
+
+def end_to_end(res: RunResult) -> dict:
+    """A run's whole-step figures under its execution mode: wall time, phases, idle devices, staleness, throughput.
+    `step_seconds` is the run's wall time (each step's runs from the end of the last one's training)."""
+    s, mode = res.steps, res.meta.get("mode", {})
+    wall = float(s["step_seconds"].sum())
+    groups = int(s["groups_trained"].sum())
+    rollout_devices, train_devices = mode.get("rollout_devices", 1), mode.get("train_devices", 1)
+    collocated = mode.get("mode", "collocated") == "collocated"
+    devices = rollout_devices if collocated else rollout_devices + train_devices
+    rollout_busy, train_busy = float(s["rollout_busy_device_seconds"].sum()), float(s["train_busy_device_seconds"].sum())
+    histogram: dict[int, int] = {}
+    for text in s["staleness_histogram"]:
+        for lag, tokens in json.loads(text).items():
+            histogram[int(lag)] = histogram.get(int(lag), 0) + tokens
+    trained_tokens = float(s["trained_tokens"].sum())
+    return {
+        "mode": mode.get("label", "collocated"),
+        "step_seconds_per_group": wall / groups if groups else float("nan"),
+        "train_seconds": float(s["train_seconds"].sum()),
+        **{f"{phase}_seconds": float(s[f"{phase}_seconds"].sum()) for phase in ("logprob", "reference", "update", "sync", "switch")},
+        "wait_seconds": float(s["wait_seconds"].sum()),
+        "devices": devices,
+        "idle_device_seconds": max(0.0, devices * wall - rollout_busy - train_busy),
+        "rollout_idle_device_seconds": float("nan") if collocated else max(0.0, rollout_devices * wall - rollout_busy),
+        "train_idle_device_seconds": float("nan") if collocated else max(0.0, train_devices * wall - train_busy),
+        "max_staleness": int(s["max_staleness"].max()) if len(s) else 0,
+        "staleness_histogram": json.dumps({str(k): histogram[k] for k in sorted(histogram)}),  # versions behind: tokens
+        "stale_token_fraction": sum(v for k, v in histogram.items() if k > 0) / max(1, sum(histogram.values())),
+        "dropped_stale": int(s["dropped_stale"].sum()),
+        "trained_tokens_per_second": trained_tokens / wall if wall > 0 else float("nan"),
+    }

@@ -26,13 +26,22 @@ simulator models them from the trace's per-response columns (`signals_from_trace
                  NaN where the trace has no entropy.
 
 Both signals use DEFAULT (window 256, 4-grams) unless an engine is built with another `SignalSpec`.
+
+What the real engine (real_backend/engine.py) keeps in `Request.signals`, from the tokens it streams:
+
+    signals["logprobs"]   list[float]  logprob of each sampled token (the behaviour logprobs GRPO uses)
+    signals["entropy"]    list[float]  each token's exact entropy (`token_entropy`), in nats, when the engine
+                                       returns the whole vocabulary's logprobs; empty otherwise
+    signals[WINDOW_KEY]   dict         the window signals above (`signals_from_tokens`)
+    signals["loop_start"] int          where the response ends in a repetition loop (`loop_start`); absent
+                                       while none is detected
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 WINDOW_KEY = "window"  # Request.signals[WINDOW_KEY] -> {"repetition": float, "entropy": float, "tokens": int, "window": int}
 _NAN = float("nan")
@@ -91,3 +100,47 @@ def signals_from_trace(generated: int, loop_start: int, collapse_start: int, ent
         text = text_entropy if text_entropy == text_entropy else entropy
         entropy = (1.0 - f) * text + f * entropy
     return {"repetition": repetition, "entropy": entropy, "tokens": min(generated, window), "window": window}
+
+
+def entropy_from_logprobs(logprobs: Iterable[float]) -> float:
+    """Entropy (nats) of one position's distribution from its tokens' logprobs.
+
+    Exact given the whole vocabulary; over a top k only, the mass seen is renormalized, which
+    underestimates a flat distribution's entropy. -inf logprobs (no mass) are skipped.
+    """
+    lps = [x for x in logprobs if x > -math.inf]
+    if not lps:
+        return 0.0
+    mass = sum(math.exp(x) for x in lps)
+    if mass <= 0.0:
+        return 0.0
+    log_mass = math.log(mass)
+    return max(0.0, -sum(math.exp(x - log_mass) * (x - log_mass) for x in lps))
+
+
+def token_entropy(position: Mapping[int, Any]) -> float:
+    """`entropy_from_logprobs` of one position as vLLM returns it: {token_id: Logprob} (anything with a
+    `.logprob`)."""
+    return entropy_from_logprobs(lp.logprob for lp in position.values())
+
+
+def loop_start(tokens: Sequence[int], max_period: int = 64, min_repeats: int = 4, min_tokens: int = 24) -> int:
+    """Where a degenerate repetition loop starts: the first index of the longest periodic suffix.
+
+    A loop is a suffix that repeats a block of `p <= max_period` tokens at least `min_repeats` times
+    and spans at least `min_tokens` tokens. Returns -1 when the response does not end in one (a
+    response that loops and then recovers is not a loop: it ended by itself). The real engine's
+    counterpart of a trace's `loop_start` column.
+    """
+    n = len(tokens)
+    best = -1
+    for p in range(1, min(max_period, n // min_repeats) + 1):
+        # Walk back while tokens[i] == tokens[i + p]: the periodic suffix with period p.
+        i = n - p - 1
+        while i >= 0 and tokens[i] == tokens[i + p]:
+            i -= 1
+        start = i + 1
+        span = n - start
+        if span >= max(min_tokens, min_repeats * p) and (best < 0 or start < best):
+            best = start
+    return best

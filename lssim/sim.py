@@ -17,13 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .core import Event, InstanceLoad, Request
+from .core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
 from .signals import DEFAULT as DEFAULT_SIGNALS
 from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
 from .training import AnalyticTrainCost, TrainCostModel, TrainPhases, check_lengths
 from .workload import EXACT, Workload
-
-FINISH, PROGRESS = 0, 1
 
 
 @dataclass(slots=True)
@@ -50,7 +48,7 @@ class _Instance:
         self.it = 0  # decode iterations run so far
         self.n = 0  # running sequences
         self.ctx = 0  # sum of running sequences' context lengths at boundary `it` (= KV tokens held)
-        self.running: list = []  # heap of (iteration, seq, kind, epoch, request): finishes and checkpoints
+        self.running: list = []  # heap of (iteration, seq, event kind, epoch, request): finishes and checkpoints
         self.waiting: list = []  # heap of (priority, arrival, epoch, request)
         self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
         self.busy = 0.0  # seconds with at least one sequence running
@@ -75,6 +73,7 @@ class SimEngine:
         self.clock = 0.0
         self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
         self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
+        self._timers: list = []  # heap of (time, seq): wake_at's timers (lssim.core.WAKE)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
         self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward, trace row)
@@ -88,8 +87,24 @@ class SimEngine:
         return self.clock
 
     def advance(self, seconds: float) -> None:
-        """Let `seconds` of virtual time pass (the train phase); instances catch up lazily."""
+        """Let `seconds` of virtual time pass (a blocking train phase, a paused weight sync); instances catch up
+        lazily (whatever runs on them keeps running)."""
         self.clock += seconds
+
+    def wake_at(self, time: float) -> None:
+        heapq.heappush(self._timers, (time, next(self._seq)))
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring the running requests' `generated` up to the clock (their instances to the last iteration boundary
+        before it), so a step that ends with them still generating counts the tokens they made in it."""
+        for r in requests:
+            inst = self._where.get(r.rid)
+            if inst is None:
+                continue
+            self._catch_up(inst, self.clock)
+            member = inst.members.get(r.rid)
+            if member is not None:
+                r.generated = member[3] + (inst.it - member[2])
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens
@@ -116,10 +131,11 @@ class SimEngine:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
             if r.rid not in target:
-                length, reason, reward, source, row = lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens)
-                target[r.rid] = (length, reason, reward, row)
-                self.sources[source] += 1
-                r.exact = source == EXACT
+                answer = (lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens) if r.batch < 0 else
+                          lookup(r.batch, r.prompt_id, r.batch_sample, r.max_tokens))
+                target[r.rid] = (answer.length, answer.finish_reason, answer.reward, answer.row)
+                self.sources[answer.source] += 1
+                r.exact = answer.source == EXACT
             if r.instance is None:
                 pending, idx = by_load[0]
                 heapq.heapreplace(by_load, (pending + 1, idx))
@@ -157,8 +173,12 @@ class SimEngine:
         self._schedule(inst)
 
     def next_events(self) -> list[Event]:
-        events = self._events
-        while events:
+        events, timers = self._events, self._timers
+        while events or timers:
+            if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this
+                t, _ = heapq.heappop(timers)
+                self.clock = max(self.clock, t)
+                return [Event(WAKE, None, self.clock)]
             t, _, idx, version, target_it = heapq.heappop(events)
             inst = self.instances[idx]
             if version != inst.version:
@@ -250,7 +270,7 @@ class SimEngine:
                 continue
             _, _, admit_it, gen0, _ = members[rid]
             generated = r.generated = gen0 + (it - admit_it)
-            if kind == FINISH:
+            if kind == FINISHED:
                 _, r.finish_reason, r.reward, _ = targets[rid]
                 r.finish_time = t
                 del members[rid], where[rid]
@@ -258,11 +278,11 @@ class SimEngine:
                 n -= 1
                 pending -= 1
                 ctx -= r.prompt_len + generated
-                out.append(Event("finished", r, t))
+                out.append(Event(FINISHED, r, t))
             else:
                 self._push_checkpoint(inst, r, ep)
                 self._measure(r, generated)
-                out.append(Event("progress", r, t))
+                out.append(Event(PROGRESS, r, t))
         left = inst.n - n
         inst.n, inst.ctx, inst.pending = n, ctx, pending
         if left:
@@ -320,7 +340,7 @@ class SimEngine:
             members[rid] = (priority, arrival, it, generated, r)
             admitted.append(r)
             length = target[rid][0]
-            heappush(running, (it + max(0, length - generated), next(seq), FINISH, ep, r))
+            heappush(running, (it + max(0, length - generated), next(seq), FINISHED, ep, r))
             if interval:
                 self._push_checkpoint(inst, r, ep)
         inst.n, inst.ctx = n, ctx
@@ -388,7 +408,8 @@ class TrainTimeModel:
 
 class SimTrainer:
     """The simulated train phase: prices the step's sequences with a training-phase cost model
-    (lssim.training.TrainCostModel) and advances the engine's clock by the phases' total.
+    (lssim.training.TrainCostModel); the execution mode puts them on the world's clock (lssim.modes: blocking
+    for collocated, beside the rollout for the others).
 
     `n_devices`: devices the trainer runs on; `collocated`: rollout shares them (verl's default: a context switch
     per step, weights synced by IPC). `signal_only`: train only groups whose rewards differ, as real_backend's
@@ -411,6 +432,5 @@ class SimTrainer:
     def train(self, groups, step: int) -> dict:
         seq, prompt = self.lengths(groups)
         phases = self.model.phases(seq, prompt, self.n_devices, collocated=self.collocated)
-        self.engine.advance(phases.total)
         # "seconds": the whole train phase (train_seconds in the step row is the clock's view of the same).
         return {"seconds": phases.total, **phases.as_metrics(), "tokens": int(seq.sum()), "sequences": len(seq)}

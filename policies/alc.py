@@ -12,6 +12,8 @@ Rule:
   Every group of a step gets min(its planned max_tokens, current level).
 - Reward signal: m_t, the mean reward of the responses that ended in step t (as the engine scored
   them, before the penalty); R_t = ema * m_t + (1 - ema) * R_(t-1), R_0 = m_0.
+- Reward scale: `reward_gain` and `truncation_penalty` are fractions of the run's reward range
+  (lssim.rewards: of 1 for 0/1 rewards, of 10 for +5/-5), so they mean the same on any scale.
 - Open up (next level) after a step t when the current level has run `min_steps` steps and either
       R_t >= R_ref + reward_gain   (the reward rose: R_ref is R after the level's first step), or
       `max_steps` steps have passed at this level (a time floor, so the curriculum always opens --
@@ -28,6 +30,7 @@ import math
 
 from lssim.core import LENGTH, Group
 from lssim.policy import Policy
+from lssim.rewards import RewardScale
 
 
 class ALC(Policy):
@@ -50,8 +53,10 @@ class ALC(Policy):
         self._reward: float | None = None  # R_t
         self._reference: float | None = None  # R after the level's first step
         self.history: list[tuple[int, int]] = []  # (step, budget) each step ran with
+        self._scale = RewardScale()  # the run's, from each step's context
 
     def plan(self, ctx, proposal):
+        self._scale = ctx.reward_scale
         if self.budget is None:
             self._max_tokens = ctx.max_tokens
             self.budget = max(1, int(round(self.start_fraction * ctx.max_tokens)))
@@ -62,10 +67,10 @@ class ALC(Policy):
     def select(self, groups, step):
         if self.truncation_penalty == 0:
             return groups
-        out = []
+        out, penalty = [], self.truncation_penalty * self._scale.span
         for g in groups:
             if any(r.finish_reason == LENGTH for r in g.requests):
-                members = [dataclasses.replace(r, reward=r.reward - self.truncation_penalty) if r.finish_reason == LENGTH else r
+                members = [dataclasses.replace(r, reward=r.reward - penalty) if r.finish_reason == LENGTH else r
                            for r in g.requests]
                 g = Group(g.prompt_id, g.step, members)
             out.append(g)
@@ -73,6 +78,7 @@ class ALC(Policy):
 
     def end_step(self, outcome):
         rewards = [r for r in outcome.reward.tolist() if r == r]
+        span = self._scale.span
         if not rewards or self.budget is None:
             return
         m = math.fsum(rewards) / len(rewards)
@@ -82,7 +88,7 @@ class ALC(Policy):
             self._reference = self._reward
         if self.budget >= self._max_tokens or self._steps_at_level < self.min_steps:
             return
-        rose = self._reward >= self._reference + self.reward_gain
+        rose = self._reward >= self._reference + self.reward_gain * span
         timed_out = self.max_steps is not None and self._steps_at_level >= self.max_steps
         if rose or timed_out:
             self.level += 1

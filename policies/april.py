@@ -23,10 +23,10 @@ Rule, each step:
   generated is thrown away.
 - The run's last step (the target reaches what the run has left) does not over-provision and runs
   to completion, so every carried response ends before the run does.
-- `mask_stale_tokens` (default False): read by the trainer, not by the rollout. When True the trainer
-  leaves out of the loss each response's leading tokens generated under weights older than the step
-  that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of them
-  for a member that finished steps before its group did). slime's `--mask-offpolicy-in-partial-rollout`.
+- `mask_stale_tokens` (default False): a need (`needs()`), read by the trainer, not by the rollout. When
+  True the trainer leaves out of the loss each response's leading tokens generated under weights older
+  than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all
+  of them for a member that finished steps before its group did). slime's `--mask-offpolicy-in-partial-rollout`.
   The share of such tokens is the step column `off_policy_token_fraction`.
 
 Over-provisioning changes which prompts meet at a step (the loader's next batch starts early), so in
@@ -35,7 +35,7 @@ the simulator part of the responses are modelled, not replayed; the summary says
 
 from __future__ import annotations
 
-from lssim.policy import CARRY, Policy
+from lssim.policy import CARRY, Policy, PolicyNeeds
 
 
 class APRIL(Policy):
@@ -51,6 +51,9 @@ class APRIL(Policy):
         self._last_step = False
         self._carries: dict[int, int] = {}  # rid -> times carried so far
         self._must_finish: set[int] = set()  # rids carried max_carry_steps times: the rollout waits for them
+
+    def needs(self):
+        return PolicyNeeds(mask_stale_tokens=self.mask_stale_tokens)
 
     def plan(self, ctx, proposal):
         self._target = max(0, min(ctx.groups_per_step, ctx.groups_left))

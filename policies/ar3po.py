@@ -29,6 +29,7 @@ import numpy as np
 from lssim.core import GroupSpec
 from lssim.difficulty import PromptPosterior, samples_for_one_success
 from lssim.policy import Policy
+from lssim.rewards import RewardScale
 
 
 class AR3PO(Policy):
@@ -42,6 +43,7 @@ class AR3PO(Policy):
             raise ValueError(f"ar3po: need 1 <= min_samples <= max_samples, got {min_samples}, {max_samples}")
         self.confidence, self.min_samples, self.max_samples, self.min_evidence = confidence, min_samples, max_samples, min_evidence
         self.posterior = PromptPosterior(prior_a, prior_b, step_decay, visit_decay)
+        self._scale = RewardScale()  # the run's, from each step's context
 
     def allocate(self, prompt_ids: np.ndarray, sizes: np.ndarray, step: int) -> np.ndarray:
         """Samples per prompt (see the module docstring), given the proposal's group sizes."""
@@ -67,6 +69,7 @@ class AR3PO(Policy):
         return want
 
     def plan(self, ctx, proposal):
+        self._scale = ctx.reward_scale
         if not proposal:
             return proposal
         ids = np.array([g.prompt_id for g in proposal], dtype=np.int64)
@@ -75,4 +78,4 @@ class AR3PO(Policy):
         return [GroupSpec(g.prompt_id, int(k), g.max_tokens, g.priority, g.instance) for g, k in zip(proposal, counts.tolist())]
 
     def end_step(self, outcome):
-        self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward)
+        self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward, self._scale)

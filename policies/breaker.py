@@ -3,7 +3,7 @@
 Source: the seed plan's "entropy-triggered tail circuit breaker" (§1.2): watch each response's
 sliding-window repetition and entropy while it generates; stop a degenerate one -- a repetition loop,
 a low-entropy collapse, high-entropy babble -- instead of letting it run to max_tokens, and train on
-it with a negative reward (a "soft landing", -1 in the plan) so the model learns not to do it. §4.2
+it with a negative reward (a "soft landing", -1 in the plan, where rewards are 0/1) so the model learns not to do it. §4.2
 adds the same idea at inference time (stop once the tokens are near-certain for a while). The
 thresholds below are ours; every one is a parameter.
 
@@ -16,18 +16,21 @@ there (lssim/signals.py: computed from tokens and logprobs on vLLM, modelled fro
 - loop:     repetition >= `repetition_above`                      -> stop, reason "loop";
 - collapse: entropy < `entropy_below` at `patience` checks in a row  -> stop, reason "entropy_collapse";
 - babble:   entropy > `entropy_above` at `patience` checks in a row  -> stop, reason "babble";
-- a stopped response trains with reward `stop_reward` (default -1; None keeps the engine's reward).
+- a stopped response trains with reward `stop_reward`, read on the run's reward scale (lssim.rewards:
+  0 = the lowest reward, 1 = the highest): the default -1 lands one whole range below a wrong answer, the
+  plan's -1 for 0/1 rewards and -15 for +5/-5; None keeps the engine's reward.
 A response that ends by itself before the rule fires is never touched: the rule acts only at
 checkpoints, and a response has none after its end.
 
 What it saves and what it costs are in the results: tokens a stop saved (`natural_len - response_len`
 of the stopped responses) and how many stopped responses would have ended correct
-(`natural_reward > 0`: false positives), where the world can tell (the simulator's trace can).
+(`natural_reward` in the upper half of the reward range: false positives), where the world can tell (the simulator's trace can).
 """
 
 from __future__ import annotations
 
 from lssim.policy import Action, Policy
+from lssim.rewards import RewardScale
 from lssim.signals import WINDOW_KEY
 
 
@@ -49,6 +52,11 @@ class Breaker(Policy):
         self._high: dict[int, int] = {}  # rid -> consecutive checks with high entropy
         self._touched: set[int] = set()
         self.stops: dict[str, int] = {"loop": 0, "entropy_collapse": 0, "babble": 0}
+        self._scale = RewardScale()  # the run's, from each step's context
+
+    def plan(self, ctx, proposal):
+        self._scale = ctx.reward_scale
+        return proposal
 
     def decide(self, rid: int, generated: int, signals: dict | None) -> str | None:
         """The rule on one checkpoint's signals: the reason to stop, or None."""
@@ -71,7 +79,7 @@ class Breaker(Policy):
         if reason is None:
             return None
         self.stops[reason] += 1
-        return Action.stop(reason, reward=self.stop_reward)
+        return Action.stop(reason, reward=None if self.stop_reward is None else self._scale.value(self.stop_reward))
 
     def on_finish(self, request, state):
         self._low.pop(request.rid, None)

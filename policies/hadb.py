@@ -11,8 +11,9 @@ Rule:
 - A step draws its prompts from ONE bucket, so a step's responses are of similar length: short steps
   take `short_batch_factor` x the nominal number of groups (filling the engine), long steps
   `long_batch_factor` x. The order of the epoch's chunks is shuffled by the run's seed.
-- Adaptive truncation: a long-bucket prompt whose last `zero_reward_groups` groups all scored zero
-  gets `max_tokens * long_zero_budget` instead of the full budget (long and hopeless: stop early).
+- Adaptive truncation: a long-bucket prompt whose last `zero_reward_groups` groups had no correct response
+  (none in the upper half of the run's reward range, lssim.rewards: all zero for 0/1 rewards) gets
+  `max_tokens * long_zero_budget` instead of the full budget (long and hopeless: stop early).
 
 Because bucketed sampling changes which prompts meet at a step, replaying a trace under HADB asks the
 Workload for (step, prompt) pairs the trace did not record: the result's exact fraction says how much.
@@ -27,6 +28,7 @@ import numpy as np
 
 from lssim.core import GroupSpec
 from lssim.policy import Policy
+from lssim.rewards import RewardScale
 
 
 class HADB(Policy):
@@ -49,9 +51,11 @@ class HADB(Policy):
         self.zero_streak: dict[int, int] = {}  # prompt -> consecutive all-zero-reward groups
         self._chunks: list[tuple[str, list[int]]] = []  # this epoch's remaining steps: (bucket, prompts)
         self._long: set[int] = set()
+        self._scale = RewardScale()  # the run's, from each step's context
 
     # -- deciding ----------------------------------------------------------------------------------
     def plan(self, ctx, proposal):
+        self._scale = ctx.reward_scale
         if not self._chunks and len(self.score) < self.warmup_fraction * len(ctx.pool):
             return proposal
         if not self._chunks:
@@ -98,7 +102,7 @@ class HADB(Policy):
         rewards = outcome.reward[order]
         starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
         mean_log = np.add.reduceat(logs, starts) / np.diff(np.r_[starts, len(pids)])
-        any_reward = np.maximum.reduceat(rewards > 0, starts)
+        any_reward = np.maximum.reduceat(self._scale.correct(rewards), starts)
         for pid, m, hit in zip(pids[starts].tolist(), mean_log.tolist(), any_reward.tolist()):
             old = self.score.get(pid)
             self.score[pid] = m if old is None else self.ema * m + (1 - self.ema) * old

@@ -7,16 +7,18 @@ within 4/3 of the optimal makespan for identical machines; with the per-step low
 what any scheduling policy can reach.
 """
 
-from lssim.policy import Policy
+from lssim.policy import Policy, PolicyNeeds
 
 
 class Oracle(Policy):
     name = "oracle"
-    needs_oracle = True
 
     def __init__(self):
         self._length = None
         self._work: list[int] = []
+
+    def needs(self):
+        return PolicyNeeds(oracle=True)  # ctx.oracle_length: the simulator only
 
     def plan(self, ctx, proposal):
         if ctx.oracle_length is None:
@@ -26,6 +28,8 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
+        if r.batch >= 0:  # a loader group: the engine answers it from its batch (lssim.core.Request.batch)
+            return self._length(r.batch, r.prompt_id, r.batch_sample, r.max_tokens) - r.generated
         return self._length(r.step, r.prompt_id, r.sample_idx, r.max_tokens) - r.generated
 
     def priority(self, request):

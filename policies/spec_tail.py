@@ -38,7 +38,7 @@ layer skip; no draft model is wired in).
 from __future__ import annotations
 
 from lssim.core import Speculation
-from lssim.policy import Policy
+from lssim.policy import Policy, PolicyNeeds
 
 
 class SpecTail(Policy):
@@ -50,3 +50,6 @@ class SpecTail(Policy):
         self.max_batch, self.layer_fraction = max_batch, layer_fraction
         self.speculation = Speculation(method=method, alpha=alpha, gamma=gamma, draft_cost=draft_cost,
                                        max_batch=max_batch, layer_fraction=layer_fraction)
+
+    def needs(self):
+        return PolicyNeeds(speculation=self.speculation)

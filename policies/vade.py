@@ -34,6 +34,7 @@ import numpy as np
 from lssim.core import GroupSpec
 from lssim.difficulty import PromptPosterior
 from lssim.policy import Policy
+from lssim.rewards import RewardScale
 
 
 class VADE(Policy):
@@ -52,6 +53,7 @@ class VADE(Policy):
         self.easy_above, self.hard_below, self.min_evidence = easy_above, hard_below, min_evidence
         self.hard_budget, self.medium_budget = hard_budget, medium_budget
         self.posterior = PromptPosterior(prior_a, prior_b, step_decay, visit_decay)
+        self._scale = RewardScale()  # the run's, from each step's context
         self.last_tiers: dict[str, int] = {}  # how many prompts of the pool fell in each tier at the last plan
 
     def tiers(self, prompt_ids: np.ndarray, step: int) -> np.ndarray:
@@ -61,6 +63,7 @@ class VADE(Policy):
         return np.where(known & (p >= self.easy_above), 0, np.where(known & (p > self.hard_below), 1, 2))
 
     def plan(self, ctx, proposal):
+        self._scale = ctx.reward_scale
         if not proposal:
             return proposal
         pool = ctx.pool.prompt_id
@@ -81,4 +84,4 @@ class VADE(Policy):
         return plan
 
     def end_step(self, outcome):
-        self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward)
+        self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward, self._scale)

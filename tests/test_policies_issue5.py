@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lssim.checks import check_policy
 from lssim.cli import main
 from lssim.controller import Controller, RunConfig
-from lssim.core import GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
+from lssim.core import Engine, GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
 from lssim.cost import RooflineCostModel, SpeculativeCost, solo_decode_time
 from lssim.history import LengthHistory
 from lssim.policy import StepOutcome, make_policy
@@ -113,12 +113,12 @@ def test_spec_tail_speeds_a_lone_response_and_counts_what_it_speculated():
 
 def test_speculation_composes_and_is_refused_by_an_engine_that_cannot_speculate():
     both = make_policy("seer+spec_tail(alpha=0.7)")
-    assert both.speculation == Speculation(alpha=0.7) and make_policy("seer+lpt").speculation is None
-    assert make_policy("spec_tail+spec_tail").speculation == Speculation()  # the same request twice is fine
+    assert both.needs().speculation == Speculation(alpha=0.7) and make_policy("seer+lpt").needs().speculation is None
+    assert make_policy("spec_tail+spec_tail").needs().speculation == Speculation()  # the same request twice is fine
     with pytest.raises(ValueError, match="different speculation"):
         make_policy("spec_tail(alpha=0.5)+spec_tail(alpha=0.6)")
 
-    class NoSpecEngine:  # an engine without set_speculation (as the vLLM engine is, so far)
+    class NoSpecEngine(Engine):  # an engine that cannot speculate: Engine.set_speculation's default refuses
         n_instances = 1
 
         def set_progress_interval(self, tokens):

@@ -116,7 +116,7 @@ def real_model_dir_cheap(tmp_path_factory):
 
 
 def test_signals_loop_start():
-    from real_backend.signals import loop_start
+    from lssim.signals import loop_start
 
     assert loop_start(list(range(40))) == -1
     assert loop_start(list(range(10)) + [7, 8, 9] * 10) == 7  # the periodic suffix begins at 7 (7 8 9 7 8 9 ...)
@@ -127,7 +127,7 @@ def test_signals_loop_start():
 def test_token_entropy():
     from types import SimpleNamespace as L
 
-    from real_backend.signals import token_entropy
+    from lssim.signals import token_entropy
 
     uniform = {i: L(logprob=-math.log(4)) for i in range(4)}
     assert token_entropy(uniform) == pytest.approx(math.log(4))

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from lssim.cli import main
 from lssim.synth import PRESETS, SynthConfig, get_preset, synthesize
-from lssim.trace import load_trace, trace_info, validate_trace
+from lssim.trace import load_trace, validate_trace
+from lssim.trace_summary import trace_info
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -392,12 +392,20 @@ class _Clock:
         self.clock += seconds
 
 
-def test_sim_trainer_reports_the_phases_and_advances_the_clock():
+def test_sim_trainer_reports_the_phases_and_the_collocated_mode_puts_them_on_the_clock():
+    from lssim.modes import ModeConfig
+
     clock = _Clock()
+    clock.now = lambda: clock.clock
     trainer = SimTrainer(clock, AnalyticTrainCost(), n_devices=16)
-    metrics = trainer.train(_groups([3000, 500, 800, 1200]), step=0)
+    groups = _groups([3000, 500, 800, 1200])
+    metrics = trainer.train(groups, step=0)
     expected = AnalyticTrainCost().phases(np.array([3100, 600, 900, 1300]), np.full(4, 100), 16, collocated=True)
-    assert metrics["seconds"] == pytest.approx(expected.total) == pytest.approx(clock.clock)
+    assert clock.clock == 0.0  # pricing is not spending: the mode decides when the phases run
+    mode = ModeConfig(rollout_devices=16).build()
+    mode.bind(clock, groups_per_step=4)
+    timing = mode.train(metrics, 0, groups, 0.0, 0.0)
+    assert metrics["seconds"] == pytest.approx(expected.total) == pytest.approx(clock.clock) == pytest.approx(timing.end)
     for key, value in expected.as_metrics().items():
         assert metrics[key] == pytest.approx(value)
     assert metrics["tokens"] == 5900 and metrics["sequences"] == 4

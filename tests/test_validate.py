@@ -1,4 +1,4 @@
-"""Fidelity machinery (lssim.validate, real_backend.profile/validate): comparisons, the profile fit, and
+"""Fidelity machinery (lssim.fidelity, real_backend.profile/sim_vs_real): comparisons, the profile fit, and
 the round trip that makes a validation mean something: a run recorded from the simulator and replayed
 in it is predicted exactly, so every error `lssim validate` reports on vLLM is the simulator's model,
 not the bookkeeping. The tests marked `real` use the session's shared vLLM engine."""
@@ -18,7 +18,7 @@ from lssim.controller import RunConfig
 from lssim.cost import ProfiledCostModel
 from lssim.replay import SimSetup, simulate
 from lssim.trace import load_trace
-from lssim.validate import RecordedRun, compare, fidelity_table, length_distance, load_run, replay_run
+from lssim.fidelity import RecordedRun, compare, fidelity_table, length_distance, load_run, replay_run
 from lssim.workload import Workload
 
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
@@ -80,7 +80,7 @@ def test_fidelity_table_errors_and_speedup():
 
 
 def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
-    from lssim.validate import median_over_repeats
+    from lssim.fidelity import median_over_repeats
 
     rows = []
     for k, (measured, predicted) in enumerate([(1.0, 1.1), (1.2, 1.0), (1.1, 0.9)]):
@@ -94,7 +94,7 @@ def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
 
 
 def test_anchor_on_baseline_takes_the_machines_speed_from_the_reference_and_drops_it():
-    from lssim.validate import anchor_on_baseline
+    from lssim.fidelity import anchor_on_baseline
 
     rows = []
     for step, measured in enumerate([1.2, 1.2, 1.2, 1.2, 1.8]):  # the machine 20% slow; one step an outlier
@@ -219,7 +219,8 @@ def test_profile_measures_the_engine(vllm_engine):
 
 @pytest.mark.real
 def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, profile):
-    from real_backend.validate import format_summary, validate
+    from lssim.tables import format_fidelity
+    from real_backend.sim_vs_real import validate
     from real_backend.world import RealSetup, prepare, run_real
 
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=16, profile=profile)  # real steps get the profiled bound
@@ -237,4 +238,4 @@ def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, p
     assert (steps["predicted_tokens"] == steps["measured_tokens"]).all() and (steps["exact_fraction"] == 1).all()
     assert np.isfinite(summary.loc["lpt", "speedup_error_points"])
     assert "lpt" in frames["counterfactual"].index
-    assert "median APE" in format_summary(frames)
+    assert "median APE" in format_fidelity(frames)

@@ -5,7 +5,7 @@ policy, seeds, data loader and a profiled cost model, and report how far the pre
     lssim validate --runs runs/a runs/b --out runs/validate-ab      # runs recorded by `lssim real`
 
 Writes to --out: real/<policy>/ (each recorded run, unless --runs), steps.parquet and responses.parquet
-(predicted against measured, lssim.validate.compare), summary.csv (the printed table), counterfactual.csv
+(predicted against measured, lssim.fidelity.compare), summary.csv (the printed table), counterfactual.csv
 (each policy predicted from the baseline's trace instead of its own), and validation.png (predicted vs
 measured per step), stages.csv (the error after each modelling step) and noise.parquet (the spread of the
 repeats). Every input is checked before the engine starts. Results and how to read them: real_backend/README.md.
@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 DEFAULT_PROFILE = Path(__file__).with_name("profile_cpu.json")
-TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS = 3.0, 8.0, 5.0
 
 
 def sim_setup(run, profile: str):
@@ -51,7 +50,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
-    from lssim.validate import compare, fidelity_table, length_distance, median_over_repeats, replay_run
+    from lssim.fidelity import compare, fidelity_table, length_distance, median_over_repeats, replay_run
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
     step_frames, response_frames, groups, first_sim = [], [], {}, {}
@@ -121,7 +120,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
     rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
-        from lssim.validate import anchor_on_baseline, median_over_repeats
+        from lssim.fidelity import anchor_on_baseline, median_over_repeats
 
         anchored, _ = median_over_repeats(anchor_on_baseline(profiled["steps_by_repeat"]))
         per_policy = anchored.groupby("policy")["ape_pct"]
@@ -150,9 +149,10 @@ def run(args: argparse.Namespace) -> int:
     from lssim.cost import ProfiledCostModel
     from lssim.results import policy_dirname
     from lssim.policy import available_policies, make_policy
-    from lssim.validate import load_run, plot
+    from lssim.fidelity import load_run, plot
+    from lssim.tables import format_fidelity
 
-    from .world import RealSetup, format_step, out_dir_problem, prepare
+    from .world import RealSetup, out_dir_problem, prepare
 
     out = Path(args.out)
     if args.reprofile and args.runs:
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
             problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
             if problem:
                 raise ValueError(problem)
-        recorded = _record(specs, setup, config, out, format_step, prepare, args.repeats, profile if args.reprofile else None)
+        recorded = _record(specs, setup, config, out, args.repeats, profile if args.reprofile else None)
     runs: dict[str, list] = {}
     for r in recorded:  # several recordings of one policy are repeats
         runs.setdefault(r.name, []).append(r)
@@ -196,44 +196,12 @@ def run(args: argparse.Namespace) -> int:
         if name in frames:
             atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
     atomic_write(out / "validation.png", lambda p: plot(frames["steps"], p))
-    print(format_summary(frames))
+    print(format_fidelity(frames))
     print(f"written to {out}/ (summary.csv, steps.parquet, responses.parquet, stages.csv, validation.png, ...)")
     return 0
 
 
-def format_summary(frames: dict[str, pd.DataFrame]) -> str:
-    s = frames["summary"]
-    cols = {"steps": "steps", "makespan_median_ape_pct": "median APE %", "makespan_p90_ape_pct": "p90 APE %",
-            "finish_order_spearman": "finish order rho", "finish_time_median_ape_pct": "finish time APE %",
-            "tokens_error_pct": "tokens err %", "speedup_measured": "speedup real", "speedup_predicted": "speedup sim",
-            "speedup_error_points": "err points"}
-    table = s[[c for c in cols if c in s]].rename(columns=cols)
-    lines = ["per-step rollout makespan, simulator (profiled) vs vLLM:", table.to_string(float_format=lambda v: f"{v:.2f}")]
-    all_steps = frames["steps"]["ape_pct"]
-    worst_speedup = float(s["speedup_error_points"].abs().max()) if "speedup_error_points" in s else float("nan")
-    lines.append(f"all steps: median APE {all_steps.median():.1f}% (target {TARGET_MEDIAN_PCT:.0f}%), "
-                 f"p90 {np.percentile(all_steps, 90):.1f}% (target {TARGET_P90_PCT:.0f}%); worst policy median "
-                 f"{s['makespan_median_ape_pct'].max():.1f}%, p90 {s['makespan_p90_ape_pct'].max():.1f}%; "
-                 f"largest speedup error {worst_speedup:.1f} points (target {TARGET_SPEEDUP_POINTS:.0f})")
-    if "noise" in frames:
-        noise = frames["noise"]
-        k = int(noise["repeat"].max()) + 1
-        lines.append(f"run-to-run noise: one run's step against the median of its policy's {k} repeats (same seeds, same "
-                     f"tokens): median {noise['ape_pct'].median():.1f}%, p90 {np.percentile(noise['ape_pct'], 90):.1f}%")
-    if "stages" in frames:
-        lines += ["", "error after each modelling step:",
-                  frames["stages"].drop(columns="model").to_string(float_format=lambda v: f"{v:.2f}")]
-    if "counterfactual" in frames:
-        cf = frames["counterfactual"]
-        lines += ["", "counterfactual: each policy predicted from the baseline's trace, and the lengths the Workload modelled "
-                      "for responses that trace did not hold, against what vLLM generated:",
-                  cf[["modelled_fraction", "length_ks", "length_wasserstein_tokens", "length_measured_mean", "length_modelled_mean",
-                      "speedup_measured", "speedup_predicted_from_baseline_trace", "speedup_error_points"]]
-                  .to_string(float_format=lambda v: f"{v:.2f}")]
-    return "\n".join(lines)
-
-
-def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int = 1, profile_to: str | None = None) -> list:
+def _record(specs, setup, config, out: Path, repeats: int = 1, profile_to: str | None = None) -> list:
     """Run each policy `repeats` times on one engine, recorded under out/real/<policy>/repeat<k>/. Repeat-major
     order (every policy once, then every policy again): the machine's speed drifts over minutes, and drift must
     reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the engine is
@@ -243,9 +211,10 @@ def _record(specs, setup, config, out: Path, format_step, prepare, repeats: int 
 
     from lssim.controller import RunConfig
     from lssim.results import policy_dirname
-    from lssim.validate import load_run
+    from lssim.fidelity import load_run
+    from lssim.tables import format_step
 
-    from .world import run_real, start_engine
+    from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
     t0 = time.monotonic()
@@ -286,7 +255,7 @@ def _policy_specs(text: str, available, make_policy) -> list[str]:
         specs = []
         for name in available():
             p = make_policy(name)
-            if not p.needs_oracle and getattr(p, "speculation", None) is None:
+            if not p.needs().oracle and p.needs().speculation is None:
                 specs.append(name)
     else:
         specs = [s.strip() for s in text.split(",") if s.strip()]
@@ -323,4 +292,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 
 
-__all__ = ["validate", "run", "add_arguments", "format_summary", "sim_setup"]
+__all__ = ["validate", "run", "add_arguments", "sim_setup"]

@@ -1,0 +1,108 @@
+"""The contracts in lssim.core / lssim.policy: what an engine answers when it lacks an ability, what a policy
+declares it needs and how compositions merge those needs, the event kinds engines report."""
+
+import math
+
+import pytest
+
+from lssim.checks import PolicyCheckError, check_policy
+from lssim.controller import Controller, RunConfig
+from lssim.core import EVENT_KINDS, FINISHED, PROGRESS, Engine, Speculation
+from lssim.policy import Compose, Policy, PolicyNeeds, make_policy
+from lssim.sim import EngineConfig, SimEngine, SimTrainer
+from lssim.workload import Workload
+from test_sim import COST, NO_TRAIN, make_trace
+
+
+class _Bare(Engine):
+    """An engine that declares nothing beyond what every engine must do."""
+
+    n_instances = 1
+
+    def set_progress_interval(self, tokens):
+        pass
+
+
+def test_an_engine_without_the_optional_abilities_answers_unknown_or_refuses():
+    engine = _Bare()
+    assert engine.counterfactual(None) is None
+    assert all(math.isnan(x) for x in engine.utilization())
+    engine.set_speculation(None)  # nothing asked: fine
+    with pytest.raises(ValueError, match="_Bare cannot do"):
+        engine.set_speculation(Speculation())
+
+
+class _Unknowing(SimEngine):
+    """The simulator, answering "unknown" as an engine without those abilities does."""
+
+    counterfactual = Engine.counterfactual
+    utilization = Engine.utilization
+
+
+def test_the_controller_records_unknown_as_minus_one_and_nan():
+    wl = Workload(make_trace([[[30, 10], [20, 40]]]))
+    cfg = RunConfig(steps=1, groups_per_step=2, group_size=2, max_tokens=wl.max_tokens)
+    results = {}
+    for cls in (SimEngine, _Unknowing):
+        engine = cls(wl, COST, EngineConfig(1, 8, 10**6))
+        results[cls] = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy("baseline"), cfg).run()
+    known, unknown = results[SimEngine], results[_Unknowing]
+    assert known.responses["natural_len"].tolist() == [10, 20, 30, 40]
+    assert (unknown.responses["natural_len"] == -1).all() and unknown.responses["natural_reward"].isna().all()
+    assert known.steps["busy_fraction"].iloc[0] == pytest.approx(1.0)
+    assert unknown.steps["busy_fraction"].isna().all() and unknown.steps["mean_running"].isna().all()
+    # Everything else is the same run.
+    same = [c for c in known.responses.columns if not c.startswith("natural_")]
+    assert known.responses[same].equals(unknown.responses[same])
+
+
+def test_the_simulator_reports_only_the_declared_event_kinds():
+    wl = Workload(make_trace([[[30, 10, 25]]]))
+    engine = SimEngine(wl, COST, EngineConfig(1, 8, 10**6))
+    engine.set_progress_interval(8)
+    from lssim.core import Request
+
+    engine.submit([Request(rid=i, group_id=0, step=0, prompt_id=0, sample_idx=i, prompt_len=16, max_tokens=30)
+                   for i in range(3)])
+    kinds = []
+    while events := engine.next_events():
+        kinds += [e.kind for e in events]
+    assert set(kinds) <= set(EVENT_KINDS) and kinds.count(FINISHED) == 3
+    assert kinds.count(PROGRESS) == 3 + 1 + 3  # checkpoints at 8, 16, 24 before each length (30: 3, 10: 1, 25: 3)
+
+
+# -- policy needs --------------------------------------------------------------------------------
+
+def test_each_policy_declares_what_it_needs():
+    assert make_policy("baseline").needs() == PolicyNeeds()
+    assert make_policy("oracle").needs() == PolicyNeeds(oracle=True)
+    assert make_policy("spec_tail(alpha=0.7)").needs() == PolicyNeeds(speculation=Speculation(alpha=0.7))
+    assert make_policy("april(mask_stale_tokens=True)").needs() == PolicyNeeds(mask_stale_tokens=True)
+    assert make_policy("april").needs() == PolicyNeeds()
+
+
+def test_compose_merges_needs_by_its_documented_rule():
+    merged = make_policy("april(mask_stale_tokens=True)+oracle+spec_tail(gamma=3)+spec_tail(gamma=3)").needs()
+    assert merged == PolicyNeeds(oracle=True, speculation=Speculation(gamma=3), mask_stale_tokens=True)
+    assert make_policy("seer+lpt").needs() == PolicyNeeds()
+    with pytest.raises(ValueError, match="different speculation"):
+        Compose([make_policy("spec_tail(gamma=3)"), make_policy("spec_tail(gamma=4)")])
+
+
+@pytest.mark.parametrize("kwargs, words", [({"oracle": 1}, "oracle must be a bool"),
+                                           ({"mask_stale_tokens": "yes"}, "mask_stale_tokens must be a bool"),
+                                           ({"speculation": "ngram"}, "Speculation or None")])
+def test_needs_are_validated(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        PolicyNeeds(**kwargs)
+
+
+def test_check_policy_refuses_needs_that_are_not_a_policy_needs():
+    class Sloppy(Policy):
+        name = "sloppy"
+
+        def needs(self):
+            return {"oracle": True}
+
+    with pytest.raises(PolicyCheckError, match="needs\\(\\) must return"):
+        check_policy(Sloppy())

@@ -1,0 +1,164 @@
+"""Tests for lssim.cost.operators (the GPU cost model summed kernel by kernel) and its fit (lssim.cost.operator_fit):
+the CostModel protocol's invariants, the kernel inventory against the parameter count, the profile file, and the
+held-out error table reproduced from the shipped data."""
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lssim.cost import MODELS, SHAPES, CostModel, KernelProfile, OperatorCostModel
+from lssim.cost.operator_fit import heldout_table
+from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES, decoder_kernels, load_kernel_profile
+
+MODELS_UNDER_TEST = {
+    "7b": OperatorCostModel("qwen2.5-7b", "H100"),
+    "1.5b+overhead": OperatorCostModel("qwen2.5-1.5b", "H100", iteration_overhead_s=3e-4),
+    "32b-tp2": OperatorCostModel("qwen2.5-32b", "H100", tp=2),
+}
+names = st.sampled_from(sorted(MODELS_UNDER_TEST))
+batch = st.integers(1, 512)
+per_seq_ctx = st.floats(0.0, 32768.0)
+
+
+def rel_close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def test_is_a_cost_model():
+    for model in MODELS_UNDER_TEST.values():
+        assert isinstance(model, CostModel)
+        assert model.decode_time(0, 0.0, 5) == 0.0 and model.decode_time(4, 100.0, 0) == 0.0
+        assert model.prefill_time(0) == 0.0 and model.departure_time(3) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(names, batch, per_seq_ctx, st.integers(1, 300))
+def test_a_span_is_the_sum_of_its_iterations(name, n, c, k):
+    cost = MODELS_UNDER_TEST[name]
+    ctx = n * c
+    singles = sum(cost.decode_time(n, ctx + i * n, 1) for i in range(k))
+    assert rel_close(cost.decode_time(n, ctx, k), singles, 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names, batch, st.integers(1, 64), per_seq_ctx, st.floats(0.0, 4096.0), st.integers(1, 50))
+def test_monotone_in_batch_and_context(name, n, dn, c, dc, k):
+    cost = MODELS_UNDER_TEST[name]
+    t = cost.decode_time(n, n * c, k)
+    assert cost.decode_time(n + dn, n * c, k) >= t
+    assert cost.decode_time(n + dn, (n + dn) * c, k) >= t
+    assert cost.decode_time(n, n * (c + dc), k) >= t
+    assert cost.decode_time(n, n * c, k + 1) > t
+
+
+@settings(max_examples=200, deadline=None)
+@given(names, batch, per_seq_ctx, st.floats(0.0, 30.0))
+def test_iterations_within_inverts_decode_time(name, n, c, seconds):
+    cost = MODELS_UNDER_TEST[name]
+    k = cost.iterations_within(n, n * c, seconds)
+    assert cost.decode_time(n, n * c, k) <= seconds < cost.decode_time(n, n * c, k + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names, st.integers(1, 20000), st.integers(1, 20000))
+def test_prefill_is_monotone_and_subadditive(name, a, b):
+    cost = MODELS_UNDER_TEST[name]
+    assert cost.prefill_time(a + b) >= max(cost.prefill_time(a), cost.prefill_time(b))
+    assert cost.prefill_time(a + b) <= cost.prefill_time(a) + cost.prefill_time(b) * (1 + 1e-12)
+    # the prompts' causal attention only adds time
+    assert cost.prompt_prefill_time([a, b]) >= cost.prefill_time(a + b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names, st.integers(0, 2**32 - 1), st.integers(1, 256))
+def test_work_time_bounds_any_schedule(name, seed, max_num_seqs):
+    cost = MODELS_UNDER_TEST[name]
+    rng = random.Random(seed)
+    spent = tokens = reads = 0.0
+    for _ in range(rng.randint(1, 20)):  # spans of random batch sizes, each sequence at its own context
+        n, k, c0 = rng.randint(1, max_num_seqs), rng.randint(1, 200), rng.uniform(0, 8000)
+        spent += cost.decode_time(n, n * c0, k)
+        tokens += n * k
+        reads += n * (k * c0 + k * (k - 1) / 2)
+    assert cost.work_time(tokens, reads, max_num_seqs) <= spent * (1 + 1e-9)
+
+
+def test_kernels_read_every_weight_once():
+    # The GEMMs of all layers plus the LM head hold every parameter but the input embedding (when untied),
+    # the QKV bias and the norms.
+    for key in ("qwen2.5-7b", "qwen2.5-1.5b", "llama3-8b", "llama2-7b"):
+        spec, shape = MODELS[key], SHAPES[key]
+        kern = decoder_kernels(spec, shape)
+        weights = spec.n_layers * sum(k * n for _, k, n in kern.gemms) + kern.hidden * kern.vocab
+        q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        rest = (0 if shape.tied_embeddings else shape.vocab * spec.hidden) + spec.n_layers * (
+            (q + 2 * kv if shape.qkv_bias else 0) + 2 * spec.hidden) + spec.hidden
+        assert weights + rest == spec.params, key
+    # tensor parallelism splits heads, MLP and vocabulary: a GPU holds about 1/tp of the GEMM weights
+    one, four = decoder_kernels("qwen2.5-32b"), decoder_kernels("qwen2.5-32b", tp=4)
+    assert sum(k * n for _, k, n in four.gemms) * 4 == sum(k * n for _, k, n in one.gemms)
+    with pytest.raises(ValueError, match="tp"):
+        decoder_kernels("qwen2.5-7b", tp=3)
+    with pytest.raises(ValueError, match="DecoderShape"):
+        OperatorCostModel(MODELS["tiny-ref"].__class__(10, 1, 8, 2, 2, 4, 2, "unknown"))
+
+
+def test_profile_file_round_trip_and_errors(tmp_path):
+    profile = load_kernel_profile("H100")
+    path = tmp_path / "p.json"
+    profile.to_json(path)
+    assert KernelProfile.from_json(path) == profile
+    payload = json.loads(path.read_text())
+    path.write_text(json.dumps({**payload, "gemm_speed": 1.0}))
+    with pytest.raises(ValueError, match="unknown key.*gemm_speed"):
+        KernelProfile.from_json(path)
+    path.write_text(json.dumps({**payload, "gemm_bandwidth": -1.0}))
+    with pytest.raises(ValueError, match=r"p.json: KernelProfile.gemm_bandwidth"):
+        KernelProfile.from_json(path)
+    with pytest.raises(ValueError, match="no measured kernel profile"):
+        OperatorCostModel("qwen2.5-7b", "A100")
+
+
+def test_held_out_table_is_reproduced_from_the_shipped_data():
+    table, profile, sums = heldout_table()
+    shipped = pd.read_csv(DATA_DIR / "gpu_cost_heldout.csv")
+    assert list(table.columns) == list(shipped.columns) and len(table) == len(shipped)
+    for col in ("source", "model", "kind", "n_seqs", "ctx_len", "n_prompts", "prompt_len", "tokens"):
+        assert (table[col].to_numpy() == shipped[col].to_numpy()).all(), col
+    for col in ("measured_s", "predicted_s", "roofline_s"):
+        np.testing.assert_allclose(table[col], shipped[col], rtol=1e-3, err_msg=col)
+    # the simulator's H100 profile is this very fit (none of the held-out points in it)
+    fitted = KernelProfile.from_json(KERNEL_PROFILES["H100"])
+    for field in ("gemm_bandwidth", "gemm_flops", "attention_bandwidth", "elementwise_bandwidth"):
+        assert getattr(profile, field) == pytest.approx(getattr(fitted, field), rel=1e-3), field
+    # What the README claims: every held-out whole iteration of the project's H100 profiles within 10%, and the
+    # roofline off by more; the Vidur check meets 10% at decode sizes only.
+    ours = table[table["source"] == "lssim H100 torch"]
+    assert len(ours) == 26 and set(ours["kind"]) == {"decode", "prefill"}
+    assert ours["ape_pct"].max() <= 10.0
+    assert ours["roofline_ape_pct"].median() > 3 * ours["ape_pct"].median()
+    vidur = table[table["source"].str.startswith("vidur")]
+    assert vidur.loc[vidur["kind"] == "decode layers", "ape_pct"].max() <= 10.0
+    assert set(sums["model"]) == {"Llama-2-7b-hf"}
+
+
+def test_simulator_runs_on_the_operator_model_and_the_bound_holds():
+    from lssim.replay import SimSetup, simulate
+    from lssim.synth import get_preset, synthesize
+    from lssim.workload import Workload
+
+    preset = get_preset("math7b")
+    trace = synthesize(preset.replace(steps=2, prompts_per_step=16))
+    with pytest.raises(ValueError, match="cost"):
+        SimSetup(cost="vidur")
+    setup = SimSetup(cost="operators", n_instances=2)
+    for policy in ("baseline", "april"):
+        result = simulate(Workload(trace), policy, setup)
+        s = result.steps
+        assert result.meta["cost"]["kind"] == "operators"
+        assert (s["rollout_seconds"] >= s["lower_bound_seconds"] * (1 - 1e-9)).all()
