@@ -41,7 +41,7 @@ import numpy as np
 
 from lssim.cost import HARDWARE, MODELS
 
-__all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "Links", "LINKS",
+__all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "ScaledTrainCost", "Links", "LINKS",
            "ANALYTIC_SOURCES", "pack_padded", "padded_shapes", "packed_micro_batches", "check_lengths",
            "load_train_cost"]
 
@@ -433,6 +433,71 @@ class AnalyticTrainCost:
                           "2 x 8 x params if optimizer_offload) / devices / (PCIe x host_copy_efficiency)",
             },
         }
+
+
+@dataclass(frozen=True)
+class ScaledTrainCost:
+    """Another TrainCostModel with its forward phases (log-prob, reference) and its update scaled by measured
+    factors: what training-side token pruning saves (real_backend/measure_pruning.py measures them on the real
+    trainer; lssim/TRAINING.md says where the saving comes from). Sync and switch are unchanged."""
+
+    base: TrainCostModel
+    logprob_factor: float = 1.0
+    update_factor: float = 1.0
+    source: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.base, TrainCostModel):
+            raise ValueError(f"ScaledTrainCost.base must be a TrainCostModel, got {self.base!r}")
+        for name in ("logprob_factor", "update_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+                raise ValueError(f"ScaledTrainCost.{name} must be in (0, 1] (a saving), got {value!r}")
+
+    @classmethod
+    def from_measurement(cls, base: TrainCostModel, path, variant: str, basis: str = "time") -> "ScaledTrainCost":
+        """The factors of ``variant`` (e.g. "entropy-compact") from a PruningMeasurement JSON. ``basis="time"``: the
+        measured time ratios of the CPU trainer, which pads each micro-batch to its longest sequence (a factor above
+        1, noise where nothing is saved, is taken as 1); ``basis="tokens"``: the share of tokens the forward passes
+        still run over, what a packing trainer (verl's use_dynamic_bsz, AnalyticTrainCost) pays in linear FLOPs
+        (its attention FLOPs fall at least as much: truncation cuts the longest parts)."""
+        if basis not in ("time", "tokens"):
+            raise ValueError(f"basis must be 'time' or 'tokens', got {basis!r}")
+        try:
+            payload = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"pruning measurement {path} does not exist (make one with "
+                             f"`python -m real_backend.measure_pruning --out {path}`)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(payload, dict) or payload.get("kind") != "PruningMeasurement":
+            raise ValueError(f"{path}: not a pruning measurement (missing kind='PruningMeasurement')")
+        variants = payload.get("variants") or {}
+        if variant not in variants:
+            raise ValueError(f"{path}: no variant {variant!r}; measured: {sorted(variants)}")
+        v = variants[variant]
+        keys = ("logprob_factor", "update_factor") if basis == "time" else ("computed_token_fraction",) * 2
+        try:
+            return cls(base, min(1.0, float(v[keys[0]])), min(1.0, float(v[keys[1]])),
+                       source=f"{path} [{variant}, by {basis}]: {payload.get('command', '')}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: variant {variant!r}: {exc}") from None
+
+    def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
+        p = self.base.phases(seq_lens, prompt_lens, n_devices, collocated=collocated)
+        return TrainPhases(p.logprob * self.logprob_factor, p.reference * self.logprob_factor, p.update * self.update_factor,
+                           p.sync, p.switch)
+
+    def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
+        factor = self.logprob_factor if forward_only else self.update_factor
+        return factor * self.base.micro_batch_seconds(seq_lens, n_devices, forward_only=forward_only)
+
+    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
+        return self.base.optimizer_step_seconds(n_devices)
+
+    def describe(self) -> dict:
+        return {"kind": "scaled", "logprob_factor": self.logprob_factor, "update_factor": self.update_factor,
+                "source": self.source, "base": self.base.describe()}
 
 
 def load_train_cost(path) -> TrainCostModel:

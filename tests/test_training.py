@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.sim import SimEngine, SimTrainer, TrainTimeModel
-from lssim.train_profiled import COEFFICIENTS, ProfiledTrainCost, step_features
+from lssim.sim import SimTrainer, TrainTimeModel
+from lssim.train_profiled import ProfiledTrainCost, step_features
 from lssim.training import (
     AnalyticTrainCost,
     TrainCostModel,
@@ -441,3 +441,21 @@ def test_sim_setup_takes_a_profile_path_and_rejects_a_bad_one(tmp_path):
         SimSetup(train=str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="TrainCostModel"):
         SimSetup(train=3.0)
+
+
+def test_profiler_plans_every_cell_in_random_order():
+    from real_backend.profile_trainer import PROMPT_LEN, _Prompts, plan_cells, synthetic_batch
+
+    rng = np.random.default_rng(0)
+    cells = plan_cells(rng, repeats=2, sync_repeats=3)
+    steps = [c for c in cells if c["kind"] == "step"]
+    assert sum(c["kind"] == "sync" for c in cells) == 3
+    assert len({(c["cell"], c["repeat"]) for c in steps}) == len(steps)
+    assert {c["split"] for c in steps} == {"fit", "held_out"}
+    assert [c["repeat"] for c in steps] != sorted(c["repeat"] for c in steps)  # shuffled, not in repeat order
+    prompts = _Prompts()
+    groups = synthetic_batch(rng, [20, 30, 40, 50], prompts, vocab=18)
+    assert [len(g.requests) for g in groups] == [2, 2] and all(g.has_signal for g in groups)
+    r = groups[1].requests[1]
+    assert r.prompt_len + r.generated == 50 and len(prompts.prompt_tokens(r.prompt_id)) == PROMPT_LEN
+    assert len(r.tokens) == len(r.signals["logprobs"]) == 42

@@ -1,0 +1,120 @@
+"""Training-side token pruning on the real GRPO trainer: G2TP and micro-entropy pruning, and what they can save.
+
+    trainer = PruningGRPOTrainer(model_dir, engine, prompts, method="g2tp", fraction=0.4, compact=True)
+
+G2TP, gradient-guided token pruning (the seed plan, /work/shared/seeds/000: part 二, 方案一): each loss token
+scores ``S_t = |A| x (1 - p_old(t))``; the lowest-scoring ``fraction`` of the batch's loss tokens leave the loss
+(tokens the model has mastered, in samples that matter little). Micro-entropy pruning (part 三, 创新点 3): a
+window of ``window`` response tokens whose mean entropy is below ``threshold`` (nats) leaves the loss. vLLM
+records only the sampled token's log-prob, so a window's mean surprisal (-log p of the sampled token, whose
+expectation under the policy is the entropy) stands for its mean entropy. Both read vLLM's behaviour log-probs,
+which exist before any training forward, so pruning is decided before the log-prob recompute and the update.
+
+What pruning can save, honestly. A causal transformer cannot skip a token that a later token attends to, and
+the backward runs through every position a kept token's loss depends on, so taking interior tokens out of the
+loss saves nothing in the transformer's body. What it can save:
+
+1. a sequence with no kept token: dropped from the batch (its forward, backward and log-prob recompute);
+2. a pruned suffix, everything after a sequence's last kept token: nothing kept depends on it, so it is cut
+   from the input (fewer tokens to pack, shorter padded micro-batches, less attention);
+3. for interior pruned tokens, at most the LM head and log-softmax at their positions (not done here: the
+   reference model's vocabulary has 18 tokens, nothing to measure; on Qwen2.5-7B the head is
+   2 x 3584 x 152064 FLOPs per token, 7% of the forward).
+
+``compact=True`` does 1 and 2, ``compact=False`` only masks. The kept tokens, their advantages and the loss's
+normalisation (the count of kept tokens) are the same either way, so both give the same update (tested); only
+the time differs. real_backend/measure_pruning.py measures it; lssim.training.ScaledTrainCost takes the result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .trainer import GRPOTrainer, _Sample
+
+METHODS = ("g2tp", "entropy")
+
+
+def g2tp_masks(samples: list[_Sample], fraction: float) -> list[np.ndarray]:
+    """Per sample, 1 for a token kept in the loss, 0 for one pruned: the batch's lowest ``fraction`` of
+    |advantage| x (1 - p_old) among the tokens in the loss now (ties broken by position, stably)."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"G2TP fraction must be in [0, 1), got {fraction}")
+    scores = [abs(s.advantage) * (1.0 - np.exp(np.asarray(s.behaviour, dtype=float))) for s in samples]
+    live = np.concatenate([np.asarray(s.mask, dtype=float) > 0 for s in samples]) if samples else np.zeros(0, bool)
+    flat = np.concatenate(scores) if samples else np.zeros(0)
+    n_prune = int(math.floor(fraction * live.sum()))
+    keep = live.copy()
+    if n_prune:
+        order = np.argsort(np.where(live, flat, np.inf), kind="stable")
+        keep[order[:n_prune]] = False
+    return np.split(keep.astype(float), np.cumsum([len(s.response) for s in samples])[:-1])
+
+
+def entropy_masks(samples: list[_Sample], window: int, threshold: float) -> list[np.ndarray]:
+    """Per sample, 0 over each window of ``window`` response tokens whose mean surprisal is below ``threshold``."""
+    if window < 1 or not threshold >= 0:
+        raise ValueError(f"micro-entropy pruning needs window >= 1 and threshold >= 0, got {window}, {threshold}")
+    out = []
+    for s in samples:
+        surprisal = -np.asarray(s.behaviour, dtype=float)
+        keep = np.ones(len(surprisal))
+        for start in range(0, len(surprisal), window):
+            if surprisal[start:start + window].mean() < threshold:
+                keep[start:start + window] = 0.0
+        out.append(keep)
+    return out
+
+
+def compact_samples(samples: list[_Sample]) -> list[_Sample]:
+    """Drop samples with no kept token; cut each sample after its last kept token."""
+    out = []
+    for s in samples:
+        kept = np.flatnonzero(np.asarray(s.mask) > 0)
+        if not len(kept):
+            continue
+        end = int(kept[-1]) + 1
+        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group))
+    return out
+
+
+class PruningGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose samples are pruned before the log-prob recompute and the update.
+
+    ``last_pruning`` (also in the metrics): loss tokens before and after, and the tokens the forward passes
+    run over before and after (prompt + response, after compaction)."""
+
+    def __init__(self, *args, method: str = "g2tp", fraction: float = 0.4, window: int = 16, threshold: float = 0.05,
+                 compact: bool = True, **kwargs):
+        if method not in METHODS:
+            raise ValueError(f"pruning method must be one of {METHODS}, got {method!r}")
+        super().__init__(*args, **kwargs)
+        self.method, self.fraction, self.window, self.threshold, self.compact = method, fraction, window, threshold, compact
+        self.last_pruning: dict = {}
+
+    def _samples(self, groups, step):
+        samples = super()._samples(groups, step)
+        before_loss, before_tokens = sum(s.n_loss for s in samples), sum(s.length for s in samples)
+        if self.method == "g2tp":
+            masks = g2tp_masks(samples, self.fraction)
+        else:
+            masks = entropy_masks(samples, self.window, self.threshold)
+        for s, keep in zip(samples, masks):
+            s.mask = (np.asarray(s.mask, dtype=float) * keep).tolist()
+        if self.compact:
+            samples = compact_samples(samples)
+        after_loss, after_tokens = sum(s.n_loss for s in samples), sum(s.length for s in samples)
+        self.last_pruning = {
+            "loss_tokens_before": int(before_loss), "loss_tokens_after": int(after_loss),
+            "forward_tokens_before": int(before_tokens), "forward_tokens_after": int(after_tokens),
+            "pruned_loss_fraction": 1 - after_loss / before_loss if before_loss else 0.0,
+            "computed_token_fraction": after_tokens / before_tokens if before_tokens else 1.0,
+        }
+        return samples
+
+    def train(self, groups, step):
+        metrics = super().train(groups, step)
+        metrics.update(self.last_pruning)
+        return metrics
