@@ -152,6 +152,10 @@ def fit(decode: pd.DataFrame, prefill: pd.DataFrame | None = None, batches: pd.D
 
 def run(args) -> int:
     """`lssim profile`: start the engine, measure, fit, write the profile JSON and the measurements."""
+    if args.trainer:  # the trainer stage: its own profiler, the same output conventions
+        from .profile_trainer import main as profile_trainer
+
+        return profile_trainer(["--out", args.out, "--model-dir", args.model_dir, "--repeats", str(args.repeats)])
     import os
     import sys
     from pathlib import Path
@@ -237,6 +241,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model-dir", default=str(task.MODEL_DIR), metavar="DIR", help="model folder (default: the reference model)")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
+    p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "
+                   "weight push) and fit lssim.training.ProfiledTrainCost: real_backend/profile_trainer.py, which takes "
+                   "--out, --model-dir and --repeats from here (its other options: python -m real_backend.profile_trainer -h)")
 
 
 def _int_list(text: str, flag: str) -> list[int]:
