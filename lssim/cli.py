@@ -7,6 +7,7 @@ Subcommands::
     lssim trace info FILE [--json]
     lssim replay TRACE [--policy SPEC ...] [--out DIR] [--json]
     lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--out DIR] [--json]
+    lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
