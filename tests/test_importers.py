@@ -393,3 +393,8 @@ def test_verl_prompt_key_keeps_the_ids_as_written(tmp_path, tokenizer_dir):
     frame = imported("verl", src, options).frame
     assert set(frame["prompt_id"]) <= {f"gsm8k-{k}" for k in range(len(PROMPTS))}
     assert frame.groupby("prompt_id")["prompt_len"].nunique().eq(1).all()
+    if SCHEMA["reward"].max is None:  # text prompt ids: the trace schema of real traces (issue 13's `trace` branch)
+        from lssim.trace import load_trace
+
+        assert main(["import", "verl", str(src), "-o", str(tmp_path / "t.parquet"), *options]) == 0
+        assert set(load_trace(tmp_path / "t.parquet")["prompt_id"]) == set(frame["prompt_id"])

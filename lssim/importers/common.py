@@ -222,11 +222,11 @@ def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
     df["sample_idx"] = ranked["sample_idx"].reindex(df.index)
     if not all(isinstance(r.prompt_id, int) for r in responses):
         df["prompt_id"] = df["prompt_id"].map(str)  # ids of mixed kinds: all as written, as text
-    if df["trained"].notna().all():  # a group is trained if any of its samples is (filtering drops whole groups)
-        df["trained"] = df.groupby(["step", "group_id"])["trained"].transform("any").astype(bool)
     for name in ("policy_version_first", "policy_version_last", "trained"):
         if df[name].isna().any():
             df = df.drop(columns=name)  # unknown for some: leave it to the schema's default
+    if "trained" in df:
+        df["trained"] = df["trained"].astype(bool)
     return df
 
 
