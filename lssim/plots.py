@@ -46,15 +46,18 @@ def figure_png(fig: Figure, dpi: int = 110) -> bytes:
 
 
 def step_bars(result, step: int) -> pd.DataFrame:
-    """The bars of one step: each response that ended in it (start = submit, end = finish, seconds from the step's
-    start) and each one carried out of it unfinished. A carried-out response's rows record only the step it ended
+    """The bars of one step: each response that ended in it (start = its first token, i.e. admission, or its
+    submission where no token time was recorded; end = finish; seconds from the step's start) and each one carried
+    out of it unfinished. A carried-out response's rows record only the step it ended
     in, so its bar in this step is drawn from the step's start to the rollout's end (`approximate`=True)."""
     r, s = result.responses, result.steps.set_index("step")
     if step not in s.index:
         raise ValueError(f"step {step} not in the run (steps {int(s.index.min())}..{int(s.index.max())})")
     rollout = float(s.loc[step, "rollout_seconds"])
     ended = r[r["end_step"] == step]
-    bars = pd.DataFrame({"start": ended["submit_time"].to_numpy(float), "end": ended["finish_time"].to_numpy(float),
+    first = ended["first_token_time"].to_numpy(float)
+    start = np.where(np.isfinite(first), first, ended["submit_time"].to_numpy(float))
+    bars = pd.DataFrame({"start": start, "end": ended["finish_time"].to_numpy(float),
                          "instance": ended["instance"].to_numpy(int), "approximate": False,
                          "outcome": np.where(ended["step"].to_numpy() < step, "resumed", ended["finish_reason"].to_numpy())})
     out = r[(r["step"] <= step) & (r["end_step"] > step)]
@@ -95,7 +98,7 @@ def _draw_timeline(ax, result, step: int, title: str) -> None:
     ax.axvline(float(row["rollout_seconds"]), color="black", ls=":", lw=1, label="rollout end")
     ax.set(xlabel="seconds from the step's start", ylabel="engine instance" if per_instance else "slot (concurrent sequence)",
            title=title)
-    ax.set_xlim(0, max(float(row["rollout_seconds"]), float(row["lower_bound_seconds"])) * 1.03)
+
 
 
 def _bars(ax, group: pd.DataFrame, color: str, hatched: bool) -> None:
@@ -133,9 +136,13 @@ def compare_timelines(results: dict, step: int, policies: list[str] | None = Non
         raise ValueError(f"no run named {', '.join(missing)}; have {', '.join(results)}")
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.6), sharex=True, squeeze=False)
     outcomes: set[str] = set()
+    right = 0.0
     for ax, name in zip(axes[0], names):
         _draw_timeline(ax, results[name], step, f"{name}: step {step}")
         outcomes |= set(step_bars(results[name], step)["outcome"])
+        row = results[name].steps.set_index("step").loc[step]
+        right = max(right, float(row["rollout_seconds"]), float(row["lower_bound_seconds"]))
+    axes[0][0].set_xlim(0, right * 1.03)  # shared: the longest run sets the axis
     _legend(fig, outcomes)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
