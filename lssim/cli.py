@@ -260,6 +260,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     table = summarize(results)
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
+    if args.plot:
+        _plot_replay_step(results, args.plot_step, args.plot)
     if args.json:
         print(json.dumps(_summary_json(table), indent=2))
     else:
@@ -296,7 +298,60 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     _add_cluster_args(p)
     p.add_argument("--out", metavar="DIR", help="write per-response and per-step parquet and the summary here")
     p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
+    p.add_argument("--plot", metavar="PNG", help="draw one step's timeline (baseline beside each --policy) into this PNG")
+    p.add_argument("--plot-step", type=int, default=0, metavar="N", help="the step --plot draws (default 0)")
     p.set_defaults(func=_run_replay)
+
+
+def _plot_replay_step(results: dict, step: int, path: str) -> None:
+    """`replay --plot`: the timeline of `step`, baseline beside each policy replayed (not oracle), PNG written atomically."""
+    from .plots import compare_timelines
+    from .results import atomic_write
+
+    names = [n for n in results if n != "oracle"] or list(results)
+    fig = compare_timelines(results, step, names)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    print(f"step {step} timeline written to {path}")
+
+
+# --------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import PAGE, build_report, write_report
+    from .trace import load_trace
+
+    tty = sys.stderr.isatty()
+    say = (lambda msg: print(f"report: {msg}", file=sys.stderr)) if tty else (lambda msg: None)
+    trace = load_trace(args.trace)
+    setup = _setup_from_args(args)
+    report = build_report(trace, args.policy, setup, trace_name=Path(args.trace).stem, steps=args.steps, seed=args.seed,
+                          timeline_step=args.timeline_step, say=say, progress=tty)
+    out = write_report(report, args.out)
+    print(f"report written to {out / PAGE} ({len(report.figures())} figures, {len(report.tables())} tables)")
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write one HTML page (figures, tables) on what a policy does to a trace",
+        description="Replay TRACE under --policy beside baseline and oracle and write DIR/report.html, one self-contained "
+        "page (figures inline): what the trace is, what the policy did, how far each step is from its lower bound, one "
+        "step's timeline, what was modelled rather than replayed, and the execution mode's end-to-end figures; the same "
+        "figures as DIR/figures/*.png and tables as DIR/tables/*.csv. Written atomically. See lssim/REPORT.md.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("--policy", required=True, metavar="SPEC", help="the policy to report on (compose with +)")
+    p.add_argument("--timeline-step", type=int, metavar="N", help="the step drawn as a timeline (default: the step where "
+                   "baseline is furthest from its bound)")
+    _add_cluster_args(p)
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="the report folder (replaced if it holds a report)")
+    p.set_defaults(func=_run_report)
 
 # --------------------------------------------------------------------------
 # real
@@ -548,6 +603,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "validate": _add_validate,
     "sweep": _add_sweep,
     "plan": _add_plan,
+    "report": _add_report,
     "import": _add_import,
 }
 """Subcommand name -> function that adds its parser (and sets ``func``)."""

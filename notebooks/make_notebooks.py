@@ -1,14 +1,20 @@
-"""Writes the exploration notebooks from plain Python cells, so their source reviews as code.
+"""Writes the exploration notebooks from plain Python, so their source reviews as code.
 
     python notebooks/make_notebooks.py     # then open notebooks/*.ipynb in Jupyter
+
+Each workflow notebook is a text file `notebooks/src/NAME.py` in jupytext's py:percent format (`# %%` starts a code
+cell, `# %% [markdown]` a markdown cell whose lines are `# `-commented), so `jupytext --to ipynb` reads it too; this
+script needs no jupytext. The .ipynb files are written without outputs (the tests execute them).
 """
 
+import re
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).parent
+SOURCES = HERE / "src"
 
 POLICY_SWEEP = [
     new_markdown_cell("# Policy sweep: what HADB's knobs buy on a trace\n\n"
@@ -56,6 +62,29 @@ POLICY_SWEEP = [
 ]
 
 
+def percent_cells(text: str) -> list:
+    """The cells of a py:percent file: `# %%` code, `# %% [markdown]` markdown (its `# ` prefixes removed)."""
+    cells = []
+    for chunk in re.split(r"^# %%", text, flags=re.M)[1:]:
+        header, _, body = chunk.partition("\n")
+        body = body.strip("\n")
+        if header.strip() == "[markdown]":
+            cells.append(new_markdown_cell("\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())))
+        elif header.strip():
+            raise ValueError(f"unknown cell header '# %%{header}'")
+        else:
+            cells.append(new_code_cell(body))
+    return cells
+
+
+def notebooks() -> dict[str, list]:
+    """Every notebook this script writes: name -> cells."""
+    out = {"policy_sweep": POLICY_SWEEP}
+    for src in sorted(SOURCES.glob("*.py")):
+        out[src.stem] = percent_cells(src.read_text())
+    return out
+
+
 def write(name: str, cells) -> Path:
     nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     path = HERE / f"{name}.ipynb"
@@ -64,4 +93,5 @@ def write(name: str, cells) -> Path:
 
 
 if __name__ == "__main__":
-    print(write("policy_sweep", POLICY_SWEEP))
+    for name, cells in notebooks().items():
+        print(write(name, cells))
