@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import base64
 import html
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
+from .results import atomic_directory
 
 PAGE = "report.html"
 SUMMARY_COLUMNS = ["speedup", "rollout_speedup", "rollout_seconds", "step_seconds", "lower_bound_efficiency",
@@ -233,9 +232,7 @@ def write_report(report: Report, out_dir) -> Path:
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / PAGE).is_file())):
         raise ValueError(f"{out}: exists and is not an lssim report folder; not overwriting it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         (tmp / "figures").mkdir()
         (tmp / "tables").mkdir()
         for name, (png, _) in report.figures().items():
@@ -243,18 +240,6 @@ def write_report(report: Report, out_dir) -> Path:
         for name, table in report.tables().items():
             table.to_csv(tmp / "tables" / f"{name}.csv", index=False)
         (tmp / PAGE).write_text(render_html(report), encoding="utf-8")
-        tmp.chmod(0o755)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -40,19 +41,16 @@ def policy_dirname(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name).strip("_") or "policy"
 
 
-def write_results(out_dir: str | os.PathLike, results: dict, summary: pd.DataFrame, meta: dict | None = None) -> Path:
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike):
+    """Yield a fresh temporary folder beside `out_dir` to fill; when the block ends it replaces `out_dir`
+    (readers see the old folder or the new one, never half of one); on an error it is removed."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        summary.to_parquet(tmp / "summary.parquet")
-        for name, res in results.items():
-            sub = tmp / policy_dirname(name)
-            sub.mkdir()
-            res.responses.to_parquet(sub / "responses.parquet")
-            res.steps.to_parquet(sub / "steps.parquet")
-        all_meta = {"policies": {name: res.meta for name, res in results.items()}, **(meta or {})}
-        (tmp / "meta.json").write_text(json.dumps(all_meta, indent=2, default=str))
+        yield tmp
+        tmp.chmod(0o755)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -64,7 +62,19 @@ def write_results(out_dir: str | os.PathLike, results: dict, summary: pd.DataFra
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+
+
+def write_results(out_dir: str | os.PathLike, results: dict, summary: pd.DataFrame, meta: dict | None = None) -> Path:
+    with atomic_directory(out_dir) as tmp:
+        summary.to_parquet(tmp / "summary.parquet")
+        for name, res in results.items():
+            sub = tmp / policy_dirname(name)
+            sub.mkdir()
+            res.responses.to_parquet(sub / "responses.parquet")
+            res.steps.to_parquet(sub / "steps.parquet")
+        all_meta = {"policies": {name: res.meta for name, res in results.items()}, **(meta or {})}
+        (tmp / "meta.json").write_text(json.dumps(all_meta, indent=2, default=str))
+    return Path(out_dir)
 
 
 def read_results(out_dir: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, dict[str, pd.DataFrame]]]:

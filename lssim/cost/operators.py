@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
-from .protocol import _INF, _ramp_count, _settle
+from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["KernelProfile", "LayerKernels", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
            "OperatorCostModel", "KERNEL_PROFILES", "load_kernel_profile"]
@@ -248,11 +248,7 @@ class OperatorCostModel:
         return n_iters * (a + b * ctx_tokens + b * n_seqs * (n_iters - 1) * 0.5)
 
     def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        if n_seqs <= 0:
-            raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
-        if not seconds < _INF:
-            raise ValueError(f"seconds must be finite, got {seconds}")
-        if seconds <= 0.0:
+        if no_time_to_run(n_seqs, seconds):
             return 0
         a = self._a.get(n_seqs)
         if a is None:

@@ -12,7 +12,7 @@ import numbers
 from pathlib import Path
 
 from .fitting import _DECODE_COLUMNS, _PREFILL_COLUMNS, _ape_summary, _load_batches, _load_table, _nnls_relative
-from .protocol import _INF, _ramp_count, _settle
+from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["ProfiledCostModel", "batch_features"]
 
@@ -71,11 +71,7 @@ class ProfiledCostModel:
         return n_iters * (a + self.c2 * n_seqs * (n_iters - 1) * 0.5)
 
     def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        if n_seqs <= 0:
-            raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
-        if not seconds < _INF:
-            raise ValueError(f"seconds must be finite, got {seconds}")
-        if seconds <= 0.0:
+        if no_time_to_run(n_seqs, seconds):
             return 0
         a = self.c0 + (self.c1 + self.c3 * n_seqs) * n_seqs + self.c2 * ctx_tokens
         k = int(_ramp_count(a, self.c2 * n_seqs, seconds))
@@ -186,8 +182,6 @@ class ProfiledCostModel:
     def fit_error(self, decode_df) -> dict:
         """Median / p90 / max absolute percentage error (in %) of the per-iteration time predicted
         for the rows of ``decode_df`` (same columns as :meth:`fit`), and the number of points."""
-        import numpy as np
-
         ddf, _ = _load_table(decode_df, _DECODE_COLUMNS, "decode measurements")
         n = ddf["n_seqs"].to_numpy(float)
         y = ddf["seconds"].to_numpy(float)

@@ -41,6 +41,16 @@ __all__ = ["CostModel", "solo_decode_time", "peak_tokens_per_second"]
 _INF = float("inf")
 
 
+def no_time_to_run(n_seqs: int, seconds: float) -> bool:
+    """The checks every `iterations_within` starts with: a batch of at least one sequence and a finite span;
+    True when the span is empty (no iteration fits in it)."""
+    if n_seqs <= 0:
+        raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
+    if not seconds < _INF:
+        raise ValueError(f"seconds must be finite, got {seconds}")
+    return seconds <= 0.0
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """What the simulator needs from an execution-time model (see module docstring)."""

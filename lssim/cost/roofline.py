@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from .catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
-from .protocol import _INF, _ramp_count, _settle
+from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["RooflineCostModel"]
 
@@ -111,11 +111,7 @@ class RooflineCostModel:
         return k * (v0 + s0 * (k - 1) * 0.5 + self._ov)
 
     def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        if n_seqs <= 0:
-            raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
-        if not seconds < _INF:
-            raise ValueError(f"seconds must be finite, got {seconds}")
-        if seconds <= 0.0:
+        if no_time_to_run(n_seqs, seconds):
             return 0  # every iteration takes > 0 s (the weight read)
         v0, s0, v1, s1 = self._sides(n_seqs, ctx_tokens)
         ov = self._ov
