@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -18,13 +18,16 @@ from .controller import Controller, RunConfig, RunResult
 from .cost import HARDWARE, MODELS, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
 from .policy import Policy, make_policy
 from .rewards import RewardScale
-from .sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from .sim import EngineConfig, SimEngine, SimTrainer
+from .training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from .workload import Workload
 
 
 @dataclass
 class SimSetup:
-    """The simulated cluster: a model on some hardware, N engine instances, and the train-time model."""
+    """The simulated cluster: a model on some hardware, N engine instances, and the training-phase model.
+
+    The trainer runs collocated on the rollout's devices (n_instances x tp), verl's default."""
 
     model: str = "qwen2.5-7b"  # a key of lssim.cost.MODELS
     hardware: str = "H100"  # a key of lssim.cost.HARDWARE
@@ -33,13 +36,25 @@ class SimSetup:
     max_num_seqs: int = 256
     kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
     profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
-    train: TrainTimeModel = field(default_factory=TrainTimeModel)
+    # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
+    # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
+    train: TrainCostModel | str | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         if self.hardware not in HARDWARE:
             raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
+        self.train_cost()  # a missing or bad file fails here, naming itself
+
+    def train_cost(self) -> TrainCostModel:
+        if self.train is None:
+            return AnalyticTrainCost(self.model, self.hardware)
+        if isinstance(self.train, str):
+            return load_train_cost(self.train)
+        if not isinstance(self.train, TrainCostModel):
+            raise ValueError(f"SimSetup.train must be a TrainCostModel, a JSON path or None, got {self.train!r}")
+        return self.train
 
     def cost_model(self):
         if self.profile:
@@ -63,7 +78,7 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg)
-    trainer = SimTrainer(engine, setup.train)
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=setup.n_instances * setup.tp)
     if config is None:
         n_steps = steps or len(workload.steps)
         # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run
@@ -96,7 +111,9 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
             bar.close()
     if prompts is None:  # the trace's own prompts: its ids as written (text ids ran as int codes)
         result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
-    result.meta.update(reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup), cost=engine.cost.describe(), engine=asdict(engine_cfg), sources=dict(engine.sources),
+    result.meta.update(reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
+                       cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),
+                       sources=dict(engine.sources),
                        preemptions=engine.preemptions, speculated_tokens=engine.speculated_tokens)
     return result
 

@@ -15,9 +15,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from .core import FINISHED, PROGRESS, Event, InstanceLoad, Request
 from .signals import DEFAULT as DEFAULT_SIGNALS
 from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
+from .training import AnalyticTrainCost, TrainCostModel, TrainPhases, check_lengths
 from .workload import EXACT, Workload
 
 
@@ -346,10 +349,13 @@ class SimEngine:
 
 @dataclass(slots=True)
 class TrainTimeModel:
-    """Seconds for the train phase: fixed + per_token * (prompt + response tokens trained), then weight sync.
+    """The old linear placeholder, kept for tests and back-of-envelope runs: the update takes fixed + per_token x
+    (prompt + response tokens trained), then a fixed weight sync; no log-prob, reference or switch phase.
 
     Defaults: a 7B model on 8 H100s, 6 * 7e9 FLOPs per token at 40% MFU of 989 TFLOP/s each gives about
-    1.3e-5 s per token; a few seconds of fixed overhead; ~10 s to push weights to the rollout engines.
+    1.3e-5 s per token; a few seconds of fixed overhead; ~10 s to push weights to the rollout engines. Never
+    measured: lssim.training.AnalyticTrainCost (the simulator's default) and ProfiledTrainCost replace it.
+    It speaks lssim.training.TrainCostModel, ignoring the devices and the mode.
     """
 
     seconds_per_token: float = 1.3e-5
@@ -361,15 +367,48 @@ class TrainTimeModel:
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainTimeModel.{name} must be >= 0, got {getattr(self, name)}")
 
+    def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
+        seq, _ = check_lengths(seq_lens, prompt_lens)
+        update = self.fixed_seconds + self.seconds_per_token * float(seq.sum())
+        return TrainPhases(0.0, 0.0, update, self.sync_seconds, 0.0)
+
+    def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
+        seq, _ = check_lengths(seq_lens)
+        return self.seconds_per_token * float(seq.sum()) / (3.0 if forward_only else 1.0)
+
+    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
+        return 0.0
+
+    def describe(self) -> dict:
+        return {"kind": "linear placeholder (never measured)", "seconds_per_token": self.seconds_per_token,
+                "fixed_seconds": self.fixed_seconds, "sync_seconds": self.sync_seconds}
+
 
 class SimTrainer:
-    """The simulated train phase: advances the engine's clock by the train-time model's estimate."""
+    """The simulated train phase: prices the step's sequences with a training-phase cost model
+    (lssim.training.TrainCostModel) and advances the engine's clock by the phases' total.
 
-    def __init__(self, engine: SimEngine, model: TrainTimeModel | None = None):
-        self.engine, self.model = engine, model or TrainTimeModel()
+    `n_devices`: devices the trainer runs on; `collocated`: rollout shares them (verl's default: a context switch
+    per step, weights synced by IPC). `signal_only`: train only groups whose rewards differ, as real_backend's
+    GRPOTrainer does (verl trains every sequence, zero advantages included)."""
+
+    def __init__(self, engine: SimEngine, model: TrainCostModel | None = None, *, n_devices: int = 8,
+                 collocated: bool = True, signal_only: bool = False):
+        if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+            raise ValueError(f"SimTrainer: n_devices must be an int >= 1, got {n_devices!r}")
+        self.engine, self.model = engine, model if model is not None else AnalyticTrainCost()
+        self.n_devices, self.collocated, self.signal_only = n_devices, collocated, signal_only
+
+    def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt + response, prompt) tokens of every sequence this step trains."""
+        trained = [r for g in groups if not self.signal_only or g.has_signal for r in g.requests]
+        prompt = np.fromiter((r.prompt_len for r in trained), dtype=np.int64, count=len(trained))
+        seq = prompt + np.fromiter((r.generated for r in trained), dtype=np.int64, count=len(trained))
+        return seq, prompt
 
     def train(self, groups, step: int) -> dict:
-        tokens = sum(r.prompt_len + r.generated for g in groups for r in g.requests)
-        train = self.model.fixed_seconds + self.model.seconds_per_token * tokens
-        self.engine.advance(train + self.model.sync_seconds)
-        return {"seconds": train, "sync_seconds": self.model.sync_seconds, "tokens": tokens}
+        seq, prompt = self.lengths(groups)
+        phases = self.model.phases(seq, prompt, self.n_devices, collocated=self.collocated)
+        self.engine.advance(phases.total)
+        # "seconds": the whole train phase (train_seconds in the step row is the clock's view of the same).
+        return {"seconds": phases.total, **phases.as_metrics(), "tokens": int(seq.sum()), "sequences": len(seq)}

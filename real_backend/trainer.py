@@ -16,6 +16,13 @@ One RL step:
    (`logprob_gap` in the metrics shows it).
 4. The new weights go into the running engine (`engine.update_weights`); the engine is never restarted.
 
+`recompute_logprobs=True` first recomputes the old policy's log-probs with a forward pass over the batch (verl's
+`compute_log_prob`) and takes the ratio against those instead of vLLM's. The metrics time each phase:
+`logprob_seconds` (that recompute; 0 without it), `update_seconds` (building the samples, forward, backward and
+optimizer steps) and `sync_seconds` (the push into the engine); lssim.training models the same phases.
+`logprob_cpu_seconds` / `update_cpu_seconds` are this process's CPU time in the same spans: on a shared machine
+wall time includes waiting for a core, CPU time does not (real_backend/profile_trainer.py fits on it).
+
 `mask_resumed=True` leaves out of the loss each response's leading tokens generated under weights older
 than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of
 them for a member that finished steps before its group did): slime's `--mask-offpolicy-in-partial-rollout`,
@@ -31,13 +38,14 @@ import numpy as np
 import torch
 
 from lssim.core import Group, Request, off_policy_tokens
+from lssim.training import pack_padded
 
 
 class GRPOTrainer:
     def __init__(self, model_dir: str, engine=None, prompts=None, *, lr: float = 2e-5, clip: float = 0.2, eps: float = 1e-6,
                  mini_batches: int = 1, max_grad_norm: float = 1.0, weight_decay: float = 0.0, micro_batch_tokens: int = 16384,
-                 mask_resumed: bool = False, device: str = "cpu", dtype: str = "float32", seed: int = 0, threads: int | None = None,
-                 sync_on_start: bool = True):
+                 mask_resumed: bool = False, recompute_logprobs: bool = False, device: str = "cpu", dtype: str = "float32",
+                 seed: int = 0, threads: int | None = None, sync_on_start: bool = True):
         """
         engine: where new weights go after each step (anything with update_weights(state_dict)); None: nowhere.
         prompts: gives each prompt's token ids (prompt_tokens(prompt_id)).
@@ -57,6 +65,7 @@ class GRPOTrainer:
         self.engine, self.prompts = engine, prompts
         self.clip, self.eps, self.mini_batches = clip, eps, mini_batches
         self.max_grad_norm, self.micro_batch_tokens, self.mask_resumed = max_grad_norm, micro_batch_tokens, mask_resumed
+        self.recompute_logprobs = recompute_logprobs
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device)
@@ -71,11 +80,16 @@ class GRPOTrainer:
 
     # -- Trainer protocol --------------------------------------------------------------------------
     def train(self, groups: list[Group], step: int) -> dict:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         samples = self._samples(groups, step)
         metrics = {"samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
                    "tokens": int(sum(s.n_loss for s in samples)), "loss": math.nan, "grad_norm": math.nan,
                    "clip_fraction": math.nan, "logprob_gap": math.nan, "optimizer_steps": 0}
+        logprob = logprob_cpu = 0.0
+        if samples and metrics["tokens"] > 0 and self.recompute_logprobs:
+            t1, cpu1 = time.monotonic(), time.process_time()
+            self._recompute_logprobs(samples)
+            logprob, logprob_cpu = time.monotonic() - t1, time.process_time() - cpu1
         if samples and metrics["tokens"] > 0:
             order = self.rng.permutation(len(samples))
             slices = [s for s in np.array_split(order, min(self.mini_batches, len(samples))) if len(s)]
@@ -87,14 +101,15 @@ class GRPOTrainer:
                     gaps.append(gap)  # before any update this step: the vLLM/torch numeric gap alone
             metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), clip_fraction=float(np.mean(clipped)),
                            logprob_gap=float(gaps[0]), optimizer_steps=len(slices))
-        compute = time.monotonic() - t0
+        compute, compute_cpu = time.monotonic() - t0, time.process_time() - cpu0
         sync = 0.0
         if metrics["optimizer_steps"] and self.engine is not None:
             sync = self.engine.update_weights(self.model.state_dict(), version=step + 1)
         self.version = step + 1 if metrics["optimizer_steps"] else self.version
         self.last_sync_seconds = sync
         # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
-        metrics.update(compute_seconds=compute, sync_seconds=sync)
+        metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=sync,
+                       logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu)
         return metrics
 
     # -- internals ---------------------------------------------------------------------------------
@@ -151,17 +166,24 @@ class GRPOTrainer:
         self.optimizer.step()
         return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
 
+    @torch.no_grad()
+    def _recompute_logprobs(self, samples: list["_Sample"]) -> None:
+        """The current weights' log-prob of each response token becomes the sample's old log-prob (verl's
+        compute_log_prob): one forward pass over the whole batch, packed as the update packs it."""
+        for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
+            batch = [samples[i] for i in idx]
+            ids, attn, targets, *_ = self._collate(batch)
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
+            for row, s in enumerate(batch):
+                P, R = len(s.prompt), len(s.response)
+                s.behaviour = logp[row, P - 1:P + R - 1].tolist()  # position j predicts token j + 1
+
     def _micro_batches(self, samples: list["_Sample"]):
-        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each."""
-        order = sorted(samples, key=lambda s: s.length)
-        batch: list[_Sample] = []
-        for s in order:
-            if batch and (len(batch) + 1) * max(s.length, batch[-1].length) > self.micro_batch_tokens:
-                yield self._collate(batch)
-                batch = []
-            batch.append(s)
-        if batch:
-            yield self._collate(batch)
+        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.training.pack_padded,
+        the rule its ProfiledTrainCost prices)."""
+        for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
+            yield self._collate([samples[i] for i in idx])
 
     def _collate(self, batch: list["_Sample"]):
         T = max(s.length for s in batch)
