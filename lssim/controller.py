@@ -61,6 +61,10 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.total_groups is None:
             self.total_groups = self.steps * self.groups_per_step
+        if isinstance(self.reward_scale, dict):  # a config read back from JSON (dataclasses.asdict writes one)
+            self.reward_scale = RewardScale(**self.reward_scale)
+        if not isinstance(self.reward_scale, RewardScale):
+            raise ValueError(f"RunConfig.reward_scale must be a lssim.rewards.RewardScale, got {self.reward_scale!r}")
 
 
 @dataclass

@@ -54,6 +54,10 @@ class GroupSpec:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): n_samples must be >= 1, got {self.n_samples}")
         if self.max_tokens < 1:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): max_tokens must be >= 1, got {self.max_tokens}")
+        if self.member_max_tokens is not None or self.member_trained is not None:
+            self._check_members()
+
+    def _check_members(self) -> None:
         for name in ("member_max_tokens", "member_trained"):
             members = getattr(self, name)
             if members is not None and len(members) != self.n_samples:

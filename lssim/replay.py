@@ -138,7 +138,7 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
             gc.enable()
         if bar is not None:
             bar.close()
-    if prompts is None:  # the trace's own prompts: its ids as written (text ids ran as int codes)
+    if prompts is None and workload.prompt_names is not None:  # the trace's text ids, as written (they ran as int codes)
         result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
     result.meta.update(mode={**asdict(mode_cfg), "label": mode_cfg.label()}, reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
                        cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),

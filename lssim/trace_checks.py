@@ -348,7 +348,11 @@ def check_unique_key(cols: Columns, source: str, key: tuple[str, ...] = ("step",
     ndup = int(dup.sum())
     more = f"; {ndup} duplicate rows in all" if ndup > 1 else ""
     names = ", ".join(repr(k) for k in key)
-    raise TraceError(f"{source}: key columns {names}: row {second}: duplicate key ({desc}), first seen at row {first}{more}")
+    hint = ""
+    if "group_id" in cols and cols["group_id"][first] != cols["group_id"][second]:
+        hint = " (the two rows are in different groups: number a prompt's samples in one step across its groups)"
+    raise TraceError(f"{source}: key columns {names}: row {second}: duplicate key ({desc}), first seen at row {first}"
+                     f"{more}{hint}")
 
 
 CROSS_COLUMN_CHECKS: tuple[Check, ...] = (

@@ -93,9 +93,10 @@ class Workload:
         self._prompt_len = dict(zip(codes[first].tolist(), df["prompt_len"].to_numpy(np.int64)[first].tolist()))
         self.pool = PromptPool(codes[first], df["prompt_len"].to_numpy(np.int64)[first])
         self.reward_scale = RewardScale.of(df["reward"].to_numpy(float))
+        self._low = self.reward_scale.low
         # The run's nominal shape (what policies that choose their own batches are told): median groups per
         # step and group size, the largest budget. The recorded batches themselves are replayed as they are.
-        self.group_size = int(np.median([n for batch in self._batches.values() for _, n, _, _ in batch]))
+        self.group_size = int(np.median([g[1] for batch in self._batches.values() for g in batch]))
         self.groups_per_step = int(np.median([len(batch) for batch in self._batches.values()]))
         self.max_tokens = int(df["max_tokens"].max())
 
@@ -139,14 +140,15 @@ class Workload:
         self._step_rows = {s: (int(bounds[i]), int(bounds[i + 1])) for i, s in enumerate(self.steps)}
 
     def _index_batches(self, df: pd.DataFrame, steps: np.ndarray, pids: np.ndarray, group: np.ndarray) -> None:
-        """Each step's recorded groups, in order: (prompt, size, members' budgets, members' trained flags)."""
+        """Each step's recorded groups, in order, as GroupSpec arguments (a fresh GroupSpec per ask: policies may
+        keep the ones they are given)."""
         new_group = np.r_[True, (steps[1:] != steps[:-1]) | (pids[1:] != pids[:-1]) | (group[1:] != group[:-1])]
         starts = np.flatnonzero(new_group)
         ends = np.r_[starts[1:], len(steps)]
         trained = df["trained"].to_numpy(bool).tolist() if "trained" in df else [True] * len(df)
-        self._batches: dict[int, list[tuple[int, int, tuple[int, ...], tuple[bool, ...]]]] = {}
+        self._batches: dict[int, list[tuple]] = {}
         for s, p, a, b in zip(steps[starts].tolist(), pids[starts].tolist(), starts.tolist(), ends.tolist()):
-            self._batches.setdefault(s, []).append((p, b - a, tuple(self._max[a:b]), tuple(trained[a:b])))
+            self._batches.setdefault(s, []).append(_recorded_spec(p, tuple(self._max[a:b]), tuple(trained[a:b])))
 
     # -- PromptSource ------------------------------------------------------------------------------
     def prompt_len(self, prompt_id: int) -> int:
@@ -162,7 +164,7 @@ class Workload:
         run trained it. The run shape's `n_groups`, `group_size` and `max_tokens` are for sources that record
         nothing (a dataset's loader); a recorded batch keeps its own. The controller proposes a step's batch
         whole (Controller._proposal_size), so under the baseline each step replays exactly as recorded."""
-        return [_recorded_spec(*g) for g in self._batches[step % len(self.steps)]]
+        return [GroupSpec(*g) for g in self._batches[step % len(self.steps)]]
 
     def groups_in(self, n_steps: int) -> int:
         """Groups the trace recorded in its first `n_steps` steps (starting over past its end): what a run over
@@ -203,22 +205,22 @@ class Workload:
 
     def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> Outcome:
         length, loop = self._len[row], self._loop[row]
-        if source == EXACT and budget == self._max[row]:  # asked as recorded: it ends as it did (any finish reason)
-            return Outcome(length, self._reason[row], self._reward[row], EXACT, row)
-        low = self.reward_scale.low  # an unfinished response earns the lowest reward (0 on a 0/1 scale)
+        # A response cut by a budget earns the lowest reward of the trace's scale (0 on a 0/1 scale).
         if self._stopped[row]:
             if length <= budget:
                 return Outcome(length, STOP, self._reward[row], source, row)
-            return Outcome(budget, LENGTH, low, TRUNCATED if source == EXACT else source, row)
+            return Outcome(budget, LENGTH, self._low, TRUNCATED if source == EXACT else source, row)
+        if source == EXACT and budget == self._max[row]:  # asked as recorded: it ends as it did (length, abort, stop)
+            return Outcome(length, self._reason[row], self._reward[row], EXACT, row)
         if budget <= length:  # cut short in the trace too; the budget cuts it no later
-            return Outcome(budget, LENGTH, low, TRUNCATED if source == EXACT else source, row)
+            return Outcome(budget, LENGTH, self._low, TRUNCATED if source == EXACT else source, row)
         # Recorded only up to `length`; the budget allows more. A loop or an entropy
         # collapse runs on; otherwise take one of the prompt's responses that is known to be longer.
         if loop < 0 and self._collapse[row] < 0:
             longer = self._longer_response(prompt_id, step, length, sample_idx)
             if longer is not None and self._len[longer] <= budget and self._stopped[longer]:
                 return Outcome(self._len[longer], STOP, self._reward[longer], RESAMPLED, longer)
-        return Outcome(budget, LENGTH, low, RESAMPLED, row)
+        return Outcome(budget, LENGTH, self._low, RESAMPLED, row)
 
     def _longer_response(self, prompt_id: int, step: int, than: int, sample_idx: int) -> int | None:
         candidates = []
@@ -249,9 +251,9 @@ def _prompt_codes(ids: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
-def _recorded_spec(prompt_id: int, size: int, budgets: tuple[int, ...], trained: tuple[bool, ...]) -> GroupSpec:
-    """A recorded group as a GroupSpec: per-member budgets and trained flags only where members differ from
-    the plain spec (every member at the group's budget, every member trained)."""
+def _recorded_spec(prompt_id: int, budgets: tuple[int, ...], trained: tuple[bool, ...]) -> tuple:
+    """A recorded group's GroupSpec arguments: per-member budgets and trained flags only where members differ
+    from a plain spec (every member at the group's budget, every member trained)."""
     cap = max(budgets)
-    return GroupSpec(prompt_id, size, cap, member_max_tokens=None if min(budgets) == cap else budgets,
-                     member_trained=None if all(trained) else trained)
+    return (prompt_id, len(budgets), cap, 0, None, None if min(budgets) == cap else budgets,
+            None if all(trained) else trained)

@@ -80,3 +80,17 @@ def test_alc_penalty_is_a_fraction_of_the_reward_range():
                 finish_reason=LENGTH, reward=-5.0)
     (g,) = alc.select([Group(1, 0, [r])], 0)
     assert g.requests[0].reward == pytest.approx(-6.0) and r.reward == -5.0  # 0.1 of a range of 10, on a copy
+
+
+def test_run_config_keeps_its_scale_through_json():
+    """A run's meta.json holds dataclasses.asdict(config); lssim.fidelity reads it back into a RunConfig."""
+    import json
+    from dataclasses import asdict
+
+    from lssim.controller import RunConfig
+
+    config = RunConfig(steps=2, groups_per_step=3, group_size=2, max_tokens=8, reward_scale=RewardScale(-5.0, 5.0))
+    back = RunConfig(**json.loads(json.dumps(asdict(config))))
+    assert back == config and back.reward_scale.value(-1.0) == -15.0
+    with pytest.raises(ValueError, match="reward_scale"):
+        RunConfig(steps=2, groups_per_step=3, group_size=2, max_tokens=8, reward_scale=(0.0, 1.0))

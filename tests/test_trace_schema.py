@@ -80,3 +80,11 @@ def test_trained_and_group_id_are_kept_and_groups_counted_by_group_id():
     assert out["trained"].dtype == bool and out["trained"].tolist() == [True, True, False, False] * 2
     info = trace_info(out)
     assert info["groups"] == 4 and info["group_size"] == 2 and info["trained_fraction"] == 0.5
+
+
+def test_groups_of_one_prompt_number_their_samples_across_them():
+    df = frame(ids=("a",))
+    second = df.assign(group_id=1)  # the same sample_idx 0, 1 again: the numbering must go on (2, 3)
+    with pytest.raises(TraceError, match="duplicate key .* in different groups: number a prompt's samples"):
+        validate_trace(pd.concat([df.assign(group_id=0), second], ignore_index=True))
+    validate_trace(pd.concat([df.assign(group_id=0), second.assign(sample_idx=second["sample_idx"] + 2)]))
