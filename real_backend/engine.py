@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import itertools
 import math
 import os
@@ -50,7 +51,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from lssim.core import FINISHED, LENGTH, PROGRESS, STOP, Event, InstanceLoad, Request, Speculation
+from lssim.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
 from lssim.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
 from . import weights
@@ -105,6 +106,7 @@ class VLLMEngine:
         self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
         self._in_flight = [0] * config.n_instances  # requests in flight per instance
         self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
         self._seq_seconds = 0.0  # integral of requests in flight over time
@@ -168,7 +170,9 @@ class VLLMEngine:
         """Nothing to do: `generated` follows the token stream."""
 
     def wake_at(self, time: float) -> None:
-        raise NotImplementedError("the vLLM engine has no timers yet: only --mode collocated runs on the real backend")
+        """A timer on the engine's clock (seconds since it started): next_events reports Event(WAKE, None, t), t >= time,
+        once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.core.Engine)."""
+        heapq.heappush(self._timers, (float(time), next(self._keys)))
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
@@ -266,25 +270,45 @@ class VLLMEngine:
             observe(request, "aborted")
 
     def abort_all(self) -> None:
+        """Abort every request in flight and drop every timer: the engine is left idle for the next run."""
+        self._timers.clear()
         for lv in list(self._live.values()):
             self.abort(lv.request)
 
     def next_events(self) -> list[Event]:
-        """Blocks until at least one request finished or passed a progress checkpoint; [] when none is in flight."""
-        while self._live:
-            events = self._process(self._wait())
+        """Blocks until at least one request finished or passed a progress checkpoint, or a timer (wake_at) went off;
+        [] when none is in flight and no timer is set."""
+        while self._live or self._timers:
+            woke = self._due_timer()
+            if woke is not None:
+                return [woke]
+            if not self._live:  # only a timer to wait for
+                time.sleep(max(0.0, self._timers[0][0] - self.now()))
+                continue
+            events = self._process(self._wait(until=self._timers[0][0] if self._timers else None))
             if events:
                 return events
         return []
 
-    def _wait(self) -> list:
-        """Everything the streams have delivered, waiting for at least one item."""
+    def _due_timer(self) -> Event | None:
+        """The earliest timer that is due, as a WAKE event (popped), or None."""
+        if self._timers and self._timers[0][0] <= self.now():
+            heapq.heappop(self._timers)
+            return Event(WAKE, None, self.now())
+        return None
+
+    def _wait(self, until: float | None = None) -> list:
+        """Everything the streams have delivered, waiting for at least one item (or until the engine clock reaches
+        `until`: [] then)."""
         deadline = time.monotonic() + self.stall_timeout
         while True:
+            wait = 1.0 if until is None else min(1.0, max(0.0, until - self.now()))
             try:
-                items = [self._q.get(timeout=1.0)]
+                items = [self._q.get(timeout=wait)]
                 break
             except queue.Empty:
+                if until is not None and self.now() >= until:
+                    return []
                 if self._llm.errored or not self._thread.is_alive():
                     raise EngineError("the vLLM engine died (its engine core process is gone)")
                 if time.monotonic() > deadline:

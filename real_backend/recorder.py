@@ -14,7 +14,10 @@ After every step the folder holds, each file replaced atomically (written beside
     responses.parquet  the controller's response rows, plus the signals and the decoded response text
     meta.json          the run's setup, and its status: running / finished / failed / interrupted
 
-so a crashed or interrupted run leaves a valid trace of every step that finished.
+so a crashed, interrupted or killed run (SIGKILL too: a file is renamed over the old one only once it is whole,
+and a kill leaves at most a `.NAME.*.tmp` beside it, which the next run on the folder deletes) leaves a valid
+trace of every step that finished. The files are written in the order above, meta.json last: a kill between
+two renames leaves trace.parquet one step ahead of steps.parquet / meta.json at most, never behind.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lssim.results import atomic_write
 from lssim.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
+CHECKPOINT = "checkpoint.pt"  # real_backend.checkpoint: written beside the files after every step
 
 
 class Recorder:
@@ -90,12 +94,31 @@ class Recorder:
             self._write_meta()
 
     def remove_stale(self) -> None:
-        """Delete the files an older run left in the folder, so one run's files never mix with another's."""
-        for name in FILES:
+        """Delete the files an older run left in the folder (its checkpoint too), so one run's files never mix
+        with another's."""
+        for name in (*FILES, CHECKPOINT):
             try:
                 (self.out / name).unlink()
             except FileNotFoundError:
                 pass
+        self.remove_partial()
+
+    def remove_checkpoint(self) -> None:
+        try:
+            (self.out / CHECKPOINT).unlink()
+        except FileNotFoundError:
+            pass
+
+    def remove_partial(self) -> None:
+        """Delete the temporary files a killed writer left half-written (atomic_write's `.NAME.*.tmp`)."""
+        if not self.out.is_dir():
+            return
+        for name in (*FILES, CHECKPOINT):
+            for tmp in self.out.glob(f".{name}.*.tmp"):
+                try:
+                    tmp.unlink()
+                except FileNotFoundError:
+                    pass
 
     def _write_meta(self) -> None:
         text = json.dumps(self.meta, indent=2, default=_json_default)

@@ -4,7 +4,14 @@ Every input is checked before the engine starts (model folder, tokenizer, prompt
 run shape, output folder): bad input is `lssim: error: ...`, exit status 2, nothing written. Once
 running, each finished step is on disk (trace.parquet, steps.parquet, responses.parquet, meta.json);
 an engine that dies mid-step is `lssim: error: ...` with exit status 1, and the files keep every step
-that finished.
+that finished (so does a run killed with SIGKILL: every file is renamed into place whole).
+
+After every step the folder also holds checkpoint.pt (real_backend/checkpoint.py): `lssim real --resume DIR`
+starts a new engine, restores the run's state from it and goes on from the next step, writing into DIR.
+With --resume the run's shape (policy, groups, samples, budget, seed, model, trainer settings) is the
+checkpoint's: an option given with another value than the recorded one and than its default is an error;
+`--steps N` is the run's total (default: the recorded run's), so re-running a killed command with
+`--resume DIR` added finishes it.
 """
 
 from __future__ import annotations
@@ -24,23 +31,28 @@ def run(args: argparse.Namespace) -> int:
     from lssim.controller import RunConfig
     from lssim.tables import format_step
 
-    from .world import RealSetup, out_dir_problem, prepare
+    from .world import out_dir_problem, prepare
 
-    config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
-                       max_tokens=args.max_tokens, seed=args.seed)
-    setup = RealSetup(model_dir=args.model_dir, prompts_path=args.prompts, n_prompts=args.n_prompts, dtype=args.dtype,
-                      trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
-                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
-                      n_instances=args.instances)
-    if args.group_size < 2:
-        raise ValueError("--group-size must be >= 2 (GRPO normalizes rewards within a group)")
-    problem = out_dir_problem(args.out, args.overwrite)
-    if problem:
-        raise ValueError(problem)
-    prompts, policy = prepare(setup, args.policy, config)
+    if args.resume:
+        config, setup, policy_arg, ckpt = resumed_run(args)
+        out = args.resume
+    else:
+        config = RunConfig(steps=5 if args.steps is None else args.steps, groups_per_step=args.groups_per_step,
+                           group_size=args.group_size, max_tokens=args.max_tokens, seed=args.seed)
+        setup = _setup(args)
+        if args.group_size < 2:
+            raise ValueError("--group-size must be >= 2 (GRPO normalizes rewards within a group)")
+        if not args.out:
+            raise ValueError("--out DIR is required (or --resume DIR, to go on with the run recorded there)")
+        problem = out_dir_problem(args.out, args.overwrite)
+        if problem:
+            raise ValueError(problem)
+        policy_arg, ckpt, out = args.policy, None, args.out
+    prompts, policy = prepare(setup, policy_arg, config)
 
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
+    if ckpt is not None:
+        say(f"lssim real: resuming {out} after step {ckpt.step} ({len(ckpt.controller['_carried'])} carried responses)")
     say(f"lssim real: policy {policy.name}, {config.steps} steps x {config.groups_per_step} groups x {config.group_size} samples, "
         f"max_tokens {config.max_tokens}, {len(prompts.pool)} prompts, model {setup.model_dir}")
     say("starting the vLLM engine ...")
@@ -55,21 +67,79 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ENGINE
     say(f"engine up in {time.monotonic() - t0:.0f} s")
     try:
-        result = run_real(setup, policy, config, args.out, engine=engine, prompts=prompts,
-                          on_step=lambda row: print(format_step(row), flush=True),
-                          meta={"command": " ".join(sys.argv), "policy_spec": args.policy})
+        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts,
+                          on_step=lambda row: print(format_step(row), flush=True), resume=ckpt,
+                          meta={"command": " ".join(sys.argv), "policy_spec": policy_arg if isinstance(policy_arg, str)
+                                else (ckpt.run.get("policy_spec") if ckpt else None)})
     except EngineError as e:
-        print(f"lssim: error: {e}; {args.out} keeps every step that finished", file=sys.stderr)
+        print(f"lssim: error: {e}; {out} keeps every step that finished (resume with --resume {out})", file=sys.stderr)
         return EXIT_ENGINE
     except KeyboardInterrupt:
-        print(f"lssim: interrupted; {args.out} keeps every step that finished", file=sys.stderr)
+        print(f"lssim: interrupted; {out} keeps every step that finished (resume with --resume {out})", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         engine.close()
     s = result.steps
     say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
-        f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {args.out}/")
+        f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {out}/")
     return 0
+
+
+def _setup(args: argparse.Namespace):
+    from .world import RealSetup
+
+    return RealSetup(model_dir=args.model_dir, prompts_path=args.prompts, n_prompts=args.n_prompts, dtype=args.dtype,
+                     trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                     gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
+                     clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
+                     n_instances=args.instances)
+
+
+# options that shape the run: with --resume the checkpoint's values hold (argument name -> its name in the record)
+_SHAPE = {"policy": ("policy_spec", None), "groups_per_step": ("config", "groups_per_step"),
+          "group_size": ("config", "group_size"), "max_tokens": ("config", "max_tokens"), "seed": ("config", "seed"),
+          "model_dir": ("setup", "model_dir"), "prompts": ("setup", "prompts_path"), "n_prompts": ("setup", "n_prompts"),
+          "lr": ("setup", "lr"), "mini_batches": ("setup", "mini_batches"), "clip": ("setup", "clip"),
+          "mask_resumed": ("setup", "mask_resumed"), "dtype": ("setup", "dtype"), "instances": ("setup", "n_instances")}
+
+
+def resumed_run(args: argparse.Namespace):
+    """The run recorded in --resume DIR: (config with the new total of steps, setup, its policy object, checkpoint)."""
+    from lssim.controller import RunConfig
+    from lssim.core import Speculation
+    from lssim.rewards import RewardScale
+
+    from .checkpoint import load_checkpoint
+    from .world import RealSetup
+
+    if args.out and args.out != args.resume:
+        raise ValueError(f"--resume {args.resume} writes into that folder; leave --out out (got --out {args.out})")
+    ckpt = load_checkpoint(args.resume)
+    run = ckpt.run
+    defaults = _defaults()
+    for name, (part, key) in _SHAPE.items():
+        given, recorded = getattr(args, name), run[part] if key is None else run[part][key]
+        if given != defaults[name] and given != recorded:
+            raise ValueError(f"--{name.replace('_', '-')} {given}: the run in {args.resume} was recorded with {recorded!r}; "
+                             f"a resumed run keeps its shape (leave the option out)")
+    c = dict(run["config"])
+    c["reward_scale"] = RewardScale(**c["reward_scale"])
+    if c["total_groups"] == c["steps"] * c["groups_per_step"]:
+        c["total_groups"] = None  # the default: follows the new number of steps
+    c["steps"] = c["steps"] if args.steps is None else args.steps
+    if c["steps"] <= ckpt.step + 1:
+        raise ValueError(f"--steps {c['steps']}: the run in {args.resume} has finished {ckpt.step + 1} steps already; "
+                         f"--steps is the run's total, ask for more")
+    su = dict(run["setup"])
+    su["speculation"] = Speculation(**su["speculation"]) if su.get("speculation") else None
+    su["ngram_lookup"] = tuple(su["ngram_lookup"])
+    return RunConfig(**c), RealSetup(**su), ckpt.policy, ckpt
+
+
+def _defaults() -> dict:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args([]))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--policy", default="baseline", metavar="SPEC",
                    help="policy: a module of policies/, composed with +, parameters as name(key=value) (default: baseline)")
-    p.add_argument("--steps", type=int, default=5, help="RL steps (default: 5)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="RL steps of the run in all (default: 5; with --resume, the recorded run's)")
     p.add_argument("--groups-per-step", type=int, default=8, help="prompts per step (default: 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt (default: 4)")
     p.add_argument("--max-tokens", type=int, default=256, help="response-token budget (default: 256)")
@@ -103,6 +174,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")
     p.add_argument("--profile", metavar="JSON", help="a profiled cost model of this engine (`lssim profile`, e.g. "
                    "real_backend/profile_cpu.json): each step then gets its lower bound and bound efficiency")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json")
+    p.add_argument("--out", metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json and "
+                   "checkpoint.pt (required unless --resume)")
+    p.add_argument("--resume", metavar="DIR", help="go on with the run recorded in DIR from its last checkpoint (a new "
+                   "engine; the weights, optimizer, step, policy, carried responses and data cursor restored)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

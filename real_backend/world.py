@@ -15,10 +15,13 @@ weights into it first.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from lssim.controller import Controller, RunConfig, RunResult
 from lssim.core import Speculation
@@ -27,7 +30,10 @@ from lssim.policy import Policy, make_policy
 from . import task
 from .engine_config import VLLMConfig
 from .prompts import TaskPrompts
-from .recorder import FILES, Recorder
+from .recorder import CHECKPOINT, FILES, Recorder
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 
 @dataclass
@@ -46,6 +52,10 @@ class RealSetup:
     n_instances: int = 1  # engine instances (vLLM data parallelism; the policy's `place` picks one per request)
     lr: float = 2e-5
     mini_batches: int = 1  # optimizer steps per RL step
+    # torch threads of the trainer (torch.set_num_threads, process-wide). 1: measured on this 2-core VM with the
+    # engine beside it, the 2-thread trainer took 3x as long (its threads fight vLLM's engine core for the cores).
+    # None: torch's default. On a GPU the trainer's threads hardly matter.
+    trainer_threads: int | None = 1
     clip: float = 0.2
     mask_resumed: bool = False  # leave tokens generated before a resume out of the loss
     exact_entropy: bool = False  # ask vLLM for the whole vocabulary's logprobs (exact per-token entropy; slower)
@@ -68,6 +78,8 @@ class RealSetup:
             raise ValueError(f"{self.model_dir} is not a model folder (no config.json)")
         if not Path(self.prompts_path).is_file():
             raise ValueError(f"prompts file {self.prompts_path} does not exist")
+        if self.trainer_threads is not None and self.trainer_threads < 1:
+            raise ValueError(f"trainer_threads must be >= 1 or None, got {self.trainer_threads}")
         for name in ("max_model_len", "max_num_seqs", "mini_batches", "n_instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -133,33 +145,32 @@ def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
-             on_step: Callable[[dict], None] | None = None, trainer=None, meta: dict | None = None) -> RunResult:
+             on_step: Callable[[dict], None] | None = None, trainer=None, meta: dict | None = None,
+             resume: "Checkpoint | None" = None, checkpoint: bool = True) -> RunResult:
     """Run `config.steps` synchronous RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
     `engine` may have served other runs: its in-flight requests are aborted, it is pointed at `prompts`,
     and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
+    checkpoint: after every step, `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs.
+    resume: a checkpoint of this run (`load_checkpoint(out_dir)`): its state is restored (`policy` must be
+    `resume.policy`), its weights pushed into the engine, and the run goes on from the step after it, up to
+    `config.steps` steps in all, the files in `out_dir` keeping the earlier steps.
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
-    from .trainer import GRPOTrainer
-
     engine.abort_all()
     engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
-    needs = policy.needs()
-    spec = needs.speculation
+    spec = policy.needs().speculation
     engine.set_speculation(spec)  # before anything else: refuses an engine started without it
     if hasattr(engine, "reset_spec_counters"):
         engine.reset_spec_counters()
-    if trainer is None:
-        # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
-        mask = setup.mask_resumed or needs.mask_stale_tokens
-        trainer = GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
-                              mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed)
+    if resume is not None and resume.policy is not policy:
+        raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
+    trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
         "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
         "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
                    "vllm": _vllm_version(), "n_instances": engine.n_instances},
         **(meta or {})})
-    recorder.remove_stale()
     controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step)
     if setup.profile:  # the same bound the simulator prices, with this engine's measured cost model
         from lssim.bounds import make_lower_bound
@@ -167,6 +178,13 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
 
         controller.lower_bound = make_lower_bound(ProfiledCostModel.from_json(setup.profile), engine.n_instances, setup.max_num_seqs)
     recorder.attach(controller)
+    if resume is None:
+        recorder.remove_stale()
+        first = 0
+    else:
+        first = _resume(resume, controller, trainer, prompts, recorder)
+    if checkpoint:
+        _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config, meta)
     if spec is not None:
         previous = controller.on_step
 
@@ -175,9 +193,73 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
             previous(row)
 
         controller.on_step = on_step
+    result = _run_recorded(controller, recorder, engine, first)
+    if spec is not None:
+        recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
+    recorder.finish("finished")
+    result.meta.update(recorder.meta)
+    return result
+
+
+def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, config: RunConfig, sync: bool):
+    """The run's GRPOTrainer from the checkpoint on disk (sync: push its weights into the engine now)."""
+    from .trainer import GRPOTrainer
+
+    # april(mask_stale_tokens=True) asks the trainer to mask stale tokens; so does --mask-resumed.
+    mask = setup.mask_resumed or policy.needs().mask_stale_tokens
+    return GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
+                       mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed,
+                       threads=setup.trainer_threads, sync_on_start=sync)
+
+
+def _resume(ckpt, controller, trainer, prompts, recorder) -> int:
+    """Restore a checkpoint into the run's fresh objects, push its weights, rewrite the files from its state (they
+    may lag the checkpoint by one step after a kill, or lead it); returns the first step to run."""
+    from .checkpoint import restore
+
+    restore(ckpt, controller, trainer, prompts, recorder)
+    trainer.last_sync_seconds = controller.engine.update_weights(trainer.model.state_dict(), version=trainer.version)
+    old = _old_meta(recorder.out)
+    # meta.json says where the run was resumed, with what command, and how many carried responses came back
+    resumes = list(old.get("resumes", [])) + [{"after_step": ckpt.step, "at": time.time(), "command": recorder.meta.get("command"),
+                                                "carried_in": len(controller._carried)}]
+    recorder.meta.update({k: v for k, v in old.items() if k == "command"}, resumes=resumes)
+    recorder.remove_partial()
+    recorder.write()
+    return ckpt.step + 1
+
+
+def _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config, meta) -> None:
+    """After each step's files are written, the checkpoint of the state after it (real_backend.checkpoint)."""
+    from .checkpoint import save_checkpoint
+
+    run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
+    written = controller.on_step
+
+    def on_step(row: dict) -> None:
+        written(row)
+        if recorder.meta.get("checkpoint", "on") != "on":
+            return
+        try:
+            save_checkpoint(recorder.out, int(row["step"]), controller, trainer, prompts, recorder, run_info)
+        except ValueError as e:  # a policy that cannot be pickled: the run goes on, without checkpoints, and says so
+            print(f"lssim real: warning: no checkpoints for this run: {e}", file=sys.stderr, flush=True)
+            recorder.meta["checkpoint"] = f"off: {e}"
+            recorder.remove_checkpoint()
+
+    controller.on_step = on_step
+
+
+def _run_recorded(controller, recorder, engine, first: int) -> RunResult:
+    """The steps from `first` on (Controller.run's loop, started later), recording how the run ended."""
     engine.observers.append(recorder.observe)
     try:
-        result = controller.run()
+        cfg = controller.config
+        for step in range(first, cfg.steps):
+            if controller.groups_trained >= cfg.total_groups and not controller._carried and not controller._kept:
+                break  # as Controller.run: done once enough groups trained and nothing is carried
+            controller.run_step(step)
+        return controller.result()
     except KeyboardInterrupt:
         recorder.finish("interrupted")
         raise
@@ -190,11 +272,13 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
             engine.abort_all()
         except Exception:
             pass
-    if spec is not None:
-        recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
-    recorder.finish("finished")
-    result.meta.update(recorder.meta)
-    return result
+
+
+def _old_meta(out: Path) -> dict:
+    try:
+        return json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def speculation_meta(spec: Speculation, counts: dict) -> dict:
@@ -243,7 +327,7 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         return f"--out {out_dir} exists and is not a folder"
-    if out.is_dir() and not overwrite and any((out / f).exists() for f in FILES):
+    if out.is_dir() and not overwrite and any((out / f).exists() for f in (*FILES, CHECKPOINT)):
         return f"--out {out_dir} already holds a run (pass --overwrite to replace it)"
     parent = out.parent if str(out.parent) else Path(".")
     probe = out if out.exists() else parent

@@ -1,0 +1,175 @@
+"""Checkpoints of a real run: everything `lssim real --resume DIR` needs to go on from the last finished step.
+
+    save_checkpoint(out_dir, controller, trainer, prompts, recorder, run_info)   # after every step (run_real does it)
+    ckpt = load_checkpoint(out_dir)                                              # -> Checkpoint
+    restore(ckpt, controller, trainer, prompts, recorder)                        # then push the weights, go on
+
+One file, `DIR/checkpoint.pt`, written beside and renamed over the old one (lssim.results.atomic_write), so a
+run killed at any moment (SIGKILL included) leaves the checkpoint of the last step whose on_step ran, whole.
+It holds, as torch.save of plain objects:
+
+- the trainer: `model.state_dict()`, `optimizer.state_dict()` (AdamW's moments and step counts), its weights
+  version, its numpy generator (mini-batch order) and torch's CPU generator state;
+- the controller's own state (its `__dict__` less the engine, trainer, prompts, mode, config, hooks and lower
+  bound): the run's generators (request seeds, the policy's generator), the id counters, the data loader's
+  cursor in the controller and the batches it fetched, the response table and step rows so far, the groups
+  trained, and the carried responses (with their tokens and logprobs) and their open groups. A carried response
+  resumes in the next step on the new engine exactly as it would have (prompt + its tokens, re-prefilled);
+- the policy object itself, pickled in the same pickle as the controller's state, so what they share stays shared
+  (its scoreboards, histories, generators);
+- the prompt source's cursor (TaskPrompts: epoch, shuffled order, position in it);
+- the recorder's per-response signals (entropy, logprob, loop start, text of responses already ended);
+- the mode's weights version, and what the run was started with (config, setup, policy spec) for the CLI.
+
+What it does not hold: the engine (a new one is started; the weights are pushed into it) and anything on the old
+engine's clock (the next step's times start from the new engine's clock; `_last_end` is reset to it, so the
+first resumed step's step_seconds counts from the resume). Only modes that leave nothing generating across the
+step boundary can be checkpointed this way (collocated; an async run's in-flight responses are not in the file).
+
+Pickle: the file runs code when loaded (as any torch checkpoint with weights_only=False): load only your own.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lssim.results import atomic_write
+
+from .recorder import CHECKPOINT
+
+FORMAT = 1
+# Controller attributes that belong to the world or to this process, not to the run's state.
+_NOT_STATE = ("engine", "trainer", "prompts", "policy", "config", "mode", "on_step", "lower_bound", "oracle_length", "_asks")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the step it was taken after, and the pieces `restore` puts back."""
+
+    step: int  # the last finished step; the resumed run starts at step + 1
+    model: dict
+    optimizer: dict
+    trainer: dict
+    controller: dict
+    policy: object
+    prompts: dict
+    recorder: dict
+    mode_version: int
+    run: dict  # config, setup, policy_spec, meta of the run that wrote it
+    draw: "_Draw | None" = None  # what a kept StepContext.draw calls: bound to the new controller by `restore`
+
+
+def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict) -> Path:
+    """Write `out_dir/checkpoint.pt` for the state after step `step` (atomically; raises if anything cannot be
+    pickled, naming it)."""
+    if controller._kept:
+        raise ValueError(f"step {step}: {len(controller._kept)} responses still generating across the step boundary; "
+                         f"a checkpoint cannot hold them (only modes that stop at the boundary can resume)")
+    state = {k: v for k, v in controller.__dict__.items() if k not in _NOT_STATE}
+    try:
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"controller": state, "policy": controller.policy})
+        blob = buf.getvalue()
+    except Exception as e:
+        raise ValueError(f"cannot checkpoint policy {controller.policy.name!r} or the controller's state: "
+                         f"{type(e).__name__}: {e}") from e
+    obj = {
+        "format": FORMAT, "step": int(step),
+        "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+        "trainer": {"version": trainer.version, "rng": trainer.rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
+        "state": blob,
+        "prompts": loader_state(prompts),
+        "recorder": {"signals": dict(recorder._signals)},
+        "mode_version": int(controller.mode.version),
+        "run": run_info,
+    }
+    path = Path(out_dir) / CHECKPOINT
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    return path
+
+
+def load_checkpoint(out_dir) -> Checkpoint:
+    """The checkpoint in `out_dir`; ValueError naming the file if there is none or it is not one."""
+    path = Path(out_dir) / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"--resume {out_dir}: no {CHECKPOINT} there (a run writes one after every finished step)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        draw = _Draw()
+        state = _Unpickler(io.BytesIO(obj["state"]), draw).load()
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable checkpoint: {type(e).__name__}: {e}") from e
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {obj.get('format') if isinstance(obj, dict) else '?'}, "
+                         f"this version reads {FORMAT}")
+    return Checkpoint(step=obj["step"], model=obj["model"], optimizer=obj["optimizer"], trainer=obj["trainer"],
+                      controller=state["controller"], policy=state["policy"], prompts=obj["prompts"],
+                      recorder=obj["recorder"], mode_version=obj["mode_version"], run=obj["run"], draw=draw)
+
+
+def restore(ckpt: Checkpoint, controller, trainer, prompts, recorder) -> None:
+    """Put a checkpoint's state back into freshly built objects of the same run (the controller must have been built
+    with `ckpt.policy`). The trainer's weights are restored but not pushed: the caller pushes them into the engine."""
+    trainer.model.load_state_dict(ckpt.model)
+    trainer.optimizer.load_state_dict(ckpt.optimizer)
+    trainer.version = ckpt.trainer["version"]
+    trainer.rng = np.random.default_rng()
+    trainer.rng.bit_generator.state = ckpt.trainer["rng"]
+    torch.set_rng_state(ckpt.trainer["torch_rng"])
+    controller.__dict__.update(ckpt.controller)
+    if ckpt.draw is not None:
+        ckpt.draw.controller = controller
+    controller.mode.version = ckpt.mode_version
+    controller._last_end = controller.engine.now()  # the old engine's clock is gone: the next step counts from now
+    set_loader_state(prompts, ckpt.prompts)
+    recorder._signals.update(ckpt.recorder["signals"])
+
+
+class _Draw:
+    """A policy may keep the StepContext it was given (dapo does); its `draw` is a lambda on the controller, which
+    pickle cannot write. It is written as a name and read back as this, which draws from the new controller."""
+
+    controller = None
+
+    def __call__(self, n: int):
+        if self.controller is None:
+            raise RuntimeError("a restored StepContext.draw was called before its controller was restored")
+        return self.controller._take(int(n))
+
+
+_DRAW = "Controller._proposal.<locals>.<lambda>"
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return "draw" if callable(obj) and getattr(obj, "__qualname__", None) == _DRAW else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, draw: _Draw):
+        super().__init__(file)
+        self.draw = draw
+
+    def persistent_load(self, pid):
+        if pid == "draw":
+            return self.draw
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def loader_state(prompts) -> dict:
+    """The prompt source's cursor (TaskPrompts: epoch, order, position); {} for a source with none."""
+    return {k: getattr(prompts, k) for k in ("_epoch", "_order", "_cursor") if hasattr(prompts, k)}
+
+
+def set_loader_state(prompts, state: dict) -> None:
+    for k, v in state.items():
+        setattr(prompts, k, v)
+
+
+__all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "loader_state", "set_loader_state"]
