@@ -14,6 +14,7 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         search compositions of policies for the best one (lssim.sweep)
     lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
                [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
+    lssim real --resume DIR [--steps N]
         run the RL loop on a real vLLM engine and a torch trainer under a policy, recording its trace
         (real_backend/run.py)
     lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
