@@ -7,7 +7,7 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
         validate a trace and summarize it (lssim.trace)
-    lssim replay TRACE [--policy SPEC ...] [cluster options] [--out DIR] [--json]
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--no-reference] [--out DIR] [--json]
         replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
     lssim sweep TRACE [--policies A,B,C] [--grid 'name(key=v1,v2,...)' ...] [--max-size 3]
                 [--by speedup|lower_bound_efficiency] [--top N] [cluster options] [--workers N] [--ray [ADDRESS]]
@@ -255,10 +255,16 @@ def _run_replay(args: argparse.Namespace) -> int:
     from .results import write_results
     from .trace import load_trace
 
+    if args.no_reference and not args.policy:
+        raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
-    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty())
+    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
+                     references=not args.no_reference)
     table = summarize(results)
+    if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
+        table.insert(0, "speedup", float("nan"))
+        table.insert(1, "rollout_speedup", float("nan"))
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
     if args.json:
@@ -267,6 +273,9 @@ def _run_replay(args: argparse.Namespace) -> int:
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
               f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
+        if args.no_reference:
+            print("--no-reference: baseline and oracle not run; speedup is NaN ('-')"
+                  f"{' except against the baseline you named' if 'baseline' in results else ''}")
         if args.out:
             print(f"results written to {args.out}/")
     return 0
@@ -296,6 +305,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
                    help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
     _add_cluster_args(p)
     p.add_argument("--out", metavar="DIR", help="write per-response and per-step parquet and the summary here")
+    p.add_argument("--no-reference", action="store_true", help="run only the --policy runs, not baseline and oracle "
+                   "(faster; speedup is then NaN unless baseline is one of them)")
     p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
     p.set_defaults(func=_run_replay)
 

@@ -1,5 +1,6 @@
 """Sweeps that scale out (lssim.parallel, lssim.sweep): the process pool and Ray give the serial table, an
-interrupted sweep resumes without rerunning what it finished, and parameter grids expand as documented."""
+interrupted sweep resumes without rerunning what it finished, parameter grids expand as documented; and `lssim replay
+--no-reference` runs only what was asked."""
 
 from __future__ import annotations
 
@@ -112,3 +113,19 @@ def test_cli_sweep_runs_a_grid_in_parallel_and_resumes(trace, tmp_path, capsys):
 def test_ray_on_a_local_instance_returns_what_the_pool_returns(jobs, serial):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray>=2.9'); its path is untested here")
     pd.testing.assert_frame_equal(run_jobs(jobs[:4], workers=2, ray=""), serial.iloc[:4])
+
+
+def test_replay_without_references_runs_only_the_policies_named(trace, tmp_path, capsys):
+    path = tmp_path / "t.parquet"
+    trace.to_parquet(path)
+    assert main(["replay", str(path), "--policy", "hadb", "--instances", "2", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(path), "--policy", "hadb", "--instances", "2", "--no-reference", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert set(full) == {"baseline", "hadb", "oracle"} and set(alone) == {"hadb"}
+    assert alone["hadb"]["rollout_seconds"] == full["hadb"]["rollout_seconds"]
+    assert alone["hadb"]["speedup"] != alone["hadb"]["speedup"]  # NaN: no baseline to be faster than
+    assert main(["replay", str(path), "--policy", "hadb", "--instances", "2", "--no-reference"]) == 0
+    assert "baseline and oracle not run" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["replay", str(path), "--no-reference"])
