@@ -106,8 +106,9 @@ def run_jobs(jobs: list[SimJob], *, workers: int | None = None, out: str | os.Pa
         elif pending and workers > 1 and len(pending) > 1:
             _run_on_pool(pending, traces, workers, row, finished)
         else:
+            workloads: dict = {}  # this call's own: an index of a large trace is not kept past it
             for task in pending:
-                finished(task.fingerprint, _run_task(task, traces[task.trace_key], row))
+                finished(task.fingerprint, _run_task(task, traces[task.trace_key], row, workloads))
     finally:
         if sink is not None:
             sink.close()
@@ -161,21 +162,21 @@ def _frame_fingerprint(frame: pd.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
-# Per worker process: the traces shipped to it, and one Workload per (trace, seed) for every job it runs.
+# Per worker process (pool or Ray): the traces shipped to it, and one Workload per (trace, seed) for the jobs it runs.
 _TRACES: dict[str, pd.DataFrame] = {}
 _WORKLOADS: dict[tuple[str, int], object] = {}
 
 
-def _run_task(task: _Task, trace: pd.DataFrame, row: Callable) -> dict:
+def _run_task(task: _Task, trace: pd.DataFrame, row: Callable, workloads: dict) -> dict:
     """One run's record: {"row": {...}} or {"error": "..."}; never raises for a failing simulation."""
     from .workload import Workload
 
     try:
-        workload = _WORKLOADS.get((task.trace_key, task.seed))
+        workload = workloads.get((task.trace_key, task.seed))
         if workload is None:
-            if len(_WORKLOADS) >= 4:  # a worker of a many-trace sweep keeps a few indexes, not all
-                _WORKLOADS.clear()
-            workload = _WORKLOADS[(task.trace_key, task.seed)] = Workload(trace, seed=task.seed)
+            if len(workloads) >= 4:  # a worker of a many-trace sweep keeps a few indexes, not all
+                workloads.clear()
+            workload = workloads[(task.trace_key, task.seed)] = Workload(trace, seed=task.seed)
         result = simulate(workload, task.policy, task.setup, task.steps, task.seed)
         return {"row": _plain(row(task.policy, result))}
     except Exception as e:  # noqa: BLE001  (a composition that fails at run time is a row, not a crash)
@@ -192,7 +193,7 @@ def _pool_init(traces: dict[str, pd.DataFrame]) -> None:
 
 
 def _pool_task(task: _Task, row: Callable) -> tuple[str, dict]:
-    return task.fingerprint, _run_task(task, _TRACES[task.trace_key], row)
+    return task.fingerprint, _run_task(task, _TRACES[task.trace_key], row, _WORKLOADS)
 
 
 def _run_on_pool(pending: list[_Task], traces, workers: int, row: Callable, finished) -> None:
@@ -238,6 +239,10 @@ def _run_on_ray(pending: list[_Task], traces, address: str, workers: int, row: C
 def _ray_task(task: _Task, boxed_trace: list, row: Callable) -> tuple[str, dict]:
     if task.trace_key not in _TRACES:
         import ray
+
+        if len(_TRACES) >= 4:  # a worker of a long-lived cluster keeps a few traces, not every one it saw
+            _TRACES.clear()
+            _WORKLOADS.clear()
 
         _TRACES[task.trace_key] = ray.get(boxed_trace[0])
     return _pool_task(task, row)
