@@ -7,10 +7,11 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
         validate a trace and summarize it (lssim.trace)
-    lssim replay TRACE [--policy SPEC ...] [cluster options] [--out DIR] [--json]
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--no-reference] [--out DIR] [--json]
         replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
-    lssim sweep TRACE [--policies A,B,C] [--max-size 3] [--by speedup|lower_bound_efficiency] [--top N]
-                [cluster options] [--out DIR] [--json]
+    lssim sweep TRACE [--policies A,B,C] [--grid 'name(key=v1,v2,...)' ...] [--max-size 3]
+                [--by speedup|lower_bound_efficiency] [--top N] [cluster options] [--workers N] [--ray [ADDRESS]]
+                [--out DIR [--resume]] [--json]
         search compositions of policies for the best one (lssim.sweep)
     lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
                [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
@@ -255,10 +256,16 @@ def _run_replay(args: argparse.Namespace) -> int:
     from .results import write_results
     from .trace import load_trace
 
+    if args.no_reference and not args.policy:
+        raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
-    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty())
+    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
+                     references=not args.no_reference)
     table = summarize(results)
+    if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
+        table.insert(0, "speedup", float("nan"))
+        table.insert(1, "rollout_speedup", float("nan"))
     if args.out:
         write_results(args.out, results, table, meta={"trace": str(args.trace), "setup": vars(args)})
     if args.plot:
@@ -269,6 +276,9 @@ def _run_replay(args: argparse.Namespace) -> int:
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
               f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
+        if args.no_reference:
+            print("--no-reference: baseline and oracle not run; speedup is NaN ('-')"
+                  f"{' except against the baseline you named' if 'baseline' in results else ''}")
         if args.out:
             print(f"results written to {args.out}/")
     return 0
@@ -298,6 +308,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
                    help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
     _add_cluster_args(p)
     p.add_argument("--out", metavar="DIR", help="write per-response and per-step parquet and the summary here")
+    p.add_argument("--no-reference", action="store_true", help="run only the --policy runs, not baseline and oracle "
+                   "(faster; speedup is then NaN unless baseline is one of them)")
     p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
     p.add_argument("--plot", metavar="PNG", help="draw one step's timeline (baseline beside each --policy) into this PNG")
     p.add_argument("--plot-step", type=int, default=0, metavar="N", help="the step --plot draws (default 0)")
@@ -431,29 +443,32 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .policy import available_policies
-    from .sweep import compositions, sweep
+    from .sweep import sweep, sweep_specs
     from .trace import load_trace
 
+    grid = args.grid or []
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else \
-        [n for n in available_policies() if n not in ("baseline", "oracle")]
-    if not names:
+        [] if grid else [n for n in available_policies() if n not in ("baseline", "oracle")]
+    if not names and not grid:
         raise ValueError("--policies: no policy named")
+    if args.resume and not args.out:
+        raise ValueError("--resume continues the sweep written to --out DIR: name it")
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
-    n_runs = len(compositions(names, args.max_size)) + 1
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = lambda specs: tqdm(specs, desc="sweep", unit="run", leave=False)  # noqa: E731
-        print(f"sweep: {n_runs} runs ({len(names)} policies, compositions of up to {args.max_size}) on {args.trace}",
-              file=sys.stderr)
+    n_runs = len(sweep_specs(names, args.max_size, grid))
+    tty = not args.json and sys.stderr.isatty()
+    if tty:
+        where = f"Ray {args.ray or '(local)'}" if args.ray is not None else f"{args.workers or os.cpu_count()} processes"
+        print(f"sweep: {n_runs} runs ({len(names)} policies, compositions of up to {args.max_size}"
+              f"{f', {len(grid)} grids' if grid else ''}) on {args.trace}, {where}", file=sys.stderr)
     skipped: list = []
-    table = sweep(trace, names, args.max_size, setup, steps=args.steps, seed=args.seed, by=args.by, progress=bar, skipped=skipped)
+    stream = Path(args.out) / "runs.jsonl" if args.out else None  # one line per finished run: what --resume reads
+    table = sweep(trace, names, args.max_size, setup, steps=args.steps, seed=args.seed, by=args.by, progress=tty,
+                  skipped=skipped, grid=grid, workers=args.workers, out=stream, resume=args.resume, ray=args.ray)
     best_name = next(n for n in table.index if n != "baseline") if len(table) > 1 else table.index[0]
     rows = [{"policy": name, **{k: _jsonable(v) for k, v in row.items()}} for name, row in table.to_dict("index").items()]
     best = next(r for r in rows if r["policy"] == best_name)
-    report = {"trace": str(args.trace), "policies": names, "max_size": args.max_size, "by": args.by,
+    report = {"trace": str(args.trace), "policies": names, "grid": grid, "max_size": args.max_size, "by": args.by,
               "setup": {k: v for k, v in vars(args).items() if k != "func"}, "best": best, "results": rows,
               "skipped": [{"policy": s, "reason": r} for s, r in skipped]}
     if args.out:
@@ -489,17 +504,25 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "sweep",
         help="search compositions of policies on a trace for the best one, against the lower bound",
         description="Replay the trace under every composition of 1..--max-size of the --policies (a+b in the order "
-        "listed), beside baseline, and report them best first with their efficiency against the per-step lower bound.",
+        "listed) and every point of each --grid, beside baseline, and report them best first with their efficiency "
+        "against the per-step lower bound. Runs go in parallel on every local core (or on Ray with --ray); with "
+        "--out, each finished run is appended to DIR/runs.jsonl, and --resume skips the runs already there.",
     )
     p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
     p.add_argument("--policies", metavar="A,B,C", help="comma-separated policies to compose (default: every policy "
-                   "but baseline and oracle); parameters as name(key=value)")
+                   "but baseline and oracle, or none when --grid is given); parameters as name(key=value)")
+    p.add_argument("--grid", action="append", metavar="SPEC", help="a parameter grid, one run per point (repeatable): "
+                   "'hadb(short_batch_factor=1,2,4)' is 3 runs; several parameters (and members a+b) multiply")
     p.add_argument("--max-size", type=int, default=3, help="most policies in one composition (default 3)")
     p.add_argument("--by", choices=["speedup", "lower_bound_efficiency"], default="speedup",
                    help="what 'best' means: rollout time per trained group against baseline (default), or bound efficiency")
     p.add_argument("--top", type=int, default=10, help="rows of the table to print (default 10)")
     _add_cluster_args(p)
-    p.add_argument("--out", metavar="DIR", help="write sweep.csv (every run's summary) and sweep.json here")
+    p.add_argument("--workers", type=int, default=None, help="processes, or Ray CPUs of a local instance (default: every core)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray: join the cluster at ADDRESS, or start a local instance when none is given")
+    p.add_argument("--out", metavar="DIR", help="write runs.jsonl (as runs finish), sweep.csv and sweep.json here")
+    p.add_argument("--resume", action="store_true", help="continue the sweep in --out DIR: skip the runs already done")
     p.add_argument("--json", action="store_true", help="print one JSON object: the best run, every run, what was skipped")
     p.set_defaults(func=_run_sweep)
 

@@ -221,8 +221,14 @@ def mode_fields(s: StepState, end: StepEnd, mode, n_instances: int) -> dict:
     training ran, each train phase, the devices kept busy, the tokens trained and how stale they were."""
     timing, trained = end.timing, [r for g in end.trained for r in g.requests]
     lags: dict[int, int] = {}
+    step = s.step
     for r in trained:
-        for lag, n in token_lags(r, s.step):
+        if r.resumes is None:  # one span (token_lags' common case, inlined: this runs once per trained response)
+            if r.generated > 0:
+                lag = step - r.first_version
+                lags[lag] = lags.get(lag, 0) + r.generated
+            continue
+        for lag, n in token_lags(r, step):
             lags[lag] = lags.get(lag, 0) + n
     busy_instance_seconds = end.busy_at_rollout_end[0] - s.busy_at_start[0]
     row = {

@@ -148,11 +148,17 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
 
 
 def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = None, steps: int | None = None,
-           seed: int = 0, progress: bool = False) -> dict[str, RunResult]:
-    """Each policy, plus `baseline` and `oracle` as references, over the same trace and cluster."""
+           seed: int = 0, progress: bool = False, references: bool = True) -> dict[str, RunResult]:
+    """Each policy, plus `baseline` and `oracle` as references, over the same trace and cluster
+    (`references=False`: only the policies named; `summarize` then has no speedup unless baseline is one)."""
     setup = setup or SimSetup()
+    if references:
+        names = ["baseline"] + [p for p in policies if p != "baseline" and p != "oracle"] + ["oracle"]
+    else:
+        names = list(dict.fromkeys(policies))
+        if not names:
+            raise ValueError("replay without references: name at least one policy")
     workload = Workload(trace, seed=seed)
-    names = ["baseline"] + [p for p in policies if p != "baseline" and p != "oracle"] + ["oracle"]
     # Build every policy before the first run, so a bad spec fails before minutes of simulation.
     built = {name: make_policy(name) for name in names}
     return {name: simulate(workload, built[name], setup, steps, seed, progress) for name in names}

@@ -40,7 +40,7 @@ class EngineConfig:
 
 class _Instance:
     __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending",
-                 "left_at", "left", "owed")
+                 "left_at", "left", "owed", "priced")
 
     def __init__(self, idx: int, t: float):
         self.idx = idx
@@ -57,6 +57,7 @@ class _Instance:
         self.pending = 0  # requests placed here and not yet ended (running + waiting)
         self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
         self.owed = 0.0  # departure (re-pack) seconds the next iteration pays; dropped if the batch empties first
+        self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
 
 
 class SimEngine:
@@ -216,7 +217,9 @@ class SimEngine:
         """Run k decode iterations with the current batch."""
         if k <= 0:
             return
-        dt = self.cost.decode_time(inst.n, inst.ctx, k) + inst.owed
+        n, ctx, priced_k, priced = inst.priced
+        # The span _schedule priced is usually the one run next (the event fires): the same call, not made twice.
+        dt = (priced if n == inst.n and ctx == inst.ctx and priced_k == k else self.cost.decode_time(inst.n, inst.ctx, k)) + inst.owed
         inst.owed = 0.0
         inst.t += dt
         inst.busy += dt
@@ -255,7 +258,10 @@ class SimEngine:
                 raise RuntimeError(f"instance {inst.idx} is idle with {len(inst.waiting)} waiting requests it cannot admit")
             return
         target_it = self._next_iteration(inst)
-        t = inst.t + inst.owed + self.cost.decode_time(inst.n, inst.ctx, target_it - inst.it)
+        k = target_it - inst.it
+        span = self.cost.decode_time(inst.n, inst.ctx, k)
+        inst.priced = (inst.n, inst.ctx, k, span)
+        t = inst.t + inst.owed + span
         heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version, target_it))
 
     def _fire(self, inst: _Instance, target_it: int) -> list[Event]:
