@@ -54,7 +54,7 @@ import sys
 from dataclasses import fields
 from typing import Callable, Sequence
 
-from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
+from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)  # noqa: F401  (importable here, as before)
 
 PROG = "lssim"
 
@@ -557,12 +557,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     args.mode, args.rollout_devices, args.train_devices, args.staleness, args.async_variant, args.no_elastic = \
         "collocated", None, None, 1, "roll", False
     base = replace(_setup_from_args(args), n_instances=args.devices // args.tp)
-    bar = None
-    if not args.json and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = lambda jobs: tqdm(jobs, desc="plan", unit="run", leave=False)  # noqa: E731
-    table = plan(trace, space, base, steps=args.steps, seed=args.seed, workers=args.workers, progress=bar)
+    table = plan(trace, space, base, steps=args.steps, seed=args.seed, workers=args.workers,
+                 progress=not args.json and sys.stderr.isatty(), ray=args.ray)
     if args.out:
         from .results import atomic_write
 
@@ -609,6 +605,8 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-staleness", type=int, help="a bound you state: no best candidate trains tokens staler")
     p.add_argument("--max-off-policy", type=float, help="a bound you state: the largest share of off-policy trained tokens")
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray (a local instance, or the cluster at ADDRESS): lssim/parallel.py")
     p.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
     _add_cluster_args(p, modes=False)
     p.add_argument("--out", metavar="CSV", help="write every candidate's row here")

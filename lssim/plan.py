@@ -15,17 +15,14 @@ marks the candidates no other beats on both throughput and stale-token share.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
+from .parallel import SimJob, run_jobs
 from .policy import make_policy
-from .replay import SimSetup, simulate, summarize
-from .workload import Workload
+from .replay import SimSetup
 
 PLAN_COLUMNS = ["mode", "policy", "rollout_devices", "train_devices", "staleness", "step_seconds", "speedup",
                 "trained_tokens_per_second", "rollout_seconds", "train_seconds", "max_staleness", "stale_token_fraction",
@@ -73,7 +70,7 @@ class PlanSpace:
 
 
 def plan(trace: pd.DataFrame, space: PlanSpace, base: SimSetup | None = None, steps: int | None = None, seed: int = 0,
-         workers: int | None = 1, progress: Callable[[Iterable], Iterable] | None = None) -> pd.DataFrame:
+         workers: int | None = 1, progress: bool = False, ray: str | None = None) -> pd.DataFrame:
     """One row per (cluster configuration, policy), best first; see the module docstring."""
     base = base or SimSetup()
     for spec in space.policies:
@@ -82,35 +79,19 @@ def plan(trace: pd.DataFrame, space: PlanSpace, base: SimSetup | None = None, st
     candidates = [(setup, p) for setup in space.setups(base) for p in space.policies]
     if (reference, "baseline") not in candidates:  # the yardstick: verl's default on all the devices
         candidates.append((reference, "baseline"))
-    args = [(trace, setup, policy, steps, seed) for setup, policy in candidates]
-    workers = workers or os.cpu_count() or 1
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            results = pool.map(_run_one, args)
-            rows = list(progress(results) if progress else results)
-    else:
-        rows = [_run_one(a) for a in (progress(args) if progress else args)]
-    table = pd.DataFrame(rows)
+    jobs = [SimJob(trace, policy, setup, steps, seed) for setup, policy in candidates]
+    table = run_jobs(jobs, workers=workers, ray=ray, progress=progress)
+    failed = table[table["error"].notna()]
+    if len(failed):
+        raise ValueError(f"plan: {len(failed)} runs failed, e.g. {failed['policy'].iloc[0]}: {failed['error'].iloc[0]}")
     yardstick = table.iloc[candidates.index((reference, "baseline"))]
     if "collocated" not in space.modes or "baseline" not in space.policies:
-        table = table.drop(index=len(candidates) - 1)
+        table = table.drop(index=len(candidates) - 1)  # the yardstick was run for the speedup alone
     table["speedup"] = yardstick["step_seconds_per_group"] / table["step_seconds_per_group"]
     table["within_bounds"] = _within(table, space)
     table["pareto"] = _pareto(table["trained_tokens_per_second"].to_numpy(), table["stale_token_fraction"].to_numpy())
     table = table.sort_values(["within_bounds", "trained_tokens_per_second"], ascending=[False, False], kind="stable")
     return table.reset_index(drop=True)[PLAN_COLUMNS]
-
-
-def _run_one(job) -> dict:
-    trace, setup, policy, steps, seed = job
-    result = simulate(Workload(trace, seed=seed), policy, setup, steps, seed)
-    row = summarize({policy: result}).iloc[0].to_dict()
-    mode = result.meta["mode"]
-    devices = row["devices"]
-    row.update(policy=policy, mode=mode["label"], rollout_devices=mode["rollout_devices"],
-               train_devices=mode["train_devices"], staleness=mode["staleness"] if mode["mode"] == "async" else 0,
-               idle_device_fraction=row["idle_device_seconds"] / (devices * row["step_seconds"]) if row["step_seconds"] > 0 else float("nan"))
-    return row
 
 
 def _within(table: pd.DataFrame, space: PlanSpace) -> pd.Series:
