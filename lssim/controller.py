@@ -204,12 +204,13 @@ class Controller:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
         unfinished members end as aborted ("stale") and the group never trains."""
         counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
+        running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
         for gid, members in s.members.items():
             if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
                 continue
             for r in members:
                 if not r.done:
-                    if r in s.kept_in:
+                    if r.rid in running:
                         self.engine.abort(r)
                     r.finish_reason, r.stop_reason = ABORT, "stale"
                     self._end(r, s)
