@@ -23,6 +23,7 @@ import torch
 from lssim.cli import main
 
 SHAPE = ["--n-prompts", "16", "--groups-per-step", "4", "--group-size", "4", "--max-tokens", "96"]
+GROUPS_PER_STEP = 4  # as SHAPE says
 KEY = ["step", "prompt_id", "sample_idx"]
 
 
@@ -139,20 +140,24 @@ def test_resume_continues_the_run_from_its_checkpoint(vllm_engine, real_model_di
         assert torch.equal(optim["state"][pid]["exp_avg"], s["exp_avg"]) and int(optim["state"][pid]["step"]) == int(s["step"])
 
     steps = pd.read_parquet(out / "steps.parquet")
-    assert steps["step"].tolist() == [0, 1, 2, 3]
+    # Step numbers continue from the checkpoint; the run ends at its 4th step, or earlier once the groups of 4 steps
+    # have trained with nothing carried (april can train more than a batch in a step when groups end together).
+    assert steps["step"].tolist() == list(range(len(steps))) and 3 <= len(steps) <= 4
+    if len(steps) < 4:
+        assert steps["groups_trained"].sum() >= 4 * GROUPS_PER_STEP and steps["carried_out"].iloc[-1] == 0
     pd.testing.assert_frame_equal(steps.iloc[:2].reset_index(drop=True), first_steps, check_dtype=False)
     responses = pd.read_parquet(out / "responses.parquet")
     trace = load_trace(out / "trace.parquet")
     # (april carries: a step may end only carried responses, so the steps responses ended in are the ones to count)
-    assert set(trace["end_step"]) == {0, 1, 2, 3} and not trace.duplicated(KEY).any()
+    assert set(trace["end_step"]) == set(range(len(steps))) and not trace.duplicated(KEY).any()
     assert len(trace) == len(responses) == int((steps["responses_in"] - steps["carried_in"]).sum())
     # the books balance across the resume: carried responses came back in the step after the checkpoint
     assert (steps["responses_in"] == steps[["finished", "truncated", "policy_stopped", "dropped", "carried_out"]].sum(axis=1)).all()
     assert steps["carried_in"].iloc[2] == steps["carried_out"].iloc[1]
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["status"] == "finished" and meta["steps_done"] == 4
+    assert meta["status"] == "finished" and meta["steps_done"] == len(steps)
     assert [r["after_step"] for r in meta["resumes"]] == [1]
-    assert load_checkpoint(out).step == 3
+    assert load_checkpoint(out).step == len(steps) - 1
 
 
 def test_resume_needs_a_checkpoint(tmp_path, capsys):
