@@ -439,7 +439,6 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    import tempfile
     from pathlib import Path
 
     from .policy import available_policies
@@ -464,26 +463,23 @@ def _run_sweep(args: argparse.Namespace) -> int:
     skipped: list = []
     stream = Path(args.out) / "runs.jsonl" if args.out else None  # one line per finished run: what --resume reads
     table = sweep(trace, names, args.max_size, setup, steps=args.steps, seed=args.seed, by=args.by, progress=tty,
-                  skipped=skipped, grid=grid, workers=args.workers, out=stream, resume=args.resume, ray=args.ray)
-    best_name = next(n for n in table.index if n != "baseline") if len(table) > 1 else table.index[0]
+                  skipped=skipped, grid=grid, workers=args.workers, out=stream, resume=args.resume, ray=args.ray,
+                  max_staleness=args.max_staleness, max_off_policy=args.max_off_policy)
+    # The best is never a run that breaks a stated bound (lssim.ranking): those are ranked after the others.
+    keeping = [n for n in table.index if n != "baseline" and table.loc[n, "within_bounds"]]
+    best_name = keeping[0] if keeping else "baseline"
     rows = [{"policy": name, **{k: _jsonable(v) for k, v in row.items()}} for name, row in table.to_dict("index").items()]
     best = next(r for r in rows if r["policy"] == best_name)
     report = {"trace": str(args.trace), "policies": names, "grid": grid, "max_size": args.max_size, "by": args.by,
               "setup": {k: v for k, v in vars(args).items() if k != "func"}, "best": best, "results": rows,
               "skipped": [{"policy": s, "reason": r} for s, r in skipped]}
     if args.out:
+        from .results import atomic_write
+
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        for fname, write in (("sweep.csv", lambda f: table.rename_axis("policy").to_csv(f)),
-                             ("sweep.json", lambda f: Path(f).write_text(json.dumps(report, indent=2, default=str) + "\n"))):
-            fd, tmp = tempfile.mkstemp(prefix=f".{fname}.", dir=out)
-            os.close(fd)
-            try:
-                write(tmp)
-                os.replace(tmp, out / fname)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+        atomic_write(out / "sweep.csv", lambda f: table.rename_axis("policy").to_csv(f))
+        atomic_write(out / "sweep.json", lambda f: Path(f).write_text(json.dumps(report, indent=2, default=str) + "\n"))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
@@ -492,7 +488,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
     print(format_summary(table.head(args.top)))
     for spec, reason in skipped:
         print(f"skipped {spec}: {reason}")
-    print(f"best: {best_name}: {best['speedup']:.3f}x baseline, {best['lower_bound_efficiency']:.1%} of the per-step lower bound"
+    if not keeping:
+        print("no composition keeps the stated bounds")
+    print(f"best: {best_name}: {best['speedup']:.3f}x baseline end to end ({best['rollout_speedup']:.3f}x rollout), "
+          f"{best['lower_bound_efficiency']:.1%} of the per-step lower bound"
           f" (goal 95%); off-policy tokens {best['off_policy_token_fraction']:.1%}, truncated {best['truncated_fraction']:.1%}")
     if args.out:
         print(f"results written to {args.out}/")
@@ -515,7 +514,9 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                    "'hadb(short_batch_factor=1,2,4)' is 3 runs; several parameters (and members a+b) multiply")
     p.add_argument("--max-size", type=int, default=3, help="most policies in one composition (default 3)")
     p.add_argument("--by", choices=["speedup", "lower_bound_efficiency"], default="speedup",
-                   help="what 'best' means: rollout time per trained group against baseline (default), or bound efficiency")
+                   help="what 'best' means: step time per trained group against baseline, end to end (default), or bound efficiency")
+    p.add_argument("--max-staleness", type=int, help="a bound you state: no best composition trains tokens staler")
+    p.add_argument("--max-off-policy", type=float, help="a bound you state: the largest share of off-policy trained tokens")
     p.add_argument("--top", type=int, default=10, help="rows of the table to print (default 10)")
     _add_cluster_args(p)
     p.add_argument("--workers", type=int, default=None, help="processes, or Ray CPUs of a local instance (default: every core)")

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pandas as pd
 
 from .parallel import SimJob, run_jobs
 from .policy import make_policy
+from .ranking import rank
 from .replay import SimSetup
 
 PLAN_COLUMNS = ["mode", "policy", "rollout_devices", "train_devices", "staleness", "step_seconds", "speedup",
@@ -88,25 +88,5 @@ def plan(trace: pd.DataFrame, space: PlanSpace, base: SimSetup | None = None, st
     if "collocated" not in space.modes or "baseline" not in space.policies:
         table = table.drop(index=len(candidates) - 1)  # the yardstick was run for the speedup alone
     table["speedup"] = yardstick["step_seconds_per_group"] / table["step_seconds_per_group"]
-    table["within_bounds"] = _within(table, space)
-    table["pareto"] = _pareto(table["trained_tokens_per_second"].to_numpy(), table["stale_token_fraction"].to_numpy())
-    table = table.sort_values(["within_bounds", "trained_tokens_per_second"], ascending=[False, False], kind="stable")
+    table = rank(table, "trained_tokens_per_second", "stale_token_fraction", space.max_staleness, space.max_off_policy)
     return table.reset_index(drop=True)[PLAN_COLUMNS]
-
-
-def _within(table: pd.DataFrame, space: PlanSpace) -> pd.Series:
-    ok = pd.Series(True, index=table.index)
-    if space.max_staleness is not None:
-        ok &= table["max_staleness"] <= space.max_staleness
-    if space.max_off_policy is not None:
-        ok &= table["off_policy_token_fraction"] <= space.max_off_policy
-    return ok
-
-
-def _pareto(throughput: np.ndarray, stale: np.ndarray) -> np.ndarray:
-    """True where no other candidate has at least the throughput and at most the stale share, one strictly."""
-    front = np.ones(len(throughput), dtype=bool)
-    for i in range(len(throughput)):
-        better = (throughput >= throughput[i]) & (stale <= stale[i]) & ((throughput > throughput[i]) | (stale < stale[i]))
-        front[i] = not better.any()
-    return front

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from .ranking import pareto_mask  # noqa: E402, F401  (lssim.plots.pareto_mask, as before)
 
 # How a bar on a timeline is coloured: how the response ended in the step (records.RESPONSE_COLUMNS finish_reason),
 # or that it ran in the step and was carried out unfinished (partial rollouts), or that it resumed a carried one.
@@ -265,13 +266,6 @@ def phase_breakdown(results: dict) -> Figure:
 # --------------------------------------------------------------------------------------------------------------
 # Tables: sweeps and fidelity
 # --------------------------------------------------------------------------------------------------------------
-
-
-def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """True where no other point has x <= and y >= with one strict (lower cost x, higher gain y)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    dominated = ((x[None] <= x[:, None]) & (y[None] >= y[:, None]) & ((x[None] < x[:, None]) | (y[None] > y[:, None]))).any(axis=1)
-    return ~dominated & np.isfinite(x) & np.isfinite(y)
 
 
 def pareto_front(table: pd.DataFrame, x: str = "off_policy_token_fraction", y: str = "speedup", label: int = 8) -> Figure:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from .parallel import SimJob, run_jobs
 from .policy import make_policy
+from .ranking import rank
 from .replay import SimSetup
 
 
@@ -117,10 +118,12 @@ def sweep_specs(names: list[str], max_size: int, grid: list[str] = ()) -> list[s
 def sweep(trace: pd.DataFrame | str | os.PathLike, names: list[str], max_size: int = 3, setup: SimSetup | None = None,
           steps: int | None = None, seed: int = 0, by: str = "speedup", progress=None, skipped: list | None = None, *,
           grid: list[str] = (), workers: int | None = None, out: str | os.PathLike | None = None, resume: bool = False,
-          ray: str | None = None) -> pd.DataFrame:
+          ray: str | None = None, max_staleness: int | None = None, max_off_policy: float | None = None) -> pd.DataFrame:
     """One summary row per composition and grid point (and baseline), best first by `by` ("speedup" or
     "lower_bound_efficiency"). `skipped` (a list) collects (spec, reason) for runs that cannot be built or fail.
-    `progress`: a progress bar (truthy). `workers`, `out`, `resume`, `ray`: lssim.parallel.run_jobs."""
+    `progress`: a progress bar (truthy). `workers`, `out`, `resume`, `ray`: lssim.parallel.run_jobs. Rows that break a
+    stated bound (`max_staleness`, `max_off_policy`) come after the others and are never best (lssim.ranking);
+    `pareto` marks the front of `by` against the off-policy token share. `speedup` is end to end."""
     if by not in ("speedup", "lower_bound_efficiency"):
         raise ValueError(f"by must be 'speedup' or 'lower_bound_efficiency', got {by!r}")
     setup = setup or SimSetup()
@@ -144,8 +147,8 @@ def sweep(trace: pd.DataFrame | str | os.PathLike, names: list[str], max_size: i
             raise RuntimeError(f"sweep: {spec} failed: {error}")
         skipped.append((spec, f"failed: {error}"))
     table = runs[runs["error"].isna()].drop(columns=["job", "error"]).set_index("policy")
-    ratio = table.loc["baseline", "rollout_seconds_per_group"] / table["rollout_seconds_per_group"]
-    table.insert(0, "speedup", ratio)
-    table.insert(1, "rollout_speedup", ratio)
+    base = table.loc["baseline"]
+    table.insert(0, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])  # end to end
+    table.insert(1, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
     table["size"] = [0 if s == "baseline" else s.count("+") + 1 for s in table.index]
-    return table.sort_values(by, ascending=False, kind="stable")
+    return rank(table, by, "off_policy_token_fraction", max_staleness, max_off_policy)

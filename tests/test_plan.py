@@ -59,3 +59,21 @@ def test_no_option_is_reachable_by_an_abbreviation(tmp_path, trace, capsys):
         main(["replay", str(path), "--mod", "async"])  # once taken for --model
     assert e.value.code == 2
     assert "unrecognized arguments: --mod" in capsys.readouterr().err
+
+
+def test_sweep_never_picks_a_composition_over_a_stated_bound(tmp_path, trace, capsys):
+    from lssim.sweep import sweep
+    from lssim.trace import write_trace
+
+    table = sweep(trace, ["april", "seer"], max_size=1, setup=SimSetup(n_instances=2, max_num_seqs=64), workers=1,
+                  max_off_policy=0.0)
+    assert table.loc["april", "off_policy_token_fraction"] > 0 and not table.loc["april", "within_bounds"]
+    assert table.index[0] in ("seer", "baseline") and table["within_bounds"].iloc[0]
+    assert list(table["within_bounds"]) == sorted(table["within_bounds"], reverse=True)  # bound-keepers first
+    assert table.loc["baseline", "speedup"] == pytest.approx(1.0) and table.loc["baseline", "rollout_speedup"] == pytest.approx(1.0)
+    path = tmp_path / "t.parquet"
+    write_trace(trace, path)
+    assert main(["sweep", str(path), "--policies", "april,seer", "--max-size", "1", "--instances", "2",
+                 "--max-num-seqs", "64", "--workers", "1", "--max-off-policy", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "best: april" not in out and "best: " in out
