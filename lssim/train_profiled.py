@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .training import TrainPhases, _check_devices, check_lengths, pack_padded
+from .cost.fitting import _nnls_relative
 
 LOGPROB_TERMS = ("l0", "lB", "l1", "l2")
 UPDATE_TERMS = ("u0", "uB", "u1", "u2", "o0", "k0")
@@ -143,7 +144,7 @@ class ProfiledTrainCost:
         coef = {}
         for terms, col in zip((LOGPROB_TERMS, UPDATE_TERMS), CLOCKS[clock]):
             X = np.array([[f[t] for t in terms] for f in feats], dtype=float)
-            coef.update(zip(terms, nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
+            coef.update(zip(terms, _nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
         fit_syncs = syncs[syncs["split"] == "fit"]["sync_seconds"].to_numpy(float)
         if not len(fit_syncs):
             raise ValueError(f"{source}: no sync measurements (rows with kind='sync') to fit s0")
@@ -250,21 +251,6 @@ def step_features(lengths, mini_batches: int, micro_batch_tokens: int) -> dict[s
     f["o0"] = float(min(mini_batches, len(lengths)))
     f["k0"] = 1.0
     return f
-
-
-def nnls_relative(X: np.ndarray, y: np.ndarray, source: str) -> np.ndarray:
-    """Non-negative least squares on relative error (rows over y), columns scaled for conditioning."""
-    from scipy.optimize import nnls
-
-    if len(y) < X.shape[1]:
-        raise ValueError(f"{source}: too few points ({len(y)}) to fit {X.shape[1]} coefficients")
-    if (y <= 0).any() or not np.isfinite(y).all():
-        raise ValueError(f"{source}: measured seconds must be finite and > 0")
-    A = X / y[:, None]
-    scale = np.abs(A).max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(A / scale, np.ones_like(y))
-    return coef / scale
 
 
 def ape_summary(predicted, measured) -> dict:

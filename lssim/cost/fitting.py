@@ -83,6 +83,8 @@ def _nnls_relative(X, y, source: str):
 
     if len(y) < X.shape[1]:
         raise ValueError(f"{source}: too few points ({len(y)}) to fit {X.shape[1]} coefficients")
+    if (y <= 0).any() or not np.isfinite(y).all():
+        raise ValueError(f"{source}: measured seconds must be finite and > 0")
     A = X / y[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0
