@@ -257,15 +257,6 @@ def check_column_range(c: Any, values: Any, source: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def check_response_fits_budget(cols: Columns, source: str) -> None:
-    """`response_len <= max_tokens`"""
-    rl, mt = cols["response_len"], cols["max_tokens"]
-    bad = rl > mt
-    if bad.any():
-        pos = int(np.flatnonzero(bad)[0])
-        fail(source, "response_len", None, bad, f"response_len {rl[pos]} > max_tokens {mt[pos]}")
-
-
 def check_length_means_budget(cols: Columns, source: str) -> None:
     """`finish_reason == 'length'` implies `response_len == max_tokens`"""
     rl, mt = cols["response_len"], cols["max_tokens"]
@@ -276,30 +267,30 @@ def check_length_means_budget(cols: Columns, source: str) -> None:
              f"finish_reason 'length' but response_len {rl[pos]} != max_tokens {mt[pos]}")
 
 
-def _check_mark_within_response(name: str) -> Check:
+def _check_not_above(column: str, limit: str, name: str, rule: str) -> Check:
+    """A check that `column <= limit` row by row (the failure names `column`); `rule` is its documented form."""
     def check(cols: Columns, source: str) -> None:
-        mark, rl = cols[name], cols["response_len"]
-        bad = mark > rl
+        a, b = cols[column], cols[limit]
+        bad = a > b
         if bad.any():
             pos = int(np.flatnonzero(bad)[0])
-            fail(source, name, None, bad, f"{name} {mark[pos]} > response_len {rl[pos]}")
+            fail(source, column, None, bad, f"{column} {a[pos]} > {limit} {b[pos]}")
 
-    check.__name__ = f"check_{name}_within_response"
-    check.__doc__ = f"`{name}` is -1 or `0 <= {name} <= response_len`"
+    check.__name__, check.__doc__ = name, rule
     return check
 
 
+def _check_mark_within_response(name: str) -> Check:
+    return _check_not_above(name, "response_len", f"check_{name}_within_response",
+                            f"`{name}` is -1 or `0 <= {name} <= response_len`")
+
+
+check_response_fits_budget = _check_not_above("response_len", "max_tokens", "check_response_fits_budget",
+                                              "`response_len <= max_tokens`")
 check_loop_within_response = _check_mark_within_response("loop_start")
 check_collapse_within_response = _check_mark_within_response("entropy_collapse_start")
-
-
-def check_versions_ordered(cols: Columns, source: str) -> None:
-    """`policy_version_first <= policy_version_last`"""
-    pf, pl = cols["policy_version_first"], cols["policy_version_last"]
-    bad = pf > pl
-    if bad.any():
-        pos = int(np.flatnonzero(bad)[0])
-        fail(source, "policy_version_first", None, bad, f"policy_version_first {pf[pos]} > policy_version_last {pl[pos]}")
+check_versions_ordered = _check_not_above("policy_version_first", "policy_version_last", "check_versions_ordered",
+                                          "`policy_version_first <= policy_version_last`")
 
 
 def check_times_ordered(cols: Columns, source: str) -> None:
