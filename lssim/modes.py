@@ -38,7 +38,7 @@ arrive as an `Engine.wake_at` timer, which the simulator has and the real engine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class ExecutionMode:
         self._batch = 1  # the run's groups per step (B)
         self._lane_free = 0.0  # when the train devices are next free
         self._ready: list[tuple[float, int]] = []  # (time, version) of weights trained and not yet on the engine
+        self._sync = 0.0  # seconds the last priced weight sync pauses the rollout engines for
 
     def bind(self, engine: Engine, groups_per_step: int) -> None:
         self._engine, self._batch = engine, groups_per_step
@@ -181,8 +182,6 @@ class ExecutionMode:
         self._ready = [(t, v) for t, v in self._ready if v > version]
         engine.advance(self._sync)
         self.version = version
-
-    _sync = 0.0  # seconds of the last weight sync priced (rollout engines load weights: generation paused)
 
 
 class Collocated(ExecutionMode):
