@@ -1,14 +1,21 @@
 """`lssim validate`: record real runs (or take recorded ones), replay each in the simulator with the same
 policy, seeds, data loader and a profiled cost model, and report how far the prediction is.
 
-    lssim validate --policies baseline,hadb,april --steps 5 --out runs/validate
-    lssim validate --runs runs/a runs/b --out runs/validate-ab      # runs recorded by `lssim real`
+    lssim validate --out runs/validate                                   # the small subset (--policies ci)
+    lssim validate --policies seer,breaker,hadb --reprofile --json --out runs/v   # one JSON object on stdout
+    lssim validate --full --out runs/validate-full                       # every policy of the table (README)
+    lssim validate --runs runs/a runs/b --out runs/validate-ab           # runs recorded by `lssim real`
 
-Writes to --out: real/<policy>/ (each recorded run, unless --runs), steps.parquet and responses.parquet
-(predicted against measured, lssim.fidelity.compare), summary.csv (the printed table), counterfactual.csv
-(each policy predicted from the baseline's trace instead of its own), and validation.png (predicted vs
-measured per step), stages.csv (the error after each modelling step) and noise.parquet (the spread of the
-repeats). Every input is checked before the engine starts. Results and how to read them: real_backend/README.md.
+Each policy runs in its own world (real_backend/validation_workloads.toml: engine instances, budget, steps,
+pool, and the policy's parameters scaled to the task) beside that world's baseline, so that it acts there; a
+policy that changed no response on the real engine (lssim.fidelity.acted) fails the command (exit status 1,
+the policy named). Writes to --out: real/<world>/<policy>/repeat<k>/ (each recorded run, unless --runs),
+steps.parquet and responses.parquet (predicted against measured, lssim.fidelity.compare), acted.parquet (per
+policy and repeat, the responses it changed, by kind), summary.csv (per policy: errors, speedups, acted, the
+real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
+predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
+error after each modelling step) and noise.parquet (the spread of the repeats). Every input is checked before
+the engine starts. Results and how to read them: real_backend/README.md.
 """
 
 from __future__ import annotations
@@ -147,8 +154,9 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     """`validate` in each world (world -> policy -> its repeats, "baseline" among them), the frames joined. Each
     world's baseline is named baseline@WORLD; the summary gains per policy its world and spec, how much it
     acted on the real engine (lssim.fidelity.acted against its world's baseline, median over the repeats) and
-    the real engine's run-to-run spread of its step times (lssim.fidelity.policy_summary)."""
-    from lssim.fidelity import acted, policy_summary
+    the real engine's run-to-run spread of its step times, and its errors with the world's speed level taken from
+    the world's baseline (lssim.fidelity.anchor_on_baseline; the frame "anchored") (lssim.fidelity.policy_summary)."""
+    from lssim.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
 
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
@@ -157,6 +165,9 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
         if stages_dir is not None:
             frames["stages"] = stages(runs, profile, stages_dir / world, frames).assign(world=world).reset_index()
         base = runs.get("baseline", [])
+        if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
+            anchored, _ = median_over_repeats(anchor_on_baseline(frames["steps_by_repeat"]))
+            frames["anchored"] = anchored.assign(speed_factor=anchor_on_baseline(frames["steps_by_repeat"]).attrs["speed_factor"])
         for name, repeats in runs.items():
             if name == "baseline" or not base:
                 continue
@@ -174,7 +185,7 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     if "stages" in out:
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
-    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"))
+    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"))
     return out
 
 
@@ -223,9 +234,8 @@ def _plan(args, table) -> list[tuple]:
     """(world, [(name, spec), ...] with the baseline first) for each world a selected policy runs in; every
     policy and world checked (prepare) before an engine starts."""
     from lssim.policy import available_policies
-    from lssim.results import policy_dirname
 
-    from .world import RealSetup, out_dir_problem, prepare
+    from .world import out_dir_problem, prepare
 
     text = "all" if args.full else args.policies.strip()
     if text in ("all", "ci"):
@@ -340,7 +350,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown, plot
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):
@@ -357,7 +367,8 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
-            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "meets_goal"]
+            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "anchored_median_ape_pct",
+            "anchored_p90_ape_pct", "speed_factor", "meets_goal", "meets_goal_anchored"]
     s = frames["summary"]
     text += s[[c for c in cols if c in s]].to_string(float_format=lambda v: f"{v:.2f}")
     text += f"\nwritten to {out}/ (summary.csv, fidelity.md, steps.parquet, acted.parquet, validation.png, ...)"

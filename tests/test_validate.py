@@ -350,3 +350,37 @@ def test_policy_summary_json_and_markdown_report_acted_spread_and_the_goal():
     assert p["acted"] == 4 and p["acted_by"]["stopped"] == 4 and p["world"] == "w" and result["all_acted"] is False
     text = fidelity_markdown(summary)
     assert text.count("\n| `") == 3 and "4 of 8" in text and "(reference)" in text
+
+
+@pytest.mark.real
+def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp_path, profile):
+    """The small subset's one-instance worlds (breaker: a 512-token budget; hadb: a 32-prompt pool revisited), each
+    beside its world's baseline, fewer steps than the table's: each acts, and the JSON has its fields. (seer's
+    world needs a two-instance engine: `lssim validate --policies ci` runs it.)"""
+    from lssim.fidelity import policy_results, unacted
+    from real_backend.sim_vs_real import validate_worlds
+    from real_backend.validation_workloads import load_workloads
+    from real_backend.world import RealSetup, prepare, run_real
+
+    table = load_workloads()
+    by_world = {}
+    for name, steps in (("breaker", 2), ("hadb", 4)):
+        w = table.policies[name]
+        assert w.ci and w.world.n_instances == 1
+        setup = RealSetup(model_dir=str(real_model_dir), n_prompts=w.world.n_prompts)
+        config = w.world.config(seed=0, steps=steps)
+        for label, spec in (("baseline", "baseline"), (name, w.spec)):
+            prompts, policy = prepare(setup, spec, config)
+            folder = tmp_path / w.world.name / label
+            run_real(setup, policy, config, folder, engine=vllm_engine, prompts=prompts,
+                     meta={"policy_spec": spec, "validation_name": label, "world": w.world.name})
+            by_world.setdefault(w.world.name, {})[label] = [load_run(folder)]
+    frames = validate_worlds(by_world, profile, counterfactual=False)
+    summary = frames["summary"]
+    assert unacted(summary) == []
+    assert summary.loc["breaker", "stopped"] > 0 and summary.loc["hadb", "reselected"] > 0
+    result = json.loads(json.dumps(policy_results(summary)))
+    assert set(result["policies"]) == {"breaker", "hadb"} and set(result["baselines"]) == {"baseline@tail", "baseline@history"}
+    for entry in result["policies"].values():
+        assert entry["acted"] > 0 and entry["step_error_median"] >= 0 and entry["speedup_error"] is not None
+        assert {"step_error_p90", "repeat_spread", "world", "acted_by"} <= set(entry)
