@@ -70,14 +70,55 @@ def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = No
     (`prompts`, a fresh PromptSource equal to the one the run drew from), on `setup` (lssim.replay.SimSetup).
     `trace` (default: the run's own) is where the Workload takes responses from: another run's trace makes
     it a counterfactual prediction, as when a baseline trace is replayed under a new policy."""
-    from .policy import make_policy
+    from .policy import Policy, make_policy
     from .replay import simulate
     from .workload import Workload
 
     workload = Workload(run.trace if trace is None else trace, seed=run.config.seed)
     config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
     config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
-    return simulate(workload, make_policy(policy or run.name), setup, config=config, prompts=prompts)
+    built = policy if isinstance(policy, Policy) else make_policy(policy or run.name)
+    return simulate(workload, built, setup, config=config, prompts=prompts)
+
+
+def ends_rollouts(spec: str) -> bool:
+    """Whether the policy decides when a rollout ends (april, rollpacker, ...): where the real engine cuts is
+    then a wall-clock event the simulator predicts, not replays."""
+    from .policy import make_policy
+
+    return make_policy(spec).overrides("end_rollout")
+
+
+def with_real_cuts(run: RecordedRun):
+    """The run's policy (a fresh object from its spec) with one change: each step's rollout ends when every
+    response the real run ended in that step has ended in the simulation, instead of when the policy says; the
+    policy's other decisions are its own. Replayed (`replay_run(run, setup, prompts, policy=with_real_cuts(run))`),
+    it prices the work the real engine did before its cut: the error left is the cost model's, and the rest of
+    the policy's per-step error is where the simulated clock put the cut (the abort time and what was carried)."""
+    from .policy import Compose, make_policy
+
+    ended: dict[int, set] = {}
+    for key in run.responses[["end_step", *KEY]].itertuples(index=False):
+        ended.setdefault(int(key[0]), set()).add(tuple(int(v) for v in key[1:]))
+
+    class RealCuts(Compose):
+        def __init__(self):
+            super().__init__([make_policy(run.name)])
+            self.name, self._done = run.name, set()  # every response ended so far (some end a step early here)
+
+        def overrides(self, hook):
+            return hook in ("end_rollout", "on_finish") or super().overrides(hook)
+
+        def on_finish(self, request, state):
+            self._done.add((request.step, request.prompt_id, request.sample_idx))
+            super().on_finish(request, state)
+
+        def end_rollout(self, state):
+            want = ended.get(state.step)
+            return bool(want) and want <= self._done
+
+    return RealCuts()
+
 
 
 def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -230,14 +271,15 @@ def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
 
 
 def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,
-                   anchored: pd.DataFrame | None = None) -> pd.DataFrame:
+                   anchored: pd.DataFrame | None = None, real_cuts: pd.DataFrame | None = None) -> pd.DataFrame:
     """The fidelity table (`fidelity_table`, one row per policy) with, per policy, how much it acted on the real
     engine (`acted` rows, one per repeat: the median over repeats, and the fewest in one repeat), the real
     engine's run-to-run spread of its step times (`median_over_repeats`' spread: each repeat's step against the
     median of its repeats; median and p90, in %; NaN with one repeat), whether it meets the goal, and, with
     `anchored` (per-step medians of `anchor_on_baseline` rows, a speed_factor column), the same errors with the
     machine's speed level taken from its world's baseline (the speedup error does not change: a level cancels
-    in a ratio)."""
+    in a ratio). With `real_cuts` (per-step medians of replays `with_real_cuts`), the error of policies that end
+    rollouts when the real engine's cut points are replayed rather than predicted."""
     out = summary.copy()
     if len(acted_rows):
         counts = acted_rows.drop(columns="repeat").groupby("policy").median()
@@ -257,6 +299,10 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
         out["speed_factor"] = out.index.map(by["speed_factor"].first())
         out["meets_goal_anchored"] = ((out["anchored_median_ape_pct"] <= TARGET_MEDIAN_PCT)
                                       & (out["anchored_p90_ape_pct"] <= TARGET_P90_PCT) & speedup_ok)
+    if real_cuts is not None and len(real_cuts):
+        by = real_cuts.groupby("policy")["ape_pct"]
+        out["real_cuts_median_ape_pct"] = out.index.map(by.median())
+        out["real_cuts_p90_ape_pct"] = out.index.map(by.quantile(0.9))
     return out
 
 
@@ -290,6 +336,8 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "step_error_median_anchored": number(row.get("anchored_median_ape_pct")),
                  "step_error_p90_anchored": number(row.get("anchored_p90_ape_pct")),
                  "speed_factor": number(row.get("speed_factor")),
+                 "step_error_median_real_cuts": number(row.get("real_cuts_median_ape_pct")),
+                 "step_error_p90_real_cuts": number(row.get("real_cuts_p90_ape_pct")),
                  "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
                  "meets_goal_anchored": bool(row.get("meets_goal_anchored", False))}
         (baselines if str(name).startswith("baseline") else policies)[str(name)] = entry
@@ -365,4 +413,4 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]

@@ -58,18 +58,23 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
-    from lssim.fidelity import compare, fidelity_table, length_distance, median_over_repeats, replay_run
+    from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
+                                with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
-    step_frames, response_frames, groups, first_sim = [], [], {}, {}
+    step_frames, response_frames, cut_frames, groups, first_sim = [], [], [], {}, {}
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
+        cuts = ends_rollouts(repeats[0].name)
         for k, run in enumerate(repeats):
             sim = replay_run(run, sim_setup(run, profile), run_prompts(run))
             first_sim.setdefault(name, sim)
             s, r = compare(run, sim, name)
             step_frames.append(s.assign(repeat=k))
             response_frames.append(r.assign(repeat=k))
+            if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
+                cut_sim = replay_run(run, sim_setup(run, profile), run_prompts(run), policy=with_real_cuts(run))
+                cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
         groups[name] = (float(np.mean(measured_groups)), float(np.mean(predicted_groups)))
@@ -79,6 +84,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     out = {"steps": steps, "steps_by_repeat": by_repeat, "responses": responses, "summary": fidelity_table(steps, responses, groups)}
     if spread["repeat"].nunique() > 1:
         out["noise"] = spread
+    if cut_frames:
+        out["real_cuts"], _ = median_over_repeats(pd.concat(cut_frames, ignore_index=True))
 
     base = runs.get("baseline", [None])[0]
     if counterfactual and base is not None and len(runs) > 1:
@@ -185,7 +192,7 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     if "stages" in out:
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
-    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"))
+    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"))
     return out
 
 
@@ -350,7 +357,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown, plot
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):
@@ -368,7 +375,8 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
             "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "anchored_median_ape_pct",
-            "anchored_p90_ape_pct", "speed_factor", "meets_goal", "meets_goal_anchored"]
+            "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct", "meets_goal",
+            "meets_goal_anchored"]
     s = frames["summary"]
     text += s[[c for c in cols if c in s]].to_string(float_format=lambda v: f"{v:.2f}")
     text += f"\nwritten to {out}/ (summary.csv, fidelity.md, steps.parquet, acted.parquet, validation.png, ...)"
