@@ -376,6 +376,15 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_from(folder) -> str:
+    """fidelity_markdown of a `lssim validate --out` folder's summary.csv (the README's table, regenerated without
+    replaying anything): `python -m lssim.fidelity real_backend/validation`."""
+    path = Path(folder) / "summary.csv"
+    if not path.is_file():
+        raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
+    return fidelity_markdown(pd.read_csv(path, index_col="policy"))
+
+
 def length_distance(measured: np.ndarray, modelled: np.ndarray) -> dict:
     """How far modelled response lengths are from measured ones: two-sample Kolmogorov-Smirnov statistic
     (and its p-value), Wasserstein-1 distance in tokens, and the two means."""
@@ -413,4 +422,10 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+
+
+if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder
+    import sys
+
+    print(markdown_from(sys.argv[1] if len(sys.argv) > 1 else "real_backend/validation"), end="")

@@ -173,8 +173,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
             frames["stages"] = stages(runs, profile, stages_dir / world, frames).assign(world=world).reset_index()
         base = runs.get("baseline", [])
         if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
-            anchored, _ = median_over_repeats(anchor_on_baseline(frames["steps_by_repeat"]))
-            frames["anchored"] = anchored.assign(speed_factor=anchor_on_baseline(frames["steps_by_repeat"]).attrs["speed_factor"])
+            scaled = anchor_on_baseline(frames["steps_by_repeat"])
+            frames["anchored"] = median_over_repeats(scaled)[0].assign(speed_factor=scaled.attrs["speed_factor"])
         for name, repeats in runs.items():
             if name == "baseline" or not base:
                 continue
@@ -354,7 +354,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
-    from lssim.fidelity import fidelity_markdown, plot
+    from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
 
     for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts"):
@@ -363,7 +363,12 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     for name in ("summary", "counterfactual", "stages"):
         if name in frames:
             atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
-    atomic_write(out / "validation.png", lambda p: plot(frames["steps"], p))
+    from lssim.plots import figure_png, sim_vs_real
+
+    atomic_write(out / "validation.png", lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["steps"]))))
+    if "anchored" in frames:  # the same steps with each world's speed level from its baseline
+        atomic_write(out / "validation_anchored.png",
+                     lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
     atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], profile)))
 
 
