@@ -114,8 +114,10 @@ def with_real_cuts(run: RecordedRun):
             super().on_finish(request, state)
 
         def end_rollout(self, state):
+            # The real cut: once the responses it ended have ended here, or as many (after an earlier step's cut
+            # fell elsewhere, the same set may never end in one step here).
             want = ended.get(state.step)
-            return bool(want) and want <= self._done
+            return bool(want) and (want <= self._done or state.responses_done >= len(want))
 
     return RealCuts()
 
