@@ -20,9 +20,10 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         (real_backend/run.py)
     lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
         time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
-    lssim validate [--policies A,B,...|all] [--runs DIR ...] [--profile JSON | --reprofile]
-                   [--repeats K] ... --out DIR [--overwrite]
-        record real runs (or take recorded ones), replay each in the simulator, report the error
+    lssim validate [--policies A,B,...|ci|all | --full] [--runs DIR ...] [--profile JSON | --reprofile]
+                   [--repeats K] [--json] ... --out DIR [--overwrite]
+        record real runs, each policy in a world where it acts (real_backend/validation_workloads.toml), or take
+        recorded ones; replay each in the simulator, report the error and how much each policy acted
         (real_backend/sim_vs_real.py, lssim.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
         turn a framework's rollout dump into an lssim trace (lssim.importers)
