@@ -20,11 +20,16 @@ it composes with anything (`seer+spec_tail`).
   Quality cost, stated: those tokens are not samples of the policy being trained; the simulator counts them
   (`speculated_tokens` in a run's meta) so a report can put the fraction beside the speedup.
 
+With `profile` (a measured speculation profile, real_backend/speculation_cpu.json), the engine's own step costs
+are priced instead (lssim.cost.SpeculativeCost with a SpecFit: the proposer's draft rate and length, the verify
+step's measured cost), alpha defaults to the measured one, and the factor is not capped at 1: vLLM speculates
+where it is slower too. `lssim validate` of the CPU engine needs it: `spec_tail(profile='real_backend/speculation_cpu.json')`.
+
 alpha is an assumption until measured: run the real engine with the same Speculation, read its acceptance
 counters, turn them into alpha (`Speculation.alpha_from_counts`) and replay with it,
 `lssim replay TRACE --policy "spec_tail(alpha=0.62)"`.
 
-Defaults: method="ngram", alpha=0.5, gamma=4, draft_cost=0.0, max_batch=32 (TLT's threshold), layer_fraction=0.5.
+Defaults: method="ngram", alpha=0.5 (or the profile's), gamma=4, draft_cost=0.0, max_batch=32 (TLT's threshold), layer_fraction=0.5.
 alpha=0.5 is a placeholder of the right order for n-gram drafting on reasoning text, not a measurement.
 
 Measured on the real backend (real_backend/README.md, "Speculative decoding"): vLLM's n-gram proposer
@@ -44,12 +49,19 @@ from lssim.policy import Policy, PolicyNeeds
 class SpecTail(Policy):
     name = "spec_tail"
 
-    def __init__(self, method: str = "ngram", alpha: float = 0.5, gamma: int = 4, draft_cost: float = 0.0,
-                 max_batch: int = 32, layer_fraction: float = 0.5):
+    def __init__(self, method: str = "ngram", alpha: float | None = None, gamma: int = 4, draft_cost: float = 0.0,
+                 max_batch: int = 32, layer_fraction: float = 0.5, profile: str | None = None):
+        if profile is not None:  # the engine's measured speculation (real_backend/measure_speculation.py)
+            from lssim.cost.speculative import MeasuredSpeculation, load_spec_fit
+
+            fit, measured = load_spec_fit(profile)
+            alpha = measured["fit"]["alpha"] if alpha is None else alpha
+        alpha = 0.5 if alpha is None else alpha
         self.method, self.alpha, self.gamma, self.draft_cost = method, alpha, gamma, draft_cost
-        self.max_batch, self.layer_fraction = max_batch, layer_fraction
-        self.speculation = Speculation(method=method, alpha=alpha, gamma=gamma, draft_cost=draft_cost,
-                                       max_batch=max_batch, layer_fraction=layer_fraction)
+        self.max_batch, self.layer_fraction, self.profile = max_batch, layer_fraction, profile
+        kw = dict(method=method, alpha=alpha, gamma=gamma, draft_cost=draft_cost, max_batch=max_batch,
+                  layer_fraction=layer_fraction)
+        self.speculation = Speculation(**kw) if profile is None else MeasuredSpeculation(**kw, fit=fit)
 
     def needs(self):
         return PolicyNeeds(speculation=self.speculation)

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from lssim.fidelity import load_run, plot
     from lssim.tables import format_fidelity
 
-    from .world import RealSetup, out_dir_problem, prepare
+    from .world import RealSetup, _vllm_on_cpu, out_dir_problem, prepare
 
     out = Path(args.out)
     if args.reprofile and args.runs:
@@ -174,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
                            max_tokens=args.max_tokens, seed=args.seed)
         setup = RealSetup(n_prompts=args.n_prompts)
         specs = _policy_specs(args.policies, available_policies, make_policy)
+        if _speculating(specs) and _vllm_on_cpu():  # vLLM's CPU build speculates correctly only greedily: all greedy
+            print("speculation on the CPU build: every policy runs greedy (temperature 0)", file=sys.stderr)
+            setup.temperature = 0.0
         for spec in specs:  # every policy checked before the engine starts
             prepare(setup, spec, config)
             problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
@@ -216,10 +219,13 @@ def _record(specs, setup, config, out: Path, repeats: int = 1, profile_to: str |
 
     from .world import prepare, run_real, start_engine
 
-    prompts, _ = prepare(setup, specs[0], config)
+    # One engine for every policy: started with the speculation a speculating policy asks for (vLLM fixes it at
+    # start), the others run on it with drafting switched off (VLLMEngine.allow_plain_runs).
+    prompts, _ = prepare(setup, next(iter(_speculating(specs)), specs[0]), config)
     t0 = time.monotonic()
     print("starting the vLLM engine ...", file=sys.stderr)
     engine = start_engine(setup, prompts, seed=config.seed)
+    engine.allow_plain_runs = True
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     runs = []
     try:
@@ -247,6 +253,13 @@ def _record(specs, setup, config, out: Path, repeats: int = 1, profile_to: str |
     finally:
         engine.close()
     return runs
+
+
+def _speculating(specs) -> list[str]:
+    """The specs whose policies ask the engine for speculation."""
+    from lssim.policy import make_policy
+
+    return [spec for spec in specs if make_policy(spec).needs().speculation is not None]
 
 
 def _policy_specs(text: str, available, make_policy) -> list[str]:
