@@ -44,7 +44,8 @@ def run_cell(engine, prompt_ids: list[int], max_tokens: int, limit: int, rid0: i
     """One batch with the proposer limited to `limit`: (its row, its engine steps, the responses' tokens).
     toggle_every: switch the proposer between `limit` and 0 every this many seconds (at the next token event), so
     speculating and plain steps alternate within the batch under the same load ("alt" cells)."""
-    engine.set_draft_limit(limit)
+    if engine.speculation is not None:
+        engine.set_draft_limit(limit)
     engine.set_progress_interval(1 if toggle_every else None)
     engine.reset_spec_counters()
     requests = [Request(rid=rid0 + i, group_id=rid0 + i, step=0, prompt_id=p, sample_idx=0,
@@ -63,7 +64,8 @@ def run_cell(engine, prompt_ids: list[int], max_tokens: int, limit: int, rid0: i
     counts = engine.spec_counters()
     steps = engine._spec.take_iterations()
     lengths = [len(r.tokens) for r in requests]
-    row = {"batch": len(requests), "mode": "alt" if toggle_every else ("on" if limit else "off"), "seconds": seconds, "tokens": sum(lengths),
+    mode = "plain" if engine.speculation is None else "alt" if toggle_every else ("on" if limit else "off")
+    row = {"batch": len(requests), "mode": mode, "prompts": list(prompt_ids), "seconds": seconds, "tokens": sum(lengths),
            "lengths": lengths, "engine_steps": counts["steps"], "drafts": counts["drafts"],
            "draft_tokens": counts["draft_tokens"], "accepted_tokens": counts["accepted_tokens"]}
     for prev, s in zip([{"time": t0}] + steps, steps):
@@ -96,10 +98,25 @@ def measure(engine, prompt_pool: list[int], batch_sizes, max_tokens: int, repeat
     return pd.DataFrame(cell_rows), pd.DataFrame(step_rows)
 
 
+def plain_check(engine, cells: pd.DataFrame, max_tokens: int) -> tuple[pd.DataFrame, dict]:
+    """The first repeat's cells again on an engine started WITHOUT speculation: what an engine started with it costs
+    even with drafting off (vLLM turns async scheduling off for n-gram speculation, among others)."""
+    rows = []
+    first = cells[(cells["mode"] == "off") & (cells["repeat"] == 0)]
+    for _, off in first.iterrows():
+        row, _, _ = run_cell(engine, list(off["prompts"]), max_tokens, 0, 10**6 + len(rows) * 1000)
+        rows.append({**row, "cell": off["cell"], "repeat": 0, "same_tokens": None})
+    plain = pd.DataFrame(rows)
+    figures = {"seconds_plain": float(plain["seconds"].sum()), "seconds_spec_engine_off": float(first["seconds"].sum()),
+               "cells": int(len(plain))}
+    figures["spec_engine_off_over_plain"] = figures["seconds_spec_engine_off"] / figures["seconds_plain"]
+    return plain, figures
+
+
 def summarize(cells: pd.DataFrame, steps: pd.DataFrame) -> dict:
     """Per batch size: makespans on and off, the speedup, acceptance; per running batch: step costs."""
     by_batch = {}
-    for b, g in cells.groupby("batch"):
+    for b, g in cells[cells["mode"].isin(["on", "off", "alt"])].groupby("batch"):
         on, off = g[g["mode"] == "on"], g[g["mode"] == "off"]
         drafts, accepted = int(on["drafts"].sum()), int(on["accepted_tokens"].sum())
         by_batch[int(b)] = {"seconds_on": float(on["seconds"].sum()), "seconds_off": float(off["seconds"].sum()),
@@ -192,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost-profile", default=str(Path(__file__).with_name("profile_cpu.json")), metavar="JSON",
                    help="the plain engine's cost model the speculation factors are relative to (lssim profile)")
+    p.add_argument("--plain-check", action="store_true",
+                   help="then the first repeat's cells on an engine started without speculation (one more engine start)")
     p.add_argument("--refit", action="store_true", help="no engine: fit the measurement already in --out again")
     args = p.parse_args(argv)
     if args.refit:
@@ -224,14 +243,28 @@ def main(argv=None) -> int:
                                progress=lambda s: print(s, file=sys.stderr, flush=True))
     finally:
         engine.close()
+    engine_off = None
+    if args.plain_check:
+        from dataclasses import replace
+
+        plain_engine = VLLMEngine(replace(config, speculation=None), prompts.prompt_tokens, None)
+        try:
+            run_cell(plain_engine, pool[:8], args.max_tokens, 0, 10**7)  # warm-up
+            plain, engine_off = plain_check(plain_engine, cells, args.max_tokens)
+        finally:
+            plain_engine.close()
+        cells = pd.concat([cells, plain], ignore_index=True)
+        print(f"engine started with speculation, drafting off, over a plain engine: {engine_off}", file=sys.stderr)
     out = Path(args.out)
     summary = {"kind": "speculation_profile", "engine": "vllm (VLLMEngine), n-gram proposer",
                "model": str(task.MODEL_DIR.name), "gamma": args.gamma, "ngram_lookup": list(config.ngram_lookup),
                "max_tokens": args.max_tokens, "repeats": args.repeats, "temperature": 0.0,
                "command": "python -m real_backend.measure_speculation " + " ".join(argv if argv is not None else sys.argv[1:]),
                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **summarize(cells, steps)}
+    summary["plain_engine"] = engine_off
+    write(out, summary, cells, steps)  # the measurement first: a fit that fails must not lose it (--refit later)
     summary["fit"] = fit_profile(cells, steps, args.gamma, args.cost_profile)
-    write(out, summary, cells, steps)
+    write(out, summary)
     report(summary)
     print(f"written to {out} (+ {files(out)['cells'].name}, {files(out)['iterations'].name})")
     return 0

@@ -247,17 +247,20 @@ def step_ratios(iterations):
     import pandas as pd
 
     d = _decode_only(iterations)
-    if (d["mode"] == "alt").any():
-        d = d[d["mode"] == "alt"]
-        kind = d["draft_tokens"].gt(0).map({True: "on", False: "off"})
-    else:
-        kind = d["mode"]
+    alt = d[d["mode"] == "alt"]
+    rows = _ratio_rows(alt, alt["draft_tokens"].gt(0).map({True: "on", False: "off"}))
+    if not rows:  # no alt cells, or none with both kinds of steps at one batch size
+        rows = _ratio_rows(d, d["mode"])
+    return pd.DataFrame(rows, columns=["n", "ratio", "weight"])
+
+
+def _ratio_rows(d, kind) -> list[dict]:
     rows = []
     for n, g in d.groupby("running"):
         on, off = g.loc[kind[g.index] == "on", "seconds"], g.loc[kind[g.index] == "off", "seconds"]
         if len(on) >= 3 and len(off) >= 3:
             rows.append({"n": int(n), "ratio": float(on.median() / off.median()), "weight": min(len(on), len(off))})
-    return pd.DataFrame(rows, columns=["n", "ratio", "weight"])
+    return rows
 
 
 def _fit_step_cost(ratios, base: CostModel, draft_rate: float, draft_len: float) -> tuple[float, float]:
