@@ -272,7 +272,7 @@ def _fit_step_cost(ratios, base: CostModel, draft_rate: float, draft_len: float)
     if len(ratios) == 0:
         raise ValueError("no running batch size with enough speculating and plain steps to fit the step cost to")
     probe = SpeculativeCost(base, Speculation(max_batch=1))  # only for its interpolated t(m)
-    n, logr, wt = ratios["n"].to_numpy(), np.log(ratios["ratio"].to_numpy(float)), ratios["weight"].to_numpy(float)
+    n, logr, wt = ratios["n"].to_numpy(), np.log(ratios["ratio"].to_numpy(float)), np.sqrt(ratios["weight"].to_numpy(float))
     best = None
     for w in np.linspace(0.0, 3.0, 301):
         shape = np.log([probe._t(k * (1.0 + w * draft_rate * draft_len)) / probe._t(k) for k in n])
