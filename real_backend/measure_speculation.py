@@ -160,7 +160,7 @@ def fit_profile(cells: pd.DataFrame, steps: pd.DataFrame, gamma: int, cost_profi
     fit, info = fit_speculation(cells, steps, base, gamma)
     out = {"params": asdict(fit), "alpha": info["alpha"], "accepted_per_draft": info["accepted_per_draft"],
            "cost_profile": str(cost_profile), "ratios": info["ratios"], "in_sample": info["cells"],
-           "in_sample_error_points": info["speedup_error_points"]}
+           "in_sample_error_points": info["speedup_error_points"], "step_ratio_held_out": info["step_ratio_held_out"]}
     last = int(cells["repeat"].max())
     if last > 0:
         train = cells.loc[cells["repeat"] < last, "cell"].unique()
@@ -197,6 +197,12 @@ def report(summary: dict) -> None:
         for c in fit["held_out"]["cells"]:
             print(f"  held-out cell {c['cell']} batch {c['batch']}: measured {c['measured']:.3f}, predicted {c['predicted']:.3f}")
         print(f"  held-out speedup error (points): {fit['held_out']['error_points']}")
+    loo = fit.get("step_ratio_held_out")
+    if loo:
+        for r in loo["points"]:
+            print(f"  step cost at n={r['n']:2d} (left out): measured {r['measured']:.3f}x, predicted {r['predicted']:.3f}x "
+                  f"({r['error_pct']:+.1f}%, {r['weight']} steps)")
+        print(f"  left-out batch sizes: median |error| {loo['median_abs_pct']:.1f}%, p90 {loo['p90_abs_pct']:.1f}%")
 
 
 def main(argv=None) -> int:

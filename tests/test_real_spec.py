@@ -121,3 +121,4 @@ def test_tlt_real_run_switches_the_proposer_and_records_its_decisions(spec_engin
     assert result.responses["reward"].mean() > 0.2  # greedy speculation is lossless
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["status"] == "finished" and meta["speculation"]["drafts"] >= second["drafts"]
+    assert meta["speculation"]["decisions"] == [first, second]

@@ -302,6 +302,27 @@ def predicted_speedup(cost: SpeculativeCost, lengths, prompt_len: int = 7) -> fl
     return plain / spec
 
 
+def _leave_one_batch_out(ratios, base: CostModel, acc: dict) -> dict:
+    """The step-cost model's error on each running batch size it was not fitted on: fitted to the others, its
+    speculating-over-plain step ratio at the one left out against the measured (percent)."""
+    import numpy as np
+
+    probe = SpeculativeCost(base, Speculation(max_batch=1))
+    rows = []
+    for i, row in ratios.iterrows():
+        rest = ratios.drop(index=i)
+        if len(rest) < 2:
+            continue
+        overhead, w = _fit_step_cost(rest, base, acc["draft_rate"], acc["draft_len"])
+        n = int(row["n"])
+        predicted = (1 + overhead) * probe._t(n * (1 + w * acc["draft_rate"] * acc["draft_len"])) / probe._t(n)
+        rows.append({"n": n, "measured": float(row["ratio"]), "predicted": float(predicted), "weight": int(row["weight"]),
+                     "error_pct": float(100 * (predicted / row["ratio"] - 1))})
+    err = np.abs([r["error_pct"] for r in rows])
+    return {"points": rows, "median_abs_pct": float(np.median(err)) if len(rows) else None,
+            "p90_abs_pct": float(np.percentile(err, 90)) if len(rows) else None}
+
+
 def fit_speculation(cells, iterations, base: CostModel, gamma: int, train=None) -> tuple[SpecFit, dict]:
     """Fit a SpecFit to measure_speculation.py's frames; `train` (cell ids) fits on those cells only. Returns the fit
     and what it rests on: the acceptance figures, the step ratios, and per cell not in `train` (all if None) the
@@ -323,5 +344,6 @@ def fit_speculation(cells, iterations, base: CostModel, gamma: int, train=None) 
                      "predicted": predicted_speedup(cost, list(on["lengths"]))})
     errors = np.array([r["predicted"] - r["measured"] for r in rows]) * 100
     return fit, {**acc, "ratios": ratios.to_dict(orient="records"), "cells": rows,
+                 "step_ratio_held_out": _leave_one_batch_out(ratios, base, acc),
                  "speedup_error_points": {"median_abs": float(np.median(np.abs(errors))) if len(rows) else None,
                                           "max_abs": float(np.max(np.abs(errors))) if len(rows) else None}}
