@@ -34,10 +34,17 @@ alpha=0.5 is a placeholder of the right order for n-gram drafting on reasoning t
 
 Measured on the real backend (real_backend/README.md, "Speculative decoding"): vLLM's n-gram proposer
 (lookup 1-4, gamma 4) on the reference model's Collatz traces, greedy (vLLM 0.32's CPU build does not sample
-correctly with speculation at temperature 1): alpha = 0.18 (3 RL steps, max_batch 32) and 0.21 (always on);
-5.5-6.8% of drafted tokens accepted. The CPU rollout was 2.2x slower with it; the simulator with alpha 0.18
-and the profiled CPU cost model predicts 1.008x faster. On the real backend only "ngram" runs (vLLM has no
-layer skip; no draft model is wired in).
+correctly with speculation at temperature 1): alpha = 0.18-0.21, 5.5-6.8% of drafted tokens accepted. The CPU
+rollout was 2.2x slower with it while the idealized model (capped at 1, verify priced as a bigger batch)
+predicted 1.008x faster. real_backend/measure_speculation.py measured what goes into it
+(real_backend/speculation_cpu.json; together ~1.5x of the 2.2x, the rest unexplained on a noisy machine):
+a speculating step costs 1.11x a plain one at 1 running sequence and 1.42x at 32 (verify of ~3.5 drafted tokens
+per sequence plus the proposer and rejection sampler), and yields 1.21 tokens per sequence (89% of
+sequence-steps draft, 0.24 accepted per draft): ~9% faster at batch 1, 20% slower at 32; and an engine started
+with speculation is ~1.26x slower even with drafting off (vLLM turns async scheduling off for n-gram
+speculation). `spec_tail(profile='real_backend/speculation_cpu.json')` prices the first (lssim validate on
+this CPU: measured 0.94x, predicted 0.95x); the second is a property of the engine both the baseline and the
+policy ran on there. On the real backend only "ngram" runs (vLLM has no layer skip; no draft model is wired in).
 """
 
 from __future__ import annotations
