@@ -41,8 +41,8 @@ predicted 1.008x faster. real_backend/measure_speculation.py measured what goes 
 a speculating step costs 1.11x a plain one at 1 running sequence and 1.42x at 32 (verify of ~3.5 drafted tokens
 per sequence plus the proposer and rejection sampler), and yields 1.21 tokens per sequence (89% of
 sequence-steps draft, 0.24 accepted per draft): ~9% faster at batch 1, 20% slower at 32; and an engine started
-with speculation is ~1.26x slower even with drafting off (vLLM turns async scheduling off for n-gram
-speculation). `spec_tail(profile='real_backend/speculation_cpu.json')` prices the first (lssim validate on
+with speculation is ~1.26x slower even with drafting off (one noisy measurement; among what changes, vLLM
+turns async scheduling off for n-gram speculation). `spec_tail(profile='real_backend/speculation_cpu.json')` prices the first (lssim validate on
 this CPU: measured 0.94x, predicted 0.95x); the second is a property of the engine both the baseline and the
 policy ran on there. On the real backend only "ngram" runs (vLLM has no layer skip; no draft model is wired in).
 """

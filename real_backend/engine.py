@@ -20,7 +20,12 @@ vLLM's n-gram (prompt-lookup) proposer, configured at engine start (vLLM cannot 
 with speculation needs an engine started with the same one (`set_speculation` checks; world.prepare puts the
 policy's speculation into RealSetup so start_engine starts the right engine). `max_batch` maps onto vLLM
 0.32's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`): gamma drafted tokens while the
-scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not). The engine counts vLLM's spec-decode stats through a stat logger
+scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not).
+Within that, `set_draft_limit(n)` switches drafting off above n running requests (0: off) from the next engine step
+on, by limiting the proposer inside the workers (spec_stats.limit_drafts): a policy's live switch
+(lssim.cost.speculative.SpeculationSwitch, policies/tlt.py) is followed at every submit and next_events. A run
+without speculation on such an engine is refused unless `allow_plain_runs` (then drafting is off; the engine keeps
+what vLLM changed at start for speculation, measured ~1.26x slower than a plain engine). The engine counts vLLM's spec-decode stats through a stat logger
 (drafts, drafted and accepted tokens): `spec_counters()`, `reset_spec_counters()`. Only "ngram" is possible:
 a draft model is not wired in and vLLM has no layer skip. On vLLM 0.32's CPU build speculation samples
 wrongly at temperature > 0 (measured: degenerate text, reward 0), so the engine refuses it there unless the
