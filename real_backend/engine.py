@@ -20,7 +20,12 @@ vLLM's n-gram (prompt-lookup) proposer, configured at engine start (vLLM cannot 
 with speculation needs an engine started with the same one (`set_speculation` checks; world.prepare puts the
 policy's speculation into RealSetup so start_engine starts the right engine). `max_batch` maps onto vLLM
 0.32's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`): gamma drafted tokens while the
-scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not). The engine counts vLLM's spec-decode stats through a stat logger
+scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not).
+Within that, `set_draft_limit(n)` switches drafting off above n running requests (0: off) from the next engine step
+on, by limiting the proposer inside the workers (spec_stats.limit_drafts): a policy's live switch
+(lssim.cost.speculative.SpeculationSwitch, policies/tlt.py) is followed at every submit and next_events. A run
+without speculation on such an engine is refused unless `allow_plain_runs` (then drafting is off; the engine keeps
+what vLLM changed at start for speculation, measured ~1.26x slower than a plain engine). The engine counts vLLM's spec-decode stats through a stat logger
 (drafts, drafted and accepted tokens): `spec_counters()`, `reset_spec_counters()`. Only "ngram" is possible:
 a draft model is not wired in and vLLM has no layer skip. On vLLM 0.32's CPU build speculation samples
 wrongly at temperature > 0 (measured: degenerate text, reward 0), so the engine refuses it there unless the
@@ -56,7 +61,7 @@ from lssim.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_ent
 
 from . import weights
 from .engine_config import VLLMConfig, engine_args
-from .spec_stats import SpecCounts, make_spec_logger_class
+from .spec_stats import ALWAYS, SpecCounts, limit_drafts, make_spec_logger_class
 
 
 # vLLM configures its logging when it is first imported: logs go to stderr (stdout is for the run's own
@@ -101,6 +106,11 @@ class VLLMEngine:
         self.observers: list[Callable[[Request, str], None]] = []  # told (request, "finished"|"aborted") as responses end
         self.weight_version = 0
         self._spec = SpecCounts()
+        self._switch = None  # a policy's live speculation switch (set_speculation)
+        # A run without speculation on an engine started with it: refused unless set (then drafting is switched off;
+        # what vLLM changes for speculation at start stays, e.g. no async scheduling: not a plain engine's timing).
+        self.allow_plain_runs = False
+        self._draft_limit: int | None = None  # the proposer's batch limit pushed into the workers (set_draft_limit)
         self._interval: int | None = None
         self._keys = itertools.count()
         self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
@@ -150,10 +160,37 @@ class VLLMEngine:
         def key(s):
             return None if s is None else (s.method, s.gamma, s.max_batch)
 
+        if speculation is None and self.speculation is not None and self.allow_plain_runs:
+            self._switch = None
+            self.set_draft_limit(0)  # a plain run on this engine: no drafts (but vLLM's speculative setup stays)
+            return
         if key(speculation) != key(self.speculation):
             raise ValueError(f"this vLLM engine was started with speculation {self.speculation}, the run asks for "
                              f"{speculation}: start an engine with it (VLLMEngine(speculation=...); world.prepare and "
                              f"start_engine do it for `lssim real`)")
+        # A policy that switches speculation while the run goes (policies/tlt.py) hands a live switch with it
+        # (lssim.cost.speculative.AdaptiveSpeculation): its max_batch is pushed into the workers' proposer whenever
+        # it changes (`set_draft_limit`), and it reads this engine's counters to measure the acceptance.
+        self._switch = getattr(speculation, "switch", None)
+        if self._switch is not None:
+            self._switch.counters = self.spec_counters
+        if speculation is not None:
+            self.set_draft_limit(self._switch.max_batch if self._switch is not None else ALWAYS)
+
+    def set_draft_limit(self, max_batch: int) -> None:
+        """Draft only while an engine step's batch holds at most `max_batch` requests (0: no drafts at all), from the
+        next engine step on, within vLLM's own per-batch-size table (spec_stats.limit_drafts). Needs an engine started
+        with speculation; a cheap RPC, skipped when the limit is already set."""
+        if self.speculation is None:
+            raise ValueError("this vLLM engine was started without speculation: there are no drafts to limit")
+        if max_batch != self._draft_limit:
+            if not limit_drafts(self._llm, self._call, max_batch):
+                raise EngineError("vLLM's model runner has no proposer to limit (speculation not configured?)")
+            self._draft_limit = max_batch
+
+    def _follow_switch(self) -> None:
+        if self._switch is not None:
+            self.set_draft_limit(self._switch.max_batch)
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters since the last reset: drafts (request-steps that drafted), draft_tokens,
@@ -200,6 +237,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        self._follow_switch()
         batch = []
         now = self.now()
         for r in requests:
@@ -278,6 +316,7 @@ class VLLMEngine:
     def next_events(self) -> list[Event]:
         """Blocks until at least one request finished or passed a progress checkpoint, or a timer (wake_at) went off;
         [] when none is in flight and no timer is set."""
+        self._follow_switch()  # a policy may have switched speculation since the last events
         while self._live or self._timers:
             woke = self._due_timer()
             if woke is not None:

@@ -259,7 +259,10 @@ def _plan(args, table) -> list[tuple]:
             raise ValueError(f"--policies: unknown policy {name!r} (known: {', '.join(available_policies())})")
         plan.setdefault(w.world.name, (w.world, [("baseline", "baseline")]))[1].append((w.name, w.spec))
     for world, specs in plan.values():
-        setup = _world_setup(world, args)
+        greedy = _greedy(specs)
+        if greedy:
+            print(f"world {world.name}: speculation on the CPU build, every policy in it runs greedy", file=sys.stderr)
+        setup = _world_setup(world, args, greedy)
         config = _world_config(world, args)
         for name, spec in specs:
             prepare(setup, spec, config)
@@ -275,11 +278,29 @@ def out_path(out, world: str, spec: str) -> Path:
     return Path(out) / "real" / world / policy_dirname(spec)
 
 
-def _world_setup(world, args):
+def _world_setup(world, args, greedy: bool = False):
     from .world import RealSetup
 
     n_prompts = args.n_prompts if args.n_prompts is not None else world.n_prompts
-    return RealSetup(n_prompts=n_prompts, n_instances=world.n_instances)
+    setup = RealSetup(n_prompts=n_prompts, n_instances=world.n_instances)
+    if greedy:
+        setup.temperature = 0.0
+    return setup
+
+
+def _speculating(specs) -> list[str]:
+    """The specs whose policies ask the engine for speculation."""
+    from lssim.policy import make_policy
+
+    return [spec for spec in specs if make_policy(spec).needs().speculation is not None]
+
+
+def _greedy(specs: list[tuple]) -> bool:
+    """vLLM's CPU build speculates correctly only greedily: in a world where a policy speculates, all run greedy
+    (its baseline included, on the same engine with drafting off)."""
+    from .world import _vllm_on_cpu
+
+    return bool(_speculating([spec for _, spec in specs])) and _vllm_on_cpu()
 
 
 def _world_config(world, args):
@@ -293,9 +314,11 @@ def _record(plan: list[tuple], args, out: Path, profile_to: str | None = None) -
     within an engine (every run once, then every run again): the machine's speed drifts over minutes, and drift
     must reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the first
     engine started (one instance) is profiled before its runs (real_backend.profile.profile_engine)."""
-    by_engine: dict[int, list[tuple]] = {}
+    by_engine: dict[tuple, list[tuple]] = {}
     for world, specs in sorted(plan, key=lambda p: p[0].n_instances):
-        by_engine.setdefault(world.engine_key(), []).append((world, specs))
+        # vLLM fixes speculation at engine start and a speculating engine is slower even with drafting off: worlds
+        # with a speculating policy get an engine of their own.
+        by_engine.setdefault((world.engine_key(), _greedy(specs)), []).append((world, specs))
     runs = []
     for worlds in by_engine.values():
         runs += _record_on_one_engine(worlds, args, out, profile_to)
@@ -314,12 +337,19 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     from .world import RealSetup, prepare, run_real, start_engine
 
     first = worlds[0][0]
+    greedy = _greedy(worlds[0][1])
     engine_setup = RealSetup(n_instances=first.n_instances)  # the whole pool: a world's smaller pool is a subset
+    if greedy:
+        engine_setup.temperature = 0.0
     config = _world_config(first, args)
-    prompts, _ = prepare(engine_setup, "baseline", config)
+    # One engine for every policy: started with the speculation a speculating policy asks for (vLLM fixes it at
+    # start), the others run on it with drafting switched off (VLLMEngine.allow_plain_runs).
+    speculating = _speculating([spec for _, specs in worlds for _, spec in specs])
+    prompts, _ = prepare(engine_setup, speculating[0] if speculating else "baseline", config)
     t0 = time.monotonic()
     print(f"starting the vLLM engine ({first.n_instances} instance(s)) ...", file=sys.stderr)
     engine = start_engine(engine_setup, prompts, seed=args.seed)
+    engine.allow_plain_runs = True
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     runs = []
     try:
@@ -337,7 +367,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": engine_setup.model_dir})
         for k in range(args.repeats):
             for world, specs in worlds:
-                setup, config = _world_setup(world, args), _world_config(world, args)
+                setup, config = _world_setup(world, args, _greedy(specs)), _world_config(world, args)
                 for name, spec in specs:
                     prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
                     folder = out_path(out, world.name, spec) / f"repeat{k}"

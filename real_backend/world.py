@@ -189,13 +189,13 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         previous = controller.on_step
 
         def on_step(row: dict) -> None:  # the measured acceptance rate so far, in meta.json at every step
-            recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
+            recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
             previous(row)
 
         controller.on_step = on_step
     result = _run_recorded(controller, recorder, engine, first)
     if spec is not None:
-        recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters())
+        recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
     result.meta.update(recorder.meta)
     return result
@@ -281,7 +281,7 @@ def _old_meta(out: Path) -> dict:
         return {}
 
 
-def speculation_meta(spec: Speculation, counts: dict) -> dict:
+def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
     """What a run's meta.json says about speculation: the setting, vLLM's counters and the acceptance rate.
 
     alpha: `Speculation.alpha_from_counts(drafts, accepted_tokens, gamma)`, the per-token acceptance that gives
@@ -289,13 +289,17 @@ def speculation_meta(spec: Speculation, counts: dict) -> dict:
     accepted with probability alpha until the first rejection). The n-gram proposer drafts fewer than gamma
     tokens, or none, when its lookup finds no match, so two more figures: `token_acceptance` (accepted over
     drafted tokens, vLLM's "draft acceptance rate") and `tokens_per_step` (tokens generated per engine step).
+    A policy that switches speculation while it runs (policies/tlt.py) adds its `decisions` (one per step).
     """
     drafts, accepted = counts["drafts"], counts["accepted_tokens"]
     alpha = Speculation.alpha_from_counts(drafts, accepted, spec.gamma) if drafts > 0 else None
-    return {"method": spec.method, "gamma": spec.gamma, "max_batch": spec.max_batch, "alpha": alpha,
+    meta = {"method": spec.method, "gamma": spec.gamma, "max_batch": spec.max_batch, "alpha": alpha,
             "token_acceptance": accepted / counts["draft_tokens"] if counts["draft_tokens"] else None,
             "mean_draft_len": counts["draft_tokens"] / drafts if drafts else None,
             "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
+    if isinstance(getattr(policy, "decisions", None), list):
+        meta["decisions"] = list(policy.decisions)
+    return meta
 
 
 def _vllm_on_cpu() -> bool:

@@ -101,3 +101,24 @@ def test_spec_tail_real_run(spec_engine, real_model_dir, tmp_path):
 def test_engine_refuses_a_run_with_other_speculation(spec_engine):
     with pytest.raises(ValueError, match="started with speculation"):
         spec_engine.set_speculation(None)
+
+
+@pytest.mark.real
+def test_tlt_real_run_switches_the_proposer_and_records_its_decisions(spec_engine, real_model_dir, tmp_path):
+    """tlt on the engine spec_tail's test started (gamma 4, max_batch 8): a confident prior speculates at every batch
+    up to 8 in step 0; step 1 decides from what the engine counted (this model's n-gram drafts are rarely right)."""
+    from real_backend.world import run_real
+
+    policy = "tlt(alpha=0.9, prior_drafts=1, max_batch=8)"
+    setup, config, prompts, built = _prepare(real_model_dir, policy, temperature=0.0)
+    result = run_real(setup, built, config, tmp_path / "run", engine=spec_engine, prompts=prompts)
+    first, second = built.decisions
+    assert (first["step"], second["step"]) == (0, 1)
+    assert first["max_batch"] == 8 and first["drafts"] == 0  # the prior's decision, nothing measured yet
+    assert second["drafts"] > 0 and second["accepted_tokens"] <= 4 * second["drafts"]
+    assert second["alpha"] < 0.6 and second["max_batch"] < first["max_batch"]  # measured acceptance: speculate less
+    assert spec_engine._draft_limit == built.switch.max_batch == second["max_batch"]  # the engine followed the switch
+    assert result.responses["reward"].mean() > 0.2  # greedy speculation is lossless
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["speculation"]["drafts"] >= second["drafts"]
+    assert meta["speculation"]["decisions"] == [first, second]
