@@ -16,7 +16,7 @@ from dataclasses import fields
 import pandas as pd
 
 from .core import Group, GroupSpec, Request
-from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome
+from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome, TrainMask
 
 
 class PolicyCheckError(AssertionError):
@@ -139,6 +139,12 @@ class _Checked(Policy):
 
     def end_step(self, outcome: StepOutcome):
         self.inner.end_step(outcome)
+
+    def train_mask(self, batch):
+        mask = self.inner.train_mask(batch)
+        if mask is not None and not isinstance(mask, TrainMask):
+            self._fail("train_mask", f"must return an lssim.policy.TrainMask or None, got {type(mask).__name__}")
+        return None if mask is None else mask.check(batch, f"{self.inner.name}.train_mask")  # takes away, never adds
 
 
 def check_policy(policy: Policy, steps: int = 6, seed: int = 0) -> dict:

@@ -114,6 +114,11 @@ class Controller:
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
+        if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
+            if not hasattr(trainer, "set_train_mask"):
+                raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
+                                 f"{type(trainer).__name__} cannot do (no set_train_mask)")
+            trainer.set_train_mask(policy.train_mask)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:

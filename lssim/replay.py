@@ -252,4 +252,20 @@ def end_to_end(res: RunResult) -> dict:
         "stale_token_fraction": sum(v for k, v in histogram.items() if k > 0) / max(1, sum(histogram.values())),
         "dropped_stale": int(s["dropped_stale"].sum()),
         "trained_tokens_per_second": trained_tokens / wall if wall > 0 else float("nan"),
+        **pruning_summary(s),
     }
+
+
+def pruning_summary(s: pd.DataFrame) -> dict:
+    """What a training-side policy (Policy.train_mask) pruned over the run: the share of loss tokens it took out,
+    the share of tokens the trainer still computed, and the train seconds that saved (the simulator prices both;
+    NaN on a real run, which trains only the pruned batch: real_backend/measure_pruning.py measures the saving).
+    Empty for a run without one."""
+    if "trainer_loss_tokens_before" not in s:
+        return {}
+    total = {k: float(s[f"trainer_{k}"].sum()) for k in ("loss_tokens_before", "loss_tokens_after", "forward_tokens_before",
+                                                         "forward_tokens_after")}
+    saved = s["trainer_pruning_saved_seconds"].sum() if "trainer_pruning_saved_seconds" in s else float("nan")
+    return {"pruned_loss_fraction": 1 - total["loss_tokens_after"] / total["loss_tokens_before"] if total["loss_tokens_before"] else 0.0,
+            "computed_token_fraction": total["forward_tokens_after"] / total["forward_tokens_before"] if total["forward_tokens_before"] else 1.0,
+            "train_seconds_saved": float(saved)}
