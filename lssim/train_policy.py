@@ -57,21 +57,22 @@ def sim_batch(groups, step: int, signal_only: bool = False) -> TrainBatch:
 def measured_mask(batch: TrainBatch, computed_fraction: float, pruned_fraction: float) -> TrainMask:
     """Counts for a batch without tokens: `pruned_fraction` of each sequence's loss tokens pruned, and the forward
     cut to `computed_fraction` of the batch's prompt + response tokens, taken from the responses' suffixes in
-    proportion to their lengths (rounded down: never more than measured)."""
+    proportion to their lengths (rounded down: never more than measured), each keeping at least one response token
+    (a share below the prompts' cannot be met by cutting responses)."""
     if not 0 < computed_fraction <= 1 or not 0 <= pruned_fraction <= 1:
         raise ValueError(f"computed_fraction must be in (0, 1] and pruned_fraction in [0, 1], got "
                          f"{computed_fraction}, {pruned_fraction}")
     resp = np.asarray(batch.response_len, dtype=np.int64)
     total, responses = int((batch.prompt_len + resp).sum()), int(resp.sum())
-    cut = min(responses, int((1.0 - computed_fraction) * total))
+    cut = min(responses - len(resp), int((1.0 - computed_fraction) * total))  # each keeps a token: none is dropped
     per_seq = (resp * cut) // responses if responses else np.zeros_like(resp)
     computed = resp - per_seq
     loss = np.minimum(np.round((1.0 - pruned_fraction) * batch.loss_before()).astype(np.int64), computed)
     return TrainMask.from_counts(computed, loss)
 
 
-def read_measurement(path, variant: str) -> dict:
-    """One variant of a PruningMeasurement JSON (real_backend/measure_pruning.py); ValueError naming the file."""
+def _load(path) -> dict:
+    """A PruningMeasurement JSON (real_backend/measure_pruning.py); ValueError naming the file."""
     try:
         payload = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -80,24 +81,20 @@ def read_measurement(path, variant: str) -> dict:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(payload, dict) or payload.get("kind") != "PruningMeasurement":
         raise ValueError(f"{path}: not a pruning measurement (missing kind='PruningMeasurement')")
-    variants = payload.get("variants") or {}
-    if variant not in variants:
-        raise ValueError(f"{path}: no variant {variant!r}; measured: {sorted(variants)}")
-    return {**variants[variant], "command": payload.get("command", "")}
+    return payload
 
 
 def measured_fractions(path, method: str, settings: dict) -> tuple[float, float]:
     """(computed_token_fraction, pruned_loss_fraction) of the measured variant with exactly these settings
     (`method` and e.g. fraction, compact); ValueError listing what was measured when none matches."""
-    try:
-        variants = json.loads(Path(path).read_text()).get("variants") or {}
-    except (OSError, ValueError, AttributeError):
-        variants = {}
+    variants = _load(path).get("variants") or {}
     for name, v in variants.items():
         measured = v.get("settings") or {}
         if measured.get("method") == method and all(measured.get(k) == val for k, val in settings.items()):
-            v = read_measurement(path, name)
-            return float(v["computed_token_fraction"]), float(v["pruned_loss_fraction"])
+            try:
+                return float(v["computed_token_fraction"]), float(v["pruned_loss_fraction"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: variant {name!r}: {exc!r}") from None
     raise ValueError(f"{path}: no measurement of {method} with {settings} (measured: "
                      f"{[v.get('settings') for v in variants.values()]}); in the simulator give computed_fraction= "
                      f"(and pruned_fraction=) yourself, or measure it: `{MEASURE_COMMAND}` with those settings")
