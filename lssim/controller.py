@@ -111,6 +111,7 @@ class Controller:
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
+        self._bridges = policy.overrides("bridge")
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
@@ -236,7 +237,11 @@ class Controller:
             if not all(r.done for r in members):
                 self._waiting_groups[gid] = members
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
-        train_metrics = self.trainer.train(trained, step) if trained else {}
+        # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
+        # them, the books do not (they are not trained groups: they train, whole, once their members end).
+        bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
+            if self._bridges else []
+        train_metrics = self.trainer.train(trained + bridged, step) if trained or bridged else {}
         timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)
         self.groups_trained += len(trained) + left_out
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,

@@ -22,9 +22,13 @@ Hooks, in the order the controller calls them during a step, and the rule that c
     on_unfinished(request) -> "carry"|"drop"   carried if any policy carries it
     select(groups, step) -> list[Group]        chained left to right: what goes to training (groups, subsets
                                                of groups, or copies whose rewards are reshaped; never mutated)
-    train_mask(batch) -> TrainMask | None      asked by the trainer for the selected sequences: which response
-                                               tokens stay in the loss and which the forward still runs over;
-                                               composed: a token is trained only if every member keeps it
+    bridge(open_groups, step) -> list[Group]   groups still waiting for carried members, offered after select:
+                                               copies the trainer trains now beside the selected ones, carried
+                                               members' rewards a bootstrapped value (segment's value bridging);
+                                               composed: the first member that bridges any
+    train_mask(batch) -> TrainMask | None      asked by the trainer for the selected (and bridged) sequences:
+                                               which response tokens stay in the loss and which the forward still
+                                               runs over; composed: a token is trained only if every member keeps it
     end_step(outcome)                          every policy is told; this is where policies remember
 
 Declarations, read once before the first step (not hooks):
@@ -44,7 +48,7 @@ in `april+vade` APRIL asks for twice the groups and VADE chooses which prompts f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -150,11 +154,12 @@ class TrainBatch:
     group: np.ndarray  # int64, per sequence: its group's index in the selected batch
     logprobs: tuple[np.ndarray, ...] | None = None  # per sequence, float per response token
     in_loss: tuple[np.ndarray, ...] | None = None  # per sequence, bool per response token (None: all in the loss)
+    rid: np.ndarray | None = None  # int64 per sequence: its request's id (which response it is)
 
     def __post_init__(self):
         n = len(self.response_len)
-        for name in ("prompt_len", "advantage", "group"):
-            if len(getattr(self, name)) != n:
+        for name in ("prompt_len", "advantage", "group", "rid"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries for {n} sequences")
         for name in ("logprobs", "in_loss"):
             per_token = getattr(self, name)
@@ -185,9 +190,10 @@ class TrainMask:
     computed: np.ndarray  # int64, per sequence
     loss_tokens: np.ndarray  # int64, per sequence
     keep: tuple[np.ndarray, ...] | None = None  # per sequence, bool per response token
+    notes: dict = field(default_factory=dict)  # counts the policy reports in the step's row (e.g. bridged_tokens)
 
     @staticmethod
-    def from_keep(keep, compact: bool = True) -> "TrainMask":
+    def from_keep(keep, compact: bool = True, notes: dict | None = None) -> "TrainMask":
         """From exact per-token masks; `compact`: cut each sequence after its last kept token (a sequence with
         none leaves the batch); otherwise only mask (the forward runs over everything: saves nothing)."""
         keep = tuple(np.asarray(k, dtype=bool) for k in keep)
@@ -196,11 +202,11 @@ class TrainMask:
             computed = _last_kept(keep)
         else:
             computed = np.array([len(k) for k in keep], dtype=np.int64)
-        return TrainMask(computed, loss, keep)
+        return TrainMask(computed, loss, keep, dict(notes or {}))
 
     @staticmethod
-    def from_counts(computed, loss_tokens) -> "TrainMask":
-        return TrainMask(np.asarray(computed, dtype=np.int64), np.asarray(loss_tokens, dtype=np.int64))
+    def from_counts(computed, loss_tokens, notes: dict | None = None) -> "TrainMask":
+        return TrainMask(np.asarray(computed, dtype=np.int64), np.asarray(loss_tokens, dtype=np.int64), notes=dict(notes or {}))
 
     def check(self, batch: TrainBatch, who: str = "train_mask") -> "TrainMask":
         """This mask, if it only takes away from `batch`; ValueError naming `who` otherwise."""
@@ -228,7 +234,7 @@ class TrainMask:
                 "forward_tokens_before": fwd_before, "forward_tokens_after": fwd_after,
                 "pruned_loss_fraction": 1 - loss_after / loss_before if loss_before else 0.0,
                 "computed_token_fraction": fwd_after / fwd_before if fwd_before else 1.0,
-                "sequences_dropped": int((self.computed == 0).sum())}
+                "sequences_dropped": int((self.computed == 0).sum()), **self.notes}
 
 
 def _last_kept(keep: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -243,15 +249,16 @@ def intersect_masks(masks: list[TrainMask]) -> TrainMask:
     sequence, the smallest counts (each member's counts bound the composition's)."""
     if len(masks) == 1:
         return masks[0]
+    notes = {k: v for m in masks for k, v in m.notes.items()}
     if all(m.keep is not None for m in masks):
         keep = tuple(np.logical_and.reduce(ks) for ks in zip(*(m.keep for m in masks)))
         loss = np.array([int(k.sum()) for k in keep], dtype=np.int64)
         compacts = any(np.array_equal(m.computed, _last_kept(m.keep)) for m in masks)
         computed = _last_kept(keep) if compacts else np.minimum.reduce([m.computed for m in masks])
-        return TrainMask(computed, loss, keep)
+        return TrainMask(computed, loss, keep, notes)
     computed = np.minimum.reduce([m.computed for m in masks])
     loss = np.minimum(np.minimum.reduce([m.loss_tokens for m in masks]), computed)
-    return TrainMask(computed, loss)
+    return TrainMask(computed, loss, notes=notes)
 
 
 class Policy:
@@ -294,6 +301,12 @@ class Policy:
     def end_step(self, outcome: StepOutcome) -> None:
         return None
 
+    def bridge(self, open_groups: list[Group], step: int) -> list[Group]:
+        """Groups to train now although some members are still carried (open: waiting for them): copies whose
+        members' rewards are what the trainer takes as each one's return (a carried member's: a bootstrapped value).
+        Which of their tokens are trained is this policy's `train_mask`; none: nothing is bridged."""
+        return []
+
     def train_mask(self, batch: TrainBatch) -> TrainMask | None:
         """Which of `batch`'s tokens are trained (TrainMask); None: all of them. Asked once per step by the trainer,
         after `select`, before the log-prob recompute and the update, so what is pruned is never computed."""
@@ -320,7 +333,7 @@ class Policy:
 _RANK = {"stop": 0, "carry": 1, "requeue": 2}  # which on_progress answer wins when policies disagree
 
 HOOKS = ("plan", "priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select", "end_step",
-         "train_mask")
+         "bridge", "train_mask")
 
 
 class Compose(Policy):
@@ -396,6 +409,13 @@ class Compose(Policy):
     def end_step(self, outcome):
         for p in self._by_hook["end_step"]:
             p.end_step(outcome)
+
+    def bridge(self, open_groups, step):
+        for p in self._by_hook["bridge"]:
+            bridged = p.bridge(open_groups, step)
+            if bridged:
+                return bridged
+        return []
 
     def train_mask(self, batch):
         masks = [m.check(batch, p.name) for p in self._by_hook["train_mask"] if (m := p.train_mask(batch)) is not None]

@@ -51,7 +51,7 @@ def sim_batch(groups, step: int, signal_only: bool = False) -> TrainBatch:
     advantage = [a for g in trained for a in grpo_advantages(g.rewards)]
     group = [i for i, g in enumerate(trained) for _ in g.requests]
     return TrainBatch(step, np.array(prompt, np.int64), np.array(response, np.int64), np.array(advantage, float),
-                      np.array(group, np.int64))
+                      np.array(group, np.int64), rid=np.array([r.rid for g in trained for r in g.requests], np.int64))
 
 
 def measured_mask(batch: TrainBatch, computed_fraction: float, pruned_fraction: float) -> TrainMask:

@@ -74,7 +74,7 @@ def compact_samples(samples: list[_Sample]) -> list[_Sample]:
         if not len(kept):
             continue
         end = int(kept[-1]) + 1
-        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group))
+        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group, s.rid))
     return out
 
 

@@ -150,7 +150,8 @@ class GRPOTrainer:
                            np.array([len(s.response) for s in samples], np.int64),
                            np.array([s.advantage for s in samples], float), np.array([s.group for s in samples], np.int64),
                            logprobs=tuple(np.asarray(s.behaviour, float) for s in samples),
-                           in_loss=tuple(np.asarray(s.mask, float) > 0 for s in samples))
+                           in_loss=tuple(np.asarray(s.mask, float) > 0 for s in samples),
+                           rid=np.array([s.rid for s in samples], np.int64))
         mask = self.train_mask(batch)
         if mask is None:
             self.last_pruning = {}
@@ -163,7 +164,7 @@ class GRPOTrainer:
         for s, keep, end in zip(samples, mask.keep, mask.computed.tolist()):
             if end:
                 out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
-                                   s.advantage, s.group))
+                                   s.advantage, s.group, s.rid))
         return out
 
     def _sample(self, r: Request, advantage: float, group: int, step: int) -> "_Sample":
@@ -176,7 +177,7 @@ class GRPOTrainer:
         if self.mask_resumed:
             for i in range(min(off_policy_tokens(r, step), len(mask))):
                 mask[i] = 0.0
-        return _Sample(prompt, response, behaviour, mask, advantage, group)
+        return _Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
 
     def _update(self, samples: list["_Sample"]) -> tuple[float, float, float, float]:
         """One optimizer step on `samples`; returns (loss, grad norm, clip fraction, mean |logp - behaviour|)."""
@@ -242,11 +243,11 @@ class GRPOTrainer:
 
 
 class _Sample:
-    __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group")
+    __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group", "rid")
 
-    def __init__(self, prompt, response, behaviour, mask, advantage, group):
+    def __init__(self, prompt, response, behaviour, mask, advantage, group, rid=-1):
         self.prompt, self.response, self.behaviour, self.mask = prompt, response, behaviour, mask
-        self.advantage, self.group = advantage, group
+        self.advantage, self.group, self.rid = advantage, group, rid
 
     @property
     def length(self) -> int:

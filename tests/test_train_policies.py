@@ -250,3 +250,75 @@ def test_g2tp_runs_through_the_real_backend(vllm_engine, real_model_dir, tmp_pat
     assert s["trainer_pruned_loss_fraction"].between(0.35, 0.45).all()  # floor(0.4 x tokens) of each batch
     assert (s["trainer_loss_tokens_after"] < s["trainer_loss_tokens_before"]).all()
     assert (s["trainer_forward_tokens_after"] <= s["trainer_forward_tokens_before"]).all()
+
+
+# -- segment's value bridging --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def carried_workload():
+    from lssim.synth import SynthConfig, synthesize
+    from lssim.workload import Workload
+
+    trace = synthesize(SynthConfig(n_prompts=64, steps=6, prompts_per_step=16, group_size=4, max_tokens=4096, seed=3))
+    return Workload(trace, seed=3)
+
+
+def test_bridging_trains_each_token_once_earlier_and_leaves_the_rollout_alone(carried_workload):
+    from lssim.replay import SimSetup, simulate
+
+    setup = SimSetup(n_instances=2, max_num_seqs=64, kv_capacity_tokens=200_000)
+    plain = simulate(carried_workload, "segment(window=512)", setup, seed=0)
+    bridged = simulate(carried_workload, "segment(window=512, bridge=True)", setup, seed=0)
+    assert plain.steps["carried_out"].sum() > 0  # there is something to bridge
+    # Bridging is training-side: the rollout and the books are the same run.
+    for col in ("response_len", "finish_reason", "trained", "train_step"):
+        assert bridged.responses[col].tolist() == plain.responses[col].tolist()
+    assert bridged.steps["rollout_seconds"].tolist() == pytest.approx(plain.steps["rollout_seconds"].tolist())
+    s, r = bridged.steps, bridged.responses
+    assert s["trainer_bridged_tokens"].sum() > 0
+    # every token in the loss once: segments while carried, the rest when the group completes
+    if s["carried_out"].iloc[-1] == 0:
+        assert s["trainer_loss_tokens_after"].sum() == r.loc[r["trained"], "response_len"].sum()
+    # re-running each bridged response's prefix is what it costs
+    assert s["train_seconds"].sum() > plain.steps["train_seconds"].sum()
+
+
+def test_bridged_groups_carry_bootstrapped_values_and_train_only_new_segments():
+    seg = make_policy("segment(window=8, bridge=True)")
+    members = []
+    for k, (gen, done, reward) in enumerate([(10, True, 1.0), (12, True, 0.0), (20, False, float("nan"))]):
+        r = Request(rid=k, group_id=0, step=0, prompt_id=7, sample_idx=k, prompt_len=5, max_tokens=64)
+        r.generated, r.reward, r.finish_reason = gen, reward, "stop" if done else ""
+        members.append(r)
+    (group,) = seg.bridge([Group(7, 0, members)], step=0)
+    assert [m.reward for m in group.requests] == [1.0, 0.0, 0.5]  # no history: the ended members' mean
+    assert members[2].reward != members[2].reward  # the request itself is untouched (a copy carries the value)
+    batch = sim_batch([group], 0)
+    mask = seg.train_mask(batch).check(batch)
+    assert mask.computed.tolist() == [0, 0, 20] and mask.loss_tokens.tolist() == [0, 0, 20]  # ended: baseline only
+    seg.end_step(_outcome(step=0))
+    members[2].generated = 30  # carried again: 10 more tokens
+    (group,) = seg.bridge([Group(7, 0, members)], step=1)
+    mask = seg.train_mask(sim_batch([group], 1))
+    assert mask.computed.tolist() == [0, 0, 30] and mask.loss_tokens.tolist() == [0, 0, 10]
+    seg.end_step(_outcome(step=1))
+    members[2].finish_reason, members[2].reward, members[2].generated = "stop", 1.0, 35
+    mask = seg.train_mask(sim_batch([Group(7, 0, members)], 2))  # completed: the prefix stays out of the loss
+    assert mask.computed.tolist() == [10, 12, 35] and mask.loss_tokens.tolist() == [10, 12, 5]
+
+
+def _outcome(step):
+    from lssim.policy import StepOutcome
+
+    empty = np.zeros(0)
+    return StepOutcome(step, empty.astype(int), empty.astype(int), empty.astype(int), empty.astype(int), empty,
+                       empty.astype(str), 1.0, empty.astype(int))
+
+
+def test_segment_without_bridging_has_no_training_opinion():
+    assert not make_policy("segment").overrides("train_mask") and not make_policy("segment").overrides("bridge")
+    assert make_policy("segment(bridge=True)").overrides("train_mask")
+    assert not Compose([make_policy("hadb"), make_policy("segment")]).overrides("train_mask")
+    with pytest.raises(ValueError, match="bridge"):
+        make_policy("segment(bridge=1)")
