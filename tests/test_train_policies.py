@@ -265,11 +265,13 @@ def carried_workload():
 
 
 def test_bridging_trains_each_token_once_earlier_and_leaves_the_rollout_alone(carried_workload):
+    from lssim.controller import RunConfig
     from lssim.replay import SimSetup, simulate
 
     setup = SimSetup(n_instances=2, max_num_seqs=64, kv_capacity_tokens=200_000)
-    plain = simulate(carried_workload, "segment(window=512)", setup, seed=0)
-    bridged = simulate(carried_workload, "segment(window=512, bridge=True)", setup, seed=0)
+    config = RunConfig(steps=40, groups_per_step=16, group_size=4, max_tokens=4096, total_groups=64)  # runs until none is carried
+    plain = simulate(carried_workload, "segment(window=512)", setup, seed=0, config=config)
+    bridged = simulate(carried_workload, "segment(window=512, bridge=True)", setup, seed=0, config=config)
     assert plain.steps["carried_out"].sum() > 0  # there is something to bridge
     # Bridging is training-side: the rollout and the books are the same run.
     for col in ("response_len", "finish_reason", "trained", "train_step"):
@@ -278,8 +280,8 @@ def test_bridging_trains_each_token_once_earlier_and_leaves_the_rollout_alone(ca
     s, r = bridged.steps, bridged.responses
     assert s["trainer_bridged_tokens"].sum() > 0
     # every token in the loss once: segments while carried, the rest when the group completes
-    if s["carried_out"].iloc[-1] == 0:
-        assert s["trainer_loss_tokens_after"].sum() == r.loc[r["trained"], "response_len"].sum()
+    assert s["carried_out"].iloc[-1] == 0 and r["trained"].all()
+    assert s["trainer_loss_tokens_after"].sum() == r["response_len"].sum()
     # re-running each bridged response's prefix is what it costs
     assert s["train_seconds"].sum() > plain.steps["train_seconds"].sum()
 
@@ -322,3 +324,42 @@ def test_segment_without_bridging_has_no_training_opinion():
     assert not Compose([make_policy("hadb"), make_policy("segment")]).overrides("train_mask")
     with pytest.raises(ValueError, match="bridge"):
         make_policy("segment(bridge=1)")
+
+
+def test_the_real_trainer_trains_a_bridged_segment_with_its_value(real_model_dir):
+    pytest.importorskip("torch")
+    from real_backend.trainer import GRPOTrainer
+
+    groups, prompts = _token_groups(np.random.default_rng(2), n_groups=1)
+    members = groups[0].requests
+    members[3].finish_reason, members[3].reward = "", float("nan")  # still carried: generated so far, no reward
+    members[0].reward, members[1].reward, members[2].reward = 1.0, 0.0, 1.0
+    seg = make_policy("segment(window=8, bridge=True)")
+    trainer = GRPOTrainer(str(real_model_dir), None, _Prompts(prompts), threads=1)
+    trainer.set_train_mask(seg.train_mask)
+    for r in members[:3]:
+        r.finish_reason = "stop"
+    bridged = seg.bridge([Group(0, 0, members)], step=0)
+    samples = trainer._samples(bridged, 0)
+    assert [s.rid for s in samples] == [members[3].rid]  # the ended members give the baseline only
+    (s,) = samples
+    rewards = np.array([1.0, 0.0, 1.0, 2 / 3])  # the value: the ended members' mean
+    assert s.advantage == pytest.approx((2 / 3 - rewards.mean()) / (rewards.std() + trainer.eps))
+    assert s.n_loss == members[3].generated and trainer.last_pruning["bridged_tokens"] == members[3].generated
+    metrics = trainer.train(bridged, 0)
+    assert metrics["optimizer_steps"] == 1 and metrics["bridged_sequences"] == 1
+
+
+@pytest.mark.real
+def test_segment_bridging_runs_through_the_real_backend(vllm_engine, real_model_dir, tmp_path):
+    from lssim.controller import RunConfig
+    from real_backend.world import RealSetup, prepare, run_real
+
+    setup = RealSetup(model_dir=str(real_model_dir), n_prompts=8)
+    config = RunConfig(steps=2, groups_per_step=2, group_size=4, max_tokens=64, seed=0)
+    prompts, policy = prepare(setup, "segment(window=16, checks=2, bridge=True)", config)
+    prompts.reward = lambda r: float(r.sample_idx % 2 == 0)
+    result = run_real(setup, policy, config, tmp_path / "run", engine=vllm_engine, prompts=prompts, checkpoint=False)
+    s = result.steps
+    assert s["carried_out"].iloc[0] > 0  # something was carried, so something could be bridged
+    assert s["trainer_bridged_tokens"].fillna(0).sum() > 0
