@@ -242,7 +242,7 @@ class Controller:
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
             if self._bridges else []
         train_metrics = self.trainer.train(trained + bridged, step) if trained or bridged else {}
-        timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)
+        timing = self.mode.train(train_metrics, step, trained + bridged, s.started, rollout_end)
         self.groups_trained += len(trained) + left_out
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
