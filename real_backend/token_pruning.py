@@ -1,6 +1,10 @@
 """Training-side token pruning on the real GRPO trainer: G2TP and micro-entropy pruning, and what they can save.
 
+    lssim real --policy hadb+g2tp ...          # the policy objects (policies/g2tp.py, policies/entropy_prune.py)
     trainer = PruningGRPOTrainer(model_dir, engine, prompts, method="g2tp", fraction=0.4, compact=True)
+
+The decisions are the policies' (`Policy.train_mask`, asked by GRPOTrainer each step); this module keeps the
+per-sample helpers and PruningGRPOTrainer, a GRPOTrainer driven by one of those policies, for measurements.
 
 G2TP, gradient-guided token pruning (the seed plan, /work/shared/seeds/000: part 二, 方案一): each loss token
 scores ``S_t = |A| x (1 - p_old(t))``; the lowest-scoring ``fraction`` of the batch's loss tokens leave the loss

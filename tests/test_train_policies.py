@@ -356,10 +356,12 @@ def test_segment_bridging_runs_through_the_real_backend(vllm_engine, real_model_
     from real_backend.world import RealSetup, prepare, run_real
 
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=8)
-    config = RunConfig(steps=2, groups_per_step=2, group_size=4, max_tokens=64, seed=0)
-    prompts, policy = prepare(setup, "segment(window=16, checks=2, bridge=True)", config)
+    # The reference model's responses: median ~55 tokens (traces/real_cpu_baseline.parquet). A window of 64 carries
+    # some and lets groups of two complete (a step whose every group stays open leaves no trace row to write).
+    config = RunConfig(steps=3, groups_per_step=6, group_size=2, max_tokens=192, seed=0)
+    prompts, policy = prepare(setup, "segment(window=64, checks=2, bridge=True)", config)
     prompts.reward = lambda r: float(r.sample_idx % 2 == 0)
     result = run_real(setup, policy, config, tmp_path / "run", engine=vllm_engine, prompts=prompts, checkpoint=False)
     s = result.steps
-    assert s["carried_out"].iloc[0] > 0  # something was carried, so something could be bridged
+    assert s["carried_out"].sum() > 0  # something was carried, so something could be bridged
     assert s["trainer_bridged_tokens"].fillna(0).sum() > 0
