@@ -140,6 +140,16 @@ class _Checked(Policy):
     def end_step(self, outcome: StepOutcome):
         self.inner.end_step(outcome)
 
+    def bridge(self, open_groups, step):
+        members = [r for g in open_groups for r in g.requests]
+        bridged = self._unchanged("bridge", members, lambda: self.inner.bridge(list(open_groups), step))
+        if not isinstance(bridged, list) or not all(isinstance(g, Group) for g in bridged):
+            self._fail("bridge", f"must return a list of Group, got {type(bridged).__name__}")
+        open_rids = {r.rid for r in members}
+        if any(r.rid not in open_rids for g in bridged for r in g.requests):
+            self._fail("bridge", "bridged a response that is not in an open group")
+        return bridged
+
     def train_mask(self, batch):
         mask = self.inner.train_mask(batch)
         if mask is not None and not isinstance(mask, TrainMask):
