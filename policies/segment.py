@@ -33,7 +33,9 @@ response and its whole group have ended. With it, each step trains every carried
 tokens it generated since its last trained one) beside the step's groups, with a bootstrapped value standing in
 for the reward it has not earned yet. GRPO has no critic, so the value here is a Monte Carlo one: the mean
 reward of the prompt's past responses that ran longer than this one has so far (the return of "still going at
-this length"), else the mean reward of its group's members that have ended, else none (that member waits). Its
+this length"), else the same over every prompt's recent responses, else none (that member waits). Not the mean
+of its group's ended members: added to the group, that value is the group's mean, so its advantage is exactly 0
+and the segment would be computed for nothing. Its
 group is offered to the trainer as a copy (`Policy.bridge`): ended members with their rewards give the baseline
 only (no loss: not computed), carried members train their segment with advantage (value - group mean) / std.
 When the group completes it trains as usual, except that each bridged response's already-trained prefix stays
@@ -50,7 +52,6 @@ cut wastes in static batches, the plan's motivation), and not extending carries 
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import replace
 
@@ -79,6 +80,7 @@ class Segment(Policy):
         self.progress_interval = max(1, window // checks)
         self.history = LengthHistory(keep)
         self._returns: dict[int, deque] = {}  # prompt -> its latest (length, reward) of responses that ended naturally
+        self._all_returns: deque = deque(maxlen=4096)  # the same over every prompt (the value of a prompt never seen)
         self._trained: dict[int, int] = {}  # rid -> response tokens already trained by bridges (its prefix)
         self._segments: dict[int, tuple[int, int] | None] = {}  # this step's bridged rids: (start, end), None: baseline
         self._trained_now: dict[int, int] = {}  # rids whose segment the trainer was asked to train this step
@@ -113,26 +115,27 @@ class Segment(Policy):
         for pid, n, reward in zip(outcome.prompt_id[natural].tolist(), outcome.response_len[natural].tolist(),
                                   outcome.reward[natural].tolist()):
             self._returns.setdefault(pid, deque(maxlen=self.keep)).append((n, reward))
+            self._all_returns.append((n, reward))
         self._trained.update(self._trained_now)
         self._trained_now, self._segments = {}, {}
 
     # -- value bridging ------------------------------------------------------------------------------------
-    def value(self, request, ended_rewards: list[float]) -> float | None:
+    def value(self, request) -> float | None:
         """The bootstrapped value of a carried response: the mean reward of its prompt's past responses longer than
-        it is now, else its group's ended members' mean reward, else None."""
-        longer = [reward for n, reward in self._returns.get(request.prompt_id, ()) if n > request.generated]
-        if longer:
-            return sum(longer) / len(longer)
-        return sum(ended_rewards) / len(ended_rewards) if ended_rewards else None
+        it is now, else of every prompt's recent responses longer than it, else None."""
+        for returns in (self._returns.get(request.prompt_id, ()), self._all_returns):
+            longer = [reward for n, reward in returns if n > request.generated]
+            if longer:
+                return sum(longer) / len(longer)
+        return None
 
     def bridge(self, open_groups, step):
         self._segments, out = {}, []
         for g in open_groups:
-            ended = [r.reward for r in g.requests if r.done and math.isfinite(r.reward)]
             members, segments = [], {}
             for r in g.requests:
                 start = self._trained.get(r.rid, 0)
-                value = None if r.done else self.value(r, ended)
+                value = None if r.done else self.value(r)
                 if r.done:
                     members.append(r)
                     segments[r.rid] = None

@@ -293,8 +293,11 @@ def test_bridged_groups_carry_bootstrapped_values_and_train_only_new_segments():
         r = Request(rid=k, group_id=0, step=0, prompt_id=7, sample_idx=k, prompt_len=5, max_tokens=64)
         r.generated, r.reward, r.finish_reason = gen, reward, "stop" if done else ""
         members.append(r)
+    assert seg.bridge([Group(7, 0, members)], step=0) == []  # no history, no value: nothing bridged
+    # past responses: prompt 7 ran 25 tokens (reward 0) and 40 (reward 1); another prompt ran 50 (reward 1)
+    seg.end_step(_outcome(step=-1, prompt_id=[7, 7, 3], response_len=[25, 40, 50], reward=[0.0, 1.0, 1.0]))
     (group,) = seg.bridge([Group(7, 0, members)], step=0)
-    assert [m.reward for m in group.requests] == [1.0, 0.0, 0.5]  # no history: the ended members' mean
+    assert [m.reward for m in group.requests] == [1.0, 0.0, 0.5]  # the prompt's past responses longer than 20
     assert members[2].reward != members[2].reward  # the request itself is untouched (a copy carries the value)
     batch = sim_batch([group], 0)
     mask = seg.train_mask(batch).check(batch)
@@ -302,6 +305,7 @@ def test_bridged_groups_carry_bootstrapped_values_and_train_only_new_segments():
     seg.end_step(_outcome(step=0))
     members[2].generated = 30  # carried again: 10 more tokens
     (group,) = seg.bridge([Group(7, 0, members)], step=1)
+    assert group.requests[2].reward == 1.0  # only the 40-token response ran longer than 30
     mask = seg.train_mask(sim_batch([group], 1))
     assert mask.computed.tolist() == [0, 0, 30] and mask.loss_tokens.tolist() == [0, 0, 10]
     seg.end_step(_outcome(step=1))
@@ -310,12 +314,12 @@ def test_bridged_groups_carry_bootstrapped_values_and_train_only_new_segments():
     assert mask.computed.tolist() == [10, 12, 35] and mask.loss_tokens.tolist() == [10, 12, 5]
 
 
-def _outcome(step):
+def _outcome(step, prompt_id=(), response_len=(), reward=()):
     from lssim.policy import StepOutcome
 
-    empty = np.zeros(0)
-    return StepOutcome(step, empty.astype(int), empty.astype(int), empty.astype(int), empty.astype(int), empty,
-                       empty.astype(str), 1.0, empty.astype(int))
+    n = len(prompt_id)
+    return StepOutcome(step, np.array(prompt_id, int), np.arange(n), np.array(response_len, int), np.full(n, 64),
+                       np.array(reward, float), np.array(["stop"] * n, dtype=str), 1.0, np.array(prompt_id, int))
 
 
 def test_segment_without_bridging_has_no_training_opinion():
@@ -335,6 +339,7 @@ def test_the_real_trainer_trains_a_bridged_segment_with_its_value(real_model_dir
     members[3].finish_reason, members[3].reward = "", float("nan")  # still carried: generated so far, no reward
     members[0].reward, members[1].reward, members[2].reward = 1.0, 0.0, 1.0
     seg = make_policy("segment(window=8, bridge=True)")
+    seg.end_step(_outcome(-1, [0, 0, 0], [100, 100, 2], [0.0, 0.0, 1.0]))  # the prompt's longer responses failed
     trainer = GRPOTrainer(str(real_model_dir), None, _Prompts(prompts), threads=1)
     trainer.set_train_mask(seg.train_mask)
     for r in members[:3]:
@@ -343,8 +348,8 @@ def test_the_real_trainer_trains_a_bridged_segment_with_its_value(real_model_dir
     samples = trainer._samples(bridged, 0)
     assert [s.rid for s in samples] == [members[3].rid]  # the ended members give the baseline only
     (s,) = samples
-    rewards = np.array([1.0, 0.0, 1.0, 2 / 3])  # the value: the ended members' mean
-    assert s.advantage == pytest.approx((2 / 3 - rewards.mean()) / (rewards.std() + trainer.eps))
+    rewards = np.array([1.0, 0.0, 1.0, 0.0])  # the value: the mean reward of the prompt's longer responses
+    assert s.advantage == pytest.approx((0.0 - rewards.mean()) / (rewards.std() + trainer.eps)) and s.advantage < 0
     assert s.n_loss == members[3].generated and trainer.last_pruning["bridged_tokens"] == members[3].generated
     metrics = trainer.train(bridged, 0)
     assert metrics["optimizer_steps"] == 1 and metrics["bridged_sequences"] == 1
@@ -358,7 +363,8 @@ def test_segment_bridging_runs_through_the_real_backend(vllm_engine, real_model_
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=8)
     # The reference model's responses: median ~55 tokens (traces/real_cpu_baseline.parquet). A window of 64 carries
     # some and lets groups of two complete (a step whose every group stays open leaves no trace row to write).
-    config = RunConfig(steps=3, groups_per_step=6, group_size=2, max_tokens=192, seed=0)
+    # Values come from responses that ended longer than a carried one is: none at step 0, some from step 1 on.
+    config = RunConfig(steps=4, groups_per_step=6, group_size=2, max_tokens=192, seed=0)
     prompts, policy = prepare(setup, "segment(window=64, checks=2, bridge=True)", config)
     prompts.reward = lambda r: float(r.sample_idx % 2 == 0)
     result = run_real(setup, policy, config, tmp_path / "run", engine=vllm_engine, prompts=prompts, checkpoint=False)
