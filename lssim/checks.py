@@ -16,7 +16,7 @@ from dataclasses import fields
 import pandas as pd
 
 from .core import Group, GroupSpec, Request
-from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome
+from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome, TrainMask
 
 
 class PolicyCheckError(AssertionError):
@@ -139,6 +139,22 @@ class _Checked(Policy):
 
     def end_step(self, outcome: StepOutcome):
         self.inner.end_step(outcome)
+
+    def bridge(self, open_groups, step):
+        members = [r for g in open_groups for r in g.requests]
+        bridged = self._unchanged("bridge", members, lambda: self.inner.bridge(list(open_groups), step))
+        if not isinstance(bridged, list) or not all(isinstance(g, Group) for g in bridged):
+            self._fail("bridge", f"must return a list of Group, got {type(bridged).__name__}")
+        open_rids = {r.rid for r in members}
+        if any(r.rid not in open_rids for g in bridged for r in g.requests):
+            self._fail("bridge", "bridged a response that is not in an open group")
+        return bridged
+
+    def train_mask(self, batch):
+        mask = self.inner.train_mask(batch)
+        if mask is not None and not isinstance(mask, TrainMask):
+            self._fail("train_mask", f"must return an lssim.policy.TrainMask or None, got {type(mask).__name__}")
+        return None if mask is None else mask.check(batch, f"{self.inner.name}.train_mask")  # takes away, never adds
 
 
 def check_policy(policy: Policy, steps: int = 6, seed: int = 0) -> dict:

@@ -111,9 +111,15 @@ class Controller:
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
+        self._bridges = policy.overrides("bridge")
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
+        if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
+            if not hasattr(trainer, "set_train_mask"):
+                raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
+                                 f"{type(trainer).__name__} cannot do (no set_train_mask)")
+            trainer.set_train_mask(policy.train_mask)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
@@ -231,8 +237,12 @@ class Controller:
             if not all(r.done for r in members):
                 self._waiting_groups[gid] = members
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
-        train_metrics = self.trainer.train(trained, step) if trained else {}
-        timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)
+        # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
+        # them, the books do not (they are not trained groups: they train, whole, once their members end).
+        bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
+            if self._bridges else []
+        train_metrics = self.trainer.train(trained + bridged, step) if trained or bridged else {}
+        timing = self.mode.train(train_metrics, step, trained + bridged, s.started, rollout_end)
         self.groups_trained += len(trained) + left_out
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),

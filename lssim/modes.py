@@ -257,7 +257,9 @@ def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_e
     faster. Returns (start, end, busy device-seconds)."""
     if not groups or compute <= 0:
         return rollout_end, rollout_end, 0.0
-    done = np.array([max(rollout_start, max(r.finish_time for r in g.requests)) for g in groups])
+    # A group with a member still carried (a bridged segment, Policy.bridge) is ready when the rollout stops it.
+    done = np.array([rollout_end if not all(r.done for r in g.requests) else max(rollout_start, max(r.finish_time for r in g.requests))
+                     for g in groups])
     tokens = np.array([sum(r.prompt_len + r.generated for r in g.requests) for g in groups], dtype=float)
     order = np.argsort(done, kind="stable")
     work = compute * tokens[order] / tokens.sum()  # seconds on the train devices alone

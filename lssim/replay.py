@@ -252,4 +252,30 @@ def end_to_end(res: RunResult) -> dict:
         "stale_token_fraction": sum(v for k, v in histogram.items() if k > 0) / max(1, sum(histogram.values())),
         "dropped_stale": int(s["dropped_stale"].sum()),
         "trained_tokens_per_second": trained_tokens / wall if wall > 0 else float("nan"),
+        **pruning_summary(s),
     }
+
+
+def pruning_summary(s: pd.DataFrame) -> dict:
+    """What training-side policies (Policy.train_mask, Policy.bridge) did over the run, from the trainer's step
+    metrics: the share of loss tokens taken out and the share of forward tokens still computed (both of the batch
+    the trainer was given, bridged copies included), the train seconds that saved (the simulator prices both
+    batches; NaN on a real run, which trains only one: real_backend/measure_pruning.py measures the saving), and
+    the share of trained response tokens that value bridging trained before their response ended (with bridging the
+    other three are NaN). Empty for a run without such a policy."""
+    if "trainer_loss_tokens_before" not in s:
+        return {}
+    total = {k: float(s[f"trainer_{k}"].sum()) for k in ("loss_tokens_before", "loss_tokens_after", "forward_tokens_before",
+                                                         "forward_tokens_after")}
+    saved = s["trainer_pruning_saved_seconds"].sum() if "trainer_pruning_saved_seconds" in s else float("nan")
+    out = {"pruned_loss_fraction": 1 - total["loss_tokens_after"] / total["loss_tokens_before"] if total["loss_tokens_before"] else 0.0,
+           "computed_token_fraction": total["forward_tokens_after"] / total["forward_tokens_before"] if total["forward_tokens_before"] else 1.0,
+           "train_seconds_saved": float(saved)}
+    if "trainer_bridged_tokens" in s:
+        # Bridging hands the trainer copies of open groups whose ended members only give the baseline: measured
+        # against that batch, "pruned" and "saved" would mean nothing. Compare the run with one without bridging.
+        bridged = float(s["trainer_bridged_tokens"].sum())
+        out = dict.fromkeys(out, float("nan"))
+        out.update(bridged_tokens=int(bridged),
+                   bridged_token_fraction=bridged / total["loss_tokens_after"] if total["loss_tokens_after"] else 0.0)
+    return out

@@ -427,6 +427,11 @@ class SimTrainer:
             raise ValueError(f"SimTrainer: n_devices must be an int >= 1, got {n_devices!r}")
         self.engine, self.model = engine, model if model is not None else AnalyticTrainCost()
         self.n_devices, self.collocated, self.signal_only = n_devices, collocated, signal_only
+        self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
+
+    def set_train_mask(self, hook) -> None:
+        """Ask `hook` (Policy.train_mask) which tokens each step trains, and price only those (lssim.train_policy)."""
+        self.train_mask = hook
 
     def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
         """(prompt + response, prompt) tokens of every sequence this step trains."""
@@ -436,7 +441,22 @@ class SimTrainer:
         return seq, prompt
 
     def train(self, groups, step: int) -> dict:
+        if self.train_mask is not None:
+            return self._train_masked(groups, step)
         seq, prompt = self.lengths(groups)
         phases = self.model.phases(seq, prompt, self.n_devices, collocated=self.collocated)
         # "seconds": the whole train phase (train_seconds in the step row is the clock's view of the same).
         return {"seconds": phases.total, **phases.as_metrics(), "tokens": int(seq.sum()), "sequences": len(seq)}
+
+    def _train_masked(self, groups, step: int) -> dict:
+        from .train_policy import price_masked, sim_batch
+
+        batch = sim_batch(groups, step, self.signal_only)
+        mask = self.train_mask(batch)
+        if mask is None:
+            seq = batch.prompt_len + batch.response_len
+            phases, pruning = self.model.phases(seq, batch.prompt_len, self.n_devices, collocated=self.collocated), {}
+        else:
+            phases, pruning = price_masked(self.model, batch, mask.check(batch), self.n_devices, collocated=self.collocated)
+        tokens = int((batch.prompt_len + batch.response_len).sum())
+        return {"seconds": phases.total, **phases.as_metrics(), "tokens": tokens, "sequences": len(batch), **pruning}

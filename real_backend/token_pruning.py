@@ -1,6 +1,10 @@
 """Training-side token pruning on the real GRPO trainer: G2TP and micro-entropy pruning, and what they can save.
 
+    lssim real --policy hadb+g2tp ...          # the policy objects (policies/g2tp.py, policies/entropy_prune.py)
     trainer = PruningGRPOTrainer(model_dir, engine, prompts, method="g2tp", fraction=0.4, compact=True)
+
+The decisions are the policies' (`Policy.train_mask`, asked by GRPOTrainer each step); this module keeps the
+per-sample helpers and PruningGRPOTrainer, a GRPOTrainer driven by one of those policies, for measurements.
 
 G2TP, gradient-guided token pruning (the seed plan, /work/shared/seeds/000: part 二, 方案一): each loss token
 scores ``S_t = |A| x (1 - p_old(t))``; the lowest-scoring ``fraction`` of the batch's loss tokens leave the loss
@@ -28,44 +32,42 @@ the time differs. real_backend/measure_pruning.py measures it; lssim.training.Sc
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from lssim.policy import Policy, TrainBatch
 
 from .trainer import GRPOTrainer, _Sample
 
 METHODS = ("g2tp", "entropy")
 
 
+def _batch(samples: list[_Sample]) -> TrainBatch:
+    return TrainBatch(0, np.array([len(s.prompt) for s in samples], np.int64), np.array([len(s.response) for s in samples], np.int64),
+                      np.array([s.advantage for s in samples], float), np.array([s.group for s in samples], np.int64),
+                      logprobs=tuple(np.asarray(s.behaviour, float) for s in samples),
+                      in_loss=tuple(np.asarray(s.mask, float) > 0 for s in samples))
+
+
 def g2tp_masks(samples: list[_Sample], fraction: float) -> list[np.ndarray]:
     """Per sample, 1 for a token kept in the loss, 0 for one pruned: the batch's lowest ``fraction`` of
-    |advantage| x (1 - p_old) among the tokens in the loss now (ties broken by position, stably)."""
+    |advantage| x (1 - p_old) among the tokens in the loss now (ties broken by position, stably); policies/g2tp.py."""
+    from policies.g2tp import g2tp_keep
+
     if not 0 <= fraction < 1:
         raise ValueError(f"G2TP fraction must be in [0, 1), got {fraction}")
-    scores = [abs(s.advantage) * (1.0 - np.exp(np.asarray(s.behaviour, dtype=float))) for s in samples]
-    live = np.concatenate([np.asarray(s.mask, dtype=float) > 0 for s in samples]) if samples else np.zeros(0, bool)
-    flat = np.concatenate(scores) if samples else np.zeros(0)
-    n_prune = int(math.floor(fraction * live.sum()))
-    keep = live.copy()
-    if n_prune:
-        order = np.argsort(np.where(live, flat, np.inf), kind="stable")
-        keep[order[:n_prune]] = False
-    return np.split(keep.astype(float), np.cumsum([len(s.response) for s in samples])[:-1])
+    return [k.astype(float) for k in g2tp_keep(_batch(samples), fraction)]
 
 
 def entropy_masks(samples: list[_Sample], window: int, threshold: float) -> list[np.ndarray]:
-    """Per sample, 0 over each window of ``window`` response tokens whose mean surprisal is below ``threshold``."""
+    """Per sample, 0 over each window of ``window`` response tokens whose mean surprisal is below ``threshold``
+    (policies/entropy_prune.py; here the tokens already out of the loss are not looked at)."""
+    from policies.entropy_prune import entropy_keep
+
     if window < 1 or not threshold >= 0:
         raise ValueError(f"micro-entropy pruning needs window >= 1 and threshold >= 0, got {window}, {threshold}")
-    out = []
-    for s in samples:
-        surprisal = -np.asarray(s.behaviour, dtype=float)
-        keep = np.ones(len(surprisal))
-        for start in range(0, len(surprisal), window):
-            if surprisal[start:start + window].mean() < threshold:
-                keep[start:start + window] = 0.0
-        out.append(keep)
-    return out
+    batch = _batch(samples)
+    return [k.astype(float) for k in entropy_keep(TrainBatch(0, batch.prompt_len, batch.response_len, batch.advantage,
+                                                             batch.group, batch.logprobs), window, threshold)]
 
 
 def compact_samples(samples: list[_Sample]) -> list[_Sample]:
@@ -76,45 +78,34 @@ def compact_samples(samples: list[_Sample]) -> list[_Sample]:
         if not len(kept):
             continue
         end = int(kept[-1]) + 1
-        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group))
+        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group, s.rid))
     return out
 
 
+def pruning_policy(method: str = "g2tp", fraction: float = 0.4, window: int = 16, threshold: float = 0.05,
+                   compact: bool = True) -> Policy:
+    """The policy object (policies/g2tp.py or policies/entropy_prune.py) for these settings."""
+    if method not in METHODS:
+        raise ValueError(f"pruning method must be one of {METHODS}, got {method!r}")
+    if method == "g2tp":
+        from policies.g2tp import G2TP
+
+        return G2TP(fraction=fraction, compact=compact)
+    from policies.entropy_prune import EntropyPrune
+
+    return EntropyPrune(window=window, threshold=threshold, compact=compact)
+
+
 class PruningGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose samples are pruned before the log-prob recompute and the update.
+    """GRPOTrainer driven by one pruning policy (`pruning_policy`), as `lssim real --policy g2tp` drives the plain
+    GRPOTrainer through the controller: a convenience for measurements (real_backend/measure_pruning.py).
 
     ``last_pruning`` (also in the metrics): loss tokens before and after, and the tokens the forward passes
     run over before and after (prompt + response, after compaction)."""
 
     def __init__(self, *args, method: str = "g2tp", fraction: float = 0.4, window: int = 16, threshold: float = 0.05,
                  compact: bool = True, **kwargs):
-        if method not in METHODS:
-            raise ValueError(f"pruning method must be one of {METHODS}, got {method!r}")
+        policy = pruning_policy(method, fraction, window, threshold, compact)
         super().__init__(*args, **kwargs)
         self.method, self.fraction, self.window, self.threshold, self.compact = method, fraction, window, threshold, compact
-        self.last_pruning: dict = {}
-
-    def _samples(self, groups, step):
-        samples = super()._samples(groups, step)
-        before_loss, before_tokens = sum(s.n_loss for s in samples), sum(s.length for s in samples)
-        if self.method == "g2tp":
-            masks = g2tp_masks(samples, self.fraction)
-        else:
-            masks = entropy_masks(samples, self.window, self.threshold)
-        for s, keep in zip(samples, masks):
-            s.mask = (np.asarray(s.mask, dtype=float) * keep).tolist()
-        if self.compact:
-            samples = compact_samples(samples)
-        after_loss, after_tokens = sum(s.n_loss for s in samples), sum(s.length for s in samples)
-        self.last_pruning = {
-            "loss_tokens_before": int(before_loss), "loss_tokens_after": int(after_loss),
-            "forward_tokens_before": int(before_tokens), "forward_tokens_after": int(after_tokens),
-            "pruned_loss_fraction": 1 - after_loss / before_loss if before_loss else 0.0,
-            "computed_token_fraction": after_tokens / before_tokens if before_tokens else 1.0,
-        }
-        return samples
-
-    def train(self, groups, step):
-        metrics = super().train(groups, step)
-        metrics.update(self.last_pruning)
-        return metrics
+        self.set_train_mask(policy.train_mask)

@@ -27,6 +27,13 @@ wall time includes waiting for a core, CPU time does not (real_backend/profile_t
 than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of
 them for a member that finished steps before its group did): slime's `--mask-offpolicy-in-partial-rollout`,
 asked for by `april(mask_stale_tokens=True)`.
+
+`set_train_mask(policy.train_mask)` (the controller does it for a policy with a `train_mask` hook, e.g. `g2tp`,
+`entropy_prune`): each step the samples are shown to the policy as an lssim.policy.TrainBatch (advantages, vLLM's
+behaviour log-probs, the loss mask so far) before the log-prob recompute; the tokens it prunes leave the loss, and
+a sequence it keeps nothing of is dropped and each is cut after its last kept token where the mask says so
+(compaction: the same update, fewer tokens computed; real_backend/token_pruning.py says what that saves). The
+metrics then carry what was pruned (`pruned_loss_fraction`, `computed_token_fraction`, tokens before and after).
 """
 
 from __future__ import annotations
@@ -75,10 +82,16 @@ class GRPOTrainer:
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self.last_sync_seconds = 0.0
+        self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
+        self.last_pruning: dict = {}  # what the hook pruned at the last step (in its metrics too)
         if sync_on_start and engine is not None:
             self.last_sync_seconds = engine.update_weights(self.model.state_dict(), version=0)
 
     # -- Trainer protocol --------------------------------------------------------------------------
+    def set_train_mask(self, hook) -> None:
+        """Ask `hook` (lssim.policy.Policy.train_mask) each step which tokens are trained."""
+        self.train_mask = hook
+
     def train(self, groups: list[Group], step: int) -> dict:
         t0, cpu0 = time.monotonic(), time.process_time()
         samples = self._samples(groups, step)
@@ -109,7 +122,7 @@ class GRPOTrainer:
         self.last_sync_seconds = sync
         # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
         metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=sync,
-                       logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu)
+                       logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu, **self.last_pruning)
         return metrics
 
     # -- internals ---------------------------------------------------------------------------------
@@ -126,6 +139,32 @@ class GRPOTrainer:
             adv = (rewards - rewards.mean()) / (std + self.eps)
             for r, a in zip(members, adv):
                 out.append(self._sample(r, float(a), gi, step))
+        return self._pruned(out, step) if self.train_mask is not None else out
+
+    def _pruned(self, samples: list["_Sample"], step: int) -> list["_Sample"]:
+        """The samples as the policy's train_mask leaves them: pruned tokens out of the loss, each sample cut to the
+        tokens still computed (none: dropped)."""
+        from lssim.policy import TrainBatch
+
+        batch = TrainBatch(step, np.array([len(s.prompt) for s in samples], np.int64),
+                           np.array([len(s.response) for s in samples], np.int64),
+                           np.array([s.advantage for s in samples], float), np.array([s.group for s in samples], np.int64),
+                           logprobs=tuple(np.asarray(s.behaviour, float) for s in samples),
+                           in_loss=tuple(np.asarray(s.mask, float) > 0 for s in samples),
+                           rid=np.array([s.rid for s in samples], np.int64))
+        mask = self.train_mask(batch)
+        if mask is None:
+            self.last_pruning = {}
+            return samples
+        mask.check(batch)
+        self.last_pruning = mask.summary(batch)
+        if mask.keep is None:
+            raise ValueError("train_mask: given the tokens, a policy must say which it keeps (TrainMask.from_keep), not counts")
+        out = []
+        for s, keep, end in zip(samples, mask.keep, mask.computed.tolist()):
+            if end:
+                out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
+                                   s.advantage, s.group, s.rid))
         return out
 
     def _sample(self, r: Request, advantage: float, group: int, step: int) -> "_Sample":
@@ -138,7 +177,7 @@ class GRPOTrainer:
         if self.mask_resumed:
             for i in range(min(off_policy_tokens(r, step), len(mask))):
                 mask[i] = 0.0
-        return _Sample(prompt, response, behaviour, mask, advantage, group)
+        return _Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
 
     def _update(self, samples: list["_Sample"]) -> tuple[float, float, float, float]:
         """One optimizer step on `samples`; returns (loss, grad norm, clip fraction, mean |logp - behaviour|)."""
@@ -204,11 +243,11 @@ class GRPOTrainer:
 
 
 class _Sample:
-    __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group")
+    __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group", "rid")
 
-    def __init__(self, prompt, response, behaviour, mask, advantage, group):
+    def __init__(self, prompt, response, behaviour, mask, advantage, group, rid=-1):
         self.prompt, self.response, self.behaviour, self.mask = prompt, response, behaviour, mask
-        self.advantage, self.group = advantage, group
+        self.advantage, self.group, self.rid = advantage, group, rid
 
     @property
     def length(self) -> int:
