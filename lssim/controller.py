@@ -111,9 +111,23 @@ class Controller:
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
+        # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
+        # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.fastsim), with the
+        # same results. Asked only of engines that have the ability (lssim.core.Engine.set_batch_rollout).
+        set_batch = getattr(engine, "set_batch_rollout", None)
+        if set_batch is not None:
+            set_batch(self._batch_rollout())
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
+
+    def _batch_rollout(self) -> bool:
+        """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
+        end of rollout, top-up) and a mode that neither ends the rollout early nor keeps or interrupts it."""
+        mode = self.mode
+        return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
+                and not mode.keeps_generating and not mode.interrupts
+                and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
