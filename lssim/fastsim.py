@@ -404,13 +404,11 @@ def run_batch(engine, requests) -> list[Event]:
     """Submit `requests` to an idle SimEngine and run every instance until all have ended: the FINISHED events
     the event engine would report, in its order, with the requests filled in as it fills them. The engine's
     clock, utilization and counters move as they would have."""
-    from .workload import EXACT
-
     instances, cfg = engine.instances, engine.config
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
-    lookup, target, sources = engine.workload.lookup, engine._target, engine.sources
+    target = engine._target
     m = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), np.int64, m)
     gen = np.fromiter((r.generated for r in requests), np.int64, m)
@@ -420,16 +418,7 @@ def run_batch(engine, requests) -> list[Event]:
         r = requests[int(too_big[0])]
         raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                          f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
-    length = np.empty(m, np.int64)
-    for j, r in enumerate(requests):
-        answer = target.get(r.rid)
-        if answer is None:
-            a = (lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens) if r.batch < 0 else
-                 lookup(r.batch, r.prompt_id, r.batch_sample, r.max_tokens))
-            answer = target[r.rid] = (a.length, a.finish_reason, a.reward, a.row)
-            sources[a.source] += 1
-            r.exact = a.source == EXACT
-        length[j] = answer[0]
+    length = _answers(engine, requests)
     # least-loaded dispatch from an idle cluster: the j-th unplaced request goes to instance j mod N
     pinned = [r.instance for r in requests]
     inst = np.empty(m, np.int64)
@@ -466,6 +455,32 @@ def run_batch(engine, requests) -> list[Event]:
     if len(popped):
         engine.clock = max(now, float(event_t[popped].max()))
     return _events(requests, popped, rfin0, rfinc, fin, after, first_token, first_rec, gen, target, now)
+
+
+def _answers(engine, requests) -> np.ndarray:
+    """Each request's length, from the engine's answers or the Workload's (asked once per response, over arrays:
+    lssim.workload.lookup_many); records the new answers as SimEngine.submit does."""
+    from .workload import EXACT, lookup_many
+
+    target, m = engine._target, len(requests)
+    new = [r for r in requests if r.rid not in target]
+    if new:
+        k = len(new)
+        batch = np.fromiter((r.batch for r in new), np.int64, k)
+        own = batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
+        step = np.where(own, np.fromiter((r.step for r in new), np.int64, k), batch)
+        sample = np.where(own, np.fromiter((r.sample_idx for r in new), np.int64, k),
+                          np.fromiter((r.batch_sample for r in new), np.int64, k))
+        pid = np.fromiter((r.prompt_id for r in new), np.int64, k)
+        budget = np.fromiter((r.max_tokens for r in new), np.int64, k)
+        length, reason, reward, source, row = lookup_many(engine.workload, step, pid, sample, budget)
+        target.update(zip((r.rid for r in new), zip(length.tolist(), reason.tolist(), reward.tolist(), row.tolist())))
+        names, counts = np.unique(source.astype(str), return_counts=True)
+        for name, c in zip(names.tolist(), counts.tolist()):
+            engine.sources[name] += c
+        for r, e in zip(new, (source == EXACT).tolist()):
+            r.exact = e
+    return np.fromiter((target[r.rid][0] for r in requests), np.int64, m)
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:
