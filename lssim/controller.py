@@ -239,11 +239,12 @@ class Controller:
         rollout_end, busy = engine.now(), engine.utilization()
         for r in s.ended + s.carried_out:
             r.last_version = self.mode.version
-        done_groups = [Group(members[0].prompt_id, members[0].step, members) for gid, members in s.members.items()
-                       if gid not in s.dropped_groups and all(r.done for r in members)]
+        done_groups = []
         for gid, members in s.members.items():
-            if not all(r.done for r in members):
+            if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
+            elif gid not in s.dropped_groups:
+                done_groups.append(Group(members[0].prompt_id, members[0].step, members))
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
         train_metrics = self.trainer.train(trained, step) if trained else {}
         timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)

@@ -465,14 +465,12 @@ def _answers(engine, requests) -> np.ndarray:
     target, m = engine._target, len(requests)
     new = [r for r in requests if r.rid not in target]
     if new:
-        k = len(new)
-        batch = np.fromiter((r.batch for r in new), np.int64, k)
+        keys = np.array([(r.batch, r.step, r.sample_idx, r.batch_sample, r.prompt_id, r.max_tokens) for r in new],
+                        dtype=np.int64).reshape(-1, 6)
+        batch, pid, budget = keys[:, 0], keys[:, 4], keys[:, 5]
         own = batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
-        step = np.where(own, np.fromiter((r.step for r in new), np.int64, k), batch)
-        sample = np.where(own, np.fromiter((r.sample_idx for r in new), np.int64, k),
-                          np.fromiter((r.batch_sample for r in new), np.int64, k))
-        pid = np.fromiter((r.prompt_id for r in new), np.int64, k)
-        budget = np.fromiter((r.max_tokens for r in new), np.int64, k)
+        step = np.where(own, keys[:, 1], batch)
+        sample = np.where(own, keys[:, 2], keys[:, 3])
         length, reason, reward, source, row = lookup_many(engine.workload, step, pid, sample, budget)
         target.update(zip((r.rid for r in new), zip(length.tolist(), reason.tolist(), reward.tolist(), row.tolist())))
         names, counts = np.unique(source.astype(str), return_counts=True)

@@ -298,6 +298,7 @@ class _ArrayIndex:
         self.max = np.array(wl._max, dtype=np.int64)
         self.stopped = np.array(wl._stopped, dtype=bool)
         self.reward = np.array(wl._reward, dtype=float)
+        self.reason = np.array(wl._reason, dtype=object)
 
     def code_of(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         code = np.minimum(np.searchsorted(self.pids, pid), max(self.n_pids - 1, 0))
@@ -370,8 +371,7 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
     length = np.where(natural, rec_len, budget)
     reward = np.where(natural, index.reward[row], wl._low)
     reason = np.where(stopped, STOP, LENGTH).astype(object)
-    reasons = np.asarray(wl._reason, dtype=object)
-    reason[as_recorded] = reasons[row[as_recorded]]
+    reason[as_recorded] = index.reason[row[as_recorded]]
     reason[cut] = LENGTH
     source = source.copy()
     source[cut & exact] = TRUNCATED
