@@ -108,3 +108,21 @@ def test_priced_spans_equal_the_scalar_roofline_bit_for_bit(n, ctx, k):
     for cost in (ROOFLINE, RooflineCostModel("llama3-8b", "H100"), RooflineCostModel("qwen2.5-32b", "A100", tp=2)):
         expected = [cost.decode_time(int(a), int(b), int(c)) for a, b, c in zip(n, ctx, k)]
         assert price_decode(cost, n, ctx, k).tolist() == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), wl_seed=st.integers(0, 5))
+def test_lookup_many_answers_as_the_scalar_lookup(seed, wl_seed):
+    """Exact, truncated, resampled (other steps, more samples than recorded, longer budgets) and global answers."""
+    from lssim.workload import lookup_many
+
+    rng = np.random.default_rng(seed)
+    wl = Workload(make_trace(rng, steps=3, prompts=5, group=3, max_len=200), seed=wl_seed)
+    n = 300
+    step, pid, sample = rng.integers(0, 7, n), rng.integers(-2, 8, n), rng.integers(0, 6, n)
+    budget = np.where(rng.random(n) < 0.3, 200, rng.integers(1, 400, n))
+    got = lookup_many(wl, step, pid, sample, budget)
+    for j in range(n):
+        want = wl.lookup(int(step[j]), int(pid[j]), int(sample[j]), int(budget[j]))
+        assert (got[0][j], got[1][j], got[3][j], got[4][j]) == (want.length, want.finish_reason, want.source, want.row)
+        assert got[2][j] == want.reward or (np.isnan(got[2][j]) and np.isnan(want.reward))
