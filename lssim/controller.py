@@ -112,6 +112,12 @@ class Controller:
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
         self._bridges = policy.overrides("bridge")
+        # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
+        # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.fastsim), with the
+        # same results. Asked only of engines that have the ability (lssim.core.Engine.set_batch_rollout).
+        set_batch = getattr(engine, "set_batch_rollout", None)
+        if set_batch is not None:
+            set_batch(self._batch_rollout())
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
@@ -120,6 +126,14 @@ class Controller:
                 raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
                                  f"{type(trainer).__name__} cannot do (no set_train_mask)")
             trainer.set_train_mask(policy.train_mask)
+
+    def _batch_rollout(self) -> bool:
+        """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
+        end of rollout, top-up) and a mode that neither ends the rollout early nor keeps or interrupts it."""
+        mode = self.mode
+        return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
+                and not mode.keeps_generating and not mode.interrupts
+                and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
@@ -231,11 +245,12 @@ class Controller:
         rollout_end, busy = engine.now(), engine.utilization()
         for r in s.ended + s.carried_out:
             r.last_version = self.mode.version
-        done_groups = [Group(members[0].prompt_id, members[0].step, members) for gid, members in s.members.items()
-                       if gid not in s.dropped_groups and all(r.done for r in members)]
+        done_groups = []
         for gid, members in s.members.items():
-            if not all(r.done for r in members):
+            if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
+            elif gid not in s.dropped_groups:
+                done_groups.append(Group(members[0].prompt_id, members[0].step, members))
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).

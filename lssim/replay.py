@@ -94,17 +94,18 @@ class SimSetup:
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
-             progress: bool = False, *, config: RunConfig | None = None, prompts=None) -> RunResult:
+             progress: bool = False, *, config: RunConfig | None = None, prompts=None, batch_route: bool = True) -> RunResult:
     """Run one policy over the trace's workload: by default the same number of groups the trace trained on.
 
     `config` replaces that run shape (a validation replays a real run with the real run's own config);
     `prompts` replaces the data loader (the Workload's recorded batches) with another PromptSource, e.g. the
     real run's own, so that a policy drawing more or other prompts than the trace's steps draws the same
-    ones as it did for real; the Workload still answers every response."""
+    ones as it did for real; the Workload still answers every response. `batch_route=False` keeps every rollout
+    on the event engine (the batch route, lssim.fastsim, gives the same results; the tests compare them)."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
-    engine = SimEngine(workload, cost, engine_cfg)
+    engine = SimEngine(workload, cost, engine_cfg, batch_route=batch_route)
     mode_cfg = setup.mode_config()
     trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated)
     if config is None:

@@ -63,8 +63,10 @@ class _Instance:
 class SimEngine:
     """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
 
-    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS):
+    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS,
+                 *, batch_route: bool = True):
         self.workload, self.cost = workload, cost
+        self.batch_route = batch_route  # False: every rollout on the event route, whatever the controller allows
         self.base_cost = cost  # the cost model without execution features (set_speculation wraps it)
         self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
         self.speculated_tokens = 0  # tokens generated while speculation (or layer skip) was on
@@ -82,6 +84,8 @@ class SimEngine:
         self._interval: int | None = None
         self.preemptions = 0
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
+        self._batch = False  # set_batch_rollout: a submission runs to its end on the batch route (lssim.fastsim)
+        self._batched: list = []  # the requests submitted on the batch route, run at the next next_events
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -110,6 +114,13 @@ class SimEngine:
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens
 
+    def set_batch_rollout(self, on: bool) -> None:
+        """The controller's promise that, until next_events returns nothing, it will neither react to single events
+        nor submit or abort anything (lssim.core.Engine.set_batch_rollout): each submission then runs on the batch
+        route (lssim.fastsim), whose events next_events returns all at once, in the order this engine's heap would
+        give them, with the same times."""
+        self._batch = bool(on) and self.batch_route
+
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost
         model is wrapped (lssim.cost.SpeculativeCost); None switches it off. Set before the first submit."""
@@ -122,6 +133,11 @@ class SimEngine:
         return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
 
     def submit(self, requests: Sequence[Request]) -> None:
+        if self._batch:
+            if self._batched:
+                raise RuntimeError("batch rollout: a second submission before the first ran (use the event route)")
+            self._batched = list(requests)
+            return
         now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
         instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
         by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
@@ -158,6 +174,8 @@ class SimEngine:
             self._schedule(inst)
 
     def abort(self, r: Request) -> None:
+        if self._batched:
+            raise RuntimeError("batch rollout: abort before the batch ran (use the event route)")
         inst = self._where.pop(r.rid, None)
         if inst is None:
             return
@@ -174,6 +192,13 @@ class SimEngine:
         self._schedule(inst)
 
     def next_events(self) -> list[Event]:
+        if self._batched:
+            from .fastsim import run_batch
+
+            requests, self._batched = self._batched, []
+            events = run_batch(self, requests)
+            if events:
+                return events
         events, timers = self._events, self._timers
         while events or timers:
             if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this

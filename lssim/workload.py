@@ -257,3 +257,125 @@ def _recorded_spec(prompt_id: int, budgets: tuple[int, ...], trained: tuple[bool
     cap = max(budgets)
     return (prompt_id, len(budgets), cap, 0, None, None if min(budgets) == cap else budgets,
             None if all(trained) else trained)
+
+
+_U = np.uint64
+
+
+def hash01_many(seed: int, *parts: np.ndarray) -> np.ndarray:
+    """`_hash01(seed, *parts)` for arrays of parts, equal to it bit for bit (splitmix64 in wrapping uint64)."""
+    n = len(parts[0])
+    x = np.full(n, 0x9E3779B97F4A7C15, dtype=_U)
+    with np.errstate(over="ignore"):
+        for p in (np.full(n, seed, dtype=np.int64), *parts):
+            x = (x ^ np.asarray(p, dtype=np.int64).view(_U)) * _U(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> _U(31))) * _U(0x94D049BB133111EB)
+            x ^= x >> _U(29)
+    return (x >> _U(11)).astype(float) / float(1 << 53)
+
+
+class _ArrayIndex:
+    """The Workload's index as sorted arrays, for `Workload.lookup_many` (built on its first call)."""
+
+    def __init__(self, wl: "Workload"):
+        keys = np.array(list(wl._groups.keys()), dtype=np.int64).reshape(-1, 2)
+        spans = np.array(list(wl._groups.values()), dtype=np.int64).reshape(-1, 2)
+        self.pids = np.unique(keys[:, 1])
+        self.n_pids = len(self.pids)
+        code = np.searchsorted(self.pids, keys[:, 1])
+        combined = keys[:, 0] * self.n_pids + code  # (step, prompt code) -> one sortable int
+        order = np.argsort(combined)
+        self.group_key, self.group_start, self.group_count = combined[order], spans[order, 0], spans[order, 1]
+        by_prompt = np.lexsort((keys[:, 0], code))  # each prompt's recorded steps, sorted
+        self.prompt_code, self.prompt_step = code[by_prompt], keys[by_prompt, 0]
+        self.prompt_key = self.prompt_code * _SPREAD + self.prompt_step
+        self.prompt_lo = np.searchsorted(self.prompt_code, np.arange(self.n_pids))
+        self.prompt_hi = np.searchsorted(self.prompt_code, np.arange(self.n_pids), side="right")
+        self.steps = np.array(wl.steps, dtype=np.int64)
+        self.step_lo = np.array([wl._step_rows[s][0] for s in wl.steps], dtype=np.int64)
+        self.step_hi = np.array([wl._step_rows[s][1] for s in wl.steps], dtype=np.int64)
+        self.length = np.array(wl._len, dtype=np.int64)
+        self.max = np.array(wl._max, dtype=np.int64)
+        self.stopped = np.array(wl._stopped, dtype=bool)
+        self.reward = np.array(wl._reward, dtype=float)
+        self.reason = np.array(wl._reason, dtype=object)
+
+    def code_of(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        code = np.minimum(np.searchsorted(self.pids, pid), max(self.n_pids - 1, 0))
+        return code, self.pids[code] == pid
+
+    def group(self, step: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(hit, start, count) of each (step, prompt code)."""
+        key = step * self.n_pids + code
+        i = np.minimum(np.searchsorted(self.group_key, key), len(self.group_key) - 1)
+        hit = self.group_key[i] == key
+        return hit, self.group_start[i], np.where(hit, self.group_count[i], 0)
+
+
+def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray, keys: np.ndarray,
+                  query: np.ndarray) -> np.ndarray:
+    """`Workload._nearest` of each step within sorted_steps[lo:hi] (the earlier one on a tie). `keys` are the
+    sorted (range, step) pairs as one int and `query` each step's pair: one search finds its place in its range."""
+    i = np.searchsorted(keys, query)  # = bisect_left within the row's own range (other ranges' keys sort outside)
+    first, last = sorted_steps[lo], sorted_steps[np.maximum(hi - 1, lo)]
+    after = sorted_steps[np.minimum(i, hi - 1)]
+    before = sorted_steps[np.maximum(i - 1, lo)]
+    pick = np.where((after == step) | (after - step < step - before), after, before)
+    return np.where(i == lo, first, np.where(i == hi, last, pick))
+
+
+_SPREAD = np.int64(1) << 31  # (prompt code, step) as one int: code * _SPREAD + step (steps are below 2**31)
+
+
+def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
+    """`wl.lookup` for arrays of queries: (length, finish_reason, reward, source, row), each an array (reasons and
+    sources as object arrays of the same strings). The cases the Workload answers from one row are computed over
+    arrays; the rest (a response recorded cut short and asked with a larger budget) are asked one by one."""
+    index = wl.__dict__.get("_array_index")
+    if index is None:
+        index = wl.__dict__["_array_index"] = _ArrayIndex(wl)
+    step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
+    sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
+    n = len(step)
+    code, known = index.code_of(pid)
+    hit, start, count = index.group(step, code)
+    exact = known & hit & (sample < count)
+    row = np.where(exact, start + sample, 0)
+    source = np.where(exact, EXACT, RESAMPLED).astype(object)
+    other = known & ~exact
+    if other.any():
+        s, c = step[other], code[other]
+        near = _nearest_many(index.prompt_step, index.prompt_lo[c], index.prompt_hi[c], s, index.prompt_key, c * _SPREAD + s)
+        _, g_start, g_count = index.group(near, c)
+        smp, p = sample[other], pid[other]
+        rotate = np.floor(hash01_many(wl.seed, s, p) * g_count).astype(np.int64)
+        drawn = np.floor(hash01_many(wl.seed, s, p, smp) * g_count).astype(np.int64)
+        row[other] = g_start + np.where(smp < g_count, (smp + rotate) % np.maximum(g_count, 1), drawn)
+    unknown = ~known
+    if unknown.any():
+        s = step[unknown]
+        near = _nearest_many(index.steps, np.zeros(len(s), np.int64), np.full(len(s), len(index.steps)), s, index.steps, s)
+        at = np.searchsorted(index.steps, near)
+        lo, hi = index.step_lo[at], index.step_hi[at]
+        row[unknown] = lo + np.floor(hash01_many(wl.seed, s, pid[unknown], sample[unknown]) * (hi - lo)).astype(np.int64)
+        source[unknown] = GLOBAL
+    return _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
+
+
+def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, keys) -> tuple:
+    """`Workload._from_row` over arrays; rows it cannot answer alone are asked of `wl.lookup` one by one."""
+    rec_len, stopped = index.length[row], index.stopped[row]
+    as_recorded = ~stopped & exact & (budget == index.max[row])
+    natural = (stopped & (rec_len <= budget)) | as_recorded
+    cut = ~natural & (stopped | (budget <= rec_len))
+    length = np.where(natural, rec_len, budget)
+    reward = np.where(natural, index.reward[row], wl._low)
+    reason = np.where(stopped, STOP, LENGTH).astype(object)
+    reason[as_recorded] = index.reason[row[as_recorded]]
+    reason[cut] = LENGTH
+    source = source.copy()
+    source[cut & exact] = TRUNCATED
+    for j in np.flatnonzero(~natural & ~cut).tolist():  # recorded cut short, asked with more budget: the scalar model
+        a = wl.lookup(int(keys[0][j]), int(keys[1][j]), int(keys[2][j]), int(budget[j]))
+        length[j], reason[j], reward[j], source[j], row[j] = a.length, a.finish_reason, a.reward, a.source, a.row
+    return length, reason, reward, source, row

@@ -1,14 +1,20 @@
-"""Simulator speed, as ratios against issue 15's goals: responses per second per policy on one core, sweep runs per
-second with 1 and 2 workers, and the wall time of `lssim replay` on a large trace with and without its references.
+"""Simulator speed, as ratios against issue 15's goals: responses per second per policy on one core (each policy's
+route: the batch route, lssim.fastsim, where it has no per-event hook; the event engine otherwise), a KV-bound
+long-response workload, sweep runs per second with 1 and 2 workers, and the wall time of `lssim replay` on a
+1,024,000-response trace with and without its references.
 
     python -m lssim.benchmarks.sim_speed                       # every section, defaults below
     python -m lssim.benchmarks.sim_speed --only sim --responses 1000000 --policy baseline --policy hadb
+    python -m lssim.benchmarks.sim_speed --only kv --kv-requests 51200
     python -m lssim.benchmarks.sim_speed --only sweep --sweep-runs 24
     python -m lssim.benchmarks.sim_speed --only cli --cli-responses 1024000
 
 Every figure is the median of `--repeats` runs (the machine this was written on is shared and noisy: read
 the spread it prints too). `sim`: the trace is synthesized from the math7b preset with as many steps as it
-takes, its synthesis and the Workload's index timed apart; the simulation runs pinned to one CPU. `sweep`:
+takes, its synthesis and the Workload's index timed apart; the simulation runs pinned to one CPU; a policy on the
+batch route is also run on the event engine (`--event-responses` of the trace) for the ratio. `kv`: requests of
+mean ~2.4k tokens (max 8k) on one H100 running llama3-8b with 256 sequences, so the KV cache binds and requests
+are preempted; the baseline on both routes (the event engine on `--kv-event-requests` of them). `sweep`:
 `lssim.parallel.run_jobs` over a small trace (policies x instance counts), on 1 and on 2 processes, pool start
 included. `cli`: `python -m lssim.cli replay` in a fresh process on a synthesized trace (process start,
 reading and validating the trace included), with baseline and oracle, then with --no-reference.
@@ -26,12 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from lssim.policy import available_policies, make_policy
 from lssim.replay import SimSetup, simulate
 from lssim.synth import get_preset, synthesize
 from lssim.workload import Workload
 
 GOAL_RESPONSES_PER_SECOND = 1_000_000  # issue 15: on one core, baseline, oracle and hadb
 GOAL_CLI_SECONDS = 5.0  # issue 15: `lssim replay` of 1,024,000 responses under hadb with its references
+GOAL_KV_REQUESTS_PER_SECOND = 250_000  # issue 15: baseline on the KV-bound workload
+EVENT_HOOKS = ("on_progress", "on_finish", "end_rollout", "top_up")  # a policy with one runs on the event engine
 
 
 def _trace(responses: int, **overrides):
@@ -44,26 +53,66 @@ def _median(times: list[float]) -> str:
     return f"median of {len(times)}, {min(times):.2f}-{max(times):.2f} s" if len(times) > 1 else "1 run"
 
 
-def bench_sim(responses: int, policies: list[str], repeats: int) -> None:
+def bench_sim(responses: int, policies: list[str], repeats: int, event_responses: int) -> None:
     t = time.perf_counter()
     trace = _trace(responses)
     t_synth = time.perf_counter() - t
     t = time.perf_counter()
     workload = Workload(trace)
     t_index = time.perf_counter() - t
+    small = Workload(_trace(event_responses))
     print(f"sim: {len(trace):,} responses (synthesized in {t_synth:.2f} s, indexed in {t_index:.2f} s); one core; "
-          f"goal {GOAL_RESPONSES_PER_SECOND:,} responses/s")
+          f"goal {GOAL_RESPONSES_PER_SECOND:,} responses/s; event engine on {event_responses:,} for the ratio")
     pinned = _pin_one_cpu()
     try:
+        simulate(small, "baseline", SimSetup())  # loads the batch route's compiled kernels (numba's cache)
         for policy in policies:
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                result = simulate(workload, policy, SimSetup())
-                times.append(time.perf_counter() - t)
-            n, wall = len(result.responses), statistics.median(times)
-            print(f"  {policy:16s} {n / wall:>10,.0f} responses/s  {n / wall / GOAL_RESPONSES_PER_SECOND:6.3f}x goal  "
-                  f"({n:,} in {wall:.2f} s, {_median(times)})")
+            built = make_policy(policy)
+            batch = not any(built.overrides(h) for h in EVENT_HOOKS)
+            rate, n, times = _rate(workload, policy, SimSetup(), repeats)
+            line = (f"  {policy:16s} {'batch' if batch else 'event'}  {rate:>10,.0f} responses/s  "
+                    f"{rate / GOAL_RESPONSES_PER_SECOND:6.3f}x goal  ({n:,} in {statistics.median(times):.2f} s, {_median(times)})")
+            if batch:
+                event_rate, _, _ = _rate(small, policy, SimSetup(), 1, batch_route=False)
+                line += f"  {rate / event_rate:5.1f}x its event-engine rate ({event_rate:,.0f}/s)"
+            print(line)
+    finally:
+        _unpin(pinned)
+
+
+def _rate(workload: Workload, policy: str, setup: SimSetup, repeats: int, **kw) -> tuple[float, int, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        result = simulate(workload, policy, setup, **kw)
+        times.append(time.perf_counter() - t)
+    n = len(result.responses)
+    return n / statistics.median(times), n, times
+
+
+def bench_kv(requests: int, event_requests: int, repeats: int) -> None:
+    """The KV-bound regime: long responses, one instance, the cache holding fewer sequences than max_num_seqs."""
+    setup = SimSetup(model="llama3-8b", hardware="H100", n_instances=1, max_num_seqs=256)
+
+    def kv_trace(n):
+        preset = get_preset("math7b").replace(prompts_per_step=256, max_tokens=8192, length_median=1700.0)
+        return synthesize(preset.replace(steps=max(1, math.ceil(n / (256 * preset.group_size)))))
+
+    trace = kv_trace(requests)
+    workload, small = Workload(trace), Workload(kv_trace(event_requests))
+    print(f"kv: {len(trace):,} requests of mean {trace['response_len'].mean():,.0f} tokens, llama3-8b on one H100, "
+          f"256 sequences, KV cache {setup.engine_config().kv_capacity_tokens:,} tokens; goal "
+          f"{GOAL_KV_REQUESTS_PER_SECOND:,} requests/s")
+    pinned = _pin_one_cpu()
+    try:
+        simulate(small, "baseline", setup)
+        rate, n, times = _rate(workload, "baseline", setup, repeats)
+        result = simulate(small, "baseline", setup)
+        event_rate, _, _ = _rate(small, "baseline", setup, 1, batch_route=False)
+        print(f"  baseline batch  {rate:>10,.0f} requests/s  {rate / GOAL_KV_REQUESTS_PER_SECOND:6.3f}x goal  "
+              f"({n:,} in {statistics.median(times):.2f} s, {_median(times)})")
+        print(f"  baseline event  {event_rate:>10,.0f} requests/s  on {event_requests:,} "
+              f"({result.meta['preemptions']:,} preemptions): batch/event {rate / event_rate:.1f}x")
     finally:
         _unpin(pinned)
 
@@ -125,17 +174,22 @@ def bench_cli(responses: int, policy: str, repeats: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["sim", "sweep", "cli"], action="append", help="sections to run (default: all)")
+    ap.add_argument("--only", choices=["sim", "kv", "sweep", "cli"], action="append", help="sections to run (default: all)")
     ap.add_argument("--responses", type=int, default=300_000, help="sim: responses in the trace (default 300,000)")
-    ap.add_argument("--policy", action="append", default=None, help="sim: policies (default baseline, oracle, hadb, april)")
+    ap.add_argument("--policy", action="append", default=None, help="sim: policies (default: every policy in policies/)")
+    ap.add_argument("--event-responses", type=int, default=50_000, help="sim: responses the event engine runs for the ratio")
+    ap.add_argument("--kv-requests", type=int, default=51_200, help="kv: requests in the KV-bound workload (default 51,200)")
+    ap.add_argument("--kv-event-requests", type=int, default=2_048, help="kv: requests the event engine runs (default 2,048)")
     ap.add_argument("--sweep-runs", type=int, default=24, help="sweep: runs (default 24)")
-    ap.add_argument("--cli-responses", type=int, default=256_000, help="cli: responses in the trace (default 256,000)")
+    ap.add_argument("--cli-responses", type=int, default=1_024_000, help="cli: responses in the trace (default 1,024,000)")
     ap.add_argument("--cli-policy", default="hadb")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is printed (default 3)")
     args = ap.parse_args(argv)
-    sections = args.only or ["sim", "sweep", "cli"]
+    sections = args.only or ["sim", "kv", "sweep", "cli"]
     if "sim" in sections:
-        bench_sim(args.responses, args.policy or ["baseline", "oracle", "hadb", "april"], args.repeats)
+        bench_sim(args.responses, args.policy or available_policies(), args.repeats, args.event_responses)
+    if "kv" in sections:
+        bench_kv(args.kv_requests, args.kv_event_requests, args.repeats)
     if "sweep" in sections:
         bench_sweep(args.sweep_runs, args.repeats)
     if "cli" in sections:

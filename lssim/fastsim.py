@@ -1,0 +1,514 @@
+"""The simulator's batch route: a whole rollout priced as arrays, for runs where nobody reacts to single events.
+
+When the policy acts only through step-level hooks (plan, priority, place, select, end_step) and the execution
+mode never ends a rollout early or interrupts it, the controller submits a step's requests once and then only
+drains events until none are left (lssim.controller). Nothing between the submission and the last finish can
+change what an instance does, so each instance's evolution is a function of its own queue: this module runs it
+in three passes instead of an event heap in Python.
+
+1. `_structure` (numba): per instance, the vLLM scheduling of lssim.sim.SimEngine with integers only --
+   admission in (priority, arrival) order while the KV cache holds the next token, the next boundary at a
+   finish or at a cache overflow, preemption by recompute of the lowest-priority latest-admitted sequence.
+   None of it depends on time, so every span (n running, their summed context, k iterations) is known first.
+   Two facts keep it a loop over arrays: the waiting requests' keys are always above the running ones' (the
+   head of the queue is admitted, the last admitted is preempted), so the running set is a stack in key order
+   and the queue a cursor; finishes are a binary heap on (iteration, admission seq), as in the event engine.
+2. pricing: every span, prefill and departure priced at once (`price_decode` is the roofline's closed form
+   over arrays, operation for operation the scalar one; other cost models are called once per span).
+3. `_clock` (numba): the instance clocks accumulated in the event engine's order of additions (so per-step
+   rollout seconds and finish times are the event engine's to the last bit), and `_merge` orders the boundaries
+   of all instances as its heap pops them ((time, push order)), which is the order the controller ends the
+   responses in.
+
+tests/test_fastpath.py checks the route against the event engine on generated workloads (lengths, budgets,
+instances, KV capacities small enough to preempt): per-step rollout seconds, per-response finish times,
+the responses trained, the frames. The event engine (lssim.sim) stays the reference and serves every run
+with per-event hooks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .core import FINISHED, Event
+
+_START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
+
+
+@njit(cache=True)
+def _grow(a, size):
+    out = np.empty(max(size, 2 * len(a)), a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+@njit(cache=True)
+def _heap_push(hit, hseq, hreq, hep, size, it, seq, req, ep):
+    """A binary min-heap on (iteration, seq) held in four arrays; returns the new size."""
+    i = size
+    hit[i], hseq[i], hreq[i], hep[i] = it, seq, req, ep
+    while i > 0:
+        p = (i - 1) // 2
+        if hit[p] < hit[i] or (hit[p] == hit[i] and hseq[p] < hseq[i]):
+            break
+        hit[i], hit[p] = hit[p], hit[i]
+        hseq[i], hseq[p] = hseq[p], hseq[i]
+        hreq[i], hreq[p] = hreq[p], hreq[i]
+        hep[i], hep[p] = hep[p], hep[i]
+        i = p
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(hit, hseq, hreq, hep, size):
+    """Remove the top; returns the new size (the top must be read before)."""
+    size -= 1
+    hit[0], hseq[0], hreq[0], hep[0] = hit[size], hseq[size], hreq[size], hep[size]
+    i = 0
+    while True:
+        l, r, m = 2 * i + 1, 2 * i + 2, i
+        if l < size and (hit[l] < hit[m] or (hit[l] == hit[m] and hseq[l] < hseq[m])):
+            m = l
+        if r < size and (hit[r] < hit[m] or (hit[r] == hit[m] and hseq[r] < hseq[m])):
+            m = r
+        if m == i:
+            return size
+        hit[i], hit[m] = hit[m], hit[i]
+        hseq[i], hseq[m] = hseq[m], hseq[i]
+        hreq[i], hreq[m] = hreq[m], hreq[i]
+        hep[i], hep[m] = hep[m], hep[i]
+        i = m
+
+
+@njit(cache=True)
+def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
+    """Every instance's schedule, integers only (module docstring, pass 1).
+
+    `order`: request indices, instance by instance (`inst_start` offsets), each instance's in (priority, arrival)
+    order. `gen` is updated in place (tokens generated; a finished request's is its length). Returns the records
+    (kind, instance, n, ctx, k of the span before the boundary, departures there and the departures already at
+    that boundary, n after them, the prefill admitted after it and the n and ctx then, the first and count of its
+    finishes in `fin`), `fin` (request indices in the order the boundaries end them), each request's finishing
+    record and first admitting record, the preemptions, and an error instance (-1: none)."""
+    n_inst = len(inst_start) - 1
+    n_req = len(prompt)
+    cap = 2 * n_req + 2 * n_inst + 16
+    kind = np.empty(cap, np.int64)
+    rinst = np.empty(cap, np.int64)
+    rn = np.empty(cap, np.int64)
+    rctx = np.empty(cap, np.int64)
+    rk = np.empty(cap, np.int64)
+    rleft = np.empty(cap, np.int64)
+    rbefore = np.empty(cap, np.int64)
+    rnafter = np.empty(cap, np.int64)
+    rpf = np.empty(cap, np.int64)
+    ran = np.empty(cap, np.int64)
+    ractx = np.empty(cap, np.int64)
+    rfin0 = np.empty(cap, np.int64)
+    rfinc = np.empty(cap, np.int64)
+    fin = np.empty(n_req, np.int64)
+    fin_rec = np.full(n_req, -1, np.int64)
+    first_rec = np.full(n_req, -1, np.int64)
+    admit_it = np.zeros(n_req, np.int64)
+    gen_at_admit = np.zeros(n_req, np.int64)
+    epoch = np.zeros(n_req, np.int64)
+    done = np.zeros(n_req, np.bool_)
+    hit = np.empty(n_req + 1, np.int64)
+    hseq = np.empty(n_req + 1, np.int64)
+    hreq = np.empty(n_req + 1, np.int64)
+    hep = np.empty(n_req + 1, np.int64)
+    stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
+    n_rec = 0
+    n_fin = 0
+    preemptions = 0
+    for i in range(n_inst):
+        lo, hi = inst_start[i], inst_start[i + 1]
+        if lo == hi:
+            continue
+        head = lo  # the first waiting position (every running one is below it)
+        it = 0
+        n = 0
+        ctx = 0
+        hsize = 0
+        ssize = 0
+        seq = 0
+        left_at = -1
+        left = 0
+        k = -1
+        n_before = 0
+        ctx_before = 0
+        first = True
+        while True:
+            if n_rec + 1 >= len(kind):
+                size = n_rec + 2
+                kind = _grow(kind, size); rinst = _grow(rinst, size); rn = _grow(rn, size); rctx = _grow(rctx, size)
+                rk = _grow(rk, size); rleft = _grow(rleft, size); rbefore = _grow(rbefore, size)
+                rnafter = _grow(rnafter, size); rpf = _grow(rpf, size); ran = _grow(ran, size)
+                ractx = _grow(ractx, size); rfin0 = _grow(rfin0, size); rfinc = _grow(rfinc, size)
+            rec = n_rec
+            n_rec += 1
+            rinst[rec] = i
+            rfin0[rec] = n_fin
+            rleft[rec] = 0
+            rbefore[rec] = 0
+            if first:
+                kind[rec] = _START
+                rn[rec] = 0
+                rctx[rec] = 0
+                rk[rec] = -1
+                rnafter[rec] = 0
+                first = False
+            else:
+                kind[rec] = _FIRE
+                rn[rec] = n_before
+                rctx[rec] = ctx_before
+                rk[rec] = k
+                # the finishes at this boundary, in (iteration, seq) order
+                n0 = n
+                while hsize > 0 and hit[0] <= it:
+                    r = hreq[0]
+                    ep = hep[0]
+                    hsize = _heap_pop(hit, hseq, hreq, hep, hsize)
+                    if ep != epoch[r]:
+                        continue
+                    g = gen_at_admit[r] + (it - admit_it[r])
+                    gen[r] = g
+                    done[r] = True
+                    epoch[r] += 1
+                    n -= 1
+                    ctx -= prompt[r] + g
+                    fin[n_fin] = r
+                    fin_rec[r] = rec
+                    n_fin += 1
+                leaving = n0 - n
+                if leaving > 0 and n > 0:
+                    before = left if left_at == it else 0
+                    left_at = it
+                    left = before + leaving
+                    rbefore[rec] = before
+                rleft[rec] = leaving
+                rnafter[rec] = n  # after the departures, before any preemption (SimEngine._depart sees this n)
+                # preemption by recompute: the last admitted (largest key) goes back to the head of the queue
+                while n > 0 and capacity - ctx < n:
+                    pos = stack[ssize - 1]
+                    ssize -= 1
+                    r = order[pos]
+                    if done[r]:
+                        continue
+                    g = gen_at_admit[r] + (it - admit_it[r])
+                    gen[r] = g
+                    n -= 1
+                    ctx -= prompt[r] + g
+                    epoch[r] += 1
+                    head = pos
+                    preemptions += 1
+            rfinc[rec] = n_fin - rfin0[rec]
+            # admission, in key order, while the cache holds the admitted and the next iteration's tokens
+            prefill = 0
+            while head < hi and n < max_seqs:
+                r = order[head]
+                if done[r]:
+                    head += 1
+                    continue
+                need = prompt[r] + gen[r]
+                if ctx + need + n + 1 > capacity:
+                    break
+                head += 1
+                n += 1
+                ctx += need
+                prefill += need
+                admit_it[r] = it
+                gen_at_admit[r] = gen[r]
+                if first_rec[r] < 0:
+                    first_rec[r] = rec
+                while ssize > 0 and done[order[stack[ssize - 1]]]:  # finished ones on top are gone
+                    ssize -= 1
+                stack[ssize] = head - 1
+                ssize += 1
+                hsize = _heap_push(hit, hseq, hreq, hep, hsize, it + max(0, length[r] - gen[r]), seq, r, epoch[r])
+                seq += 1
+            rpf[rec] = prefill
+            ran[rec] = n
+            ractx[rec] = ctx
+            if n == 0:
+                if head < hi:
+                    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
+                            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
+                            fin[:n_fin], fin_rec, first_rec, preemptions, i)
+                break
+            # the next boundary: a finish, or the cache unable to hold the next iteration's tokens
+            while hsize > 0 and hep[0] != epoch[hreq[0]]:
+                hsize = _heap_pop(hit, hseq, hreq, hep, hsize)
+            target = min(hit[0], it + (capacity - ctx) // n)
+            k = target - it
+            n_before = n
+            ctx_before = ctx
+            ctx += n * k
+            it = target
+    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
+            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
+            fin[:n_fin], fin_rec, first_rec, preemptions, -1)
+
+
+@njit(cache=True)
+def _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, first_decode, departure, t0, busy0, seqs0):
+    """The instance clocks, added up in the event engine's order (module docstring, pass 3). Returns each
+    record's event time (the heap's key) and clock after its span, the first-token time of what it admitted,
+    and each instance's final clock, busy seconds, sequence-seconds and owed departure seconds."""
+    n_rec = len(kind)
+    event_t = np.empty(n_rec)
+    after = np.empty(n_rec)
+    first_token = np.empty(n_rec)
+    t = t0.copy()
+    busy = busy0.copy()
+    seqs = seqs0.copy()
+    owed = np.zeros(len(t0))
+    for rec in range(n_rec):
+        i = rinst[rec]
+        if kind[rec] == _FIRE:
+            event_t[rec] = t[i] + owed[i] + span[rec]
+            if rk[rec] > 0:
+                dt = span[rec] + owed[i]
+                owed[i] = 0.0
+                t[i] += dt
+                busy[i] += dt
+                seqs[i] += rn[rec] * dt
+            if rleft[rec] > 0:
+                if rnafter[rec] == 0:
+                    owed[i] = 0.0
+                else:
+                    owed[i] += departure[rec]
+        else:
+            event_t[rec] = np.nan
+        after[rec] = t[i]
+        if rpf[rec] > 0:
+            t[i] += prefill[rec]
+            busy[i] += prefill[rec]
+            first_token[rec] = t[i] + first_decode[rec]
+        else:
+            first_token[rec] = np.nan
+    return event_t, after, first_token, t, busy, seqs, owed
+
+
+@njit(cache=True)
+def _merge(kind, rinst, event_t, touched_rank, n_inst):
+    """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
+    an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""
+    n_rec = len(kind)
+    nxt = np.full(n_inst, -1, np.int64)  # each instance's next FIRE record
+    # records are grouped by instance, in order; a cursor per instance walks its own
+    last = np.full(n_inst, -1, np.int64)
+    link = np.full(n_rec, -1, np.int64)
+    for rec in range(n_rec):
+        if kind[rec] != _FIRE:
+            continue
+        i = rinst[rec]
+        if last[i] < 0:
+            nxt[i] = rec
+        else:
+            link[last[i]] = rec
+        last[i] = rec
+    heap_t = np.empty(n_inst)
+    heap_s = np.empty(n_inst, np.int64)
+    heap_i = np.empty(n_inst, np.int64)
+    size = 0
+    out = np.empty(n_rec, np.int64)
+    n_out = 0
+    for i in range(n_inst):
+        if nxt[i] >= 0:
+            heap_t[size], heap_s[size], heap_i[size] = event_t[nxt[i]], touched_rank[i], i
+            size += 1
+    # heapify by insertion order is enough for a handful of instances; sift each up
+    for j in range(size):
+        c = j
+        while c > 0:
+            p = (c - 1) // 2
+            if heap_t[p] < heap_t[c] or (heap_t[p] == heap_t[c] and heap_s[p] < heap_s[c]):
+                break
+            heap_t[p], heap_t[c] = heap_t[c], heap_t[p]
+            heap_s[p], heap_s[c] = heap_s[c], heap_s[p]
+            heap_i[p], heap_i[c] = heap_i[c], heap_i[p]
+            c = p
+    pops = 0
+    while size > 0:
+        i = heap_i[0]
+        rec = nxt[i]
+        out[n_out] = rec
+        n_out += 1
+        nxt[i] = link[rec]
+        pops += 1
+        if nxt[i] >= 0:  # replace the top with this instance's next event, pushed now
+            heap_t[0], heap_s[0] = event_t[nxt[i]], n_inst + pops
+        else:
+            size -= 1
+            heap_t[0], heap_s[0], heap_i[0] = heap_t[size], heap_s[size], heap_i[size]
+        c = 0
+        while True:
+            l, r, m = 2 * c + 1, 2 * c + 2, c
+            if l < size and (heap_t[l] < heap_t[m] or (heap_t[l] == heap_t[m] and heap_s[l] < heap_s[m])):
+                m = l
+            if r < size and (heap_t[r] < heap_t[m] or (heap_t[r] == heap_t[m] and heap_s[r] < heap_s[m])):
+                m = r
+            if m == c:
+                break
+            heap_t[m], heap_t[c] = heap_t[c], heap_t[m]
+            heap_s[m], heap_s[c] = heap_s[c], heap_s[m]
+            heap_i[m], heap_i[c] = heap_i[c], heap_i[m]
+            c = m
+    return out[:n_out]
+
+
+def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit: the roofline's
+    closed form written over arrays with the same operations in the same order; any other model called per span."""
+    from .cost.roofline import RooflineCostModel
+
+    if type(cost) is not RooflineCostModel:
+        return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
+                           dtype=float, count=len(n))
+    out = np.zeros(len(n))
+    live = (k > 0) & (n > 0)
+    if not live.any():
+        return out
+    n_, c_, k_ = n[live].astype(float), ctx[live].astype(float), k[live]
+    mb, cb = cost._mem_b, cost._cmp_b
+    m0 = cost._mem_a + mb * c_
+    c0 = cost._cmp_a * n_ + cb * c_
+    top = c0 >= m0
+    v0, v1 = np.where(top, c0, m0), np.where(top, m0, c0)
+    s0, s1 = np.where(top, cb * n_, mb * n_), np.where(top, mb * n_, cb * n_)
+    kf = k_.astype(float)
+    plain = kf * (v0 + s0 * (kf - 1) * 0.5 + cost._ov)
+    crossing = s1 > s0
+    if crossing.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            j = np.where(crossing, np.trunc((v0 - v1) / np.where(crossing, s1 - s0, 1.0)) + 1, np.inf)
+        two = crossing & (j < kf)
+        if two.any():
+            jj, kk = j[two], kf[two]
+            plain[two] = (jj * (v0[two] + s0[two] * (jj - 1) * 0.5)
+                          + (kk - jj) * (v1[two] + s1[two] * (jj + kk - 1) * 0.5)
+                          + kk * cost._ov)
+    out[live] = plain
+    return out
+
+
+def _price_each(fn, values: np.ndarray) -> np.ndarray:
+    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few)."""
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse] if len(values) else np.zeros(0)
+
+
+def run_batch(engine, requests) -> list[Event]:
+    """Submit `requests` to an idle SimEngine and run every instance until all have ended: the FINISHED events
+    the event engine would report, in its order, with the requests filled in as it fills them. The engine's
+    clock, utilization and counters move as they would have."""
+    instances, cfg = engine.instances, engine.config
+    if any(inst.n or inst.pending for inst in instances):
+        raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
+    n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
+    target = engine._target
+    m = len(requests)
+    prompt = np.fromiter((r.prompt_len for r in requests), np.int64, m)
+    gen = np.fromiter((r.generated for r in requests), np.int64, m)
+    budget = np.fromiter((r.max_tokens for r in requests), np.int64, m)
+    too_big = np.flatnonzero(prompt + budget > capacity)
+    if len(too_big):
+        r = requests[int(too_big[0])]
+        raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
+                         f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
+    length = _answers(engine, requests)
+    # least-loaded dispatch from an idle cluster: the j-th unplaced request goes to instance j mod N
+    pinned = [r.instance for r in requests]
+    inst = np.empty(m, np.int64)
+    free = np.array([p is None for p in pinned])
+    inst[free] = np.arange(int(free.sum())) % n_inst
+    if not free.all():
+        inst[~free] = np.array([p for p in pinned if p is not None], np.int64) % n_inst
+    priority = np.fromiter((r.priority for r in requests), np.int64, m)
+    order = np.lexsort((np.arange(m), priority, inst))
+    inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
+    (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
+     preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs)
+    if error >= 0:
+        raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
+    cost = engine.cost
+    span = price_decode(cost, rn, rctx, rk)
+    first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
+    prefill = _price_each(cost.prefill_time, rpf)
+    departure = _price_each(cost.departure_time, rbefore + rleft) - _price_each(cost.departure_time, rbefore)
+    t0 = np.array([max(x.t, now) for x in instances])
+    busy0 = np.array([x.busy for x in instances])
+    seqs0 = np.array([x.seq_seconds for x in instances])
+    event_t, after, first_token, t, busy, seqs, owed = _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
+                                                              first_decode, departure, t0, busy0, seqs0)
+    _note_speculation(engine, rn, rk)
+    touched_rank = np.full(n_inst, n_inst, np.int64)
+    seen = np.unique(inst, return_index=True)
+    touched_rank[seen[0]] = np.argsort(np.argsort(seen[1]))
+    popped = _merge(kind, rinst, event_t, touched_rank, n_inst)
+    for i, x in enumerate(instances):
+        x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
+        x.version += 1
+    engine.preemptions += int(preemptions)
+    if len(popped):
+        engine.clock = max(now, float(event_t[popped].max()))
+    return _events(requests, popped, rfin0, rfinc, fin, after, first_token, first_rec, gen, target, now)
+
+
+def _answers(engine, requests) -> np.ndarray:
+    """Each request's length, from the engine's answers or the Workload's (asked once per response, over arrays:
+    lssim.workload.lookup_many); records the new answers as SimEngine.submit does."""
+    from .workload import EXACT, lookup_many
+
+    target, m = engine._target, len(requests)
+    new = [r for r in requests if r.rid not in target]
+    if new:
+        keys = np.array([(r.batch, r.step, r.sample_idx, r.batch_sample, r.prompt_id, r.max_tokens) for r in new],
+                        dtype=np.int64).reshape(-1, 6)
+        batch, pid, budget = keys[:, 0], keys[:, 4], keys[:, 5]
+        own = batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
+        step = np.where(own, keys[:, 1], batch)
+        sample = np.where(own, keys[:, 2], keys[:, 3])
+        length, reason, reward, source, row = lookup_many(engine.workload, step, pid, sample, budget)
+        target.update(zip((r.rid for r in new), zip(length.tolist(), reason.tolist(), reward.tolist(), row.tolist())))
+        names, counts = np.unique(source.astype(str), return_counts=True)
+        for name, c in zip(names.tolist(), counts.tolist()):
+            engine.sources[name] += c
+        for r, e in zip(new, (source == EXACT).tolist()):
+            r.exact = e
+    return np.fromiter((target[r.rid][0] for r in requests), np.int64, m)
+
+
+def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:
+    """SimEngine._run's count of tokens generated while speculation was on, over every span."""
+    if not engine._spec_batch:
+        return
+    on = (rk > 0) & (rn > 0) & (rn <= engine._spec_batch)
+    for n in np.unique(rn[on]).tolist():
+        if engine.cost.factor(n) < 1.0:
+            sel = on & (rn == n)
+            engine.speculated_tokens += int((rn[sel] * rk[sel]).sum())
+
+
+def _events(requests, popped, rfin0, rfinc, fin, after, first_token, first_rec, gen, target, now) -> list[Event]:
+    """The requests filled in as the event engine fills them, and their FINISHED events in its order."""
+    counts = rfinc[popped]
+    starts = rfin0[popped]
+    total = int(counts.sum())
+    idx = np.repeat(starts - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(total)
+    ended = fin[idx]
+    times = np.repeat(after[popped], counts).tolist()
+    firsts = first_token[first_rec[ended]].tolist()
+    out = []
+    nan = float("nan")
+    for j, t, ft in zip(ended.tolist(), times, firsts):
+        r = requests[j]
+        _, r.finish_reason, r.reward, _ = target[r.rid]
+        r.generated = int(gen[j])
+        r.submit_time = now
+        r.first_token_time = ft if ft == ft else nan
+        r.finish_time = t
+        out.append(Event(FINISHED, r, t))
+    return out
