@@ -231,8 +231,12 @@ class Controller:
             if not all(r.done for r in members):
                 self._waiting_groups[gid] = members
         trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
-        train_metrics = self.trainer.train(trained, step) if trained else {}
-        timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end)
+        # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
+        # beside it: a job whose metrics come when it ends (lssim.modes.TrainJob); otherwise train() prices or blocks.
+        start = getattr(self.trainer, "start", None) if self.mode.trains_beside and trained else None
+        job = start(trained, step) if start is not None else None
+        train_metrics = {} if job is not None else self.trainer.train(trained, step) if trained else {}
+        timing = self.mode.train(train_metrics, step, trained, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
@@ -290,13 +294,13 @@ class Controller:
         """New weights reached the engine mid-rollout (async): generation pauses for the sync, every response in
         flight is re-prefilled under the new weights and continues (AReaL's interruptible rollout), and the
         admission gate may let more groups in."""
-        pause = self.mode.on_wake()
-        if pause is None:
+        arrived = self.mode.on_wake()
+        if arrived is None:
             return
         running = list(s.in_flight.values())
         for r in running:
             self.engine.abort(r)
-        self.engine.advance(pause)
+        arrived.push(self.engine)  # the simulator's clock moves by the sync; a real engine loads the weights
         for r in running:
             note_resume(r, self.mode.version)
         self._submit(running)
