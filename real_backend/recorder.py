@@ -163,6 +163,10 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),
         "tokens_before_resume": responses["tokens_before_resume"].astype("int64"),
         "trained": responses["trained"].astype(bool),
+        # the training step that consumed the response (-1: never trained). `step` stays the step that admitted it
+        # (the simulator's Workload answers a replay by it); in async modes the two differ, and the weight versions
+        # that generated its first and last token are policy_version_first / policy_version_last.
+        "train_step": responses["train_step"].astype("int64"),
     })
     return trace
 
