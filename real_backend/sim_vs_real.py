@@ -167,18 +167,29 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.mode is None and (args.staleness != 1 or args.async_variant != "roll"):
+        raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
     if args.runs:
         recorded = [load_run(folder) for folder in args.runs]
+        config = setup = specs = None
     else:
         config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
                            max_tokens=args.max_tokens, seed=args.seed)
         setup = RealSetup(n_prompts=args.n_prompts)
-        specs = _policy_specs(args.policies, available_policies, make_policy)
+        policies = args.policies or ("baseline" if args.mode else "baseline,hadb")  # per mode: the baseline alone
+        specs = _policy_specs(policies, available_policies, make_policy)
         for spec in specs:  # every policy checked before the engine starts
             prepare(setup, spec, config)
             problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
             if problem:
                 raise ValueError(problem)
+    if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
+        from .validate_modes import run as run_modes
+
+        if args.reprofile:
+            raise ValueError("--reprofile is not offered with --mode; profile first (`lssim profile`) and pass --profile")
+        return run_modes(args, specs, setup, config)
+    if not args.runs:
         recorded = _record(specs, setup, config, out, args.repeats, profile if args.reprofile else None)
     runs: dict[str, list] = {}
     for r in recorded:  # several recordings of one policy are repeats
@@ -267,9 +278,9 @@ def _policy_specs(text: str, available, make_policy) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", default="baseline,hadb", metavar="A,B,...",
+    p.add_argument("--policies", default=None, metavar="A,B,...",
                    help="policies to run on vLLM and replay (comma-separated specs, or 'all'); baseline is always added "
-                        "(default: baseline,hadb)")
+                        "(default: baseline,hadb; with --mode: baseline)")
     p.add_argument("--runs", nargs="+", metavar="DIR", help="take runs recorded by `lssim real --out DIR` instead of running "
                         "(several runs of one policy are repeats: their per-step median is compared)")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE), metavar="JSON",
@@ -288,6 +299,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record each policy K times (same seeds) and compare per-step medians; the spread of the K runs is "
                         "the machine's timing noise (default: 5; with 3, this 2-core VM's noise alone put some policies "
                         "past the targets)")
+    p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
+                   "each policy in each mode (collocated, disaggregated, async, hybrid), replay each in its mode, report the "
+                   "per-step error per mode and whether the predicted ranking of the modes is the measured one "
+                   "(real_backend/validate_modes.py; policies default to baseline; with --runs, 'any' takes every run)")
+    p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
+    p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
+    p.add_argument("--train-profile", default=str(Path(__file__).with_name("profile_trainer_cpu.json")), metavar="JSON",
+                   help="with --mode: the trainer's profiled cost (python -m real_backend.profile_trainer; default: "
+                        "real_backend/profile_trainer_cpu.json)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the runs and the comparison")
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 

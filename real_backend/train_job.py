@@ -87,15 +87,15 @@ def start_job(trainer, groups: list[Group], step: int) -> ThreadTrainJob:
     return job
 
 
-def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], run_start: float, train_devices: int = 1) -> None:
+def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1) -> None:
     """The controller's step rows (lssim.records: mode_fields, step_row) of steps whose update ran as a job: their
     train fields were unknown when the step was recorded (the job was running); now, for each job done, its
     measured times, phases and metrics. Each step's `step_seconds` runs from the previous step's weights being
-    ready (the run's start for the first), as the simulator counts it; NaN while a job runs. Idempotent: called
-    before every write (a job's sync is known only once its weights were pushed)."""
+    ready (from the first rollout's start for the first step, as the simulator's clock starts there); NaN while a
+    job runs. Idempotent: called before every write (a job's sync is known only once its weights were pushed)."""
     by_step = {j.step: j for j in jobs if j.future.done() and j.future.exception() is None}
     pending = {j.step for j in jobs} - set(by_step)
-    previous = run_start
+    previous = rows[0]["rollout_start"] if rows else math.nan
     for row in rows:
         step = int(row["step"])
         job = by_step.get(step)

@@ -213,12 +213,13 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         controller.on_step = on_step
     if not mode.collocated:
         _fill_job_rows(controller, trainer, mode)
+        recorder.write_in_background()
     result = _run_recorded(controller, recorder, engine, first)
     if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
         from .train_job import fill_step_rows, shutdown
 
         shutdown(trainer)
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), controller.run_start, mode.train_devices)
+        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
         recorder.write()
         result = controller.result()
     if spec is not None:
@@ -260,11 +261,10 @@ def _fill_job_rows(controller, trainer, mode: ModeConfig) -> None:
     """Before each step's files are written: the rows of steps whose update has finished since (train_job)."""
     from .train_job import fill_step_rows
 
-    controller.run_start = controller._last_end  # step 0's step_seconds run from here, as in the simulator
     written = controller.on_step
 
     def on_step(row: dict) -> None:
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), controller.run_start, mode.train_devices)
+        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
         written(row)
 
     controller.on_step = on_step
