@@ -161,3 +161,25 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     table = frames["summary"]
     assert table["mode"].tolist() == ["async"] and table.loc[table.index[0], "predicted_max_staleness"] <= 1
     assert np.isfinite(frames["steps"]["ape_pct"]).all()
+
+
+def test_mode_summary_ranks_modes_and_anchors_on_the_collocated_speed_level():
+    from real_backend.validate_modes import ranking_agrees, summarize
+
+    rows = []
+    for mode, measured, predicted in (("collocated", 4.0, 2.0), ("async", 2.0, 1.1), ("disaggregated", 3.0, 1.4)):
+        for step in range(3):
+            rows.append({"label": mode, "mode": mode, "step": step, "measured_seconds": measured, "predicted_seconds": predicted,
+                         "measured_groups": 4, "predicted_groups": 4, "measured_max_staleness": 0, "predicted_max_staleness": 0})
+    steps = pd.DataFrame(rows)
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
+    table = summarize(steps)
+    assert table["measured_rank"].to_dict() == {"collocated": 3, "async": 1, "disaggregated": 2}
+    assert ranking_agrees(table)
+    assert table.loc["collocated", "step_median_ape_pct"] == pytest.approx(50.0)
+    assert table["speed_level"].iloc[0] == pytest.approx(2.0)  # collocated: measured twice the prediction
+    assert table.loc["async", "anchored_median_ape_pct"] == pytest.approx(10.0)
+    assert table.loc["disaggregated", "anchored_median_ape_pct"] == pytest.approx(100 * 0.2 / 3.0)
+    steps.loc[steps["mode"] == "async", "predicted_seconds"] = 1.6  # now predicted slower than disaggregated
+    assert not ranking_agrees(summarize(steps))
