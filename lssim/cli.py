@@ -22,9 +22,10 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         (real_backend/run.py)
     lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
         time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
-    lssim validate [--policies A,B,...|all] [--runs DIR ...] [--profile JSON | --reprofile]
-                   [--repeats K] [--mode A,B,... [--staleness K]] ... --out DIR [--overwrite]
-        record real runs (or take recorded ones), replay each in the simulator, report the error
+    lssim validate [--policies A,B,...|ci|all | --full] [--runs DIR ...] [--profile JSON | --reprofile]
+                   [--repeats K] [--json] [--mode A,B,... [--staleness K]] ... --out DIR [--overwrite]
+        record real runs, each policy in a world where it acts (real_backend/validation_workloads.toml), or take
+        recorded ones; replay each in the simulator, report the error and how much each policy acted
         (with --mode: end-to-end step time per execution mode, real_backend/validate_modes.py)
         (real_backend/sim_vs_real.py, lssim.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
@@ -166,7 +167,7 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
         description="Validate a parquet trace and print its summary (lengths, tail, truncation, "
         "rewards, cross-step persistence).",
     )
-    info.add_argument("file", metavar="FILE", help="parquet trace")
+    info.add_argument("file", metavar="FILE", help="trace: parquet, or CSV/JSON lines with its columns")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=_run_trace_info)
 
@@ -306,7 +307,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         description="Replay a trace in the simulator under each --policy (composed with +, e.g. hadb+oracle), "
         "always with baseline and oracle as references, and print each against the per-step lower bound.",
     )
-    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--policy", action="append", default=[], metavar="SPEC",
                    help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
     _add_cluster_args(p)
@@ -361,7 +362,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "step's timeline, what was modelled rather than replayed, and the execution mode's end-to-end figures; the same "
         "figures as DIR/figures/*.png and tables as DIR/tables/*.csv. Written atomically. See lssim/REPORT.md.",
     )
-    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--policy", required=True, metavar="SPEC", help="the policy to report on (compose with +)")
     p.add_argument("--timeline-step", type=int, metavar="N", help="the step drawn as a timeline (default: the step where "
                    "baseline is furthest from its bound)")
@@ -510,7 +511,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "against the per-step lower bound. Runs go in parallel on every local core (or on Ray with --ray); with "
         "--out, each finished run is appended to DIR/runs.jsonl, and --resume skips the runs already there.",
     )
-    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--policies", metavar="A,B,C", help="comma-separated policies to compose (default: every policy "
                    "but baseline and oracle, or none when --grid is given); parameters as name(key=value)")
     p.add_argument("--grid", action="append", metavar="SPEC", help="a parameter grid, one run per point (repeatable): "
@@ -599,7 +600,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
         "with the staleness and lost signal each pays. Candidates that break --max-staleness or --max-off-policy "
         "are listed but never best. See lssim/plan.py.",
     )
-    p.add_argument("trace", metavar="TRACE", help="parquet trace (see traces/README.md)")
+    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--devices", type=int, required=True, help="devices in the cluster (rollout and training together)")
     p.add_argument("--modes", default="collocated,disaggregated,async,hybrid", metavar="A,B", help="modes to try")
     p.add_argument("--policies", default="baseline,april,seer", metavar="A,B", help="policies to try (compositions as a+b)")

@@ -70,14 +70,57 @@ def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = No
     (`prompts`, a fresh PromptSource equal to the one the run drew from), on `setup` (lssim.replay.SimSetup).
     `trace` (default: the run's own) is where the Workload takes responses from: another run's trace makes
     it a counterfactual prediction, as when a baseline trace is replayed under a new policy."""
-    from .policy import make_policy
+    from .policy import Policy, make_policy
     from .replay import simulate
     from .workload import Workload
 
     workload = Workload(run.trace if trace is None else trace, seed=run.config.seed)
     config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
     config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
-    return simulate(workload, make_policy(policy or run.name), setup, config=config, prompts=prompts)
+    built = policy if isinstance(policy, Policy) else make_policy(policy or run.name)
+    return simulate(workload, built, setup, config=config, prompts=prompts)
+
+
+def ends_rollouts(spec: str) -> bool:
+    """Whether the policy decides when a rollout ends (april, rollpacker, ...): where the real engine cuts is
+    then a wall-clock event the simulator predicts, not replays."""
+    from .policy import make_policy
+
+    return make_policy(spec).overrides("end_rollout")
+
+
+def with_real_cuts(run: RecordedRun):
+    """The run's policy (a fresh object from its spec) with one change: each step's rollout ends when every
+    response the real run ended in that step has ended in the simulation, instead of when the policy says; the
+    policy's other decisions are its own. Replayed (`replay_run(run, setup, prompts, policy=with_real_cuts(run))`),
+    it prices the work the real engine did before its cut: the error left is the cost model's, and the rest of
+    the policy's per-step error is where the simulated clock put the cut (the abort time and what was carried)."""
+    from .policy import Compose, make_policy
+
+    ended: dict[int, set] = {}
+    for key in run.responses[["end_step", *KEY]].itertuples(index=False):
+        ended.setdefault(int(key[0]), set()).add(tuple(int(v) for v in key[1:]))
+
+    class RealCuts(Compose):
+        def __init__(self):
+            super().__init__([make_policy(run.name)])
+            self.name, self._done = run.name, set()  # every response ended so far (some end a step early here)
+
+        def overrides(self, hook):
+            return hook in ("end_rollout", "on_finish") or super().overrides(hook)
+
+        def on_finish(self, request, state):
+            self._done.add((request.step, request.prompt_id, request.sample_idx))
+            super().on_finish(request, state)
+
+        def end_rollout(self, state):
+            # The real cut: once the responses it ended have ended here, or as many (after an earlier step's cut
+            # fell elsewhere, the same set may never end in one step here).
+            want = ended.get(state.step)
+            return bool(want) and (want <= self._done or state.responses_done >= len(want))
+
+    return RealCuts()
+
 
 
 def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -185,6 +228,165 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
     return table
 
 
+ACTED_KINDS = ("stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed", "reselected")
+
+
+def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
+    """How much a policy acted in a recorded run: its responses that the policy changed against the baseline
+    recorded in the same world (same seed, engine and run shape), each counted once in `acted` and under every
+    kind that applies:
+
+        stopped      ended by the policy (finish_reason policy_stop)
+        dropped      abandoned when the rollout ended (abort)
+        carried      ran across a step boundary (end_step after the step it began in)
+        rebudgeted   a token budget other than the baseline's
+        resubmitted  submitted again during its step after the step's first submission (requeued to another
+                     chunk or instance, or a top-up)
+        placed       put on an engine instance by the policy where the baseline's was left to the engine's
+                     least-loaded dispatch (the records keep the policy's placement, not the dispatcher's choice,
+                     so this counts placement decisions, not only those that differ from the dispatcher's; a
+                     policy that put everything on one instance decided nothing and counts zero)
+        reselected   a (step, prompt, sample) the baseline did not draw: other prompts, other group sizes
+
+    From the records alone (responses.parquet), so it counts what happened on the engine, not what the policy
+    asked for. A priority that changed only the order inside a batch the engine ran at once leaves no trace
+    and counts nothing. The baseline against itself counts zero (its placement, draws and budgets are
+    deterministic for a seed)."""
+    r, b = run.responses, baseline.responses
+    flags = {}
+    flags["stopped"] = (r["finish_reason"] == "policy_stop").to_numpy()
+    flags["dropped"] = (r["finish_reason"] == "abort").to_numpy()
+    flags["carried"] = (r["end_step"] != r["step"]).to_numpy()
+    flags["rebudgeted"] = (r["max_tokens"] != b["max_tokens"].max()).to_numpy()
+    same_step = r["end_step"] == r["step"]
+    first_submit = r[same_step].groupby("step")["submit_time"].transform("min")
+    late = (r.loc[same_step, "submit_time"] - first_submit) > 1e-3
+    flags["resubmitted"] = late.reindex(r.index, fill_value=False).to_numpy()
+    both = r[KEY + ["instance"]].merge(b[KEY + ["instance"]], on=KEY, how="left", suffixes=("", "_baseline"), indicator=True)
+    flags["reselected"] = (both["_merge"] == "left_only").to_numpy()
+    several = r.loc[r["instance"] >= 0, "instance"].nunique() > 1  # on one instance a placement decides nothing
+    flags["placed"] = (several & (both["_merge"] == "both") & (both["instance"] != both["instance_baseline"])).to_numpy()
+    counts = {k: int(flags[k].sum()) for k in ACTED_KINDS}
+    counts["acted"] = int(np.logical_or.reduce([flags[k] for k in ACTED_KINDS]).sum()) if len(r) else 0
+    counts["responses"] = len(r)
+    return counts
+
+
+def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,
+                   anchored: pd.DataFrame | None = None, real_cuts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The fidelity table (`fidelity_table`, one row per policy) with, per policy, how much it acted on the real
+    engine (`acted` rows, one per repeat: the median over repeats, and the fewest in one repeat), the real
+    engine's run-to-run spread of its step times (`median_over_repeats`' spread: each repeat's step against the
+    median of its repeats; median and p90, in %; NaN with one repeat), whether it meets the goal, and, with
+    `anchored` (per-step medians of `anchor_on_baseline` rows, a speed_factor column), the same errors with the
+    machine's speed level taken from its world's baseline (the speedup error does not change: a level cancels
+    in a ratio). With `real_cuts` (per-step medians of replays `with_real_cuts`), the error of policies that end
+    rollouts when the real engine's cut points are replayed rather than predicted."""
+    out = summary.copy()
+    if len(acted_rows):
+        counts = acted_rows.drop(columns="repeat").groupby("policy").median()
+        for col in counts:
+            out[col] = out.index.map(counts[col])
+        out["acted_min"] = out.index.map(acted_rows.groupby("policy")["acted"].min())
+    spread = noise.groupby("policy")["ape_pct"] if noise is not None and len(noise) else None
+    out["repeat_spread_median_pct"] = out.index.map(spread.median()) if spread is not None else np.nan
+    out["repeat_spread_p90_pct"] = out.index.map(spread.quantile(0.9)) if spread is not None else np.nan
+    speedup_ok = out["speedup_error_points"].abs() <= TARGET_SPEEDUP_POINTS if "speedup_error_points" in out else True
+    out["meets_goal"] = ((out["makespan_median_ape_pct"] <= TARGET_MEDIAN_PCT) & (out["makespan_p90_ape_pct"] <= TARGET_P90_PCT)
+                         & speedup_ok)
+    if anchored is not None and len(anchored):
+        by = anchored.groupby("policy")
+        out["anchored_median_ape_pct"] = out.index.map(by["ape_pct"].median())
+        out["anchored_p90_ape_pct"] = out.index.map(by["ape_pct"].quantile(0.9))
+        out["speed_factor"] = out.index.map(by["speed_factor"].first())
+        out["meets_goal_anchored"] = ((out["anchored_median_ape_pct"] <= TARGET_MEDIAN_PCT)
+                                      & (out["anchored_p90_ape_pct"] <= TARGET_P90_PCT) & speedup_ok)
+    if real_cuts is not None and len(real_cuts):
+        by = real_cuts.groupby("policy")["ape_pct"]
+        out["real_cuts_median_ape_pct"] = out.index.map(by.median())
+        out["real_cuts_p90_ape_pct"] = out.index.map(by.quantile(0.9))
+    return out
+
+
+def unacted(summary: pd.DataFrame) -> list[str]:
+    """The policies (not baselines) whose median repeat changed no response on the real engine."""
+    if "acted" not in summary:
+        return [p for p in summary.index if not str(p).startswith("baseline")]
+    return [p for p in summary.index if not str(p).startswith("baseline") and not summary.loc[p, "acted"] > 0]
+
+
+def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
+    """`lssim validate --json`: one object, `policies: {name: {acted, step_error_median, step_error_p90,
+    speedup_error, repeat_spread, ...}}` (errors in %, the speedup error in points), the baselines apart,
+    and the goal."""
+    def number(v):
+        return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
+
+    policies, baselines = {}, {}
+    for name, row in summary.iterrows():
+        entry = {"world": row.get("world"), "spec": row.get("spec"),
+                 "acted": int(row["acted"]) if "acted" in row and pd.notna(row["acted"]) else None,
+                 "acted_by": {k: int(row[k]) for k in ACTED_KINDS if k in row and pd.notna(row[k])},
+                 "responses": int(row["responses"]) if "responses" in row and pd.notna(row["responses"]) else None,
+                 "step_error_median": number(row["makespan_median_ape_pct"]),
+                 "step_error_p90": number(row["makespan_p90_ape_pct"]),
+                 "speedup_error": number(row.get("speedup_error_points")),
+                 "speedup_measured": number(row.get("speedup_measured")),
+                 "speedup_predicted": number(row.get("speedup_predicted")),
+                 "repeat_spread": number(row.get("repeat_spread_median_pct")),
+                 "repeat_spread_p90": number(row.get("repeat_spread_p90_pct")),
+                 "step_error_median_anchored": number(row.get("anchored_median_ape_pct")),
+                 "step_error_p90_anchored": number(row.get("anchored_p90_ape_pct")),
+                 "speed_factor": number(row.get("speed_factor")),
+                 "step_error_median_real_cuts": number(row.get("real_cuts_median_ape_pct")),
+                 "step_error_p90_real_cuts": number(row.get("real_cuts_p90_ape_pct")),
+                 "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
+                 "meets_goal_anchored": bool(row.get("meets_goal_anchored", False))}
+        (baselines if str(name).startswith("baseline") else policies)[str(name)] = entry
+    return {"policies": policies, "baselines": baselines, "out": out,
+            "goal": {"step_error_median": TARGET_MEDIAN_PCT, "step_error_p90": TARGET_P90_PCT,
+                     "speedup_error": TARGET_SPEEDUP_POINTS},
+            "all_acted": all((p["acted"] or 0) > 0 for p in policies.values())}
+
+
+def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
+    """The README's fidelity table, from `policy_summary`'s frame (`lssim validate` writes it as fidelity.md)."""
+    def pct(r, col):
+        v = r.get(col, np.nan)
+        return "" if pd.isna(v) else f"{v:.1f}"
+
+    lines = ["| policy | world | acted (of responses) | step error median / p90 % | with the world's speed level "
+             "median / p90 % | repeat spread median / p90 % | speedup real / sim | speedup error (points) | goal |",
+             "|" + "---|" * 9]
+    for name, r in summary.iterrows():
+        acted_text = f"{int(r['acted'])} of {int(r['responses'])}" if pd.notna(r.get("acted", np.nan)) else "(reference)"
+        anchored = f"{pct(r, 'anchored_median_ape_pct')} / {pct(r, 'anchored_p90_ape_pct')}" if pd.notna(r.get("anchored_median_ape_pct", np.nan)) else "(reference)"
+        goal = "yes" if r.get("meets_goal") else ("with the level" if r.get("meets_goal_anchored") else "no")
+        cells = [f"`{name}`", str(r.get("world", "")), acted_text,
+                 f"{pct(r, 'makespan_median_ape_pct')} / {pct(r, 'makespan_p90_ape_pct')}", anchored,
+                 f"{pct(r, 'repeat_spread_median_pct')} / {pct(r, 'repeat_spread_p90_pct')}",
+                 f"{r.get('speedup_measured', np.nan):.3f} / {r.get('speedup_predicted', np.nan):.3f}",
+                 f"{r.get('speedup_error_points', np.nan):+.1f}", goal]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Goal: per-step makespan error median <= {TARGET_MEDIAN_PCT:.0f}%, p90 <= {TARGET_P90_PCT:.0f}%, speedup "
+                  f"within {TARGET_SPEEDUP_POINTS:.0f} points. Step error: the profiled cost model's prediction against vLLM; "
+                  f"with the world's speed level: every prediction scaled by the median measured/predicted ratio of the "
+                  f"world's baseline steps (the machine's speed in those minutes; the baseline is then calibrated, not "
+                  f"predicted). Repeat spread: each repeat's step time against the median of its repeats on the real "
+                  f"engine (same policy, same seed), the noise no model can predict."
+                  + (f" Cost model: {profile}." if profile else "")]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_from(folder) -> str:
+    """fidelity_markdown of a `lssim validate --out` folder's summary.csv (the README's table, regenerated without
+    replaying anything): `python -m lssim.fidelity real_backend/validation`."""
+    path = Path(folder) / "summary.csv"
+    if not path.is_file():
+        raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
+    return fidelity_markdown(pd.read_csv(path, index_col="policy"))
+
+
 def length_distance(measured: np.ndarray, modelled: np.ndarray) -> dict:
     """How far modelled response lengths are from measured ones: two-sample Kolmogorov-Smirnov statistic
     (and its p-value), Wasserstein-1 distance in tokens, and the two means."""
@@ -222,4 +424,10 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+
+
+if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder
+    import sys
+
+    print(markdown_from(sys.argv[1] if len(sys.argv) > 1 else "real_backend/validation"), end="")

@@ -319,32 +319,60 @@ def _sorted_frame(cols: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------
 
 
+TEXT_FORMATS = {".csv": "CSV", ".jsonl": "JSON lines", ".ndjson": "JSON lines", ".json": "JSON"}
+
+
 def load_trace(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a parquet trace and return it validated and normalized.
+    """Read a trace and return it validated and normalized.
 
-    Raises :class:`TraceError` if the file does not exist, is not a parquet
-    file, has no rows or violates the schema (see :func:`validate_trace`).
+    Parquet is the format lssim writes; a table with the same columns as CSV (``.csv``), JSON lines
+    (``.jsonl``/``.ndjson``) or a JSON array of records (``.json``) is read too, so a trace made by a
+    spreadsheet or a logging script needs no conversion step. Raises :class:`TraceError` if the file does not
+    exist, cannot be read as its format, has no rows or violates the schema (see :func:`validate_trace`).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     p = Path(path)
     source = str(path)
     if not p.exists():
         raise TraceError(f"{source}: no such file")
     if not p.is_file():
         raise TraceError(f"{source}: not a regular file")
+    fmt = TEXT_FORMATS.get(p.suffix.lower())
     if p.stat().st_size == 0:
-        raise TraceError(f"{source}: empty file (0 bytes), not a parquet trace")
+        raise TraceError(f"{source}: empty file (0 bytes), not a {fmt or 'parquet'} trace")
+    df = _read_text_table(p, fmt) if fmt else _read_parquet(p)
+    if len(df) == 0:
+        raise TraceError(f"{source}: empty trace (no rows)")
+    return validate_trace(df, source=source)
+
+
+def _read_parquet(p: Path) -> pd.DataFrame:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        table = pq.read_table(p)
+        return pq.read_table(p).to_pandas()
     except (pa.ArrowException, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise TraceError(f"{source}: not a parquet file ({msg})") from None
-    if table.num_rows == 0:
-        raise TraceError(f"{source}: empty trace (no rows)")
-    df = table.to_pandas()
-    return validate_trace(df, source=source)
+        raise TraceError(f"{p}: not a parquet file ({msg})") from None
+
+
+def _read_text_table(p: Path, fmt: str) -> pd.DataFrame:
+    """A CSV or JSON table of trace columns. Text columns are read as text (a prompt id '007' stays '007' only
+    if every id is text-like; numeric ids become integers as in parquet); an empty text cell is ''."""
+    text_columns = {c.name: str for c in COLUMNS if c.kind == "str"}
+    try:
+        if fmt == "CSV":
+            df = pd.read_csv(p, dtype=text_columns, keep_default_na=False,
+                             na_values={c.name: ["", "nan", "NaN"] for c in COLUMNS if c.kind == "float"})
+        else:
+            df = pd.read_json(p, lines=fmt == "JSON lines", orient="records", dtype=False)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TraceError(f"{p}: not a {fmt} table ({msg})") from None
+    for name in text_columns:
+        if name in df.columns:
+            df[name] = df[name].where(df[name].notna(), "").astype(str)
+    return df
 
 
 def write_trace(df: pd.DataFrame, path: str | os.PathLike, *, compression: str = "zstd") -> pd.DataFrame:

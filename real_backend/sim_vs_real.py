@@ -1,14 +1,21 @@
 """`lssim validate`: record real runs (or take recorded ones), replay each in the simulator with the same
 policy, seeds, data loader and a profiled cost model, and report how far the prediction is.
 
-    lssim validate --policies baseline,hadb,april --steps 5 --out runs/validate
-    lssim validate --runs runs/a runs/b --out runs/validate-ab      # runs recorded by `lssim real`
+    lssim validate --out runs/validate                                   # the small subset (--policies ci)
+    lssim validate --policies seer,breaker,hadb --reprofile --json --out runs/v   # one JSON object on stdout
+    lssim validate --full --out runs/validate-full                       # every policy of the table (README)
+    lssim validate --runs runs/a runs/b --out runs/validate-ab           # runs recorded by `lssim real`
 
-Writes to --out: real/<policy>/ (each recorded run, unless --runs), steps.parquet and responses.parquet
-(predicted against measured, lssim.fidelity.compare), summary.csv (the printed table), counterfactual.csv
-(each policy predicted from the baseline's trace instead of its own), and validation.png (predicted vs
-measured per step), stages.csv (the error after each modelling step) and noise.parquet (the spread of the
-repeats). Every input is checked before the engine starts. Results and how to read them: real_backend/README.md.
+Each policy runs in its own world (real_backend/validation_workloads.toml: engine instances, budget, steps,
+pool, and the policy's parameters scaled to the task) beside that world's baseline, so that it acts there; a
+policy that changed no response on the real engine (lssim.fidelity.acted) fails the command (exit status 1,
+the policy named). Writes to --out: real/<world>/<policy>/repeat<k>/ (each recorded run, unless --runs),
+steps.parquet and responses.parquet (predicted against measured, lssim.fidelity.compare), acted.parquet (per
+policy and repeat, the responses it changed, by kind), summary.csv (per policy: errors, speedups, acted, the
+real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
+predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
+error after each modelling step) and noise.parquet (the spread of the repeats). Every input is checked before
+the engine starts. Results and how to read them: real_backend/README.md.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 DEFAULT_PROFILE = Path(__file__).with_name("profile_cpu.json")
+DEFAULT_WORKLOADS = Path(__file__).with_name("validation_workloads.toml")
 
 
 def sim_setup(run, profile: str):
@@ -50,18 +58,23 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
-    from lssim.fidelity import compare, fidelity_table, length_distance, median_over_repeats, replay_run
+    from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
+                                with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
-    step_frames, response_frames, groups, first_sim = [], [], {}, {}
+    step_frames, response_frames, cut_frames, groups, first_sim = [], [], [], {}, {}
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
+        cuts = ends_rollouts(repeats[0].name)
         for k, run in enumerate(repeats):
             sim = replay_run(run, sim_setup(run, profile), run_prompts(run))
             first_sim.setdefault(name, sim)
             s, r = compare(run, sim, name)
             step_frames.append(s.assign(repeat=k))
             response_frames.append(r.assign(repeat=k))
+            if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
+                cut_sim = replay_run(run, sim_setup(run, profile), run_prompts(run), policy=with_real_cuts(run))
+                cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
         groups[name] = (float(np.mean(measured_groups)), float(np.mean(predicted_groups)))
@@ -71,6 +84,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     out = {"steps": steps, "steps_by_repeat": by_repeat, "responses": responses, "summary": fidelity_table(steps, responses, groups)}
     if spread["repeat"].nunique() > 1:
         out["noise"] = spread
+    if cut_frames:
+        out["real_cuts"], _ = median_over_repeats(pd.concat(cut_frames, ignore_index=True))
 
     base = runs.get("baseline", [None])[0]
     if counterfactual and base is not None and len(runs) > 1:
@@ -141,22 +156,62 @@ def _stage_row(label: str, steps: pd.DataFrame, summary: pd.DataFrame, model: st
             "model": model}
 
 
+def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterfactual: bool = True,
+                    stages_dir: Path | None = None) -> dict[str, pd.DataFrame]:
+    """`validate` in each world (world -> policy -> its repeats, "baseline" among them), the frames joined. Each
+    world's baseline is named baseline@WORLD; the summary gains per policy its world and spec, how much it
+    acted on the real engine (lssim.fidelity.acted against its world's baseline, median over the repeats) and
+    the real engine's run-to-run spread of its step times, and its errors with the world's speed level taken from
+    the world's baseline (lssim.fidelity.anchor_on_baseline; the frame "anchored") (lssim.fidelity.policy_summary)."""
+    from lssim.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
+
+    joined: dict[str, list[pd.DataFrame]] = {}
+    acted_rows = []
+    for world, runs in by_world.items():
+        frames = validate(runs, profile, counterfactual=counterfactual)
+        if stages_dir is not None:
+            frames["stages"] = stages(runs, profile, stages_dir / world, frames).assign(world=world).reset_index()
+        base = runs.get("baseline", [])
+        if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
+            scaled = anchor_on_baseline(frames["steps_by_repeat"])
+            frames["anchored"] = median_over_repeats(scaled)[0].assign(speed_factor=scaled.attrs["speed_factor"])
+        for name, repeats in runs.items():
+            if name == "baseline" or not base:
+                continue
+            for k, run in enumerate(repeats):  # repeat k against the baseline's repeat k (same engine minutes)
+                acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
+        new = f"baseline@{world}"
+        for key, frame in frames.items():
+            if key in ("summary", "counterfactual"):
+                frame = frame.rename(index={"baseline": new}).assign(world=world)
+                frame["spec"] = [runs["baseline" if p == new else p][0].name for p in frame.index]
+            elif "policy" in frame:
+                frame = frame.assign(policy=frame["policy"].replace("baseline", new), world=world)
+            joined.setdefault(key, []).append(frame)
+    out = {k: pd.concat(v) if k in ("summary", "counterfactual") else pd.concat(v, ignore_index=True) for k, v in joined.items()}
+    if "stages" in out:
+        out["stages"] = out["stages"].set_index(["world", "stage"])
+    out["acted"] = pd.DataFrame(acted_rows)
+    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    """`lssim validate`: check every input, record (or load) the runs world by world, replay, compare, write,
+    print; exit status 1 when a policy did not act on the real engine."""
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from lssim.controller import RunConfig
     from lssim.cost import ProfiledCostModel
-    from lssim.results import policy_dirname
-    from lssim.policy import available_policies, make_policy
-    from lssim.fidelity import load_run, plot
-    from lssim.tables import format_fidelity
+    from lssim.fidelity import load_run
 
-    from .world import RealSetup, out_dir_problem, prepare
+    from .validation_workloads import load_workloads
 
     out = Path(args.out)
     if args.reprofile and args.runs:
         raise ValueError("--reprofile measures the engine the runs are recorded on; with --runs there is none (use --profile)")
+    if args.full and args.runs:
+        raise ValueError("--full records every policy of the workload table; with --runs nothing is recorded")
     profile = str(out / "profile.json") if args.reprofile else args.profile
     if not args.reprofile:
         ProfiledCostModel.from_json(profile)  # a missing or bad file fails here, before anything runs
@@ -164,123 +219,220 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ValueError(f"--out {args.out} is not empty (pass --overwrite to replace what is there)")
-
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.mode is None and (args.staleness != 1 or args.async_variant != "roll"):
+    if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
+        return _validate_modes(args)
+    if args.staleness != 1 or args.async_variant != "roll":
         raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
+    table = load_workloads(args.workloads)
     if args.runs:
         recorded = [load_run(folder) for folder in args.runs]
-        config = setup = specs = None
     else:
-        config = RunConfig(steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
-                           max_tokens=args.max_tokens, seed=args.seed)
-        setup = RealSetup(n_prompts=args.n_prompts)
-        policies = args.policies or ("baseline" if args.mode else "baseline,hadb")  # per mode: the baseline alone
-        specs = _policy_specs(policies, available_policies, make_policy)
-        for spec in specs:  # every policy checked before the engine starts
+        plan = _plan(args, table)
+        recorded = _record(plan, args, out, profile if args.reprofile else None)
+    by_world: dict[str, dict[str, list]] = {}
+    for r in recorded:  # several recordings of one policy in one world are repeats
+        world = r.meta.get("world", "default")
+        by_world.setdefault(world, {}).setdefault(r.meta.get("validation_name") or r.name, []).append(r)
+    print(f"replaying {len(recorded)} runs in the simulator (profile {profile}) ...", file=sys.stderr)
+    frames = validate_worlds(by_world, profile, counterfactual=not args.no_counterfactual, stages_dir=out / "models")
+    _write(frames, out, profile)
+    return _report(frames, out, args.json)
+
+
+def _validate_modes(args) -> int:
+    """`lssim validate --mode A,B,...`: the policies (default: the baseline alone) in each mode, on the run shape
+    the options give (default 5 steps x 8 groups x 4 samples, 256 tokens), checked before the engine starts."""
+    from lssim.controller import RunConfig
+
+    from .validate_modes import run as run_modes
+    from .world import RealSetup, prepare
+
+    if args.reprofile or args.full:
+        raise ValueError("--mode takes neither --reprofile nor --full; profile first (`lssim profile`) and pass --profile")
+    if args.runs:
+        return run_modes(args, None, None, None)
+    config = RunConfig(steps=args.steps or 5, groups_per_step=args.groups_per_step or 8, group_size=args.group_size or 4,
+                       max_tokens=args.max_tokens or 256, seed=args.seed)
+    setup = RealSetup(n_prompts=args.n_prompts)
+    specs = ["baseline"] if args.policies == "ci" else [x.strip() for x in args.policies.split(",") if x.strip()]
+    for spec in specs:
+        prepare(setup, spec, config)
+    return run_modes(args, specs, setup, config)
+
+
+def _plan(args, table) -> list[tuple]:
+    """(world, [(name, spec), ...] with the baseline first) for each world a selected policy runs in; every
+    policy and world checked (prepare) before an engine starts."""
+    from lssim.policy import available_policies
+
+    from .world import out_dir_problem, prepare
+
+    text = "all" if args.full else args.policies.strip()
+    if text in ("all", "ci"):
+        names = table.select(text)
+    else:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+    names = [n for n in dict.fromkeys(names) if n != "baseline"]
+    if not names:
+        raise ValueError("--policies: no policy given (baseline alone has nothing to validate)")
+    plan: dict[str, tuple] = {}
+    for name in names:
+        w = table.for_spec(name)
+        if w.name not in table.policies and name.split("(")[0] not in available_policies() and "+" not in name:
+            raise ValueError(f"--policies: unknown policy {name!r} (known: {', '.join(available_policies())})")
+        plan.setdefault(w.world.name, (w.world, [("baseline", "baseline")]))[1].append((w.name, w.spec))
+    for world, specs in plan.values():
+        setup = _world_setup(world, args)
+        config = _world_config(world, args)
+        for name, spec in specs:
             prepare(setup, spec, config)
-            problem = out_dir_problem(out / "real" / policy_dirname(spec), args.overwrite)
+            problem = out_dir_problem(out_path(args.out, world.name, spec), args.overwrite)
             if problem:
                 raise ValueError(problem)
-    if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
-        from .validate_modes import run as run_modes
-
-        if args.reprofile:
-            raise ValueError("--reprofile is not offered with --mode; profile first (`lssim profile`) and pass --profile")
-        return run_modes(args, specs, setup, config)
-    if not args.runs:
-        recorded = _record(specs, setup, config, out, args.repeats, profile if args.reprofile else None)
-    runs: dict[str, list] = {}
-    for r in recorded:  # several recordings of one policy are repeats
-        runs.setdefault(r.name, []).append(r)
-
-    print(f"replaying {len(recorded)} runs in the simulator (profile {profile}) ...", file=sys.stderr)
-    frames = validate(runs, profile, counterfactual=not args.no_counterfactual)
-    frames["stages"] = stages(runs, profile, out / "models", frames)
-    from lssim.results import atomic_write
-
-    for name in ("steps", "steps_by_repeat", "responses", "noise"):
-        if name in frames:
-            atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
-    for name in ("summary", "counterfactual", "stages"):
-        if name in frames:
-            atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
-    atomic_write(out / "validation.png", lambda p: plot(frames["steps"], p))
-    print(format_fidelity(frames))
-    print(f"written to {out}/ (summary.csv, steps.parquet, responses.parquet, stages.csv, validation.png, ...)")
-    return 0
+    return list(plan.values())
 
 
-def _record(specs, setup, config, out: Path, repeats: int = 1, profile_to: str | None = None) -> list:
-    """Run each policy `repeats` times on one engine, recorded under out/real/<policy>/repeat<k>/. Repeat-major
-    order (every policy once, then every policy again): the machine's speed drifts over minutes, and drift must
-    reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the engine is
-    profiled first (real_backend.profile.profile_engine), minutes before the runs it is to predict."""
+def out_path(out, world: str, spec: str) -> Path:
+    from lssim.results import policy_dirname
+
+    return Path(out) / "real" / world / policy_dirname(spec)
+
+
+def _world_setup(world, args):
+    from .world import RealSetup
+
+    n_prompts = args.n_prompts if args.n_prompts is not None else world.n_prompts
+    return RealSetup(n_prompts=n_prompts, n_instances=world.n_instances)
+
+
+def _world_config(world, args):
+    return world.config(seed=args.seed, steps=args.steps, groups_per_step=args.groups_per_step,
+                        group_size=args.group_size, max_tokens=args.max_tokens)
+
+
+def _record(plan: list[tuple], args, out: Path, profile_to: str | None = None) -> list:
+    """Every world's baseline and policies, `args.repeats` times each, recorded under out/real/<world>/<policy>/
+    repeat<k>/, on one engine per instance count (worlds that share it run one after another). Repeat-major
+    within an engine (every run once, then every run again): the machine's speed drifts over minutes, and drift
+    must reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the first
+    engine started (one instance) is profiled before its runs (real_backend.profile.profile_engine)."""
+    by_engine: dict[int, list[tuple]] = {}
+    for world, specs in sorted(plan, key=lambda p: p[0].n_instances):
+        by_engine.setdefault(world.engine_key(), []).append((world, specs))
+    runs = []
+    for worlds in by_engine.values():
+        runs += _record_on_one_engine(worlds, args, out, profile_to)
+        profile_to = None
+    return runs
+
+
+def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str | None) -> list:
     import tempfile
     from dataclasses import asdict
 
     from lssim.controller import RunConfig
-    from lssim.results import policy_dirname
     from lssim.fidelity import load_run
     from lssim.tables import format_step
 
-    from .world import prepare, run_real, start_engine
+    from .world import RealSetup, prepare, run_real, start_engine
 
-    prompts, _ = prepare(setup, specs[0], config)
+    first = worlds[0][0]
+    engine_setup = RealSetup(n_instances=first.n_instances)  # the whole pool: a world's smaller pool is a subset
+    config = _world_config(first, args)
+    prompts, _ = prepare(engine_setup, "baseline", config)
     t0 = time.monotonic()
-    print("starting the vLLM engine ...", file=sys.stderr)
-    engine = start_engine(setup, prompts, seed=config.seed)
+    print(f"starting the vLLM engine ({first.n_instances} instance(s)) ...", file=sys.stderr)
+    engine = start_engine(engine_setup, prompts, seed=args.seed)
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     runs = []
     try:
         # A throwaway run first: the engine's and the trainer's first steps in a process are slower (kernels for new
         # batch shapes, allocator), and the first recorded run would pay for it.
         with tempfile.TemporaryDirectory() as scratch:
-            prompts, policy = prepare(setup, "baseline", config)
             warm = RunConfig(**{**asdict(config), "steps": 2, "total_groups": None})
-            run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts)
+            prompts, policy = prepare(engine_setup, "baseline", warm)
+            run_real(engine_setup, policy, warm, scratch, engine=engine, prompts=prompts)
         if profile_to:
             from .profile import profile_engine
 
             print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
             out.mkdir(parents=True, exist_ok=True)
-            profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": setup.model_dir})
-        for k in range(repeats):
-            for spec in specs:
-                prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
-                folder = out / "real" / policy_dirname(spec) / f"repeat{k}"
-                print(f"-- {spec} (repeat {k + 1} of {repeats}): {config.steps} steps on vLLM", file=sys.stderr)
-                run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
-                         on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
-                         meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
-                runs.append(load_run(folder))
+            profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": engine_setup.model_dir})
+        for k in range(args.repeats):
+            for world, specs in worlds:
+                setup, config = _world_setup(world, args), _world_config(world, args)
+                for name, spec in specs:
+                    prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
+                    folder = out_path(out, world.name, spec) / f"repeat{k}"
+                    print(f"-- {spec} in world {world.name} (repeat {k + 1} of {args.repeats}): {config.steps} steps",
+                          file=sys.stderr)
+                    run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
+                             on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
+                             meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
+                                   "world": world.name, "repeat": k})
+                    runs.append(load_run(folder))
     finally:
         engine.close()
     return runs
 
 
-def _policy_specs(text: str, available, make_policy) -> list[str]:
-    """The --policies list; "all" is every policy the real backend runs (not the oracle's, not speculation's)."""
-    if text.strip() == "all":
-        specs = []
-        for name in available():
-            p = make_policy(name)
-            if not p.needs().oracle and p.needs().speculation is None:
-                specs.append(name)
-    else:
-        specs = [s.strip() for s in text.split(",") if s.strip()]
-    if not specs:
-        raise ValueError("--policies: no policy given")
-    if "baseline" not in specs:
-        specs.insert(0, "baseline")  # the speedups are over it
-    return list(dict.fromkeys(specs))
+def _write(frames: dict, out: Path, profile: str) -> None:
+    from lssim.fidelity import fidelity_markdown
+    from lssim.results import atomic_write
+
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts"):
+        if name in frames:
+            atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
+    for name in ("summary", "counterfactual", "stages"):
+        if name in frames:
+            atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
+    from lssim.plots import figure_png, sim_vs_real
+
+    atomic_write(out / "validation.png", lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["steps"]))))
+    if "anchored" in frames:  # the same steps with each world's speed level from its baseline
+        atomic_write(out / "validation_anchored.png",
+                     lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
+    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], profile)))
+
+
+def _report(frames: dict, out: Path, as_json: bool) -> int:
+    """Print the tables (to stderr with --json, which prints one JSON object on stdout); 1 if a policy did not act."""
+    from lssim.fidelity import policy_results, unacted
+    from lssim.tables import format_fidelity
+
+    text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
+    cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
+            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "anchored_median_ape_pct",
+            "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct", "meets_goal",
+            "meets_goal_anchored"]
+    s = frames["summary"]
+    text += s[[c for c in cols if c in s]].to_string(float_format=lambda v: f"{v:.2f}")
+    text += f"\nwritten to {out}/ (summary.csv, fidelity.md, steps.parquet, acted.parquet, validation.png, ...)"
+    print(text, file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print(json.dumps(policy_results(s, str(out)), indent=2, default=float))
+    idle = unacted(s)
+    if idle:
+        print(f"lssim validate: FAILED: {', '.join(idle)} did not act on the real engine (acted = 0): its validation "
+              f"only measures the baseline; give it a world in real_backend/validation_workloads.toml where it acts",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", default=None, metavar="A,B,...",
-                   help="policies to run on vLLM and replay (comma-separated specs, or 'all'); baseline is always added "
-                        "(default: baseline,hadb; with --mode: baseline)")
+    p.add_argument("--policies", default="ci", metavar="A,B,...",
+                   help="policies to run on vLLM and replay, each in its world from --workloads (comma-separated names or "
+                        "specs; 'ci': the small subset; 'all': every policy in the table); each world's baseline is added "
+                        "(default: ci)")
+    p.add_argument("--full", action="store_true", help="every policy of the workload table (the README's measurement)")
+    p.add_argument("--workloads", default=str(DEFAULT_WORKLOADS), metavar="TOML",
+                   help="the per-policy validation worlds (default: real_backend/validation_workloads.toml)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout: policies: {name: {acted, step_error_median, step_error_p90, "
+                        "speedup_error, repeat_spread, ...}} (the tables go to stderr)")
     p.add_argument("--runs", nargs="+", metavar="DIR", help="take runs recorded by `lssim real --out DIR` instead of running "
                         "(several runs of one policy are repeats: their per-step median is compared)")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE), metavar="JSON",
@@ -288,11 +440,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reprofile", action="store_true",
                    help="profile the engine first, on the engine the runs are then recorded on, into OUT/profile.json "
                         "(recalibration and validation in one command; about 3 minutes more on this CPU)")
-    p.add_argument("--steps", type=int, default=5, help="RL steps per run (default: 5)")
-    p.add_argument("--groups-per-step", type=int, default=8, help="prompts per step (default: 8)")
-    p.add_argument("--group-size", type=int, default=4, help="samples per prompt (default: 4)")
-    p.add_argument("--max-tokens", type=int, default=256, help="response-token budget (default: 256)")
-    p.add_argument("--n-prompts", type=int, metavar="N", help="use only the first N prompts")
+    p.add_argument("--steps", type=int, help="RL steps per run, in every world (default: each world's)")
+    p.add_argument("--groups-per-step", type=int, help="prompts per step, in every world (default: each world's)")
+    p.add_argument("--group-size", type=int, help="samples per prompt, in every world (default: each world's)")
+    p.add_argument("--max-tokens", type=int, help="response-token budget, in every world (default: each world's)")
+    p.add_argument("--n-prompts", type=int, metavar="N", help="use only the first N prompts (default: each world's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-counterfactual", action="store_true", help="skip predicting each policy from the baseline's trace")
     p.add_argument("--repeats", type=int, default=5, metavar="K",
@@ -300,9 +452,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the machine's timing noise (default: 5; with 3, this 2-core VM's noise alone put some policies "
                         "past the targets)")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
-                   "each policy in each mode (collocated, disaggregated, async, hybrid), replay each in its mode, report the "
-                   "per-step error per mode and whether the predicted ranking of the modes is the measured one "
-                   "(real_backend/validate_modes.py; policies default to baseline; with --runs, 'any' takes every run)")
+                   "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
+                   "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "
+                   "the measured one (real_backend/validate_modes.py; with --runs, 'any' takes every run)")
     p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
     p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
     p.add_argument("--train-profile", default=str(Path(__file__).with_name("profile_trainer_cpu.json")), metavar="JSON",
@@ -312,4 +464,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 
 
-__all__ = ["validate", "run", "add_arguments", "sim_setup"]
+__all__ = ["validate", "validate_worlds", "run", "add_arguments", "sim_setup"]

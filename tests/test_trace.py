@@ -507,3 +507,31 @@ def test_reference_traces_valid_and_small(name):
     df = load_trace(path)
     assert len(df) > 10_000
     assert set(OPTIONAL) <= set(df.columns)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".json"])
+def test_text_tables_load_as_the_parquet_trace(tmp_path, suffix):
+    """A trace kept as CSV or JSON (a spreadsheet, a logging script) loads as the same frame as its parquet."""
+    frame = make_frame()
+    frame["stop_reason"] = ["", "loop"] * (len(frame) // 2)
+    frame["submit_time"] = [float("nan"), 0.5] * (len(frame) // 2)
+    frame["prompt_id"] = [f"q{p}" for p in frame["prompt_id"]]
+    write_trace(frame, tmp_path / "t.parquet")
+    path = tmp_path / f"t{suffix}"
+    {".csv": lambda: frame.to_csv(path, index=False),
+     ".jsonl": lambda: frame.to_json(path, orient="records", lines=True),
+     ".json": lambda: frame.to_json(path, orient="records")}[suffix]()
+    pd.testing.assert_frame_equal(load_trace(path), load_trace(tmp_path / "t.parquet"))
+
+
+def test_text_table_errors_name_the_file_and_the_row(tmp_path):
+    broken = tmp_path / "broken.csv"
+    broken.write_text('step,prompt_id\n"1,2\n')
+    with pytest.raises(TraceError, match=r"broken\.csv: not a CSV table"):
+        load_trace(broken)
+    frame = make_frame()
+    frame.loc[3, "response_len"] = -1
+    bad = tmp_path / "bad.csv"
+    frame.to_csv(bad, index=False)
+    with pytest.raises(TraceError, match=r"bad\.csv: column 'response_len': row 3"):
+        load_trace(bad)

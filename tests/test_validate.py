@@ -6,6 +6,7 @@ not the bookkeeping. The tests marked `real` use the session's shared vLLM engin
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -239,3 +240,169 @@ def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, p
     assert np.isfinite(summary.loc["lpt", "speedup_error_points"])
     assert "lpt" in frames["counterfactual"].index
     assert "median APE" in format_fidelity(frames)
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 16: a world per policy where it acts, and how much it acted
+
+
+def test_every_listed_policy_has_a_world_and_a_spec_that_builds():
+    from lssim.policy import make_policy
+    from real_backend.validation_workloads import load_workloads
+
+    table = load_workloads()
+    assert {"seer", "breaker", "hadb"} <= set(table.select("ci")) <= set(table.select("all"))
+    for name, w in table.policies.items():
+        assert make_policy(w.spec).name == name.split("+")[0] and w.world.name in table.worlds and w.why
+    for name in ("seer", "lpt", "ebs"):  # placement and order are decisions only with several instances
+        assert table.for_spec(name).world.n_instances >= 2
+    assert table.for_spec("seer(chunk=8)").world is table.policies["seer"].world
+    assert table.for_spec("hadb+lpt").world.name == "default"
+    cfg = table.worlds["tail"].config(seed=3, steps=2, max_tokens=None)
+    assert (cfg.steps, cfg.max_tokens, cfg.seed) == (2, table.worlds["tail"].max_tokens, 3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[worlds.default]\nsteps = 2\nbogus = 1\n", "unknown keys ['bogus']"),
+    ("[worlds.x]\nsteps = 2\n", "no [worlds.default]"),
+    ("[worlds.default]\n[policies.seer]\nspec = 'seer'\nworld = 'nowhere'\n", "names world 'nowhere'"),
+    ("[worlds.default]\n[policies.seer]\nspec = 'seer(chunk=0)'\n", "does not build"),
+    ("[worlds.default]\nsteps = 0\n", "steps must be an int >= 1"),
+    ("[worlds.default]\n[policies.seer]\nworld = 'default'\n", "needs spec"),
+    ("[world]\n", "unknown sections"),
+])
+def test_a_bad_workload_table_is_refused_naming_the_entry(tmp_path, text, message):
+    from real_backend.validation_workloads import load_workloads
+
+    path = tmp_path / "w.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        load_workloads(path)
+    assert str(path) in str(e.value)
+
+
+def _responses(rows):
+    cols = ["step", "end_step", "prompt_id", "sample_idx", "max_tokens", "finish_reason", "submit_time", "instance"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _run(name, rows, max_tokens=64):
+    config = RunConfig(steps=2, groups_per_step=2, group_size=2, max_tokens=max_tokens, seed=0)
+    return RecordedRun(name=name, trace=pd.DataFrame(), steps=pd.DataFrame(), responses=_responses(rows), config=config)
+
+
+BASE_ROWS = [(s, s, p, k, 64, "stop", 0.01, -1) for s in (0, 1) for p in (0, 1) for k in (0, 1)]
+
+
+def test_acted_counts_each_changed_response_once_and_the_baseline_zero():
+    from lssim.fidelity import ACTED_KINDS, acted
+
+    base = _run("baseline", BASE_ROWS)
+    assert acted(base, base) == {**{k: 0 for k in ACTED_KINDS}, "acted": 0, "responses": 8}
+    rows = [list(r) for r in BASE_ROWS]
+    rows[0][5] = "policy_stop"                   # stopped
+    rows[1][1] = 1                               # carried into step 1
+    rows[2][4] = 32                              # rebudgeted ...
+    rows[2][5] = "policy_stop"                   # ... and stopped: one response, counted once in `acted`
+    rows[3][6] = 0.5                             # resubmitted half a second into its step (a requeue)
+    rows[4][3] = 2                               # a sample the baseline never drew
+    rows[5][5] = "abort"                         # dropped
+    got = acted(_run("p", rows), base)
+    assert {k: got[k] for k in ACTED_KINDS} == {"stopped": 2, "dropped": 1, "carried": 1, "rebudgeted": 1, "resubmitted": 1,
+                                                 "placed": 0, "reselected": 1}
+    assert got["acted"] == 6 and got["responses"] == 8
+    on_one = [r[:7] + (0,) for r in BASE_ROWS]   # every response placed, all on one instance: nothing decided
+    assert acted(_run("p", on_one), base)["acted"] == 0
+    spread = [r[:7] + (i % 2,) for i, r in enumerate(BASE_ROWS)]
+    assert acted(_run("p", spread), base)["placed"] == 8
+
+
+def _summary():
+    steps = pd.DataFrame({"policy": ["baseline@w"] * 2 + ["p"] * 2 + ["q"] * 2, "step": [0, 1] * 3,
+                          "measured_seconds": [2.0, 2.0, 1.0, 1.0, 2.0, 2.0], "predicted_seconds": [2.0, 2.0, 1.01, 1.02, 2.4, 2.0],
+                          "measured_tokens": [10] * 6, "predicted_tokens": [10] * 6, "exact_fraction": [1.0] * 6,
+                          "finish_order_spearman": [1.0] * 6})
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    empty = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured", "finish_time_predicted"])
+    table = fidelity_table(steps.replace("baseline@w", "baseline"), empty, {"baseline": (4, 4), "p": (4, 4), "q": (4, 4)})
+    table = table.rename(index={"baseline": "baseline@w"}).assign(world="w", spec=["baseline", "p", "q"])
+    acted_rows = pd.DataFrame([{"policy": "p", "repeat": k, "acted": a, "responses": 8, "stopped": a, "dropped": 0, "carried": 0,
+                                "rebudgeted": 0, "resubmitted": 0, "placed": 0, "reselected": 0} for k, a in enumerate([3, 5, 4])]
+                              + [{"policy": "q", "repeat": 0, "acted": 0, "responses": 8, "stopped": 0, "dropped": 0,
+                                  "carried": 0, "rebudgeted": 0, "resubmitted": 0, "placed": 0, "reselected": 0}])
+    noise = pd.DataFrame({"policy": ["p", "p", "q"], "repeat": [0, 1, 0], "step": [0, 0, 0], "ape_pct": [1.0, 3.0, 0.0]})
+    return table, acted_rows, noise
+
+
+def test_policy_summary_json_and_markdown_report_acted_spread_and_the_goal():
+    from lssim.fidelity import fidelity_markdown, policy_results, policy_summary, unacted
+
+    summary = policy_summary(*_summary())
+    assert summary.loc["p", "acted"] == 4 and summary.loc["p", "acted_min"] == 3  # the median repeat, and the fewest
+    assert summary.loc["p", "repeat_spread_median_pct"] == pytest.approx(2.0)
+    assert bool(summary.loc["p", "meets_goal"]) and not bool(summary.loc["q", "meets_goal"])  # q: 20% off in one step
+    assert unacted(summary) == ["q"]
+    result = json.loads(json.dumps(policy_results(summary, "out")))
+    assert set(result["policies"]) == {"p", "q"} and set(result["baselines"]) == {"baseline@w"}
+    p = result["policies"]["p"]
+    for key in ("acted", "step_error_median", "step_error_p90", "speedup_error", "repeat_spread", "world", "acted_by"):
+        assert key in p
+    assert p["acted"] == 4 and p["acted_by"]["stopped"] == 4 and p["world"] == "w" and result["all_acted"] is False
+    text = fidelity_markdown(summary)
+    assert text.count("\n| `") == 3 and "4 of 8" in text and "(reference)" in text
+
+
+@pytest.mark.real
+def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp_path, profile):
+    """The small subset's one-instance worlds (breaker: a 512-token budget; hadb: a 32-prompt pool revisited), each
+    beside its world's baseline, fewer steps than the table's: each acts, and the JSON has its fields. (seer's
+    world needs a two-instance engine: `lssim validate --policies ci` runs it.)"""
+    from lssim.fidelity import policy_results, unacted
+    from real_backend.sim_vs_real import validate_worlds
+    from real_backend.validation_workloads import load_workloads
+    from real_backend.world import RealSetup, prepare, run_real
+
+    table = load_workloads()
+    by_world = {}
+    for name, steps in (("breaker", 2), ("hadb", 4)):
+        w = table.policies[name]
+        assert w.ci and w.world.n_instances == 1
+        setup = RealSetup(model_dir=str(real_model_dir), n_prompts=w.world.n_prompts)
+        config = w.world.config(seed=0, steps=steps)
+        for label, spec in (("baseline", "baseline"), (name, w.spec)):
+            prompts, policy = prepare(setup, spec, config)
+            folder = tmp_path / w.world.name / label
+            run_real(setup, policy, config, folder, engine=vllm_engine, prompts=prompts,
+                     meta={"policy_spec": spec, "validation_name": label, "world": w.world.name})
+            by_world.setdefault(w.world.name, {})[label] = [load_run(folder)]
+    frames = validate_worlds(by_world, profile, counterfactual=False)
+    summary = frames["summary"]
+    assert unacted(summary) == []
+    assert summary.loc["breaker", "stopped"] > 0 and summary.loc["hadb", "reselected"] > 0
+    result = json.loads(json.dumps(policy_results(summary)))
+    assert set(result["policies"]) == {"breaker", "hadb"} and set(result["baselines"]) == {"baseline@tail", "baseline@history"}
+    for entry in result["policies"].values():
+        assert entry["acted"] > 0 and entry["step_error_median"] >= 0 and entry["speedup_error"] is not None
+        assert {"step_error_p90", "repeat_spread", "world", "acted_by"} <= set(entry)
+
+
+@pytest.mark.parametrize("policy", ["april", "rollpacker"])
+def test_real_cut_points_replayed_on_the_recording_model(tmp_path, policy):
+    """with_real_cuts ends each simulated rollout where the recorded run ended it (once every response it ended has
+    ended, or as many) and leaves every other decision to the policy: replayed on the model it was recorded with,
+    no cut comes earlier than the recorded one, and where the trace holds every length the run is reproduced."""
+    from lssim.fidelity import ends_rollouts, with_real_cuts
+
+    other = tmp_path / "other.json"
+    ProfiledCostModel(c0=9e-3, c1=2e-5, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5).to_json(other, meta={"command": "test"})
+    run = _recorded_from_simulator(policy, str(other), seed=1, steps=4)
+    assert ends_rollouts(policy) and not ends_rollouts("hadb")
+    sim = replay_run(run, _setup(str(other)), Workload(load_trace(REAL_TRACE), seed=1), policy=with_real_cuts(run))
+    steps, _ = compare(run, sim)
+    assert len(steps.dropna(subset=["predicted_seconds"])) == len(run.steps)
+    ended = lambda r: r.groupby("end_step").size()  # noqa: E731
+    # each cut comes once the responses the run ended have ended, or as many: never earlier
+    assert (ended(sim.responses).reindex(run.steps["step"], fill_value=0) >= ended(run.responses)).all()
+    if policy == "rollpacker":  # every length in its trace: reproduced exactly (april's carried members are modelled)
+        assert (steps["predicted_tokens"] == steps["measured_tokens"]).all()
+        assert np.allclose(steps["predicted_seconds"], steps["measured_seconds"], rtol=1e-9)
