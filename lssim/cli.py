@@ -14,16 +14,19 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
                 [--out DIR [--resume]] [--json]
         search compositions of policies for the best one (lssim.sweep)
     lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
-               [--model-dir DIR] [--instances N] [--profile JSON] ... --out DIR [--overwrite]
-    lssim real --resume DIR [--steps N]
+               [--model-dir DIR] [--instances N] [--profile JSON]
+               [--mode collocated|disaggregated|async|hybrid] [--staleness K] [--async-variant roll|areal]
+               ... --out DIR [--overwrite]
+    lssim real --resume DIR [--steps N]            (collocated runs only)
         run the RL loop on a real vLLM engine and a torch trainer under a policy, recording its trace
         (real_backend/run.py)
     lssim profile --out JSON [--batch-sizes N,N,...] [--prompt-lens P,P,...] [--length N] ...
         time the real engine and fit the simulator's profiled cost model (real_backend/profile.py)
     lssim validate [--policies A,B,...|ci|all | --full] [--runs DIR ...] [--profile JSON | --reprofile]
-                   [--repeats K] [--json] ... --out DIR [--overwrite]
+                   [--repeats K] [--json] [--mode A,B,... [--staleness K]] ... --out DIR [--overwrite]
         record real runs, each policy in a world where it acts (real_backend/validation_workloads.toml), or take
         recorded ones; replay each in the simulator, report the error and how much each policy acted
+        (with --mode: end-to-end step time per execution mode, real_backend/validate_modes.py)
         (real_backend/sim_vs_real.py, lssim.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
         turn a framework's rollout dump into an lssim trace (lssim.importers)

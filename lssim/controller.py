@@ -256,8 +256,13 @@ class Controller:
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
             if self._bridges else []
-        train_metrics = self.trainer.train(trained + bridged, step) if trained or bridged else {}
-        timing = self.mode.train(train_metrics, step, trained + bridged, s.started, rollout_end)
+        batch = trained + bridged
+        # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
+        # beside it: a job whose metrics come when it ends (lssim.modes.TrainJob); otherwise train() prices or blocks.
+        start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
+        job = start(batch, step) if start is not None else None
+        train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
+        timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
@@ -315,13 +320,13 @@ class Controller:
         """New weights reached the engine mid-rollout (async): generation pauses for the sync, every response in
         flight is re-prefilled under the new weights and continues (AReaL's interruptible rollout), and the
         admission gate may let more groups in."""
-        pause = self.mode.on_wake()
-        if pause is None:
+        arrived = self.mode.on_wake()
+        if arrived is None:
             return
         running = list(s.in_flight.values())
         for r in running:
             self.engine.abort(r)
-        self.engine.advance(pause)
+        arrived.push(self.engine)  # the simulator's clock moves by the sync; a real engine loads the weights
         for r in running:
             note_resume(r, self.mode.version)
         self._submit(running)

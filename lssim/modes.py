@@ -30,10 +30,13 @@ What each is, as read in the frameworks' code (commits in the README's "Executio
   on, weights are synced at the step's start (on-policy); with `elastic` the rollout devices join the update
   once the rollout ends (RLinf's auto-scheduler).
 
-Only the timing of training is world-specific: a blocking phase is `Engine.advance`d past (virtual time in the
-simulator, already spent on a real engine); one that overlaps the rollout is priced up front and its weights
-arrive as an `Engine.wake_at` timer, which the simulator has and the real engine does not yet (so only
-`collocated` runs on vLLM today).
+Only the timing of training is world-specific, and the world supplies it as a `TrainJob`: a blocking phase is
+`Engine.advance`d past (virtual time in the simulator, already spent on a real engine); one that overlaps the
+rollout is a job beside it. The simulator's job (`TrainJob` here) is priced up front: its end is known, waiting
+for it advances the virtual clock, its arrival is an `Engine.wake_at` timer and pushing its weights advances the
+clock by the sync. A real trainer's job (real_backend.train_job.ThreadTrainJob, from `GRPOTrainer.start`) runs
+on a thread beside vLLM: waiting joins it, its arrival is a wake from the engine when it finishes, and pushing
+puts its weights into the idle engine. The modes below are written once over that protocol.
 """
 
 from __future__ import annotations
@@ -57,6 +60,37 @@ class TrainTiming:
     end: float  # the new weights are ready (on the rollout engine for blocking modes)
     phases: dict  # seconds: logprob, reference, update, sync, switch
     busy_device_seconds: float  # device-seconds the update kept busy (train devices; rollout devices that joined)
+
+
+class TrainJob:
+    """One step's training beside the rollout, as the simulator prices it: it runs on the train devices from
+    `start` to `end` (world clock) and makes weights `version` = step + 1.
+
+    The protocol a mode uses (a real trainer's job answers the same, real_backend.train_job):
+    ready(engine) -- are its weights trained by now?     wait(engine) -- block until they are
+    notify(engine) -- have the engine wake the controller (Event WAKE) once they are
+    push(engine) -- put them into the idle rollout engine (here: the clock moves by the sync's seconds)
+    `metrics`: what the trainer reported (the step row's trainer_* columns); here the priced phases."""
+
+    __slots__ = ("step", "version", "start", "end", "phases", "metrics")
+
+    def __init__(self, step: int, start: float, end: float, phases: dict, metrics: dict | None = None):
+        if end < start:
+            raise ValueError(f"TrainJob of step {step}: end {end} before start {start}")
+        self.step, self.version, self.start, self.end, self.phases = step, step + 1, start, end, phases
+        self.metrics = metrics or {}
+
+    def ready(self, engine: Engine) -> bool:
+        return self.end <= engine.now()
+
+    def wait(self, engine: Engine) -> None:
+        engine.advance(max(0.0, self.end - engine.now()))
+
+    def notify(self, engine: Engine) -> None:
+        engine.wake_at(self.end)
+
+    def push(self, engine: Engine) -> None:
+        engine.advance(self.phases["sync"])
 
 
 @dataclass(slots=True)
@@ -116,6 +150,7 @@ class ExecutionMode:
 
     keeps_generating = False  # unfinished responses stay in flight across the step boundary
     interrupts = False  # weights arriving mid-rollout interrupt generation (abort, re-prefill, continue)
+    trains_beside = False  # training runs beside the rollout (a trainer with `start` runs it as a job)
 
     def __init__(self, config: ModeConfig):
         self.config = config
@@ -123,8 +158,7 @@ class ExecutionMode:
         self._engine: Engine | None = None
         self._batch = 1  # the run's groups per step (B)
         self._lane_free = 0.0  # when the train devices are next free
-        self._ready: list[tuple[float, int]] = []  # (time, version) of weights trained and not yet on the engine
-        self._sync = 0.0  # seconds the last priced weight sync pauses the rollout engines for
+        self._ready: list = []  # TrainJobs (or a real trainer's jobs) whose weights are not on the engine yet, by version
 
     def bind(self, engine: Engine, groups_per_step: int) -> None:
         self._engine, self._batch = engine, groups_per_step
@@ -143,9 +177,9 @@ class ExecutionMode:
         """Must the rollout end now, whatever the policy says?"""
         return False
 
-    def on_wake(self) -> float | None:
-        """A timer went off: weights that were ready by now reach the engine. Returns the seconds the weight
-        sync pauses generation for, or None if no new weights arrived."""
+    def on_wake(self):
+        """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
+        the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
         return None
 
     def is_stale(self, step: int, first_version: int) -> bool:
@@ -153,8 +187,10 @@ class ExecutionMode:
         return False
 
     # -- the train phase --------------------------------------------------------------------------------
-    def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float) -> TrainTiming:
-        """Put step `step`'s training (priced or measured in `metrics`) on the world's clock."""
+    def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
+              job=None) -> TrainTiming:
+        """Put step `step`'s training (priced or measured in `metrics`) on the world's clock. `job`: a real trainer's
+        job already running beside the rollout (modes that `trains_beside` only; its times are known once it ends)."""
         phases = _phases(metrics)
         total = sum(phases.values())
         self._engine.advance(total)  # the simulator's clock moves; a real trainer has taken that long already
@@ -163,24 +199,30 @@ class ExecutionMode:
         return TrainTiming(rollout_end, max(self._engine.now(), rollout_end + total), phases, busy)
 
     # -- helpers for the modes that train beside the rollout --------------------------------------------
-    def _schedule(self, phases: dict, ready_at: float, step: int) -> TrainTiming:
-        """Train on the train devices from when they and the batch are ready; the weights are ready at the end."""
+    def _schedule(self, metrics: dict, ready_at: float, step: int, job=None) -> TrainTiming:
+        """Train on the train devices from when they and the batch are ready; the weights are ready at the end.
+        A real trainer's `job` is already running (its own thread is the lane): its times come once it ends."""
+        if job is not None:
+            self._ready.append(job)
+            unknown = float("nan")
+            return TrainTiming(ready_at, unknown, {p: unknown for p in _PHASES}, unknown)
+        phases = _phases(metrics)
         start = max(ready_at, self._lane_free)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
         end = start + compute
         self._lane_free = end
-        self._ready.append((end, step + 1))
+        self._ready.append(TrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)
 
     def _wait_for(self, version: int) -> None:
         """Block until weights `version` are trained, then sync them into the idle engine."""
-        ready = [t for t, v in self._ready if v <= version]
-        if not ready or self.version >= version:
+        jobs = [j for j in self._ready if j.version <= version]
+        if not jobs or self.version >= version:
             return
-        engine = self._engine
-        engine.advance(max(0.0, max(ready) - engine.now()))
-        self._ready = [(t, v) for t, v in self._ready if v > version]
-        engine.advance(self._sync)
+        for job in jobs:  # the simulator's clock moves to the last end; a real trainer's threads are joined
+            job.wait(self._engine)
+        self._ready = [j for j in self._ready if j.version > version]
+        jobs[-1].push(self._engine)  # only the newest weights go into the engine
         self.version = version
 
 
@@ -191,13 +233,13 @@ class Collocated(ExecutionMode):
 class Disaggregated(ExecutionMode):
     """R devices generate batch s+1 while T devices train on batch s (one step off-policy)."""
 
+    trains_beside = True
+
     def before_rollout(self, step: int) -> None:
         self._wait_for(step - 1)  # rollout s needs train s-2's weights: exactly one version stale
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end):
-        phases = _phases(metrics)
-        self._sync = phases["sync"]
-        return self._schedule(phases, rollout_end, step)
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        return self._schedule(metrics, rollout_end, step, job)
 
 
 class Async(ExecutionMode):
@@ -205,6 +247,7 @@ class Async(ExecutionMode):
 
     keeps_generating = True
     interrupts = True
+    trains_beside = True
 
     def admission(self, step, admitted_groups, default, limit):
         if step - self.version > self.config.staleness:  # its first tokens would already be too stale to train
@@ -218,35 +261,40 @@ class Async(ExecutionMode):
     def is_stale(self, step, first_version):
         return self.config.variant == "roll" and step - first_version > self.config.staleness
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end):
-        phases = _phases(metrics)
-        self._sync = phases["sync"]
-        timing = self._schedule(phases, rollout_end, step)
-        self._engine.wake_at(timing.end)
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        timing = self._schedule(metrics, rollout_end, step, job)
+        self._ready[-1].notify(self._engine)
         return timing
 
     def on_wake(self):
-        now = self._engine.now()
-        arrived = [v for t, v in self._ready if t <= now]
+        """The jobs trained by now, in version order (a job's weights never overtake an older job's still running);
+        the newest of them is pushed."""
+        arrived = 0
+        while arrived < len(self._ready) and self._ready[arrived].ready(self._engine):
+            arrived += 1
         if not arrived:
             return None
-        self._ready = [(t, v) for t, v in self._ready if t > now]
-        self.version = max(arrived)
-        return self._sync
+        newest = self._ready[arrived - 1]
+        self._ready = self._ready[arrived:]
+        self.version = newest.version
+        return newest
 
 
 class Hybrid(ExecutionMode):
     """Finished groups stream into training on T devices while R devices roll out; on-policy (RLinf pipelined)."""
 
+    trains_beside = True
+
     def before_rollout(self, step: int) -> None:
         self._wait_for(step)
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end):
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        if job is not None:  # a real trainer takes the step's groups once the rollout ends: no streaming (yet)
+            return self._schedule(metrics, rollout_end, step, job)
         phases = _phases(metrics)
-        self._sync = phases["sync"]
         compute = phases["logprob"] + phases["reference"] + phases["update"]
         start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
-        self._ready.append((end, step + 1))
+        self._ready.append(TrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, busy)
 
 

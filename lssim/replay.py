@@ -50,6 +50,8 @@ class SimSetup:
     staleness: int = 1  # async: versions the rollout may run ahead of the weights
     async_variant: str = "roll"  # async: "roll" drops groups that would train over the bound, "areal" never drops
     elastic: bool = True  # hybrid: rollout devices join the update once the rollout ends
+    # Train only groups whose rewards differ (real_backend's GRPOTrainer skips the others; verl trains them all).
+    train_signal_only: bool = False
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -107,7 +109,8 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     engine_cfg = setup.engine_config()
     engine = SimEngine(workload, cost, engine_cfg, batch_route=batch_route)
     mode_cfg = setup.mode_config()
-    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated)
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated,
+                         signal_only=setup.train_signal_only)
     if config is None:
         n_steps = steps or len(workload.steps)
         # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run

@@ -117,6 +117,8 @@ class VLLMEngine:
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
+        self._pending_wakes = 0  # wake_when's futures not yet done
+        self._wake_generation = 0  # abort_all starts a new one: a late wake of an earlier run is ignored
         self._in_flight = [0] * config.n_instances  # requests in flight per instance
         self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
         self._seq_seconds = 0.0  # integral of requests in flight over time
@@ -210,6 +212,13 @@ class VLLMEngine:
         """A timer on the engine's clock (seconds since it started): next_events reports Event(WAKE, None, t), t >= time,
         once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.core.Engine)."""
         heapq.heappush(self._timers, (float(time), next(self._keys)))
+
+    def wake_when(self, future) -> None:
+        """Like wake_at, for a time not known in advance: next_events reports Event(WAKE, None, t) once `future` (a
+        concurrent.futures.Future: a train job on its own thread, real_backend.train_job) is done."""
+        self._pending_wakes += 1
+        generation = self._wake_generation
+        future.add_done_callback(lambda f: self._q.put((_WAKE_KEY, self.now(), generation, None, None, None)))
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
@@ -310,20 +319,19 @@ class VLLMEngine:
     def abort_all(self) -> None:
         """Abort every request in flight and drop every timer: the engine is left idle for the next run."""
         self._timers.clear()
+        self._pending_wakes = 0
+        self._wake_generation += 1
         for lv in list(self._live.values()):
             self.abort(lv.request)
 
     def next_events(self) -> list[Event]:
-        """Blocks until at least one request finished or passed a progress checkpoint, or a timer (wake_at) went off;
-        [] when none is in flight and no timer is set."""
+        """Blocks until at least one request finished or passed a progress checkpoint, or a timer (wake_at, wake_when)
+        went off; [] when none is in flight and no timer is set."""
         self._follow_switch()  # a policy may have switched speculation since the last events
-        while self._live or self._timers:
+        while self._live or self._timers or self._pending_wakes:
             woke = self._due_timer()
             if woke is not None:
                 return [woke]
-            if not self._live:  # only a timer to wait for
-                time.sleep(max(0.0, self._timers[0][0] - self.now()))
-                continue
             events = self._process(self._wait(until=self._timers[0][0] if self._timers else None))
             if events:
                 return events
@@ -364,6 +372,11 @@ class VLLMEngine:
         progressed: dict[str, Event] = {}
         interval = self._interval
         for key, t, toks, lps, ents, finish in items:
+            if key is _WAKE_KEY:  # a wake_when future is done (toks: the generation it was set in)
+                if toks == self._wake_generation:
+                    self._pending_wakes -= 1
+                    finished[f"wake.{len(finished)}"] = Event(WAKE, None, t)
+                continue
             lv = self._live.get(key)
             if lv is None:
                 continue  # aborted by the controller: what came after does not count
@@ -510,6 +523,9 @@ class VLLMEngine:
             r.signals["loop_start"] = start
         else:
             r.signals.pop("loop_start", None)
+
+
+_WAKE_KEY = object()  # the queue item of a wake_when future (never a request's key)
 
 
 class _Live:

@@ -47,6 +47,8 @@ class Recorder:
         self._signals: dict[tuple[int, int, int], dict] = {}
         self.controller = None
         self._started = time.time()
+        self._writer = None  # a one-thread executor once write_in_background() was called
+        self._pending = None  # its write under way
 
     # -- hooks -------------------------------------------------------------------------------------
     def observe(self, r: Request, what: str) -> None:
@@ -77,16 +79,50 @@ class Recorder:
     def write(self) -> None:
         result = self.controller.result()
         responses, steps = self._responses(result.responses), result.steps
+        self.meta["steps_done"] = len(steps)
+        if self._writer is None:
+            self._write_files(responses, steps, json.dumps(self.meta, indent=2, default=_json_default))
+            return
+        self.flush()  # one write at a time, in order; an error of the last one is raised here
+        text = json.dumps(self.meta, indent=2, default=_json_default)
+        self._pending = self._writer.submit(self._write_files, responses, steps, text)
+
+    def write_in_background(self) -> None:
+        """Write the files on a thread of their own from now on (the frames are taken on the caller's thread, the
+        files written beside it): where training runs beside the rollout, the controller's thread must not stall on
+        disk between steps, or the measured step times would hold the recorder's writes, which the simulator does not
+        model. A kill while a write is under way loses that step's files only (each file is still renamed whole)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recorder")
+
+    def flush(self) -> None:
+        """Wait for the write under way (if any); raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _write_files(self, responses: pd.DataFrame, steps: pd.DataFrame, meta_text: str) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         write_trace(to_trace(responses, steps), self.out / "trace.parquet")
         atomic_write(self.out / "steps.parquet", lambda p: steps.to_parquet(p, index=False))
         atomic_write(self.out / "responses.parquet", lambda p: responses.to_parquet(p, index=False))
-        self.meta["steps_done"] = len(steps)
-        self._write_meta()
+        atomic_write(self.out / "meta.json", lambda p: Path(p).write_text(meta_text))
 
     def finish(self, status: str, error: str | None = None, **extra) -> None:
         """Record how the run ended (only if anything was written: a run that failed before its first
         step leaves no folder behind)."""
+        try:
+            self.flush()
+        except Exception as e:  # a run that failed anyway keeps its own error; a finished one reports this one
+            if status == "finished":
+                raise
+            self.meta["write_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
         self.meta.update(status=status, wall_seconds=time.time() - self._started, **extra)
         if error:
             self.meta["error"] = error
@@ -163,6 +199,10 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),
         "tokens_before_resume": responses["tokens_before_resume"].astype("int64"),
         "trained": responses["trained"].astype(bool),
+        # the training step that consumed the response (-1: never trained). `step` stays the step that admitted it
+        # (the simulator's Workload answers a replay by it); in async modes the two differ, and the weight versions
+        # that generated its first and last token are policy_version_first / policy_version_last.
+        "train_step": responses["train_step"].astype("int64"),
     })
     return trace
 

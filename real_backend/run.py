@@ -12,6 +12,10 @@ With --resume the run's shape (policy, groups, samples, budget, seed, model, tra
 checkpoint's: an option given with another value than the recorded one and than its default is an error;
 `--steps N` is the run's total (default: the recorded run's), so re-running a killed command with
 `--resume DIR` added finishes it.
+
+`--mode {collocated,disaggregated,async,hybrid}` (lssim.modes; with `--staleness K` and `--async-variant` for
+async): outside collocated the GRPO update runs on a thread beside the rollout (real_backend/train_job.py) and the
+mode pushes its weights into the engine. Those runs are not checkpointed, and `--resume` refuses them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 EXIT_ENGINE = 1
 EXIT_INTERRUPTED = 130
@@ -33,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .world import out_dir_problem, prepare
 
+    mode = _mode(args)
     if args.resume:
         config, setup, policy_arg, ckpt = resumed_run(args)
         out = args.resume
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
     if ckpt is not None:
         say(f"lssim real: resuming {out} after step {ckpt.step} ({len(ckpt.controller['_carried'])} carried responses)")
-    say(f"lssim real: policy {policy.name}, {config.steps} steps x {config.groups_per_step} groups x {config.group_size} samples, "
+    say(f"lssim real: mode {mode.label()}, policy {policy.name}, {config.steps} steps x {config.groups_per_step} groups x {config.group_size} samples, "
         f"max_tokens {config.max_tokens}, {len(prompts.pool)} prompts, model {setup.model_dir}")
     say("starting the vLLM engine ...")
     from .engine import EngineError
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ENGINE
     say(f"engine up in {time.monotonic() - t0:.0f} s")
     try:
-        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts,
+        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode,
                           on_step=lambda row: print(format_step(row), flush=True), resume=ckpt,
                           meta={"command": " ".join(sys.argv), "policy_spec": policy_arg if isinstance(policy_arg, str)
                                 else (ckpt.run.get("policy_spec") if ckpt else None)})
@@ -85,6 +91,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mode(args: argparse.Namespace):
+    """The run's execution mode (lssim.modes) from --mode/--staleness/--async-variant; one rollout engine and one
+    trainer here (--instances engines roll out; the trainer is one device)."""
+    from lssim.modes import ModeConfig
+
+    if args.mode != "async" and (args.staleness != 1 or args.async_variant != "roll"):
+        raise ValueError("--staleness and --async-variant are for --mode async")
+    if args.resume and args.mode != "collocated":
+        raise ValueError(f"--resume: only collocated runs are checkpointed; --mode {args.mode} cannot be resumed")
+    train = None if args.mode == "collocated" else 1
+    return ModeConfig(mode=args.mode, rollout_devices=args.instances, train_devices=train, staleness=args.staleness,
+                      variant=args.async_variant)
+
+
 def _setup(args: argparse.Namespace):
     from .world import RealSetup
 
@@ -92,7 +112,16 @@ def _setup(args: argparse.Namespace):
                      trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
-                     n_instances=args.instances)
+                     n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus))
+
+
+def _cpus(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--trainer-cpus {text!r}: give CPU numbers separated by commas, e.g. 0 or 0,1") from None
 
 
 # options that shape the run: with --resume the checkpoint's values hold (argument name -> its name in the record)
@@ -110,8 +139,12 @@ def resumed_run(args: argparse.Namespace):
     from lssim.rewards import RewardScale
 
     from .checkpoint import load_checkpoint
-    from .world import RealSetup
+    from .world import RealSetup, _old_meta
 
+    recorded_mode = _old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
+    if recorded_mode != "collocated":
+        raise ValueError(f"--resume {args.resume}: that run is in mode {recorded_mode}; only collocated runs are "
+                         f"checkpointed and can be resumed")
     if args.out and args.out != args.resume:
         raise ValueError(f"--resume {args.resume} writes into that folder; leave --out out (got --out {args.out})")
     ckpt = load_checkpoint(args.resume)
@@ -178,5 +211,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "checkpoint.pt (required unless --resume)")
     p.add_argument("--resume", metavar="DIR", help="go on with the run recorded in DIR from its last checkpoint (a new "
                    "engine; the weights, optimizer, step, policy, carried responses and data cursor restored)")
+    p.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
+                   help="execution mode (lssim.modes): collocated trains between rollouts; the others train on a thread "
+                        "beside the rollout, disaggregated one step off-policy, async with --staleness K, hybrid on-policy "
+                        "(default: collocated)")
+    p.add_argument("--staleness", type=int, default=1, metavar="K", help="async: versions the rollout may run ahead (default 1)")
+    p.add_argument("--async-variant", choices=["roll", "areal"], default="roll",
+                   help="async: roll drops groups that would train over the bound (ROLL); areal never drops (AReaL); both "
+                        "interrupt generation when weights arrive and resume it under them (default: roll)")
+    p.add_argument("--trainer-cpus", metavar="I,J", help="pin the trainer's thread to these CPUs (modes other than collocated)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

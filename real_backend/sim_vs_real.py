@@ -221,6 +221,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is not empty (pass --overwrite to replace what is there)")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
+        return _validate_modes(args)
+    if args.staleness != 1 or args.async_variant != "roll":
+        raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
     table = load_workloads(args.workloads)
     if args.runs:
         recorded = [load_run(folder) for folder in args.runs]
@@ -235,6 +239,27 @@ def run(args: argparse.Namespace) -> int:
     frames = validate_worlds(by_world, profile, counterfactual=not args.no_counterfactual, stages_dir=out / "models")
     _write(frames, out, profile)
     return _report(frames, out, args.json)
+
+
+def _validate_modes(args) -> int:
+    """`lssim validate --mode A,B,...`: the policies (default: the baseline alone) in each mode, on the run shape
+    the options give (default 5 steps x 8 groups x 4 samples, 256 tokens), checked before the engine starts."""
+    from lssim.controller import RunConfig
+
+    from .validate_modes import run as run_modes
+    from .world import RealSetup, prepare
+
+    if args.reprofile or args.full:
+        raise ValueError("--mode takes neither --reprofile nor --full; profile first (`lssim profile`) and pass --profile")
+    if args.runs:
+        return run_modes(args, None, None, None)
+    config = RunConfig(steps=args.steps or 5, groups_per_step=args.groups_per_step or 8, group_size=args.group_size or 4,
+                       max_tokens=args.max_tokens or 256, seed=args.seed)
+    setup = RealSetup(n_prompts=args.n_prompts)
+    specs = ["baseline"] if args.policies == "ci" else [x.strip() for x in args.policies.split(",") if x.strip()]
+    for spec in specs:
+        prepare(setup, spec, config)
+    return run_modes(args, specs, setup, config)
 
 
 def _plan(args, table) -> list[tuple]:
@@ -456,6 +481,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record each policy K times (same seeds) and compare per-step medians; the spread of the K runs is "
                         "the machine's timing noise (default: 5; with 3, this 2-core VM's noise alone put some policies "
                         "past the targets)")
+    p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
+                   "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
+                   "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "
+                   "the measured one (real_backend/validate_modes.py; with --runs, 'any' takes every run)")
+    p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
+    p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
+    p.add_argument("--train-profile", default=str(Path(__file__).with_name("profile_trainer_cpu.json")), metavar="JSON",
+                   help="with --mode: the trainer's profiled cost (python -m real_backend.profile_trainer; default: "
+                        "real_backend/profile_trainer_cpu.json)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the runs and the comparison")
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 

@@ -93,6 +93,25 @@ class GRPOTrainer:
         self.train_mask = hook
 
     def train(self, groups: list[Group], step: int) -> dict:
+        """One RL step, blocking: the update, then the new weights into the engine (the collocated step)."""
+        metrics = self.update(groups, step)
+        sync = 0.0
+        if metrics["optimizer_steps"] and self.engine is not None:
+            sync = self.engine.update_weights(self.model.state_dict(), version=step + 1)
+        self.last_sync_seconds = sync
+        metrics["sync_seconds"] = sync
+        return metrics
+
+    def start(self, groups: list[Group], step: int):
+        """One RL step as a job beside the rollout (the execution modes that train beside it, lssim.modes): the
+        update runs on the trainer's thread; its weights reach the engine when the mode pushes them
+        (real_backend.train_job.ThreadTrainJob.push). Jobs run one after another, in the order started."""
+        from .train_job import start_job
+
+        return start_job(self, groups, step)
+
+    def update(self, groups: list[Group], step: int) -> dict:
+        """The step's update alone (no weight push): its metrics, `sync_seconds` 0."""
         t0, cpu0 = time.monotonic(), time.process_time()
         samples = self._samples(groups, step)
         metrics = {"samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
@@ -114,14 +133,11 @@ class GRPOTrainer:
                     gaps.append(gap)  # before any update this step: the vLLM/torch numeric gap alone
             metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), clip_fraction=float(np.mean(clipped)),
                            logprob_gap=float(gaps[0]), optimizer_steps=len(slices))
+        # (process_time is the process's CPU time: for a job beside the rollout it counts the controller's thread too.)
         compute, compute_cpu = time.monotonic() - t0, time.process_time() - cpu0
-        sync = 0.0
-        if metrics["optimizer_steps"] and self.engine is not None:
-            sync = self.engine.update_weights(self.model.state_dict(), version=step + 1)
         self.version = step + 1 if metrics["optimizer_steps"] else self.version
-        self.last_sync_seconds = sync
         # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
-        metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=sync,
+        metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=0.0,
                        logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu, **self.last_pruning)
         return metrics
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from lssim.controller import Controller, RunConfig, RunResult
 from lssim.core import Speculation
+from lssim.modes import ModeConfig
 from lssim.policy import Policy, make_policy
 
 from . import task
@@ -68,6 +69,9 @@ class RealSetup:
     # A profiled cost model of this engine (`lssim profile`): when given, each real step gets the simulator's lower
     # bound priced with it (steps.parquet lower_bound_seconds / lower_bound_efficiency), else those are NaN.
     profile: str | None = None
+    # CPUs the trainer's thread is pinned to when it trains beside the rollout (modes other than collocated; None:
+    # not pinned). vLLM's CPU build binds its own worker (VLLM_CPU_OMP_THREADS_BIND, default auto).
+    trainer_cpus: tuple[int, ...] | None = None
 
     def check(self) -> None:
         model = Path(self.model_dir)
@@ -146,8 +150,14 @@ def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
              on_step: Callable[[dict], None] | None = None, trainer=None, meta: dict | None = None,
-             resume: "Checkpoint | None" = None, checkpoint: bool = True) -> RunResult:
-    """Run `config.steps` synchronous RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
+             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None) -> RunResult:
+    """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
+
+    mode: the execution mode (lssim.modes; default collocated, the synchronous step). In the others the trainer's
+    update runs as a job beside the rollout (GRPOTrainer.start, real_backend.train_job) and the mode pushes its
+    weights into the engine (between steps, or mid-rollout in async); the step rows get each job's measured times
+    once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
+    collocated only: a checkpoint between steps would miss the updates still running and the responses in flight.
 
     `engine` may have served other runs: its in-flight requests are aborted, it is pointed at `prompts`,
     and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
@@ -165,13 +175,21 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         engine.reset_spec_counters()
     if resume is not None and resume.policy is not policy:
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
+    mode = mode or ModeConfig(rollout_devices=engine.n_instances)
+    if resume is not None and not mode.collocated:
+        raise ValueError(f"resume: only a collocated run can be resumed, not {mode.mode} (its checkpoint would miss the "
+                         f"updates still running and the responses in flight)")
+    checkpoint = checkpoint and mode.collocated
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
+    trainer.job_cpus = setup.trainer_cpus
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
         "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
         "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
                    "vllm": _vllm_version(), "n_instances": engine.n_instances},
-        **(meta or {})})
-    controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step)
+        "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
+    if not mode.collocated:
+        recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
+    controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step, mode=mode.build())
     if setup.profile:  # the same bound the simulator prices, with this engine's measured cost model
         from lssim.bounds import make_lower_bound
         from lssim.cost import ProfiledCostModel
@@ -193,7 +211,17 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
             previous(row)
 
         controller.on_step = on_step
+    if not mode.collocated:
+        _fill_job_rows(controller, trainer, mode)
+        recorder.write_in_background()
     result = _run_recorded(controller, recorder, engine, first)
+    if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
+        from .train_job import fill_step_rows, shutdown
+
+        shutdown(trainer)
+        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
+        recorder.write()
+        result = controller.result()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
@@ -227,6 +255,19 @@ def _resume(ckpt, controller, trainer, prompts, recorder) -> int:
     recorder.remove_partial()
     recorder.write()
     return ckpt.step + 1
+
+
+def _fill_job_rows(controller, trainer, mode: ModeConfig) -> None:
+    """Before each step's files are written: the rows of steps whose update has finished since (train_job)."""
+    from .train_job import fill_step_rows
+
+    written = controller.on_step
+
+    def on_step(row: dict) -> None:
+        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
+        written(row)
+
+    controller.on_step = on_step
 
 
 def _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config, meta) -> None:

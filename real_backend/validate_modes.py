@@ -1,0 +1,210 @@
+"""`lssim validate --mode A,B,...`: the end-to-end step time per execution mode, predicted against measured.
+
+    lssim validate --mode collocated,disaggregated,async --staleness 1 --policies baseline --steps 6 --repeats 2 --out runs/vm
+    lssim validate --mode any --runs runs/a runs/b --out runs/vm-ab     # recorded runs, each in the mode it ran in
+
+Each mode's run is recorded on vLLM (`lssim real --mode M`: the GRPO update on a thread beside the rollout outside
+collocated, real_backend/train_job.py), then replayed in the simulator in the same mode, with the same policy,
+seeds and data loader, the engine's profiled cost model (`--profile`) and the trainer's (`--train-profile`, from
+`python -m real_backend.profile_trainer`; only groups with signal are trained, as GRPOTrainer does). Compared per
+step: `step_seconds`, the time from the previous step's weights being ready to this step's (collocated: the
+step's rollout and update). Per mode: the median and p90 absolute percentage error per step, seconds per trained
+group measured and predicted, and whether the predicted ranking of the modes (by seconds per trained group)
+equals the measured one; and the error once the predictions are scaled by the collocated runs' speed level
+(`anchored_*`: the profiles' absolute speed drifts with the machine's load; what is left is the modes'). Writes OUT/modes_steps.parquet (per mode, policy and step; median over repeats) and
+OUT/modes_summary.csv (the printed table); the runs under OUT/real/<mode>/<policy>/repeat<k>/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_TRAIN_PROFILE = Path(__file__).with_name("profile_trainer_cpu.json")
+MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
+
+
+def mode_sim_setup(run, profile: str, train_profile: str):
+    """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`)."""
+    from .sim_vs_real import sim_setup
+
+    mode = run.meta.get("mode") or {"mode": "collocated"}
+    collocated = mode["mode"] == "collocated"
+    return dataclasses.replace(sim_setup(run, profile), train=train_profile, train_signal_only=True, mode=mode["mode"],
+                               train_devices=None if collocated else int(mode.get("train_devices") or 1),
+                               staleness=int(mode.get("staleness", 1)), async_variant=mode.get("variant", "roll"),
+                               elastic=bool(mode.get("elastic", True)))
+
+
+def run_label(run) -> str:
+    """What a run is in the tables: its mode's label (lssim.modes.ModeConfig.label) and policy."""
+    mode = run.meta.get("mode") or {}
+    return f"{mode.get('label', 'collocated')} / {run.name}"
+
+
+def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.DataFrame]:
+    """Replay each recorded run in its own mode and compare step_seconds step by step; repeats of one label (same
+    mode and policy) are reduced to the per-step median of measured and of predicted seconds."""
+    from lssim.fidelity import replay_run
+
+    from .sim_vs_real import run_prompts
+
+    rows = []
+    for run in runs:
+        sim = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run))
+        predicted = sim.steps.set_index("step")
+        for _, real in run.steps.iterrows():
+            step = int(real["step"])
+            p = predicted.loc[step] if step in predicted.index else None
+            rows.append({"label": run_label(run), "mode": (run.meta.get("mode") or {}).get("mode", "collocated"),
+                         "policy": run.name, "folder": run.folder, "step": step,
+                         "measured_seconds": float(real["step_seconds"]),
+                         "predicted_seconds": float(p["step_seconds"]) if p is not None else np.nan,
+                         "measured_rollout_seconds": float(real["rollout_seconds"]),
+                         "predicted_rollout_seconds": float(p["rollout_seconds"]) if p is not None else np.nan,
+                         "measured_groups": int(real["groups_trained"]),
+                         "predicted_groups": int(p["groups_trained"]) if p is not None else 0,
+                         "measured_max_staleness": int(real.get("max_staleness", 0)),
+                         "predicted_max_staleness": int(p.get("max_staleness", 0)) if p is not None else -1})
+    by_repeat = pd.DataFrame(rows)
+    steps = (by_repeat.groupby(["label", "mode", "policy", "step"], sort=False)
+             .agg({c: "median" for c in by_repeat.columns if c.startswith(("measured_", "predicted_"))}).reset_index())
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
+    return {"steps": steps, "steps_by_repeat": by_repeat, "summary": summarize(steps)}
+
+
+def summarize(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per label: the per-step error, seconds per trained group measured and predicted, and the ranks by them."""
+    rows = {}
+    for label, s in steps.groupby("label", sort=False):
+        rows[label] = {"mode": s["mode"].iloc[0], "steps": len(s),
+                       "step_median_ape_pct": float(s["ape_pct"].median()),
+                       "step_p90_ape_pct": float(np.nanpercentile(s["ape_pct"], 90)),
+                       "step_median_signed_pct": float(s["signed_pct"].median()),
+                       "measured_seconds": float(s["measured_seconds"].sum()),
+                       "predicted_seconds": float(s["predicted_seconds"].sum()),
+                       "measured_s_per_group": float(s["measured_seconds"].sum() / max(1, s["measured_groups"].sum())),
+                       "predicted_s_per_group": float(s["predicted_seconds"].sum() / max(1, s["predicted_groups"].sum())),
+                       "measured_max_staleness": int(s["measured_max_staleness"].max()),
+                       "predicted_max_staleness": int(s["predicted_max_staleness"].max())}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "run"
+    # The machine's speed level, set by the collocated run(s) (their median measured / predicted step time), applied
+    # to the other modes' predictions: on a shared machine the profiles' absolute speed drifts (other processes), and
+    # what is left is the modes' own error. NaN without a collocated run; the collocated rows themselves are not a test.
+    colloc = steps[steps["mode"] == "collocated"]
+    level = float((colloc["measured_seconds"] / colloc["predicted_seconds"]).median()) if len(colloc) else np.nan
+    table["speed_level"] = level
+    for label, s in steps.groupby("label", sort=False):
+        ape = (s["predicted_seconds"] * level - s["measured_seconds"]).abs() / s["measured_seconds"] * 100
+        table.loc[label, "anchored_median_ape_pct"] = float(ape.median())
+        table.loc[label, "anchored_p90_ape_pct"] = float(np.nanpercentile(ape, 90))
+    table["measured_rank"] = table["measured_s_per_group"].rank(method="min").astype(int)
+    table["predicted_rank"] = table["predicted_s_per_group"].rank(method="min").astype(int)
+    return table
+
+
+def ranking_agrees(summary: pd.DataFrame) -> bool:
+    return bool((summary["measured_rank"] == summary["predicted_rank"]).all())
+
+
+def format_modes(summary: pd.DataFrame) -> str:
+    cols = ["steps", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct", "measured_s_per_group",
+            "predicted_s_per_group", "measured_rank", "predicted_rank", "measured_max_staleness",
+            "anchored_median_ape_pct", "anchored_p90_ape_pct"]
+    text = summary[cols].to_string(float_format=lambda x: f"{x:.3f}")
+    verdict = "equals" if ranking_agrees(summary) else "differs from"
+    level = summary["speed_level"].iloc[0] if len(summary) else np.nan
+    return (f"{text}\npredicted ranking of the runs by seconds per trained group {verdict} the measured one\n"
+            f"anchored_*: predictions x {level:.3f}, the collocated runs' median measured/predicted step time (this "
+            f"machine's speed level now against the profiles')")
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODE_ORDER and m != "any"]
+    if unknown or not modes:
+        raise ValueError(f"--mode {text!r}: give modes from {', '.join(MODE_ORDER)}, separated by commas")
+    return modes
+
+
+def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, repeats: int, staleness: int,
+                 variant: str) -> list:
+    """Run each (mode, policy) `repeats` times on one engine, mode-major within a repeat (drift reaches every mode
+    alike), after a throwaway warm-up run; returns the recorded runs."""
+    import tempfile
+
+    from lssim.fidelity import load_run
+    from lssim.modes import ModeConfig
+    from lssim.results import policy_dirname
+    from lssim.tables import format_step
+
+    from .world import prepare, run_real, start_engine
+
+    prompts, _ = prepare(setup, specs[0], config)
+    print("starting the vLLM engine ...", file=sys.stderr)
+    t0 = time.monotonic()
+    engine = start_engine(setup, prompts, seed=config.seed)
+    print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    runs = []
+    try:
+        with tempfile.TemporaryDirectory() as scratch:  # the first steps in a process are slower: not recorded
+            prompts, policy = prepare(setup, "baseline", config)
+            warm = dataclasses.replace(config, steps=2, total_groups=None)
+            run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
+        for k in range(repeats):
+            for mode in modes:
+                cfg = ModeConfig(mode=mode, rollout_devices=setup.n_instances, train_devices=None if mode == "collocated" else 1,
+                                 staleness=staleness, variant=variant)
+                for spec in specs:
+                    prompts, policy = prepare(setup, spec, config)
+                    folder = out / "real" / mode / policy_dirname(spec) / f"repeat{k}"
+                    print(f"-- {cfg.label()} / {spec} (repeat {k + 1} of {repeats}): {config.steps} steps", file=sys.stderr)
+                    run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
+                             on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
+                             meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
+                    runs.append(load_run(folder))
+    finally:
+        engine.close()
+    return runs
+
+
+def run(args, specs: list[str], setup, config) -> int:
+    """The `lssim validate --mode ...` handler (sim_vs_real.run checked the common options)."""
+    from lssim.fidelity import load_run
+    from lssim.results import atomic_write
+
+    out = Path(args.out)
+    train_profile = args.train_profile
+    from lssim.training import load_train_cost
+
+    load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
+    modes = parse_modes(args.mode)
+    if args.runs:
+        runs = [load_run(folder) for folder in args.runs]
+        if modes != ["any"]:
+            runs = [r for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") in modes]
+            if not runs:
+                raise ValueError(f"--runs: none of the runs is in a mode of --mode {args.mode}")
+    else:
+        if "any" in modes:
+            raise ValueError("--mode any is for --runs (each run in its recorded mode); name the modes to record")
+        runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant)
+    print(f"replaying {len(runs)} runs in the simulator, each in its mode ...", file=sys.stderr)
+    frames = compare_modes(runs, args.profile, train_profile)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("steps", "steps_by_repeat"):
+        atomic_write(out / f"modes_{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
+    atomic_write(out / "modes_summary.csv", lambda p: frames["summary"].to_csv(p))
+    print(format_modes(frames["summary"]))
+    print(f"written to {out}/ (modes_summary.csv, modes_steps.parquet, real/)")
+    return 0
+
+
+__all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run"]

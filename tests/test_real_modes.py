@@ -1,0 +1,188 @@
+"""The execution modes on the real backend (lssim.modes over real_backend.train_job), and the TrainJob protocol
+the modes are written against in both worlds.
+
+The `real` test runs `lssim real --mode async` in this process on the session's engine (tests/conftest.py), through
+a proxy the CLI cannot close, then replays its trace in the same mode."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lssim.modes import Async, Disaggregated, ModeConfig, TrainJob
+
+SHAPE = ["--n-prompts", "16", "--groups-per-step", "4", "--group-size", "4", "--max-tokens", "96"]
+
+
+class _Clock:
+    """A simulated world's clock: advance moves it, wake_at records timers."""
+
+    def __init__(self):
+        self.t, self.timers = 0.0, []
+
+    def now(self):
+        return self.t
+
+    def advance(self, seconds):
+        assert seconds >= 0
+        self.t += seconds
+
+    def wake_at(self, t):
+        self.timers.append(t)
+
+
+class _Job:
+    """A job whose end is not known in advance (as a real trainer's): done when the test says so."""
+
+    def __init__(self, step):
+        self.step, self.version, self.done, self.pushed, self.waited = step, step + 1, False, 0, 0
+
+    def ready(self, engine):
+        return self.done
+
+    def wait(self, engine):
+        self.waited += 1
+        self.done = True
+
+    def notify(self, engine):
+        pass
+
+    def push(self, engine):
+        self.pushed += 1
+
+
+def test_sim_train_job_protocol_moves_the_clock():
+    clock = _Clock()
+    job = TrainJob(3, start=1.0, end=2.5, phases={"logprob": 0, "reference": 0, "update": 1.5, "sync": 0.25, "switch": 0})
+    assert job.version == 4 and not job.ready(clock)
+    job.notify(clock)
+    assert clock.timers == [2.5]
+    job.wait(clock)
+    assert clock.now() == 2.5 and job.ready(clock)
+    job.push(clock)
+    assert clock.now() == 2.75
+    with pytest.raises(ValueError, match="end 1.0 before start 2.0"):
+        TrainJob(0, start=2.0, end=1.0, phases={})
+
+
+def test_async_takes_jobs_in_version_order_and_pushes_the_newest():
+    mode = Async(ModeConfig(mode="async", rollout_devices=1, train_devices=1, staleness=2))
+    mode.bind(_Clock(), 2)
+    first, second = _Job(0), _Job(1)
+    mode.train({}, 0, [], 0.0, 1.0, job=first)
+    mode.train({}, 1, [], 1.0, 2.0, job=second)
+    second.done = True
+    assert mode.on_wake() is None and mode.version == 0  # weights never overtake an older update still running
+    first.done = True
+    assert mode.on_wake() is second and mode.version == 2
+    assert mode.on_wake() is None
+
+
+def test_disaggregated_waits_for_every_older_job_and_pushes_once():
+    mode = Disaggregated(ModeConfig(mode="disaggregated", rollout_devices=1, train_devices=1))
+    mode.bind(_Clock(), 2)
+    jobs = [_Job(s) for s in range(3)]
+    for s, job in enumerate(jobs):
+        timing = mode.train({}, s, [], float(s), float(s) + 1, job=job)
+        assert math.isnan(timing.end)  # a real job's end is known once it ends (real_backend.train_job.fill_step_rows)
+    mode.before_rollout(3)  # rollout 3 needs version 2: jobs 0 and 1
+    assert [j.waited for j in jobs] == [1, 1, 0] and [j.pushed for j in jobs] == [0, 1, 0] and mode.version == 2
+
+
+class _Shared:
+    """The session's engine, lent to one CLI run: everything passes through but close()."""
+
+    def __init__(self, engine):
+        object.__setattr__(self, "_engine", engine)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._engine, name, value)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.real
+def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mode(vllm_engine, real_model_dir, tmp_path,
+                                                                                   monkeypatch, capsys):
+    from lssim.cli import main
+    from lssim.trace import load_trace
+    from real_backend import world
+
+    monkeypatch.setattr(world, "start_engine", lambda *a, **k: _Shared(vllm_engine))
+    out = tmp_path / "async"
+    assert main(["real", "--model-dir", str(real_model_dir), *SHAPE, "--mode", "async", "--staleness", "1",
+                 "--steps", "4", "--out", str(out), "--quiet"]) == 0
+    steps = pd.read_parquet(out / "steps.parquet")
+    trace = load_trace(out / "trace.parquet")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["mode"]["mode"] == "async" and meta["mode"]["staleness"] == 1
+    # 16 groups in all; how many trained by step 3 depends on timing (one may still be generating when the run ends)
+    trained_groups = int(steps["groups_trained"].sum())
+    assert steps["step"].tolist() == [0, 1, 2, 3] and (steps["groups_trained"] >= 1).all() and 12 <= trained_groups <= 16
+    # every step's update ran beside the rollout and its measured times were filled in once it ended
+    for col in ("train_start", "train_end", "update_seconds", "step_seconds"):
+        assert steps[col].notna().all() and (steps[col] >= 0).all(), col
+    assert (steps["train_start"] >= steps["rollout_end"] - 1e-9).all()
+    # the bound: no trained token more than 1 version stale; and the rollout did run ahead (async, not lockstep)
+    assert steps["max_staleness"].max() == 1
+    trained = trace[trace["trained"]]
+    assert (trained["train_step"] - trained["policy_version_first"] <= 1).all()
+    assert (trained["policy_version_first"] <= trained["policy_version_last"]).all()
+    assert (trained["policy_version_last"] <= trained["train_step"]).all()
+    assert (trained["train_step"] >= trained["step"]).all()
+    assert (trained["train_step"] > trained["policy_version_first"]).any()
+    # weights arrived mid-generation: some response's first and last tokens are of different versions
+    assert (trace["policy_version_first"] < trace["policy_version_last"]).any()
+    assert vllm_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
+    # nothing left in flight, and an async run cannot be resumed (it is not checkpointed)
+    assert not (out / "checkpoint.pt").exists()
+    with pytest.raises(SystemExit) as refused:
+        main(["real", "--resume", str(out)])
+    assert refused.value.code == 2 and "only collocated runs" in capsys.readouterr().err
+
+    # the trace replays in the same mode, from the responses it recorded
+    capsys.readouterr()
+    assert main(["replay", str(out / "trace.parquet"), "--mode", "async", "--staleness", "1", "--policy", "baseline",
+                 "--model", "tiny-ref", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["baseline"]
+    assert report["max_staleness"] <= 1 and trained_groups <= report["groups_trained"] <= 16
+    assert report["exact_fraction"] >= 0.9  # what the trace holds replays as recorded
+
+    # and `lssim validate --mode any --runs` compares its step times against the simulator in its mode
+    from real_backend.validate_modes import compare_modes
+    from lssim.fidelity import load_run
+
+    frames = compare_modes([load_run(out)], "real_backend/profile_cpu.json", "real_backend/profile_trainer_cpu.json")
+    table = frames["summary"]
+    assert table["mode"].tolist() == ["async"] and table.loc[table.index[0], "predicted_max_staleness"] <= 1
+    assert np.isfinite(frames["steps"]["ape_pct"]).all()
+
+
+def test_mode_summary_ranks_modes_and_anchors_on_the_collocated_speed_level():
+    from real_backend.validate_modes import ranking_agrees, summarize
+
+    rows = []
+    for mode, measured, predicted in (("collocated", 4.0, 2.0), ("async", 2.0, 1.1), ("disaggregated", 3.0, 1.4)):
+        for step in range(3):
+            rows.append({"label": mode, "mode": mode, "step": step, "measured_seconds": measured, "predicted_seconds": predicted,
+                         "measured_groups": 4, "predicted_groups": 4, "measured_max_staleness": 0, "predicted_max_staleness": 0})
+    steps = pd.DataFrame(rows)
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
+    table = summarize(steps)
+    assert table["measured_rank"].to_dict() == {"collocated": 3, "async": 1, "disaggregated": 2}
+    assert ranking_agrees(table)
+    assert table.loc["collocated", "step_median_ape_pct"] == pytest.approx(50.0)
+    assert table["speed_level"].iloc[0] == pytest.approx(2.0)  # collocated: measured twice the prediction
+    assert table.loc["async", "anchored_median_ape_pct"] == pytest.approx(10.0)
+    assert table.loc["disaggregated", "anchored_median_ape_pct"] == pytest.approx(100 * 0.2 / 3.0)
+    steps.loc[steps["mode"] == "async", "predicted_seconds"] = 1.6  # now predicted slower than disaggregated
+    assert not ranking_agrees(summarize(steps))
