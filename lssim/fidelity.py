@@ -228,7 +228,7 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
     return table
 
 
-ACTED_KINDS = ("stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed", "reselected")
+ACTED_KINDS = ("stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed", "reselected", "speculated")
 
 
 def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
@@ -247,6 +247,9 @@ def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
                      so this counts placement decisions, not only those that differ from the dispatcher's; a
                      policy that put everything on one instance decided nothing and counts zero)
         reselected   a (step, prompt, sample) the baseline did not draw: other prompts, other group sizes
+        speculated   generated in a step in which the engine drafted for the policy (speculative decoding
+                     changes how fast tokens come, not which: greedy, the tokens are the baseline's); from the
+                     run's speculation counters (meta.json), per step where the policy recorded its decisions
 
     From the records alone (responses.parquet), so it counts what happened on the engine, not what the policy
     asked for. A priority that changed only the order inside a batch the engine ran at once leaves no trace
@@ -266,10 +269,23 @@ def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
     flags["reselected"] = (both["_merge"] == "left_only").to_numpy()
     several = r.loc[r["instance"] >= 0, "instance"].nunique() > 1  # on one instance a placement decides nothing
     flags["placed"] = (several & (both["_merge"] == "both") & (both["instance"] != both["instance_baseline"])).to_numpy()
+    flags["speculated"] = _speculated(run, r)
     counts = {k: int(flags[k].sum()) for k in ACTED_KINDS}
     counts["acted"] = int(np.logical_or.reduce([flags[k] for k in ACTED_KINDS]).sum()) if len(r) else 0
     counts["responses"] = len(r)
     return counts
+
+
+def _speculated(run: RecordedRun, responses: pd.DataFrame) -> np.ndarray:
+    """Responses generated in steps in which the engine drafted (see `acted`)."""
+    spec = (run.meta or {}).get("speculation") or {}
+    if not spec.get("drafts"):
+        return np.zeros(len(responses), dtype=bool)
+    decisions = spec.get("decisions")
+    if not decisions:  # a policy that speculates in every step (spec_tail): every response ran on a drafting engine
+        return np.ones(len(responses), dtype=bool)
+    drafting_steps = {d["step"] for d in decisions if d.get("drafts", 0) > 0}
+    return responses["step"].isin(drafting_steps).to_numpy()
 
 
 def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,

@@ -309,12 +309,26 @@ def test_acted_counts_each_changed_response_once_and_the_baseline_zero():
     rows[5][5] = "abort"                         # dropped
     got = acted(_run("p", rows), base)
     assert {k: got[k] for k in ACTED_KINDS} == {"stopped": 2, "dropped": 1, "carried": 1, "rebudgeted": 1, "resubmitted": 1,
-                                                 "placed": 0, "reselected": 1}
+                                                 "placed": 0, "reselected": 1, "speculated": 0}
     assert got["acted"] == 6 and got["responses"] == 8
     on_one = [r[:7] + (0,) for r in BASE_ROWS]   # every response placed, all on one instance: nothing decided
     assert acted(_run("p", on_one), base)["acted"] == 0
     spread = [r[:7] + (i % 2,) for i, r in enumerate(BASE_ROWS)]
     assert acted(_run("p", spread), base)["placed"] == 8
+
+
+def test_acted_counts_the_responses_of_steps_the_engine_drafted_in():
+    from dataclasses import replace
+
+    from lssim.fidelity import acted
+
+    base = _run("baseline", BASE_ROWS)
+    run = _run("tlt", BASE_ROWS)
+    assert acted(replace(run, meta={"speculation": {"drafts": 0}}), base)["acted"] == 0
+    per_step = {"speculation": {"drafts": 12, "decisions": [{"step": 0, "drafts": 0}, {"step": 1, "drafts": 12}]}}
+    got = acted(replace(run, meta=per_step), base)
+    assert got["speculated"] == 4 and got["acted"] == 4  # the four responses of step 1
+    assert acted(replace(run, meta={"speculation": {"drafts": 5}}), base)["speculated"] == 8  # every step drafted
 
 
 def _summary():
