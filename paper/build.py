@@ -1,6 +1,6 @@
 """Rebuild the paper: every number and figure from fresh simulator runs and the committed measurements.
 
-    python -m paper.build                  # paper/paper.md, paper/numbers.json, paper/figures/*.png (~1-2 min here)
+    python -m paper.build                  # paper/paper.md, paper/numbers.json, paper/figures/*.png (~290 s CPU)
     python -m paper.build --quick --out DIR   # the same code on 3 steps of each trace and 16 devices (seconds)
 
 paper/template.md is the text; its placeholders ({{key:format}}, {{table:name}}) are filled from the numbers the
