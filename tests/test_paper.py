@@ -1,0 +1,144 @@
+"""The paper (paper/): its text is its template filled with the numbers the build computes, and those numbers are
+what the library computes now.
+
+- The committed paper.md is paper/template.md rendered with the committed numbers.json (no number typed by hand).
+- The committed measured numbers (real-engine validation, trainer fit, GPU kernel fit) and a sample of the
+  simulated ones equal a fresh computation; a simulator change that moves them fails here until
+  `python -m paper.build` is run again.
+- A quick build (the same code on 3 steps of each trace, 16 devices) into a temporary folder writes a paper whose
+  text, numbers and figures agree, with every registered policy in its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from paper.build import FIGURE_REF, TEMPLATE, build, check_figures
+from paper.render import format_value, markdown_table, placeholders, render
+from paper.simulated import BuildConfig, policy_names
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = ROOT / "paper"
+REBUILD = "the committed paper is out of date with the code: run `python -m paper.build` and commit paper/"
+
+
+def committed() -> tuple[str, dict, str]:
+    return TEMPLATE.read_text(), json.loads((PAPER / "numbers.json").read_text()), (PAPER / "paper.md").read_text()
+
+
+def test_committed_paper_is_the_template_filled_with_the_committed_numbers():
+    template, numbers, text = committed()
+    assert render(template, numbers) == text
+    assert "{{" not in text
+    shown = set(FIGURE_REF.findall(text))
+    assert shown and all((PAPER / "figures" / f"{name}.png").is_file() for name in shown)
+    assert not numbers["config.quick"], "the committed paper must come from the full build, not --quick"
+
+
+def test_committed_measured_numbers_equal_a_fresh_computation():
+    from paper.measured import measured_all
+
+    _, numbers, _ = committed()
+    fresh, _ = measured_all(ROOT)
+    tables = fresh.pop("tables")
+    for key, value in fresh.items():
+        assert numbers[key] == pytest.approx(value, rel=1e-9, abs=1e-12) if isinstance(value, float) else numbers[key] == value, (key, REBUILD)
+    for name, table in tables.items():
+        assert json.loads(json.dumps(table)) == numbers["tables"][name], (name, REBUILD)
+
+
+def test_committed_simulated_numbers_equal_a_fresh_run_of_the_baseline_and_april():
+    from lssim.replay import SimSetup, replay, summarize
+    from lssim.trace import load_trace
+
+    _, numbers, _ = committed()
+    table = summarize(replay(load_trace(ROOT / "traces" / "math7b.parquet"), ["april"], SimSetup(), references=False))
+    for key in ("rollout_seconds", "lower_bound_efficiency", "off_policy_token_fraction", "exact_fraction"):
+        assert numbers[f"sim.math7b.april.{key}"] == pytest.approx(float(table.loc["april", key]), rel=1e-9), (key, REBUILD)
+
+
+@pytest.fixture(scope="module")
+def quick_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    numbers = build(out, BuildConfig.quick(), say=lambda _: None)
+    return out, numbers
+
+
+def test_a_quick_build_writes_a_paper_that_is_its_numbers_rendered(quick_build):
+    out, numbers = quick_build
+    text = (out / "paper.md").read_text()
+    stored = json.loads((out / "numbers.json").read_text())
+    assert stored == numbers
+    assert render(TEMPLATE.read_text(), stored) == text
+    assert stored["config.quick"] and stored["config.steps"] == 3
+    figures = {p.stem for p in (out / "figures").glob("*.png")}
+    assert figures == set(FIGURE_REF.findall(text))
+    assert all((out / "figures" / f"{f}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
+    assert not list(out.glob(".*.tmp")), "a temporary file was left behind"
+
+
+def test_a_quick_build_s_numbers_are_the_library_s(quick_build):
+    """Spot checks against the library called directly, with the quick build's own settings."""
+    import numpy as np
+    import pandas as pd
+
+    from lssim.replay import SimSetup, replay, summarize
+    from lssim.trace import load_trace
+
+    _, numbers = quick_build
+    table = summarize(replay(load_trace(ROOT / "traces" / "longtail32k.parquet"), ["seer"], SimSetup(), steps=3))
+    assert numbers["sim.longtail32k.seer.rollout_speedup"] == pytest.approx(float(table.loc["seer", "rollout_speedup"]), rel=1e-9)
+    assert numbers["sim.longtail32k.oracle.lower_bound_efficiency"] == pytest.approx(
+        float(table.loc["oracle", "lower_bound_efficiency"]), rel=1e-9)
+    steps = pd.read_parquet(ROOT / "real_backend" / "validation" / "steps.parquet")
+    assert numbers["real.median_ape"] == pytest.approx(float(steps["ape_pct"].median()))
+    assert numbers["real.p90_ape"] == pytest.approx(float(np.percentile(steps["ape_pct"], 90)))
+
+
+def test_every_registered_policy_is_in_the_quick_build_s_tables(quick_build):
+    _, numbers = quick_build
+    names = ["baseline"] + policy_names() + ["oracle"]
+    assert [row[0] for row in numbers["tables"]["catalogue"]["rows"]] == names
+    for trace in ("math7b", "longtail32k"):
+        ran = {row[0] for row in numbers["tables"][f"policies_{trace}"]["rows"]}
+        missing = [p for p in names if p not in ran]
+        assert all(f"{p} on {trace}" in numbers["sim.skipped"] for p in missing), missing
+
+
+# -- the renderer -----------------------------------------------------------------------------------------------
+
+
+def test_render_formats_each_placeholder_and_names_a_missing_one():
+    numbers = {"a.b": 0.12345, "n": 81920, "name": "april", "gone": None,
+               "tables": {"t": {"columns": ["p", "x"], "formats": ["", ".1%"], "rows": [["april", 0.5], ["dapo", None]]}}}
+    text = "{{a.b:.2f}} {{a.b:.1%}} {{n:,}} `{{name}}` {{gone:.1f}}\n{{table:t}}"
+    assert render(text, numbers) == "0.12 12.3% 81,920 `april` -\n| p | x |\n|---|---|\n| april | 50.0% |\n| dapo | - |"
+    assert placeholders(text) == ["a.b", "n", "name", "gone", "table:t"]
+    with pytest.raises(KeyError, match="nope"):
+        render("{{nope:.1f}}", numbers)
+    with pytest.raises(KeyError, match="table 'u'"):
+        render("{{table:u}}", numbers)
+    with pytest.raises(ValueError, match="name:.1f"):
+        render("{{name:.1f}}", numbers)
+
+
+def test_a_table_row_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="3 cells for 2 columns"):
+        markdown_table({"columns": ["a", "b"], "formats": ["", ""], "rows": [[1, 2, 3]]})
+
+
+def test_nan_and_infinity_render_as_words_not_numbers():
+    assert format_value(float("nan"), ".2f") == "-"
+    assert format_value(math.inf, ".2f") == "inf"
+
+
+def test_the_template_shows_exactly_the_figures_the_build_draws():
+    template = TEMPLATE.read_text()
+    drawn = {name: (b"", "") for name in FIGURE_REF.findall(template)}
+    check_figures(template, drawn)
+    with pytest.raises(ValueError, match="does not show: extra"):
+        check_figures(template, {**drawn, "extra": (b"", "")})
