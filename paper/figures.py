@@ -56,7 +56,9 @@ def make_figures(sim_runs: dict, measured: dict, timeline_step: int, trace_name:
         "staleness": (plots.staleness_histogram(sim_runs["modes"]), "Trained tokens by weight versions behind, "
                                                                    "baseline under each execution mode."),
         "sim_vs_real": (plots.sim_vs_real(measured["fidelity_steps"]), "Predicted against measured rollout seconds "
-                        "per step, vLLM on this CPU (median of the repeats; committed validation run)."),
+                        "per step, vLLM on this CPU, every world (median of the repeats; committed validation run)."),
+        "sim_vs_real_level": (plots.sim_vs_real(measured["fidelity_anchored"]), "The same steps with each prediction "
+                              "scaled by its world's speed level from the baseline's runs (baselines left out)."),
         "gpu_cost": (gpu_heldout(measured["gpu_heldout"]), "The kernel-level GPU cost model and the roofline against "
                      "held-out H100 measurements (own torch decoder profiles and Vidur's Llama-2-7B layer kernels)."),
     }

@@ -33,6 +33,8 @@ class BuildConfig:
     traces: tuple[str, ...] = ("math7b", "longtail32k")  # files traces/NAME.parquet
     steps: int | None = None  # trace steps replayed (None: all)
     compositions: tuple[str, ...] = ("hadb+april+breaker", "vade+april+breaker", "rollpacker+spec_tail+breaker")
+    train_side: tuple[str, ...] = ("hadb+g2tp", "hadb+entropy_prune")  # training-side policies beside their base
+    train_base: str = "hadb"  # the rollout policy they compose with (a run of the policy table)
     figure_policy: str = "april"  # drawn beside baseline and oracle in the timeline and bound figures
     devices: int = 64  # the cluster `lssim plan` splits (qwen2.5-7b on H100, tp 1)
     plan_trace: str = "math7b"
@@ -47,6 +49,8 @@ class BuildConfig:
             raise ValueError(f"BuildConfig.steps must be >= 1 or None, got {self.steps}")
         if "baseline" not in self.plan_policies:
             raise ValueError("BuildConfig.plan_policies must include baseline (each mode's split is chosen by it)")
+        if any(not spec.startswith(self.train_base + "+") for spec in self.train_side):
+            raise ValueError(f"BuildConfig.train_side {self.train_side} must each compose train_base {self.train_base!r}")
         if self.plan_trace not in self.traces:
             raise ValueError(f"BuildConfig.plan_trace {self.plan_trace!r} is not one of the traces {self.traces}")
 
@@ -92,15 +96,17 @@ KEPT = ["speedup", "rollout_speedup", "rollout_seconds", "step_seconds", "lower_
         "effective_group_fraction", "exact_fraction", "modelled_fraction", "max_staleness"]
 
 
-def policy_table(trace: pd.DataFrame, cfg: BuildConfig) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+def policy_table(trace: pd.DataFrame, cfg: BuildConfig, train_side: bool = False) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     """Every registered policy, the compositions and the oracle on the default cluster (8 x qwen2.5-7b, H100,
-    collocated), rows in registry order; and the runs that could not be built or failed, with why."""
+    collocated), rows in registry order; and the runs that could not be built or failed, with why. With
+    `train_side`, the training-side compositions too (one sweep: their base's run is the table's own)."""
     skipped: list[tuple[str, str]] = []
     names = policy_names() + ["oracle"]
-    runs = sweep(trace, names, max_size=1, setup=SimSetup(), steps=cfg.steps, grid=list(cfg.compositions),
+    grid = list(cfg.compositions) + (list(cfg.train_side) if train_side else [])
+    runs = sweep(trace, names, max_size=1, setup=SimSetup(), steps=cfg.steps, grid=grid,
                  skipped=skipped, workers=cfg.workers)
     runs["modelled_fraction"] = 1 - runs["exact_fraction"]
-    order = [p for p in ["baseline"] + names[:-1] + list(cfg.compositions) + ["oracle"] if p in runs.index]
+    order = [p for p in ["baseline"] + names[:-1] + grid + ["oracle"] if p in runs.index]
     return runs.loc[order], skipped
 
 
@@ -120,6 +126,30 @@ def policy_numbers(name: str, runs: pd.DataFrame) -> dict:
         for k in ("rollout_speedup", "speedup", "lower_bound_efficiency", "off_policy_token_fraction", "exact_fraction"):
             out[f"sim.{name}.{label}.{k}"] = plain(runs.loc[policy, k]) if policy else None
     out[f"sim.{name}.policies_run"] = len(runs)
+    return out
+
+
+TRAIN_SIDE_KEPT = ("train_seconds", "step_seconds", "speedup", "rollout_seconds", "pruned_loss_fraction",
+                   "computed_token_fraction", "train_seconds_saved")
+
+
+def train_side_numbers(name: str, runs: pd.DataFrame, cfg: BuildConfig) -> dict:
+    """The training-side policies beside their rollout policy alone (same sweep, same trace): train time, what the
+    mask took out, the seconds it saved, and that share of the base's step time."""
+    if cfg.train_base not in runs.index:
+        raise ValueError(f"the policy table of {name} has no {cfg.train_base!r} run for the training-side comparison")
+    base = runs.loc[cfg.train_base]
+    out = {"train_side.trace": name, "train_side.base": cfg.train_base,
+           "train_side.base.train_seconds": plain(base["train_seconds"]),
+           "train_side.base.step_seconds": plain(base["step_seconds"])}
+    for spec in cfg.train_side:
+        if spec not in runs.index:
+            out[f"train_side.{spec}.ran"] = False
+            continue
+        row = runs.loc[spec]
+        out.update({f"train_side.{spec}.{k}": plain(row[k]) for k in TRAIN_SIDE_KEPT if k in row})
+        out[f"train_side.{spec}.ran"] = True
+        out[f"train_side.{spec}.saved_of_step"] = plain((base["train_seconds"] - row["train_seconds"]) / base["step_seconds"])
     return out
 
 
@@ -202,13 +232,16 @@ def simulate_all(root, cfg: BuildConfig, say=print) -> tuple[dict, dict]:
     for name, trace in traces.items():
         numbers.update(trace_numbers(name, trace))
         say(f"sweep: {len(policy_names()) + 2 + len(cfg.compositions)} policies on {name}")
-        table_runs, skipped[name] = policy_table(trace, cfg)
+        table_runs, skipped[name] = policy_table(trace, cfg, train_side=name == cfg.plan_trace)
         numbers.update(policy_numbers(name, table_runs))
+        if name == cfg.plan_trace:
+            numbers.update(train_side_numbers(name, table_runs, cfg))
         numbers["tables"][f"policies_{name}"] = policy_display(table_runs)
         runs[f"table_{name}"] = table_runs
     numbers["tables"]["catalogue"] = catalogue()
     numbers["sim.skipped"] = "; ".join(f"{spec} on {t} ({why})" for t, rows in skipped.items() for spec, why in rows) or "none"
     numbers["sim.policies_registered"] = len(policy_names()) + 2
+    numbers["sim.compositions"] = len(cfg.compositions)
     say(f"plan: {cfg.devices} devices on {cfg.plan_trace}")
     plan_scalars, numbers["tables"]["plan"] = plan_numbers(traces[cfg.plan_trace], cfg)
     numbers.update(plan_scalars)

@@ -7,6 +7,8 @@ what the library computes now.
   `python -m paper.build` is run again.
 - A quick build (the same code on 3 steps of each trace, 16 devices) into a temporary folder writes a paper whose
   text, numbers and figures agree, with every registered policy in its tables.
+- The validation numbers are real_backend/validation/summary.csv's own columns (one row per policy; the worlds'
+  `baseline@WORLD` rows apart), and an output of the older format is refused by file and column.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ def committed() -> tuple[str, dict, str]:
 
 def test_committed_paper_is_the_template_filled_with_the_committed_numbers():
     template, numbers, text = committed()
-    assert render(template, numbers) == text
+    try:
+        rendered = render(template, numbers)
+    except KeyError as e:  # the template names a number an older build did not compute
+        pytest.fail(f"{e}: {REBUILD}")
+    assert rendered == text, REBUILD
     assert "{{" not in text
     shown = set(FIGURE_REF.findall(text))
     assert shown and all((PAPER / "figures" / f"{name}.png").is_file() for name in shown)
@@ -46,8 +52,10 @@ def test_committed_measured_numbers_equal_a_fresh_computation():
     fresh, _ = measured_all(ROOT)
     tables = fresh.pop("tables")
     for key, value in fresh.items():
+        assert key in numbers, (key, REBUILD)
         assert numbers[key] == pytest.approx(value, rel=1e-9, abs=1e-12) if isinstance(value, float) else numbers[key] == value, (key, REBUILD)
     for name, table in tables.items():
+        assert name in numbers["tables"], (name, REBUILD)
         assert json.loads(json.dumps(table)) == numbers["tables"][name], (name, REBUILD)
 
 
@@ -58,6 +66,7 @@ def test_committed_simulated_numbers_equal_a_fresh_run_of_the_baseline_and_april
     _, numbers, _ = committed()
     table = summarize(replay(load_trace(ROOT / "traces" / "math7b.parquet"), ["april"], SimSetup(), references=False))
     for key in ("rollout_seconds", "lower_bound_efficiency", "off_policy_token_fraction", "exact_fraction"):
+        assert f"sim.math7b.april.{key}" in numbers, (key, REBUILD)
         assert numbers[f"sim.math7b.april.{key}"] == pytest.approx(float(table.loc["april", key]), rel=1e-9), (key, REBUILD)
 
 
@@ -97,6 +106,73 @@ def test_a_quick_build_s_numbers_are_the_library_s(quick_build):
     steps = pd.read_parquet(ROOT / "real_backend" / "validation" / "steps.parquet")
     assert numbers["real.median_ape"] == pytest.approx(float(steps["ape_pct"].median()))
     assert numbers["real.p90_ape"] == pytest.approx(float(np.percentile(steps["ape_pct"], 90)))
+
+
+def test_a_quick_build_s_training_side_numbers_are_the_library_s(quick_build):
+    from lssim.replay import SimSetup, replay, summarize
+    from lssim.trace import load_trace
+
+    _, numbers = quick_build
+    cfg = BuildConfig.quick()
+    specs = list(cfg.train_side)
+    table = summarize(replay(load_trace(ROOT / "traces" / f"{numbers['train_side.trace']}.parquet"), [cfg.train_base] + specs,
+                             SimSetup(), steps=3, references=False))
+    base = table.loc[cfg.train_base]
+    for spec in specs:
+        assert numbers[f"train_side.{spec}.ran"]
+        assert numbers[f"train_side.{spec}.train_seconds"] == pytest.approx(float(table.loc[spec, "train_seconds"]), rel=1e-9)
+        assert numbers[f"train_side.{spec}.saved_of_step"] == pytest.approx(
+            float((base["train_seconds"] - table.loc[spec, "train_seconds"]) / base["step_seconds"]), rel=1e-9)
+        assert numbers[f"train_side.{spec}.computed_token_fraction"] < 1  # the mask took tokens out of the forward
+
+
+# -- the measured numbers: read from the validation outputs as written ------------------------------------------
+
+
+def test_the_validation_numbers_are_summary_csv_s_own_columns():
+    import pandas as pd
+
+    from paper.measured import fidelity_numbers
+
+    numbers, tables, _ = fidelity_numbers(ROOT)
+    summary = pd.read_csv(ROOT / "real_backend" / "validation" / "summary.csv").set_index("policy")
+    policies = summary[~summary.index.str.startswith("baseline@")]
+    assert numbers["real.policies"] == len(policies) and numbers["real.worlds"] == len(summary) - len(policies)
+    assert numbers["real.meeting_goal"] == int(policies["meets_goal"].sum())
+    assert numbers["real.meeting_goal_anchored"] == int(policies["meets_goal_anchored"].sum())
+    for policy, row in policies.iterrows():
+        for key, col in (("anchored_median_ape", "anchored_median_ape_pct"), ("speedup_error_points", "speedup_error_points"),
+                         ("repeat_spread_median", "repeat_spread_median_pct"), ("acted", "acted")):
+            assert numbers[f"real.{policy}.{key}"] == pytest.approx(float(row[col]), nan_ok=True), (policy, key)
+    assert [row[0] for row in tables["fidelity"]["rows"]] == list(policies.index)  # no baseline@WORLD row
+    assert [row[0] for row in tables["worlds"]["rows"]] == list(summary.loc[summary.index.str.startswith("baseline@"), "world"])
+
+
+def test_a_validation_summary_of_the_old_format_is_refused_by_name(tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    from paper.measured import fidelity_numbers
+
+    folder = tmp_path / "real_backend" / "validation"
+    shutil.copytree(ROOT / "real_backend" / "validation", folder)
+    summary = pd.read_csv(folder / "summary.csv")
+    summary.drop(columns=["anchored_median_ape_pct"]).to_csv(folder / "summary.csv", index=False)
+    with pytest.raises(ValueError, match="summary.csv: no column anchored_median_ape_pct"):
+        fidelity_numbers(tmp_path)
+
+
+def test_the_speculation_numbers_are_the_committed_measurement_s():
+    from paper.measured import speculation_numbers
+
+    data = json.loads((ROOT / "real_backend" / "speculation_cpu.json").read_text())
+    numbers = speculation_numbers(ROOT)
+    assert numbers["spec.alpha"] == data["fit"]["alpha"]
+    sizes = sorted(int(n) for n in data["by_batch"])
+    assert numbers["spec.speedup_at_max"] == data["by_batch"][str(sizes[-1])]["speedup"]
+    paying = [n for n in sizes if data["by_batch"][str(n)]["speedup"] > 1]
+    assert numbers["spec.largest_paying_batch"] == (max(paying) if paying else "none")
 
 
 def test_every_registered_policy_is_in_the_quick_build_s_tables(quick_build):
