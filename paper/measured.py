@@ -1,11 +1,15 @@
 """The paper's numbers that rest on measurements: read from the committed outputs of the real-engine runs (which
 take many minutes) and refitted from the committed GPU kernel measurements (which take a second).
 
-- vLLM on this CPU against the simulator: real_backend/validation/ (summary.csv, stages.csv, counterfactual.csv,
-  steps.parquet, steps_by_repeat.parquet, noise.parquet), written by
-  `lssim validate --policies all --repeats 5 --reprofile --out runs/validate` (about 11 minutes). The speed level
-  taken from the baseline's runs is recomputed here from steps_by_repeat.parquet with the library's
-  `lssim.fidelity.anchor_on_baseline` and `median_over_repeats`, as `lssim validate` computes it.
+- vLLM on this CPU against the simulator, per world: real_backend/validation/ (summary.csv, stages.csv,
+  counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
+  `lssim validate --full --reprofile --repeats 3 --json --out runs/validate` (lssim/fidelity.py,
+  real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
+  columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
+  meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
+  column missing) is refused, naming the file and the column.
+- vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/speculation_cpu.json
+  (`python -m real_backend.measure_speculation --out real_backend/speculation_cpu.json ...`).
 - The GRPO trainer's cost fit: real_backend/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).
 - The GPU cost model: `lssim.cost.operator_fit.heldout_table()` fits the kernel curves afresh on the H100
   profiles in lssim/profiles/ (measured on a lent H100 in an earlier round) and scores the held-out points and
