@@ -64,9 +64,14 @@ def read_summary(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return summary[~is_base], summary[is_base]
 
 
+def _true(value) -> bool:
+    """A goal cell of summary.csv as written: True/False (read as bools or as text), empty for no verdict."""
+    return str(value).strip().lower() == "true"
+
+
 def goal_word(row) -> str:
     """What summary.csv's own goal columns say of one policy."""
-    return "yes" if bool(row["meets_goal"]) else ("with the level" if bool(row["meets_goal_anchored"]) else "no")
+    return "yes" if _true(row["meets_goal"]) else ("with the level" if _true(row["meets_goal_anchored"]) else "no")
 
 
 def _names(index) -> str:
@@ -76,7 +81,7 @@ def _names(index) -> str:
 def validation_scalars(policies: pd.DataFrame, bases: pd.DataFrame, steps: pd.DataFrame, anchored: pd.DataFrame,
                        noise: pd.DataFrame) -> dict:
     """The run-wide figures the text quotes, every one read or aggregated from the validation outputs."""
-    meets, level = policies["meets_goal"].astype(bool), policies["meets_goal_anchored"].astype(bool)
+    meets, level = policies["meets_goal"].map(_true).astype(bool), policies["meets_goal_anchored"].map(_true).astype(bool)
     speedup_err = policies["speedup_error_points"].abs()
     factor = policies.groupby("world")["speed_factor"].first()
     off = (factor - 1).abs()
