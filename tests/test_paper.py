@@ -163,6 +163,41 @@ def test_a_validation_summary_of_the_old_format_is_refused_by_name(tmp_path):
         fidelity_numbers(tmp_path)
 
 
+def test_the_goal_verdict_is_summary_csv_s_whichever_way_it_goes(tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    from paper.measured import fidelity_numbers
+
+    folder = tmp_path / "real_backend" / "validation"
+    shutil.copytree(ROOT / "real_backend" / "validation", folder)
+    summary = pd.read_csv(folder / "summary.csv")
+    first, second = summary.index[~summary["policy"].str.startswith("baseline@")][:2]
+    summary["meets_goal"], summary["meets_goal_anchored"] = False, False
+    summary.loc[first, "meets_goal"] = True
+    summary.loc[second, "meets_goal_anchored"] = True
+    summary.to_csv(folder / "summary.csv", index=False)
+    numbers, tables, _ = fidelity_numbers(tmp_path)
+    one, two = summary.loc[first, "policy"], summary.loc[second, "policy"]
+    assert (numbers["real.meeting_goal"], numbers["real.meeting_goal_names"]) == (1, one)
+    assert (numbers["real.meeting_goal_anchored"], numbers["real.meeting_goal_anchored_names"]) == (1, two)
+    goals = {row[0]: row[-1] for row in tables["fidelity"]["rows"]}
+    assert goals[one] == "yes" and goals[two] == "with the level" and list(goals.values()).count("no") == len(goals) - 2
+
+
+def test_the_speculation_policies_validation_is_said_only_when_the_run_had_them():
+    import pandas as pd
+
+    from paper.measured import speculation_validated
+
+    rows = pd.DataFrame({"speedup_measured": [0.94, 1.3], "speedup_predicted": [0.95, 1.2], "speedup_error_points": [0.9, -10.0],
+                         "makespan_median_ape_pct": [4.0, 8.0]}, index=["tlt", "april"])
+    said = speculation_validated(rows)["real.speculation_validated"]
+    assert said.startswith("`tlt` measured 0.94x, predicted 0.95x (+0.9 points") and "april" not in said
+    assert "did not include" in speculation_validated(rows.drop(index="tlt"))["real.speculation_validated"]
+
+
 def test_the_speculation_numbers_are_the_committed_measurement_s():
     from paper.measured import speculation_numbers
 
