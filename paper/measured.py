@@ -1,0 +1,274 @@
+"""The paper's numbers that rest on measurements: read from the committed outputs of the real-engine runs (which
+take many minutes) and refitted from the committed GPU kernel measurements (which take a second).
+
+- vLLM on this CPU against the simulator, per world: real_backend/validation/ (summary.csv, stages.csv,
+  counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
+  `lssim validate --full --reprofile --repeats 3 --json --out runs/validate` (lssim/fidelity.py,
+  real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
+  columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
+  meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
+  column missing) is refused, naming the file and the column.
+- vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/speculation_cpu.json
+  (`python -m real_backend.measure_speculation --out real_backend/speculation_cpu.json ...`).
+- The GRPO trainer's cost fit: real_backend/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).
+- The GPU cost model: `lssim.cost.operator_fit.heldout_table()` fits the kernel curves afresh on the H100
+  profiles in lssim/profiles/ (measured on a lent H100 in an earlier round) and scores the held-out points and
+  Microsoft Vidur's public H100 kernel times (`python -m lssim.benchmarks.gpu_cost_model` prints the same table).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lssim.cost.operator_fit import VIDUR_HELD_OUT, heldout_table
+from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
+
+from .render import plain, table
+
+VALIDATION = Path("real_backend") / "validation"
+TRAINER_PROFILE = Path("real_backend") / "profile_trainer_cpu.json"
+SPECULATION = Path("real_backend") / "speculation_cpu.json"
+VALIDATE = "lssim validate --full --reprofile --repeats 3 --json --out runs/validate"
+
+
+def _read(root: Path, name: str) -> pd.DataFrame:
+    path = root / VALIDATION / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; `{VALIDATE}` writes it")
+    return pd.read_parquet(path) if name.endswith(".parquet") else pd.read_csv(path)
+
+
+def _need(frame: pd.DataFrame, columns: list[str], name: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{VALIDATION / name}: no column {', '.join(missing)} (written by an older `lssim validate`?); "
+                         f"have {', '.join(map(str, frame.columns))}")
+
+
+SUMMARY_COLUMNS = ["policy", "world", "steps", "makespan_median_ape_pct", "makespan_p90_ape_pct", "speedup_measured",
+                   "speedup_predicted", "speedup_error_points", "finish_order_spearman", "acted", "responses",
+                   "repeat_spread_median_pct", "repeat_spread_p90_pct", "meets_goal", "anchored_median_ape_pct",
+                   "anchored_p90_ape_pct", "speed_factor", "meets_goal_anchored"]
+
+
+def read_summary(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """summary.csv split into the policies' rows and the worlds' baselines (`baseline@WORLD`), indexed by name."""
+    summary = _read(root, "summary.csv")
+    _need(summary, SUMMARY_COLUMNS, "summary.csv")
+    summary = summary.set_index("policy")
+    is_base = summary.index.str.startswith("baseline@")
+    return summary[~is_base], summary[is_base]
+
+
+def _true(value) -> bool:
+    """A goal cell of summary.csv as written: True/False (read as bools or as text), empty for no verdict."""
+    return str(value).strip().lower() == "true"
+
+
+def goal_word(row) -> str:
+    """What summary.csv's own goal columns say of one policy."""
+    return "yes" if _true(row["meets_goal"]) else ("with the level" if _true(row["meets_goal_anchored"]) else "no")
+
+
+def _names(index) -> str:
+    return ", ".join(index) or "none"
+
+
+def validation_scalars(policies: pd.DataFrame, bases: pd.DataFrame, steps: pd.DataFrame, anchored: pd.DataFrame,
+                       noise: pd.DataFrame) -> dict:
+    """The run-wide figures the text quotes, every one read or aggregated from the validation outputs."""
+    meets, level = policies["meets_goal"].map(_true).astype(bool), policies["meets_goal_anchored"].map(_true).astype(bool)
+    speedup_err = policies["speedup_error_points"].abs()
+    factor = policies.groupby("world")["speed_factor"].first()
+    off = (factor - 1).abs()
+    return {"real.policies": len(policies), "real.worlds": len(bases), "real.world_names": ", ".join(bases["world"]),
+            "real.steps": len(steps), "real.repeats": int(steps["repeats"].max()),
+            "real.steps_per_run_min": int(policies["steps"].min()), "real.steps_per_run_max": int(policies["steps"].max()),
+            "real.median_ape": float(steps["ape_pct"].median()), "real.p90_ape": float(np.percentile(steps["ape_pct"], 90)),
+            "real.policy_median_ape_min": float(policies["makespan_median_ape_pct"].min()),
+            "real.policy_median_ape_max": float(policies["makespan_median_ape_pct"].max()),
+            "real.anchored_median_ape": float(anchored["ape_pct"].median()),
+            "real.anchored_p90_ape": float(np.percentile(anchored["ape_pct"], 90)),
+            "real.speed_factor_min": float(factor.min()), "real.speed_factor_max": float(factor.max()),
+            "real.speed_factor_worst_world": str(off.idxmax()) if len(off.dropna()) else "none",
+            "real.acted_min": int(policies["acted"].fillna(0).min()),
+            "real.unacted": _names(policies.index[~(policies["acted"].fillna(0) > 0)]),
+            "real.meeting_goal": int(meets.sum()), "real.meeting_goal_names": _names(policies.index[meets]),
+            "real.meeting_goal_anchored": int(level.sum()), "real.meeting_goal_anchored_names": _names(policies.index[level]),
+            "real.speedup_error_max": float(speedup_err.max()), "real.speedup_error_worst": str(speedup_err.idxmax()),
+            "real.speedup_within_target": int((speedup_err <= TARGET_SPEEDUP_POINTS).sum()),
+            "real.speedup_missing_target": _names(policies.index[speedup_err > TARGET_SPEEDUP_POINTS]),
+            "real.noise_median": float(noise["ape_pct"].median()), "real.noise_p90": float(np.percentile(noise["ape_pct"], 90)),
+            "real.spread_above_target": int((policies["repeat_spread_median_pct"] > TARGET_MEDIAN_PCT).sum()),
+            "real.spearman_min": float(policies["finish_order_spearman"].min()),
+            "target.median": TARGET_MEDIAN_PCT, "target.p90": TARGET_P90_PCT, "target.speedup_points": TARGET_SPEEDUP_POINTS}
+
+
+def fidelity_table(policies: pd.DataFrame) -> dict:
+    """One row per policy: where it ran, how much it acted, its errors, the real engine's spread, its speedup."""
+    frame = policies.reset_index().assign(
+        goal=lambda d: [goal_word(r) for _, r in d.iterrows()],
+        acted=lambda d: [f"{a:.0f} of {n:.0f}" if pd.notna(a) and pd.notna(n) else "-"
+                         for a, n in zip(d["acted"], d["responses"])],
+        **{c: (lambda d, c=c: d[c] / 100) for c in ("makespan_median_ape_pct", "makespan_p90_ape_pct",
+                                                   "anchored_median_ape_pct", "anchored_p90_ape_pct",
+                                                   "repeat_spread_median_pct")})
+    frame = frame.rename(columns={"makespan_median_ape_pct": "median APE", "makespan_p90_ape_pct": "p90 APE",
+                                  "anchored_median_ape_pct": "level-set median", "anchored_p90_ape_pct": "level-set p90",
+                                  "repeat_spread_median_pct": "repeat spread", "speedup_measured": "speedup measured",
+                                  "speedup_predicted": "speedup predicted", "speedup_error_points": "error (points)"})
+    return table(frame, {"policy": "", "world": "", "acted": "", "median APE": ".1%", "p90 APE": ".1%",
+                         "level-set median": ".1%", "level-set p90": ".1%", "repeat spread": ".1%",
+                         "speedup measured": ".2f", "speedup predicted": ".2f", "error (points)": "+.1f", "goal": ""})
+
+
+def worlds_table(policies: pd.DataFrame, bases: pd.DataFrame) -> dict:
+    """One row per world: its policies, its baseline's own error and repeat spread, and the speed level taken from it."""
+    rows = []
+    for name, base in bases.iterrows():
+        world = base["world"]
+        members = policies[policies["world"] == world]
+        factor = members["speed_factor"].dropna()
+        rows.append({"world": world, "policies": ", ".join(members.index), "steps": plain(base["steps"]),
+                     "baseline median APE": plain(base["makespan_median_ape_pct"] / 100),
+                     "baseline p90 APE": plain(base["makespan_p90_ape_pct"] / 100),
+                     "baseline repeat spread": plain(base["repeat_spread_median_pct"] / 100),
+                     "speed level": plain(factor.iloc[0]) if len(factor) else None})
+    return table(pd.DataFrame(rows), {"world": "", "policies": "", "steps": "d", "baseline median APE": ".1%",
+                                      "baseline p90 APE": ".1%", "baseline repeat spread": ".1%", "speed level": ".3f"})
+
+
+def fidelity_numbers(root: Path) -> tuple[dict, dict, dict]:
+    """Scalars and tables of the per-world sim-vs-real validation, and its per-step frames (for the figures).
+    Every per-policy figure is summary.csv's own (as `lssim validate` computed it), not recomputed here."""
+    policies, bases = read_summary(root)
+    steps, noise, anchored = (_read(root, f) for f in ("steps.parquet", "noise.parquet", "anchored.parquet"))
+    for frame, name in ((steps, "steps.parquet"), (noise, "noise.parquet"), (anchored, "anchored.parquet")):
+        _need(frame, ["policy", "ape_pct", "world"], name)
+    out = validation_scalars(policies, bases, steps, anchored, noise)
+    for policy, row in pd.concat([policies, bases]).iterrows():
+        key = f"real.{policy}"
+        out.update({f"{key}.world": str(row["world"]), f"{key}.speedup_measured": plain(row["speedup_measured"]),
+                    f"{key}.speedup_predicted": plain(row["speedup_predicted"]),
+                    f"{key}.speedup_error_points": plain(row["speedup_error_points"]),
+                    f"{key}.median_ape": plain(row["makespan_median_ape_pct"]),
+                    f"{key}.anchored_median_ape": plain(row["anchored_median_ape_pct"]),
+                    f"{key}.repeat_spread_median": plain(row["repeat_spread_median_pct"]),
+                    f"{key}.acted": plain(row["acted"]), f"{key}.goal": goal_word(row)})
+    out.update(speculation_validated(policies))
+    tables = {"fidelity": fidelity_table(policies), "worlds": worlds_table(policies, bases),
+              "stages": stages_table(root), "counterfactual": counterfactual_table(root)}
+    return out, tables, {"fidelity_steps": steps, "fidelity_anchored": anchored}
+
+
+SPECULATION_POLICIES = ("spec_tail", "tlt")
+
+
+def speculation_validated(policies: pd.DataFrame) -> dict:
+    """A sentence, made from summary.csv, on the speculation policies' validation (if this run had them)."""
+    rows = policies.loc[[p for p in SPECULATION_POLICIES if p in policies.index]]
+    if not len(rows):
+        return {"real.speculation_validated": "this validation run did not include the speculation world"}
+    parts = [f"`{p}` measured {r['speedup_measured']:.2f}x, predicted {r['speedup_predicted']:.2f}x "
+             f"({r['speedup_error_points']:+.1f} points, step error {r['makespan_median_ape_pct']:.1f}% median)"
+             for p, r in rows.iterrows()]
+    return {"real.speculation_validated": "; ".join(parts)}
+
+
+def stages_table(root: Path) -> dict:
+    stages = _read(root, "stages.csv")
+    _need(stages, ["world", "stage", "median_ape_pct", "p90_ape_pct", "median_signed_pct", "worst_policy_median_ape_pct",
+                   "largest_speedup_error_points"], "stages.csv")
+    for col in ("median_ape_pct", "p90_ape_pct", "median_signed_pct", "worst_policy_median_ape_pct"):
+        stages[col] = stages[col] / 100
+    stages = stages.rename(columns={"stage": "cost model", "median_ape_pct": "median APE", "p90_ape_pct": "p90 APE",
+                                    "median_signed_pct": "median signed", "worst_policy_median_ape_pct": "worst policy median",
+                                    "largest_speedup_error_points": "largest speedup error (points)"})
+    return table(stages, {"world": "", "cost model": "", "median APE": ".1%", "p90 APE": ".1%", "median signed": "+.1%",
+                          "worst policy median": ".1%", "largest speedup error (points)": ".1f"})
+
+
+def counterfactual_table(root: Path) -> dict:
+    cf = _read(root, "counterfactual.csv")
+    _need(cf, ["policy", "world", "modelled_fraction", "length_ks", "length_wasserstein_tokens", "length_measured_mean",
+               "length_modelled_mean", "speedup_measured", "speedup_predicted_from_baseline_trace"], "counterfactual.csv")
+    cf = cf[cf["modelled_fraction"] > 0].rename(columns={
+        "modelled_fraction": "modelled", "length_ks": "length KS", "length_wasserstein_tokens": "Wasserstein (tokens)",
+        "length_measured_mean": "mean measured", "length_modelled_mean": "mean modelled",
+        "speedup_measured": "speedup measured", "speedup_predicted_from_baseline_trace": "speedup predicted"})
+    return table(cf, {"policy": "", "world": "", "modelled": ".0%", "length KS": ".2f", "Wasserstein (tokens)": ".1f",
+                      "mean measured": ".0f", "mean modelled": ".0f", "speedup measured": ".2f", "speedup predicted": ".2f"})
+
+
+def speculation_numbers(root: Path) -> dict:
+    """vLLM's n-gram speculation on this CPU, measured per batch size, and the SpecFit fitted to it."""
+    path = root / SPECULATION
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; `python -m real_backend.measure_speculation --out {SPECULATION}` writes it")
+    data = json.loads(path.read_text())
+    try:
+        fit, params = data["fit"], data["fit"]["params"]
+        by_batch = {int(n): cell for n, cell in data["by_batch"].items()}
+        out = {"spec.gamma": data["gamma"], "spec.repeats": data["repeats"], "spec.max_tokens": data["max_tokens"],
+               "spec.alpha": fit["alpha"], "spec.accepted_per_draft": fit["accepted_per_draft"],
+               "spec.draft_rate": params["draft_rate"], "spec.draft_len": params["draft_len"],
+               "spec.overhead": params["overhead"], "spec.verify_weight": params["verify_weight"],
+               "spec.engine_off_over_plain": data["plain_engine"]["spec_engine_off_over_plain"],
+               "spec.all_same_tokens": "yes" if all(cell["same_tokens"] for cell in by_batch.values()) else "no"}
+    except KeyError as e:
+        raise ValueError(f"{path}: no field {e} (written by an older measure_speculation?)") from None
+    sizes = sorted(by_batch)
+    paying = [n for n in sizes if by_batch[n]["speedup"] > 1]
+    out.update({"spec.batch_min": sizes[0], "spec.batch_max": sizes[-1],
+                "spec.speedup_at_min": by_batch[sizes[0]]["speedup"], "spec.speedup_at_max": by_batch[sizes[-1]]["speedup"],
+                "spec.largest_paying_batch": max(paying) if paying else "none"})
+    return out
+
+
+def trainer_numbers(root: Path) -> dict:
+    path = root / TRAINER_PROFILE
+    fit = json.loads(path.read_text())["fit_error"]["cpu"]
+    both, held = fit["fit"]["logprob_plus_update"], fit["held_out"]["logprob_plus_update"]
+    return {"trainer.fit_median": both["median_ape_pct"], "trainer.fit_p90": both["p90_ape_pct"],
+            "trainer.fit_points": both["n_points"], "trainer.heldout_median": held["median_ape_pct"],
+            "trainer.heldout_points": held["n_points"]}
+
+
+def gpu_numbers() -> tuple[dict, pd.DataFrame]:
+    """The kernel-level cost model against the held-out GPU measurements, fitted afresh."""
+    heldout, _, sums = heldout_table()
+    own = heldout["source"] == "lssim H100 torch"
+    out = {"gpu.heldout_points": int(own.sum()), "gpu.within_10": int((heldout.loc[own, "ape_pct"] <= 10).sum()),
+           "gpu.vidur_model": VIDUR_HELD_OUT}
+    for kind, g in heldout.groupby("kind"):
+        key = f"gpu.{kind.replace(' ', '_')}"  # decode, prefill (own profiles); decode_layers, prefill_layers (Vidur)
+        out.update({f"{key}.median": float(g["ape_pct"].median()), f"{key}.max": float(g["ape_pct"].max()),
+                    f"{key}.min": float(g["ape_pct"].min()), f"{key}.points": len(g),
+                    f"{key}.tokens_min": plain(g["tokens"].min()), f"{key}.tokens_max": plain(g["tokens"].max())})
+        if g["roofline_ape_pct"].notna().any():
+            out.update({f"{key}.roofline_median": float(g["roofline_ape_pct"].median()),
+                        f"{key}.roofline_max": float(g["roofline_ape_pct"].max())})
+    tp1 = sums[sums["tp"] == 1]
+    ape = (tp1["predicted_s"] / tp1["measured_s"] - 1).abs() * 100
+    out.update({"gpu.vidur_all.points": len(ape), "gpu.vidur_all.median": float(ape.median()),
+                "gpu.vidur_all.p90": float(np.percentile(ape, 90)), "gpu.vidur_all.max": float(ape.max())})
+    return out, heldout
+
+
+def measured_all(root: Path) -> tuple[dict, dict]:
+    """Every measured-data number (flat keys, tables under "tables") and the frames the figures draw."""
+    numbers, tables, frames = fidelity_numbers(root)
+    numbers.update(trainer_numbers(root))
+    numbers.update(speculation_numbers(root))
+    gpu, heldout = gpu_numbers()
+    numbers.update(gpu)
+    numbers = {k: plain(v) for k, v in numbers.items()}
+    numbers["tables"] = tables
+    return numbers, {**frames, "gpu_heldout": heldout}
+
+
+__all__ = ["measured_all", "fidelity_numbers", "gpu_numbers", "trainer_numbers", "speculation_numbers", "read_summary"]
