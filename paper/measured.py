@@ -259,9 +259,52 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     return out, heldout
 
 
+MODES_SUMMARY = VALIDATION / "modes" / "modes_summary.csv"
+
+
+def modes_numbers(root: Path) -> tuple[dict, dict]:
+    """The execution modes on the real backend against their replays (`lssim validate --mode ...`, written to
+    real_backend/validation/modes/): per mode the per-step error, with the collocated runs' speed level, seconds
+    per trained group measured and predicted, and the two rankings."""
+    path = root / MODES_SUMMARY
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; `lssim validate --mode collocated,disaggregated,async --staleness 1 "
+                                f"--steps 5 --repeats 2 --out DIR` writes modes_summary.csv (copy it there)")
+    modes = pd.read_csv(path)
+    need = ["mode", "step_median_ape_pct", "step_p90_ape_pct", "anchored_median_ape_pct", "anchored_p90_ape_pct",
+            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "speed_level", "run"]
+    missing = [c for c in need if c not in modes.columns]
+    if missing:
+        raise ValueError(f"{path}: no column {', '.join(missing)}")
+    col = modes.set_index("mode")
+    out = {"modes.count": len(modes), "modes.speed_level": float(modes["speed_level"].iloc[0]),
+           "modes.ranking_equal": "equals" if (modes["measured_rank"] == modes["predicted_rank"]).all() else "differs from",
+           "modes.median_ape_min": float(modes["step_median_ape_pct"].min()),
+           "modes.median_ape_max": float(modes["step_median_ape_pct"].max()),
+           "modes.anchored_median_min": float(modes["anchored_median_ape_pct"].min()),
+           "modes.anchored_median_max": float(modes["anchored_median_ape_pct"].max())}
+    if "collocated" in col.index:
+        for mode in col.index.drop("collocated"):
+            out[f"modes.{mode}.speedup_measured"] = float(col.loc["collocated", "measured_s_per_group"] / col.loc[mode, "measured_s_per_group"])
+            out[f"modes.{mode}.speedup_predicted"] = float(col.loc["collocated", "predicted_s_per_group"] / col.loc[mode, "predicted_s_per_group"])
+    frame = modes.assign(median=modes["step_median_ape_pct"] / 100, p90=modes["step_p90_ape_pct"] / 100,
+                         level_median=modes["anchored_median_ape_pct"] / 100, level_p90=modes["anchored_p90_ape_pct"] / 100)
+    frame = frame.rename(columns={"run": "run", "median": "step error median", "p90": "step error p90",
+                                  "level_median": "with the level: median", "level_p90": "with the level: p90",
+                                  "measured_s_per_group": "s/group measured", "predicted_s_per_group": "s/group predicted",
+                                  "measured_rank": "rank measured", "predicted_rank": "rank predicted"})
+    return out, {"modes": table(frame, {"run": "", "step error median": ".1%", "step error p90": ".1%",
+                                        "with the level: median": ".1%", "with the level: p90": ".1%",
+                                        "s/group measured": ".3f", "s/group predicted": ".3f",
+                                        "rank measured": "d", "rank predicted": "d"})}
+
+
 def measured_all(root: Path) -> tuple[dict, dict]:
     """Every measured-data number (flat keys, tables under "tables") and the frames the figures draw."""
     numbers, tables, frames = fidelity_numbers(root)
+    modes, modes_tables = modes_numbers(root)
+    numbers.update(modes)
+    tables.update(modes_tables)
     numbers.update(trainer_numbers(root))
     numbers.update(speculation_numbers(root))
     gpu, heldout = gpu_numbers()
@@ -271,4 +314,4 @@ def measured_all(root: Path) -> tuple[dict, dict]:
     return numbers, {**frames, "gpu_heldout": heldout}
 
 
-__all__ = ["measured_all", "fidelity_numbers", "gpu_numbers", "trainer_numbers", "speculation_numbers", "read_summary"]
+__all__ = ["measured_all", "modes_numbers", "fidelity_numbers", "gpu_numbers", "trainer_numbers", "speculation_numbers", "read_summary"]
