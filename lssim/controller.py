@@ -114,10 +114,8 @@ class Controller:
         self._bridges = policy.overrides("bridge")
         # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.fastsim), with the
-        # same results. Asked only of engines that have the ability (lssim.core.Engine.set_batch_rollout).
-        set_batch = getattr(engine, "set_batch_rollout", None)
-        if set_batch is not None:
-            set_batch(self._batch_rollout())
+        # same results (lssim.core.Engine.set_batch_rollout; vLLM streams events and ignores it).
+        engine.set_batch_rollout(self._batch_rollout())
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)

@@ -328,12 +328,10 @@ class Engine(Protocol):
     - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
       `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
       otherwise.
-
-    One more ability is optional, and the controller asks only an engine that has it: `set_batch_rollout(on)`,
-    called once before the first step, promises (on=True) that each rollout is one submission drained by
-    next_events with no reaction, abort or other submission until it returns nothing (no per-event policy hook,
-    a mode that never cuts a rollout short). The simulator then prices each rollout as a batch (lssim.fastsim)
-    and may return all its events at once; an engine without it streams them as always.
+    - `set_batch_rollout(on)`: called once before the first step; on=True promises that each rollout is one
+      submission drained by next_events with no reaction, abort or other submission until it returns nothing (no
+      per-event policy hook, a mode that never cuts a rollout short). The simulator then prices each rollout as a
+      batch (lssim.fastsim) and may return all its events at once; an engine that streams (vLLM) ignores it.
     """
 
     n_instances: int
@@ -374,6 +372,9 @@ class Engine(Protocol):
         if speculation is not None:
             raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
                              f"cannot do")
+
+    def set_batch_rollout(self, on: bool) -> None:
+        """The controller's promise that rollouts need no per-event reaction; an engine may ignore it."""
 
 
 class Trainer(Protocol):

@@ -392,7 +392,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": engine_setup.model_dir})
         for k in range(args.repeats):
             for world, specs in worlds:
-                setup, config = _world_setup(world, args, _greedy(specs)), _world_config(world, args)
+                setup, config = _world_setup(world, args, greedy), _world_config(world, args)
                 for name, spec in specs:
                     prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
                     folder = out_path(out, world.name, spec) / f"repeat{k}"
