@@ -69,3 +69,29 @@ def vllm_engine(real_engine):
     real_engine.abort_all()
     real_engine.set_progress_interval(None)
     assert leftover == 0, f"{leftover} requests left in flight"
+
+
+class _Lent:
+    """The session's engine, lent to one CLI run: everything passes through but close()."""
+
+    def __init__(self, engine):
+        object.__setattr__(self, "_engine", engine)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._engine, name, value)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def lent_engine(vllm_engine, monkeypatch):
+    """The session's engine, which `lssim real` runs in this test start (real_backend.world.start_engine) instead
+    of a vLLM engine of their own, and do not close."""
+    from real_backend import world
+
+    monkeypatch.setattr(world, "start_engine", lambda *a, **k: _Lent(vllm_engine))
+    return vllm_engine

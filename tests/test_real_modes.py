@@ -93,30 +93,11 @@ def test_disaggregated_waits_for_every_older_job_and_pushes_once():
     assert [j.waited for j in jobs] == [1, 1, 0] and [j.pushed for j in jobs] == [0, 1, 0] and mode.version == 2
 
 
-class _Shared:
-    """The session's engine, lent to one CLI run: everything passes through but close()."""
-
-    def __init__(self, engine):
-        object.__setattr__(self, "_engine", engine)
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._engine, name, value)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.real
-def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mode(vllm_engine, real_model_dir, tmp_path,
-                                                                                   monkeypatch, capsys):
+def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mode(lent_engine, real_model_dir, tmp_path,
+                                                                                   capsys):
     from lssim.cli import main
     from lssim.trace import load_trace
-    from real_backend import world
-
-    monkeypatch.setattr(world, "start_engine", lambda *a, **k: _Shared(vllm_engine))
     out = tmp_path / "async"
     assert main(["real", "--model-dir", str(real_model_dir), *SHAPE, "--mode", "async", "--staleness", "1",
                  "--steps", "4", "--out", str(out), "--quiet"]) == 0
@@ -141,7 +122,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     assert (trained["train_step"] > trained["policy_version_first"]).any()
     # weights arrived mid-generation: some response's first and last tokens are of different versions
     assert (trace["policy_version_first"] < trace["policy_version_last"]).any()
-    assert vllm_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
+    assert lent_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
     # nothing left in flight, and an async run cannot be resumed (it is not checkpointed)
     assert not (out / "checkpoint.pt").exists()
     with pytest.raises(SystemExit) as refused:

@@ -27,26 +27,8 @@ GROUPS_PER_STEP = 4  # as SHAPE says
 KEY = ["step", "prompt_id", "sample_idx"]
 
 
-class _Shared:
-    """The session's engine, lent to one CLI run: everything passes through but close()."""
-
-    def __init__(self, engine):
-        object.__setattr__(self, "_engine", engine)
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._engine, name, value)
-
-    def close(self) -> None:
-        pass
-
-
-def _cli(monkeypatch, engine, argv: list[str]) -> int:
-    from real_backend import world
-
-    monkeypatch.setattr(world, "start_engine", lambda *a, **k: _Shared(engine))
+def _cli(argv: list[str]) -> int:
+    """`lssim real ARGV` (on the session's engine where the test asks for `lent_engine`)."""
     return main(["real", *argv])
 
 
@@ -58,7 +40,7 @@ def _steps_done(out: Path) -> int:
 
 
 @pytest.mark.real
-def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(vllm_engine, real_model_dir, tmp_path, monkeypatch):
+def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engine, real_model_dir, tmp_path):
     from lssim.trace import load_trace
     from real_backend.checkpoint import load_checkpoint
 
@@ -96,7 +78,7 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(vllm_engin
     # and the killed run goes on from its checkpoint (here on the session's engine) to its 4 steps
     ckpt = load_checkpoint(out)
     assert ckpt.step in (meta["steps_done"] - 1, meta["steps_done"])  # the kill may fall between files and checkpoint
-    assert _cli(monkeypatch, vllm_engine, ["--resume", str(out)]) == 0
+    assert _cli(["--resume", str(out)]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
     trace = load_trace(out / "trace.parquet")
     assert steps["step"].tolist() == [0, 1, 2, 3] and set(trace["step"]) == {0, 1, 2, 3}
@@ -105,13 +87,13 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(vllm_engin
 
 
 @pytest.mark.real
-def test_resume_continues_the_run_from_its_checkpoint(vllm_engine, real_model_dir, tmp_path, monkeypatch, capsys):
+def test_resume_continues_the_run_from_its_checkpoint(lent_engine, real_model_dir, tmp_path, monkeypatch, capsys):
     from lssim.trace import load_trace
     from real_backend.checkpoint import load_checkpoint
     from real_backend.trainer import GRPOTrainer
 
     out = tmp_path / "run"
-    assert _cli(monkeypatch, vllm_engine, ["--model-dir", str(real_model_dir), *SHAPE, "--policy", "april", "--steps", "2",
+    assert _cli(["--model-dir", str(real_model_dir), *SHAPE, "--policy", "april", "--steps", "2",
                                            "--out", str(out)]) == 0
     ckpt = load_checkpoint(out)
     assert ckpt.step == 1 and ckpt.trainer["version"] == 2 and ckpt.mode_version == 2
@@ -123,11 +105,11 @@ def test_resume_continues_the_run_from_its_checkpoint(vllm_engine, real_model_di
     def spy(self, groups, step):
         if not seen:
             seen.append((step, {k: v.clone() for k, v in self.model.state_dict().items()},
-                         vllm_engine.parameter("model.norm.weight"), copy.deepcopy(self.optimizer.state_dict())))
+                         lent_engine.parameter("model.norm.weight"), copy.deepcopy(self.optimizer.state_dict())))
         return train(self, groups, step)
 
     monkeypatch.setattr(GRPOTrainer, "train", spy)
-    assert _cli(monkeypatch, vllm_engine, ["--resume", str(out), "--steps", "4"]) == 0
+    assert _cli(["--resume", str(out), "--steps", "4"]) == 0
     assert "resuming" in capsys.readouterr().out
 
     step, weights, served, optim = seen[0]
