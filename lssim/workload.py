@@ -71,84 +71,113 @@ class Workload:
 
     Prompt ids: a trace's integer ids are used as they are; text ids (verl uids, hashes) get dense int codes
     (0.. in text order) so that policies keep indexing numpy arrays and dicts by int. `prompt_ids_as_written`
-    turns codes back into the trace's ids (lssim.replay does it for every result frame)."""
+    turns codes back into the trace's ids (lssim.replay does it for every result frame).
+
+    The index is built as arrays, over all rows at once (`lookup_many` and the batches read them); the Python
+    lists and dicts that make the scalar `lookup` fast (one answer per response on the event engine) are built
+    from them on its first call (`_scalar_index`), so a run that never asks one by one never pays for them."""
 
     def __init__(self, trace: pd.DataFrame, seed: int = 0):
-        codes, self.prompt_names = _prompt_codes(trace["prompt_id"])
-        group = trace["group_id"].to_numpy(np.int64) if "group_id" in trace else np.zeros(len(trace), np.int64)
-        # Rows in (step, prompt, group, sample) order: a prompt's groups at a step are one run of rows, group by group.
-        order = np.lexsort((trace["sample_idx"].to_numpy(np.int64), group, codes, trace["step"].to_numpy(np.int64)))
-        df = trace.iloc[order].reset_index(drop=True)
-        codes, group = codes[order], group[order]
         self.seed = seed
-        self.n_rows = len(df)
+        self.n_rows = len(trace)
+        rows, self.prompt_names = _sorted_rows(trace)
+        self._rows = rows
         # Runs count steps from 0; a trace may start anywhere or skip steps: its i-th step is run step i.
-        self.trace_steps, steps = np.unique(df["step"].to_numpy(np.int64), return_inverse=True)
-        steps = steps.astype(np.int64)
-        self._index_rows(df)
-        self._index_groups(steps, codes)
-        self._index_batches(df, steps, codes, group)
-        first = np.unique(codes, return_index=True)[1]
-        first.sort()  # the pool lists prompts in the order they first appear
-        self._prompt_len = dict(zip(codes[first].tolist(), df["prompt_len"].to_numpy(np.int64)[first].tolist()))
-        self.pool = PromptPool(codes[first], df["prompt_len"].to_numpy(np.int64)[first])
-        self.reward_scale = RewardScale.of(df["reward"].to_numpy(float))
+        self.trace_steps, steps = np.unique(rows["step"], return_inverse=True)
+        steps = rows["step_index"] = steps.astype(np.int64).reshape(-1)
+        self.steps = list(range(len(self.trace_steps)))
+        self._index_groups(steps, rows["prompt"])
+        self._index_batches(steps, rows["prompt"], rows["group"])
+        # the pool lists prompts in the order they first appear (a prompt's first row starts its first group)
+        first_group = np.sort(np.unique(self._g_pid, return_index=True)[1])
+        first = self._g_start[first_group]
+        prompt_len = rows["prompt_len"]
+        self.pool = PromptPool(rows["prompt"][first], prompt_len[first])
+        self._prompt_len = dict(zip(self.pool.prompt_id.tolist(), prompt_len[first].tolist()))
+        self.reward_scale = RewardScale.of(rows["reward"])
         self._low = self.reward_scale.low
-        # The run's nominal shape (what policies that choose their own batches are told): median groups per
-        # step and group size, the largest budget. The recorded batches themselves are replayed as they are.
-        self.group_size = int(np.median([g[1] for batch in self._batches.values() for g in batch]))
-        self.groups_per_step = int(np.median([len(batch) for batch in self._batches.values()]))
-        self.max_tokens = int(df["max_tokens"].max())
-
-    def _index_rows(self, df: pd.DataFrame) -> None:
-        """Per-row facts as Python lists: scalar indexing on them is several times faster than on numpy arrays."""
-        self._len = df["response_len"].to_numpy(np.int64).tolist()
-        self._max = df["max_tokens"].to_numpy(np.int64).tolist()
-        reasons = df["finish_reason"].to_numpy()
-        self._reason = reasons.tolist()
-        self._stopped = (reasons == STOP).tolist()  # ended by itself: natural length known
-        self._reward = df["reward"].to_numpy(float).tolist()
-        loop = df["loop_start"].to_numpy(np.int64) if "loop_start" in df else np.full(len(df), -1, np.int64)
-        self._loop = loop.tolist()
-        collapse = (df["entropy_collapse_start"].to_numpy(np.int64) if "entropy_collapse_start" in df
-                    else np.full(len(df), -1, np.int64))
-        self._collapse = collapse.tolist()
-        entropy = df["entropy_mean"].to_numpy(float) if "entropy_mean" in df else np.full(len(df), np.nan)
-        self._entropy = [x if x == x else _NAN for x in entropy.tolist()]  # one NaN object: answers compare equal
-        healthy = entropy[(loop < 0) & (collapse < 0) & ~np.isnan(entropy)]
+        entropy = rows["entropy"]
+        healthy = entropy[(rows["loop"] < 0) & (rows["collapse"] < 0) & ~np.isnan(entropy)]
         # The entropy of ordinary text: what a loop or a collapse departs from (lssim.signals).
         self.text_entropy = float(np.median(healthy)) if len(healthy) else _NAN
+        # The run's nominal shape (what policies that choose their own batches are told): median groups per
+        # step and group size, the largest budget. The recorded batches themselves are replayed as they are.
+        self.group_size = int(np.median(self._b_count))
+        self.groups_per_step = int(np.median(self._step_groups))
+        self.max_tokens = int(rows["max"].max())
 
     def _index_groups(self, steps: np.ndarray, pids: np.ndarray) -> None:
         """Where each (step, prompt)'s responses are (all its groups at that step, numbered across them, as the
-        controller numbers a prompt's samples within a step), which steps each prompt was recorded at, and the
-        rows of each step."""
+        controller numbers a prompt's samples within a step), and the rows of each step."""
         new_group = np.r_[True, (steps[1:] != steps[:-1]) | (pids[1:] != pids[:-1])]
-        starts = np.flatnonzero(new_group)
-        counts = np.diff(np.r_[starts, len(steps)])
-        g_steps, g_pids = steps[starts], pids[starts]
-        self._groups = dict(zip(zip(g_steps.tolist(), g_pids.tolist()), zip(starts.tolist(), counts.tolist())))
-        # For each prompt, the steps it was recorded at (sorted), for nearest-step resampling.
-        order = np.lexsort((g_steps, g_pids))
-        self._prompt_steps: dict[int, list[int]] = {}
-        for pid, step in zip(g_pids[order].tolist(), g_steps[order].tolist()):
-            self._prompt_steps.setdefault(pid, []).append(step)
-        # Rows of each step, for the global last resort.
-        step_values, step_starts = np.unique(steps, return_index=True)
-        self.steps = step_values.tolist()
-        bounds = np.r_[step_starts, len(steps)]
-        self._step_rows = {s: (int(bounds[i]), int(bounds[i + 1])) for i, s in enumerate(self.steps)}
+        self._g_start = np.flatnonzero(new_group)
+        self._g_count = np.diff(np.r_[self._g_start, len(steps)])
+        self._g_step, self._g_pid = steps[self._g_start], pids[self._g_start]
+        self._step_bounds = np.searchsorted(steps, np.arange(len(self.steps) + 1))  # step s: rows [b[s], b[s + 1])
 
-    def _index_batches(self, df: pd.DataFrame, steps: np.ndarray, pids: np.ndarray, group: np.ndarray) -> None:
-        """Each step's recorded groups, in order, as GroupSpec arguments (a fresh GroupSpec per ask: policies may
-        keep the ones they are given)."""
+    def _index_batches(self, steps: np.ndarray, pids: np.ndarray, group: np.ndarray) -> None:
+        """Each step's recorded groups, in order: where they start and end, their prompt, their largest budget,
+        and whether every member has that budget and is trained (GroupSpec arguments are made per step, on the
+        first ask: `_recorded_specs`)."""
         new_group = np.r_[True, (steps[1:] != steps[:-1]) | (pids[1:] != pids[:-1]) | (group[1:] != group[:-1])]
-        starts = np.flatnonzero(new_group)
-        ends = np.r_[starts[1:], len(steps)]
-        trained = df["trained"].to_numpy(bool).tolist() if "trained" in df else [True] * len(df)
-        self._batches: dict[int, list[tuple]] = {}
-        for s, p, a, b in zip(steps[starts].tolist(), pids[starts].tolist(), starts.tolist(), ends.tolist()):
-            self._batches.setdefault(s, []).append(_recorded_spec(p, tuple(self._max[a:b]), tuple(trained[a:b])))
+        start = np.flatnonzero(new_group)
+        self._b_start, self._b_count = start, np.diff(np.r_[start, len(steps)])
+        self._b_pid = pids[start]
+        budgets, trained = self._rows["max"], self._rows["trained"]
+        self._b_cap = np.maximum.reduceat(budgets, start)
+        self._b_plain = (np.minimum.reduceat(budgets, start) == self._b_cap) & np.logical_and.reduceat(trained, start)
+        self._step_first_group = np.searchsorted(steps[start], np.arange(len(self.steps) + 1))
+        self._step_groups = np.diff(self._step_first_group)
+        self._specs: dict[int, list[tuple]] = {}
+
+    def _recorded_specs(self, step: int) -> list[tuple]:
+        """The GroupSpec arguments of the recorded step `step`'s groups (made once, then kept)."""
+        specs = self._specs.get(step)
+        if specs is None:
+            a, b = int(self._step_first_group[step]), int(self._step_first_group[step + 1])
+            pid, count, cap = self._b_pid[a:b].tolist(), self._b_count[a:b].tolist(), self._b_cap[a:b].tolist()
+            specs = [(p, n, c, 0, None, None, None) for p, n, c in zip(pid, count, cap)]
+            for j in np.flatnonzero(~self._b_plain[a:b]).tolist():  # members that differ: per-member budgets, flags
+                lo = int(self._b_start[a + j])
+                hi = lo + count[j]
+                specs[j] = _recorded_spec(pid[j], tuple(self._rows["max"][lo:hi].tolist()),
+                                          tuple(self._rows["trained"][lo:hi].tolist()))
+            self._specs[step] = specs
+        return specs
+
+    # -- the scalar index: built on the first scalar ask -------------------------------------------
+    def __getattr__(self, name: str):
+        # Only called for attributes not set yet: the scalar index's, or the array index of lookup_many.
+        if name in _SCALAR_FIELDS and "_rows" in self.__dict__:
+            self._scalar_index()
+            return self.__dict__[name]
+        if name == "_array_index" and "_rows" in self.__dict__:
+            index = self.__dict__["_array_index"] = _ArrayIndex(self)
+            return index
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _scalar_index(self) -> None:
+        """Per-row facts as Python lists (scalar indexing on them is several times faster than on numpy arrays),
+        each (step, prompt)'s rows, each prompt's recorded steps and each step's rows as dicts."""
+        rows = self._rows
+        self._len = rows["length"].tolist()
+        self._max = rows["max"].tolist()
+        self._reason = rows["reason_names"][rows["reason"]].tolist()
+        self._stopped = rows["stopped"].tolist()  # ended by itself: natural length known
+        self._reward = rows["reward"].tolist()
+        self._loop = rows["loop"].tolist()
+        self._collapse = rows["collapse"].tolist()
+        self._entropy = [x if x == x else _NAN for x in rows["entropy"].tolist()]  # one NaN object: answers compare equal
+        g_steps, g_pids = self._g_step.tolist(), self._g_pid.tolist()
+        self._groups = dict(zip(zip(g_steps, g_pids), zip(self._g_start.tolist(), self._g_count.tolist())))
+        # For each prompt, the steps it was recorded at (sorted), for nearest-step resampling.
+        order = np.lexsort((self._g_step, self._g_pid))
+        prompt_steps: dict[int, list[int]] = {}
+        for pid, step in zip(self._g_pid[order].tolist(), self._g_step[order].tolist()):
+            prompt_steps.setdefault(pid, []).append(step)
+        self._prompt_steps = prompt_steps
+        bounds = self._step_bounds.tolist()
+        self._step_rows = {s: (bounds[s], bounds[s + 1]) for s in self.steps}  # rows of each step: the global last resort
 
     # -- PromptSource ------------------------------------------------------------------------------
     def prompt_len(self, prompt_id: int) -> int:
@@ -164,13 +193,14 @@ class Workload:
         run trained it. The run shape's `n_groups`, `group_size` and `max_tokens` are for sources that record
         nothing (a dataset's loader); a recorded batch keeps its own. The controller proposes a step's batch
         whole (Controller._proposal_size), so under the baseline each step replays exactly as recorded."""
-        return [GroupSpec(*g) for g in self._batches[step % len(self.steps)]]
+        return [GroupSpec(*g) for g in self._recorded_specs(step % len(self.steps))]
 
     def groups_in(self, n_steps: int) -> int:
         """Groups the trace recorded in its first `n_steps` steps (starting over past its end): what a run over
         them uses, trained or, as recorded, left out."""
-        per_step = [len(self._batches[s]) for s in self.steps]
-        return sum(per_step[i % len(per_step)] for i in range(n_steps))
+        per_step = self._step_groups
+        full, rest = divmod(n_steps, len(per_step))
+        return int(full * per_step.sum() + per_step[:rest].sum())
 
     def prompt_ids_as_written(self, codes):
         """The trace's own prompt ids for the int codes the run used (the same ints for an integer-id trace)."""
@@ -198,6 +228,19 @@ class Workload:
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
     response = lookup  # the same answer, under the name the oracle and the tests read best
+
+    def length(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
+        """`lookup(...).length`, what the oracle asks for every response (twice): the recorded answer straight
+        from the lists where the trace holds it as asked, the full `lookup` otherwise."""
+        hit = self._groups.get((step, prompt_id))
+        if hit is not None and sample_idx < hit[1]:
+            row = hit[0] + sample_idx
+            if self._stopped[row]:  # ended by itself: its length, or cut by a smaller budget
+                length = self._len[row]
+                return length if length <= max_tokens else max_tokens
+            if max_tokens == self._max[row]:  # asked as recorded: it ends as it did
+                return self._len[row]
+        return self.lookup(step, prompt_id, sample_idx, max_tokens).length
 
     def signal_columns(self, row: int) -> tuple[int, int, float]:
         """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
@@ -251,6 +294,54 @@ def _prompt_codes(ids: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
+_SCALAR_FIELDS = frozenset({"_len", "_max", "_reason", "_stopped", "_reward", "_loop", "_collapse", "_entropy",
+                            "_groups", "_prompt_steps", "_step_rows"})
+
+
+def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The columns the Workload reads, as arrays in (step, prompt, group, sample) order (a prompt's groups at a
+    step are one run of rows, group by group), and the text ids of the prompt codes (None for integer ids).
+    A validated trace is usually in that order already: then nothing is reordered (`_is_sorted`)."""
+    n = len(trace)
+    codes, names = _prompt_codes(trace["prompt_id"])
+
+    def column(name, dtype, default):
+        return trace[name].to_numpy(dtype) if name in trace else np.full(n, default, dtype)
+
+    step, group, sample = trace["step"].to_numpy(np.int64), column("group_id", np.int64, 0), trace["sample_idx"].to_numpy(np.int64)
+    reason, reason_names = pd.factorize(trace["finish_reason"], use_na_sentinel=False)
+    rows = {
+        "step": step, "prompt": codes, "group": group, "sample": sample,
+        "length": trace["response_len"].to_numpy(np.int64), "max": trace["max_tokens"].to_numpy(np.int64),
+        "reward": trace["reward"].to_numpy(float), "prompt_len": trace["prompt_len"].to_numpy(np.int64),
+        "reason": reason.astype(np.int64), "loop": column("loop_start", np.int64, -1),
+        "collapse": column("entropy_collapse_start", np.int64, -1), "entropy": column("entropy_mean", float, np.nan),
+        "trained": column("trained", bool, True),
+    }
+    keys = (step, codes, group, sample)
+    if not _is_sorted(keys):
+        order = np.lexsort(keys[::-1])
+        rows = {k: v[order] for k, v in rows.items()}
+    reason_names = np.asarray(reason_names, dtype=object)
+    rows["reason_names"] = reason_names
+    rows["stopped"] = np.isin(rows["reason"], np.flatnonzero(reason_names == STOP))
+    return rows, names
+
+
+def _is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
+    """Whether rows are in ascending lexicographic order of `keys` (most significant first); ties count as sorted
+    (a stable sort would leave them where they are)."""
+    undecided = np.ones(max(len(keys[0]) - 1, 0), dtype=bool)
+    for k in keys:
+        a, b = k[:-1], k[1:]
+        if (undecided & (a > b)).any():
+            return False
+        undecided &= a == b
+        if not undecided.any():
+            return True
+    return True
+
+
 def _recorded_spec(prompt_id: int, budgets: tuple[int, ...], trained: tuple[bool, ...]) -> tuple:
     """A recorded group's GroupSpec arguments: per-member budgets and trained flags only where members differ
     from a plain spec (every member at the group's budget, every member trained)."""
@@ -278,27 +369,22 @@ class _ArrayIndex:
     """The Workload's index as sorted arrays, for `Workload.lookup_many` (built on its first call)."""
 
     def __init__(self, wl: "Workload"):
-        keys = np.array(list(wl._groups.keys()), dtype=np.int64).reshape(-1, 2)
-        spans = np.array(list(wl._groups.values()), dtype=np.int64).reshape(-1, 2)
-        self.pids = np.unique(keys[:, 1])
+        self.pids = np.unique(wl._g_pid)
         self.n_pids = len(self.pids)
-        code = np.searchsorted(self.pids, keys[:, 1])
-        combined = keys[:, 0] * self.n_pids + code  # (step, prompt code) -> one sortable int
-        order = np.argsort(combined)
-        self.group_key, self.group_start, self.group_count = combined[order], spans[order, 0], spans[order, 1]
-        by_prompt = np.lexsort((keys[:, 0], code))  # each prompt's recorded steps, sorted
-        self.prompt_code, self.prompt_step = code[by_prompt], keys[by_prompt, 0]
+        code = np.searchsorted(self.pids, wl._g_pid)
+        combined = wl._g_step * self.n_pids + code  # (step, prompt code) -> one sortable int
+        order = np.argsort(combined, kind="stable")  # already ascending: groups are in (step, prompt) order
+        self.group_key, self.group_start, self.group_count = combined[order], wl._g_start[order], wl._g_count[order]
+        by_prompt = np.lexsort((wl._g_step, code))  # each prompt's recorded steps, sorted
+        self.prompt_code, self.prompt_step = code[by_prompt], wl._g_step[by_prompt]
         self.prompt_key = self.prompt_code * _SPREAD + self.prompt_step
         self.prompt_lo = np.searchsorted(self.prompt_code, np.arange(self.n_pids))
         self.prompt_hi = np.searchsorted(self.prompt_code, np.arange(self.n_pids), side="right")
         self.steps = np.array(wl.steps, dtype=np.int64)
-        self.step_lo = np.array([wl._step_rows[s][0] for s in wl.steps], dtype=np.int64)
-        self.step_hi = np.array([wl._step_rows[s][1] for s in wl.steps], dtype=np.int64)
-        self.length = np.array(wl._len, dtype=np.int64)
-        self.max = np.array(wl._max, dtype=np.int64)
-        self.stopped = np.array(wl._stopped, dtype=bool)
-        self.reward = np.array(wl._reward, dtype=float)
-        self.reason = np.array(wl._reason, dtype=object)
+        self.step_lo, self.step_hi = wl._step_bounds[:-1], wl._step_bounds[1:]
+        rows = wl._rows
+        self.length, self.max, self.stopped, self.reward = rows["length"], rows["max"], rows["stopped"], rows["reward"]
+        self.reason_code, self.reason_names = rows["reason"], rows["reason_names"]
 
     def code_of(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         code = np.minimum(np.searchsorted(self.pids, pid), max(self.n_pids - 1, 0))
@@ -331,9 +417,7 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     """`wl.lookup` for arrays of queries: (length, finish_reason, reward, source, row), each an array (reasons and
     sources as object arrays of the same strings). The cases the Workload answers from one row are computed over
     arrays; the rest (a response recorded cut short and asked with a larger budget) are asked one by one."""
-    index = wl.__dict__.get("_array_index")
-    if index is None:
-        index = wl.__dict__["_array_index"] = _ArrayIndex(wl)
+    index = wl._array_index  # built on the first call (Workload.__getattr__)
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
     n = len(step)
@@ -371,7 +455,7 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
     length = np.where(natural, rec_len, budget)
     reward = np.where(natural, index.reward[row], wl._low)
     reason = np.where(stopped, STOP, LENGTH).astype(object)
-    reason[as_recorded] = index.reason[row[as_recorded]]
+    reason[as_recorded] = index.reason_names[index.reason_code[row[as_recorded]]]
     reason[cut] = LENGTH
     source = source.copy()
     source[cut & exact] = TRUNCATED
