@@ -33,7 +33,7 @@ import pandas as pd
 
 from .core import FINISH_REASONS
 from .trace_checks import (CROSS_COLUMN_CHECKS, STR_DTYPE, TraceError, check_column_range, coerce_bool, coerce_float,
-                           coerce_id, coerce_int, coerce_str, num, sortable_ids)
+                           coerce_id, coerce_int, coerce_str, key_order, num)
 
 __all__ = [
     "TraceError",
@@ -299,12 +299,11 @@ def _fill_defaults(cols: dict[str, Any], n: int) -> None:
 def _sorted_frame(cols: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
     """Schema columns in schema order, then ``df``'s extra columns, rows sorted by the key."""
     n = len(df)
-    order = np.lexsort((cols["sample_idx"], sortable_ids(cols["prompt_id"]), cols["step"]))
-    identity = bool((order == np.arange(n)).all())
+    order = key_order(cols)  # None: in key order already (a trace lssim wrote)
 
     def arr(v: Any) -> Any:
         a = v.array if isinstance(v, pd.Series) else v
-        return a if identity else a.take(order)
+        return a if order is None else a.take(order)
 
     out: dict[str, Any] = {c.name: arr(cols[c.name]) for c in COLUMNS}
     for c in df.columns:

@@ -224,6 +224,33 @@ def sortable_ids(ids: np.ndarray | pd.Series) -> np.ndarray:
     return pd.factorize(ids, sort=True)[0]
 
 
+_KEY_ORDER = "__key_order__"  # where key_order keeps its answer in `cols` (no schema column has this name)
+
+
+def key_order(cols: Columns) -> np.ndarray | None:
+    """The stable order that sorts the rows by (`step`, `prompt_id`, `sample_idx`), or None where they are in that
+    order already (a trace lssim wrote; then nothing is sorted). Computed once per `cols`: check_unique_key and
+    lssim.trace's sorting both read it."""
+    if _KEY_ORDER not in cols:
+        keys = (cols["step"], sortable_ids(cols["prompt_id"]), cols["sample_idx"])
+        cols[_KEY_ORDER] = (None if is_sorted(keys) else np.lexsort(keys[::-1]), keys)
+    return cols[_KEY_ORDER][0]
+
+
+def is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
+    """Whether rows are in ascending lexicographic order of `keys` (most significant first); ties count as sorted
+    (a stable sort leaves them where they are)."""
+    undecided = np.ones(max(len(keys[0]) - 1, 0), dtype=bool)
+    for k in keys:
+        a, b = k[:-1], k[1:]
+        if (undecided & (a > b)).any():
+            return False
+        undecided &= a == b
+        if not undecided.any():
+            return True
+    return True
+
+
 # --------------------------------------------------------------------------
 # Per-column checks (driven by the schema's Column records)
 # --------------------------------------------------------------------------
@@ -322,21 +349,28 @@ def check_step_timings_constant(cols: Columns, source: str) -> None:
             fail(source, name, v, bad, f"differs within step {step[pos]} (row {ref} has {fmt_value(v[ref])})")
 
 
-def check_unique_key(cols: Columns, source: str, key: tuple[str, ...] = ("step", "prompt_id", "sample_idx")) -> None:
+def check_unique_key(cols: Columns, source: str) -> None:
     """(`step`, `prompt_id`, `sample_idx`) is unique"""
-    keys = pd.DataFrame({k: cols[k] for k in key})
-    dup = keys.duplicated(keep="first").to_numpy()
-    if not dup.any():
+    order = key_order(cols)
+    keys = cols[_KEY_ORDER][1] if order is None else tuple(k[order] for k in cols[_KEY_ORDER][1])
+    # Sorted by the key, a duplicate sits right after its twin; the sort is stable, so the first of each run of
+    # equal keys is the first one in input order.
+    dup_sorted = np.zeros(len(keys[0]), dtype=bool)
+    dup_sorted[1:] = True
+    for k in keys:
+        dup_sorted[1:] &= k[1:] == k[:-1]
+    if not dup_sorted.any():
         return
-    second = int(np.flatnonzero(dup)[0])
+    position = np.arange(len(dup_sorted)) if order is None else order  # input row of each sorted row
+    dup_at = np.flatnonzero(dup_sorted)
+    j = int(dup_at[np.argmin(position[dup_at])])  # the duplicate that comes first in the input
+    run_starts = np.flatnonzero(~dup_sorted)
+    first, second = int(position[run_starts[np.searchsorted(run_starts, j, side="right") - 1]]), int(position[j])
+    key = ("step", "prompt_id", "sample_idx")
     kv = tuple(_at(cols[k], second) for k in key)
     kv = tuple(x if isinstance(x, str) else int(x) for x in kv)
-    same = np.ones(len(dup), bool)
-    for k, x in zip(key, kv):
-        same &= np.asarray(cols[k] == x)
-    first = int(np.flatnonzero(same)[0])
     desc = ", ".join(f"{k}={x!r}" if isinstance(x, str) else f"{k}={x}" for k, x in zip(key, kv))
-    ndup = int(dup.sum())
+    ndup = len(dup_at)
     more = f"; {ndup} duplicate rows in all" if ndup > 1 else ""
     names = ", ".join(repr(k) for k in key)
     hint = ""
