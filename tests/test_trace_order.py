@@ -62,3 +62,24 @@ def test_rows_in_key_order_are_taken_as_they_are():
     assert out["response_len"].tolist() == [0, 1, 2, 3]
     shuffled = validate_trace(df.iloc[[3, 1, 2, 0]], "<t>")
     assert shuffled["response_len"].tolist() == [0, 1, 2, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3).map(float)),
+                       min_size=1, max_size=12))
+def test_a_column_the_quick_range_check_passes_has_no_bad_row(values):
+    """check_column_range returns early when a column's min and max say it holds: then no row may break a rule."""
+    from lssim.trace import COLUMNS
+    from lssim.trace_checks import _range_holds
+
+    for c in COLUMNS:
+        if c.kind not in ("int", "float", "id"):
+            continue
+        a = np.array(values) if c.kind == "float" else np.clip(np.nan_to_num(np.array(values)), -1e9, 1e9).astype(np.int64)
+        if not _range_holds(c, a):
+            continue
+        with np.errstate(invalid="ignore"):
+            assert c.allow_nan or not np.isnan(a.astype(float)).any(), c.name
+            assert not np.isinf(a.astype(float)).any(), c.name
+            assert c.min is None or not (a < c.min).any(), c.name
+            assert c.max is None or not (a > c.max).any(), c.name
