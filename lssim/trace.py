@@ -349,7 +349,9 @@ def _read_parquet(p: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(p).to_pandas()
+        # ParquetFile reads one file without pyarrow.dataset (its import and thread pool cost more than the read), and
+        # split_blocks keeps one block per column: no copy of every number into pandas' consolidated 2-D blocks.
+        return pq.ParquetFile(p).read().to_pandas(split_blocks=True)
     except (pa.ArrowException, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TraceError(f"{p}: not a parquet file ({msg})") from None
