@@ -29,6 +29,17 @@ def solo_candidates(ctx0: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, n
     """The (context, tokens) pairs whose solo time can be the step's largest: those no other response
     matches or beats in both (the solo time is non-decreasing in each), each pair once. Depends only on
     the multiset of pairs, not on their order. Usually a handful; at most the number of distinct contexts."""
+    if len(tokens) > 2:
+        # Cheap first cut: the most tokens (with the largest context among them) and the largest context (with the
+        # most tokens among them) are undominated, and any other undominated pair beats both of them on the other
+        # axis. Dropping dominated pairs leaves the undominated ones as they were; the sort below sees a handful.
+        t_top = tokens.max()
+        c_of_t = ctx0[tokens == t_top].max()
+        c_top = ctx0.max()
+        t_of_c = tokens[ctx0 == c_top].max()
+        keep = (((ctx0 > c_of_t) & (tokens > t_of_c)) | ((tokens == t_top) & (ctx0 == c_of_t))
+                | ((ctx0 == c_top) & (tokens == t_of_c)))
+        ctx0, tokens = ctx0[keep], tokens[keep]
     order = np.lexsort((-ctx0, -tokens))  # most tokens first, and among equal tokens the largest context
     c, t = ctx0[order], tokens[order]
     # Every earlier row has at least as many tokens, so a row is dominated unless its context beats them all.
@@ -48,17 +59,22 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
         ran = tokens > 0
         if not ran.any():
             return 0.0
-        ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
-        kept = np.zeros(len(tokens), dtype=bool) if running is None else np.asarray(running, dtype=bool)[ran]
-        ctx0, tokens = ctx0 + kept, tokens - kept
-        prefilled = ctx0[~kept]
+        if ran.all():  # the usual step: every response ran, nothing to select
+            ctx0, tokens = ctx0.astype(np.int64, copy=False), tokens.astype(np.int64, copy=False)
+        else:
+            ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
+        kept = None if running is None else np.asarray(running, dtype=bool)[ran]
+        if kept is None or not kept.any():
+            parts, prefilled = ((False, ctx0, tokens),), ctx0
+        else:
+            ctx0, tokens = ctx0 + kept, tokens - kept
+            parts, prefilled = ((False, ctx0[~kept], tokens[~kept]), (True, ctx0[kept], tokens[kept])), ctx0[~kept]
         solo = 0.0
-        for is_kept in (False, True):
-            rows = kept == is_kept
-            if rows.any():
-                c_rows, t_rows = solo_candidates(ctx0[rows], tokens[rows])
+        for is_kept, c_part, t_part in parts:
+            if len(t_part):
+                c_rows, t_rows = solo_candidates(c_part, t_part)
                 solo = max(solo, max(solo_decode_time(cost, int(c), int(t)) - (cost.prefill_time(int(c)) if is_kept else 0.0)
-                                     for c, t in zip(c_rows, t_rows)))
+                                     for c, t in zip(c_rows.tolist(), t_rows.tolist())))
         # token j of a response resumed at context c is decoded at context c + j (integers: the sum is exact)
         context_reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
         work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(prefilled.sum()))) / n_instances

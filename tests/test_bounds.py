@@ -62,3 +62,47 @@ def test_the_longest_response_with_the_largest_context_holds_the_solo_term():
     bound = make_lower_bound(cost, 64, 256)(ctx0, ctx0, tokens)
     assert bound == solo_decode_time(cost, 9000, 5000)
     assert set(zip(*solo_candidates(ctx0, tokens))) == {(9000, 5000), (20000, 10)}
+
+
+def _all_undominated(ctx0: np.ndarray, tokens: np.ndarray) -> set:
+    """Every (context, tokens) pair no other pair matches or beats in both, by brute force."""
+    pairs = set(zip(ctx0.tolist(), tokens.tolist()))
+    return {(c, t) for c, t in pairs if not any(c2 >= c and t2 >= t and (c2, t2) != (c, t) for c2, t2 in pairs)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=60))
+def test_solo_candidates_are_exactly_the_undominated_pairs_each_once(pairs):
+    ctx0, tokens = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    c, t = solo_candidates(ctx0, tokens)
+    got = list(zip(c.tolist(), t.tolist()))
+    assert len(got) == len(set(got)) and set(got) == _all_undominated(ctx0, tokens)
+    assert t.tolist() == sorted(t.tolist(), reverse=True)  # most tokens first
+
+
+def _bound_as_it_was(cost, n_instances, max_num_seqs, prompt_lens, ctx0, tokens, running=None):
+    """make_lower_bound's bound as written before its fast paths (every response through the same masks)."""
+    ran = tokens > 0
+    if not ran.any():
+        return 0.0
+    ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
+    kept = np.zeros(len(tokens), dtype=bool) if running is None else np.asarray(running, dtype=bool)[ran]
+    ctx0, tokens = ctx0 + kept, tokens - kept
+    solo = 0.0
+    for is_kept in (False, True):
+        rows = kept == is_kept
+        if rows.any():
+            solo = max(solo, max(solo_decode_time(cost, int(c), int(t)) - (cost.prefill_time(int(c)) if is_kept else 0.0)
+                                 for c, t in zip(ctx0[rows], tokens[rows])))
+    reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
+    work = (cost.work_time(float(tokens.sum()), reads, max_num_seqs) + cost.prefill_time(int(ctx0[~kept].sum()))) / n_instances
+    return max(solo, work)
+
+
+@settings(max_examples=150, deadline=None)
+@given(responses, st.sampled_from(range(len(COSTS))), st.sampled_from([1, 4]), st.randoms(use_true_random=False))
+def test_the_bound_is_the_brute_force_one_bit_for_bit(rows, which, instances, rnd):
+    prompt, ctx0, tokens = columns(rows)
+    for running in (None, np.array([rnd.random() < 0.3 for _ in rows])):
+        got = make_lower_bound(COSTS[which], instances, 256)(prompt, ctx0, tokens, running)
+        assert got == _bound_as_it_was(COSTS[which], instances, 256, prompt, ctx0, tokens, running)
