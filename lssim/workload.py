@@ -75,7 +75,7 @@ class Workload:
 
     The index is built as arrays, over all rows at once (`lookup_many` and the batches read them); the Python
     lists and dicts that make the scalar `lookup` fast (one answer per response on the event engine) are built
-    from them on its first call (`_scalar_index`), so a run that never asks one by one never pays for them."""
+    from them part by part on first use (`_LAZY`), so a run that never asks one by one never pays for them."""
 
     def __init__(self, trace: pd.DataFrame, seed: int = 0):
         self.seed = seed
@@ -145,39 +145,32 @@ class Workload:
             self._specs[step] = specs
         return specs
 
-    # -- the scalar index: built on the first scalar ask -------------------------------------------
+    # -- the scalar index: each part built on its first ask -----------------------------------------
     def __getattr__(self, name: str):
-        # Only called for attributes not set yet: the scalar index's, or the array index of lookup_many.
-        if name in _SCALAR_FIELDS and "_rows" in self.__dict__:
-            self._scalar_index()
-            return self.__dict__[name]
-        if name == "_array_index" and "_rows" in self.__dict__:
-            index = self.__dict__["_array_index"] = _ArrayIndex(self)
-            return index
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        # Only called for attributes not set yet: a part of the scalar index, or the array index of lookup_many.
+        build = _LAZY.get(name)
+        if build is None or "_rows" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = build(self)
+        return value
 
-    def _scalar_index(self) -> None:
-        """Per-row facts as Python lists (scalar indexing on them is several times faster than on numpy arrays),
-        each (step, prompt)'s rows, each prompt's recorded steps and each step's rows as dicts."""
-        rows = self._rows
-        self._len = rows["length"].tolist()
-        self._max = rows["max"].tolist()
-        self._reason = rows["reason_names"][rows["reason"]].tolist()
-        self._stopped = rows["stopped"].tolist()  # ended by itself: natural length known
-        self._reward = rows["reward"].tolist()
-        self._loop = rows["loop"].tolist()
-        self._collapse = rows["collapse"].tolist()
-        self._entropy = [x if x == x else _NAN for x in rows["entropy"].tolist()]  # one NaN object: answers compare equal
-        g_steps, g_pids = self._g_step.tolist(), self._g_pid.tolist()
-        self._groups = dict(zip(zip(g_steps, g_pids), zip(self._g_start.tolist(), self._g_count.tolist())))
-        # For each prompt, the steps it was recorded at (sorted), for nearest-step resampling.
+    def _group_dict(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(step, prompt) -> (first row, rows) of its responses at that step."""
+        keys = zip(self._g_step.tolist(), self._g_pid.tolist())
+        return dict(zip(keys, zip(self._g_start.tolist(), self._g_count.tolist())))
+
+    def _prompt_step_lists(self) -> dict[int, list[int]]:
+        """For each prompt, the steps it was recorded at (sorted), for nearest-step resampling."""
         order = np.lexsort((self._g_step, self._g_pid))
         prompt_steps: dict[int, list[int]] = {}
         for pid, step in zip(self._g_pid[order].tolist(), self._g_step[order].tolist()):
             prompt_steps.setdefault(pid, []).append(step)
-        self._prompt_steps = prompt_steps
+        return prompt_steps
+
+    def _step_row_ranges(self) -> dict[int, tuple[int, int]]:
+        """The rows of each step: the global last resort."""
         bounds = self._step_bounds.tolist()
-        self._step_rows = {s: (bounds[s], bounds[s + 1]) for s in self.steps}  # rows of each step: the global last resort
+        return {s: (bounds[s], bounds[s + 1]) for s in self.steps}
 
     # -- PromptSource ------------------------------------------------------------------------------
     def prompt_len(self, prompt_id: int) -> int:
@@ -294,8 +287,25 @@ def _prompt_codes(ids: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
-_SCALAR_FIELDS = frozenset({"_len", "_max", "_reason", "_stopped", "_reward", "_loop", "_collapse", "_entropy",
-                            "_groups", "_prompt_steps", "_step_rows"})
+def _row_list(column: str):
+    return lambda wl: wl._rows[column].tolist()
+
+
+# What the scalar `lookup` reads, built on first use, part by part (Workload.__getattr__): per-row facts as Python
+# lists (scalar indexing on them is several times faster than on numpy arrays) and dicts of the groups; the oracle's
+# `length` needs four of them, the signals (`signal_columns`) three others. And lookup_many's sorted arrays.
+_LAZY = {
+    "_len": _row_list("length"), "_max": _row_list("max"), "_reward": _row_list("reward"),
+    "_stopped": _row_list("stopped"),  # ended by itself: natural length known
+    "_loop": _row_list("loop"), "_collapse": _row_list("collapse"),
+    "_reason": lambda wl: wl._rows["reason_names"][wl._rows["reason"]].tolist(),
+    # one NaN object: answers compare equal
+    "_entropy": lambda wl: [x if x == x else _NAN for x in wl._rows["entropy"].tolist()],
+    "_groups": lambda wl: wl._group_dict(),
+    "_prompt_steps": lambda wl: wl._prompt_step_lists(),
+    "_step_rows": lambda wl: wl._step_row_ranges(),
+    "_array_index": lambda wl: _ArrayIndex(wl),
+}
 
 
 def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

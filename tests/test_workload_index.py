@@ -96,5 +96,5 @@ def test_the_scalar_index_is_built_only_when_asked():
     w = Workload(trace)
     lookup_many(w, [0, 1], [3, 3], [1, 0], [16, 16])
     w.default_groups(0, 1, 2, 16)
-    assert "_groups" not in w.__dict__ and "_len" not in w.__dict__  # the batch route and the loader need neither
-    assert w.lookup(0, 3, 1, 16).length == 9 and "_groups" in w.__dict__
+    assert not {"_groups", "_len", "_entropy"} & set(w.__dict__)  # the batch route and the loader need none
+    assert w.length(0, 3, 1, 16) == 9 and "_groups" in w.__dict__ and "_entropy" not in w.__dict__
