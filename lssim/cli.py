@@ -256,12 +256,13 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay, summarize
+    from .replay import replay, summarize, warm_compiled_kernels
     from .results import write_results
     from .trace import load_trace
 
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
+    warm_compiled_kernels()  # numba's start-up, while the trace is read
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
     results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -93,6 +94,28 @@ class SimSetup:
     def engine_config(self) -> EngineConfig:
         kv = self.kv_capacity_tokens or kv_capacity_tokens(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
         return EngineConfig(self.n_instances, self.max_num_seqs, kv)
+
+
+def warm_compiled_kernels() -> threading.Thread:
+    """Start loading what the batch route's compiled kernels (lssim.fastsim, numba) need, in a daemon thread: numba
+    and its CPU target, whose registries (with scipy's BLAS) load on the first call of any cached kernel, about
+    half a second of `lssim replay`'s start. The thread runs while the trace is read and indexed (parquet and numpy
+    let go of the GIL); the first kernel call then only reads its cache file. Holding numba's compiler lock as
+    numba's own compilation does, it never races a kernel load; any failure is left to that first call to raise."""
+
+    def warm() -> None:
+        try:
+            from numba.core.compiler_lock import global_compiler_lock
+            from numba.core.registry import cpu_target
+
+            with global_compiler_lock:
+                cpu_target.target_context.refresh()  # what numba's cache does before it loads a kernel
+        except Exception:  # noqa: BLE001  (only a head start: the kernels load as usual without it)
+            pass
+
+    thread = threading.Thread(target=warm, name="lssim-warm-kernels", daemon=True)
+    thread.start()
+    return thread
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
