@@ -7,7 +7,7 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         generate a synthetic trace from a preset (lssim.synth)
     lssim trace info FILE [--json]
         validate a trace and summarize it (lssim.trace)
-    lssim replay TRACE [--policy SPEC ...] [cluster options] [--no-reference] [--out DIR] [--json]
+    lssim replay TRACE [--policy SPEC ...] [cluster options] [--no-reference] [--workers N] [--out DIR] [--json]
         replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
     lssim sweep TRACE [--policies A,B,C] [--grid 'name(key=v1,v2,...)' ...] [--max-size 3]
                 [--by speedup|lower_bound_efficiency] [--top N] [cluster options] [--workers N] [--ray [ADDRESS]]
@@ -262,11 +262,13 @@ def _run_replay(args: argparse.Namespace) -> int:
 
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     warm_compiled_kernels()  # numba's start-up, while the trace is read
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
     results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
-                     references=not args.no_reference)
+                     references=not args.no_reference, workers=_replay_workers(args.workers, len(trace)))
     table = summarize(results)
     if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
         table.insert(0, "speedup", float("nan"))
@@ -287,6 +289,18 @@ def _run_replay(args: argparse.Namespace) -> int:
         if args.out:
             print(f"results written to {args.out}/")
     return 0
+
+
+PARALLEL_REPLAY_ROWS = 100_000  # below this, forking the runs costs about what running them side by side saves
+
+
+def _replay_workers(asked: int | None, rows: int) -> int:
+    """`replay --workers`: as asked, else every usable core for a trace big enough to gain from it."""
+    if asked is not None:
+        return asked
+    if rows < PARALLEL_REPLAY_ROWS:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _jsonable(v):
@@ -316,6 +330,9 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-reference", action="store_true", help="run only the --policy runs, not baseline and oracle "
                    "(faster; speedup is then NaN unless baseline is one of them)")
     p.add_argument("--json", action="store_true", help="print one JSON object: per policy, the summary")
+    p.add_argument("--workers", type=int, default=None, help="run the policies and references side by side in this many "
+                   f"forked processes (default: every core for a trace of {PARALLEL_REPLAY_ROWS:,} responses or more, "
+                   "else 1); the results are the same")
     p.add_argument("--plot", metavar="PNG", help="draw one step's timeline (baseline beside each --policy) into this PNG")
     p.add_argument("--plot-step", type=int, default=0, metavar="N", help="the step --plot draws (default 0)")
     p.set_defaults(func=_run_replay)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import threading
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -113,9 +115,13 @@ def warm_compiled_kernels() -> threading.Thread:
         except Exception:  # noqa: BLE001  (only a head start: the kernels load as usual without it)
             pass
 
-    thread = threading.Thread(target=warm, name="lssim-warm-kernels", daemon=True)
+    global _WARMING
+    thread = _WARMING = threading.Thread(target=warm, name="lssim-warm-kernels", daemon=True)
     thread.start()
     return thread
+
+
+_WARMING: threading.Thread | None = None  # the thread warm_compiled_kernels started (joined before any fork)
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
@@ -175,9 +181,13 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
 
 
 def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = None, steps: int | None = None,
-           seed: int = 0, progress: bool = False, references: bool = True) -> dict[str, RunResult]:
+           seed: int = 0, progress: bool = False, references: bool = True, workers: int = 1) -> dict[str, RunResult]:
     """Each policy, plus `baseline` and `oracle` as references, over the same trace and cluster
-    (`references=False`: only the policies named; `summarize` then has no speedup unless baseline is one)."""
+    (`references=False`: only the policies named; `summarize` then has no speedup unless baseline is one).
+
+    One Workload index serves every run. `workers > 1` runs them side by side in forked processes (where the
+    platform forks), each inheriting the index and the policies instead of having them sent; the results are the
+    same as one after the other (each run is deterministic and owns its policy object), only sooner."""
     setup = setup or SimSetup()
     if references:
         names = ["baseline"] + [p for p in policies if p != "baseline" and p != "oracle"] + ["oracle"]
@@ -188,7 +198,33 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
     workload = Workload(trace, seed=seed)
     # Build every policy before the first run, so a bad spec fails before minutes of simulation.
     built = {name: make_policy(name) for name in names}
+    if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        return _replay_forked(workload, built, setup, steps, seed, min(workers, len(names)))
     return {name: simulate(workload, built[name], setup, steps, seed, progress) for name in names}
+
+
+_INHERITED: tuple | None = None  # what forked replay workers run: set just before they fork, never pickled
+
+
+def _run_inherited(name: str) -> RunResult:
+    workload, built, setup, steps, seed = _INHERITED
+    return simulate(workload, built[name], setup, steps, seed)
+
+
+def _replay_forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None, seed: int,
+                   workers: int) -> dict[str, RunResult]:
+    """The runs of `replay` on `workers` forked processes, in the order named (the longest-running first is not
+    known in advance; two workers and three runs keep both busy most of the time)."""
+    global _INHERITED
+    if _WARMING is not None:
+        _WARMING.join()  # numba's lock must not be held across the fork; the workers inherit its warm target
+    _INHERITED = (workload, built, setup, steps, seed)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {name: pool.submit(_run_inherited, name) for name in built}
+            return {name: future.result() for name, future in futures.items()}
+    finally:
+        _INHERITED = None
 
 
 SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bound_efficiency", "long_tail_ratio",

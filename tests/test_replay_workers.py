@@ -1,0 +1,44 @@
+"""`replay(..., workers=N)` runs the policies and their references in forked processes: the same results as one
+after the other, frame for frame; `lssim replay --workers` prints the same table."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from lssim.cli import _replay_workers, main
+from lssim.replay import SimSetup, replay
+from lssim.synth import get_preset, synthesize
+
+
+@pytest.fixture(scope="module")
+def trace():
+    trace = synthesize(get_preset("math7b").replace(steps=4, prompts_per_step=16, n_prompts=40, group_size=4))
+    return trace.assign(prompt_id=trace["prompt_id"].map(lambda p: f"uid-{p}"))  # text ids come back as written
+
+
+def test_forked_runs_give_the_results_of_runs_one_after_the_other(trace):
+    setup = SimSetup(n_instances=2)
+    alone = replay(trace, ["hadb", "april"], setup, workers=1)
+    forked = replay(trace, ["hadb", "april"], setup, workers=2)
+    assert list(forked) == list(alone) == ["baseline", "hadb", "april", "oracle"]
+    for name in alone:
+        pd.testing.assert_frame_equal(forked[name].responses, alone[name].responses)
+        pd.testing.assert_frame_equal(forked[name].steps, alone[name].steps)
+        assert forked[name].meta == alone[name].meta
+    assert forked["hadb"].responses["prompt_id"].iloc[0].startswith("uid-")
+
+
+def test_cli_workers_print_the_same_table(trace, tmp_path, capsys):
+    path = tmp_path / "t.parquet"
+    trace.to_parquet(path)
+    tables = []
+    for workers in ("1", "2"):
+        assert main(["replay", str(path), "--policy", "hadb", "--instances", "2", "--json", "--workers", workers]) == 0
+        tables.append(json.loads(capsys.readouterr().out))
+    assert tables[0] == tables[1]
+
+
+def test_default_workers_fork_only_for_big_traces():
+    assert _replay_workers(None, 1_000) == 1 and _replay_workers(3, 1_000) == 3
+    assert _replay_workers(None, 10**6) >= 1
