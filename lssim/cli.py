@@ -256,7 +256,7 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay, summarize, warm_compiled_kernels
+    from .replay import replay, replay_summary, summarize, warm_compiled_kernels
     from .results import write_results
     from .trace import load_trace
 
@@ -267,9 +267,13 @@ def _run_replay(args: argparse.Namespace) -> int:
     warm_compiled_kernels()  # numba's start-up, while the trace is read
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
-    results = replay(trace, args.policy, setup, steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
-                     references=not args.no_reference, workers=_replay_workers(args.workers, len(trace)))
-    table = summarize(results)
+    run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
+               references=not args.no_reference, workers=_replay_workers(args.workers, len(trace)))
+    if args.out or args.plot:  # the runs' frames are written or drawn: keep them
+        results = replay(trace, args.policy, setup, **run)
+        table = summarize(results)
+    else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
+        results, table = None, replay_summary(trace, args.policy, setup, **run)
     if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
         table.insert(0, "speedup", float("nan"))
         table.insert(1, "rollout_speedup", float("nan"))
@@ -285,7 +289,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         print(format_summary(table))
         if args.no_reference:
             print("--no-reference: baseline and oracle not run; speedup is NaN ('-')"
-                  f"{' except against the baseline you named' if 'baseline' in results else ''}")
+                  f"{' except against the baseline you named' if 'baseline' in table.index else ''}")
         if args.out:
             print(f"results written to {args.out}/")
     return 0

@@ -188,6 +188,22 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
     One Workload index serves every run. `workers > 1` runs them side by side in forked processes (where the
     platform forks), each inheriting the index and the policies instead of having them sent; the results are the
     same as one after the other (each run is deterministic and owns its policy object), only sooner."""
+    return _each_run(trace, policies, setup, steps, seed, progress, references, workers, _whole_run)
+
+
+def replay_summary(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = None, steps: int | None = None,
+                   seed: int = 0, progress: bool = False, references: bool = True, workers: int = 1) -> pd.DataFrame:
+    """`summarize(replay(...))`, the same table, without keeping any run's frames: each run is summarized where it
+    ran and let go (a forked worker sends back one row, not a million responses)."""
+    return summary_table(_each_run(trace, policies, setup, steps, seed, progress, references, workers, run_summary))
+
+
+def _whole_run(res: RunResult) -> RunResult:
+    return res
+
+
+def _each_run(trace, policies, setup, steps, seed, progress, references, workers, keep) -> dict:
+    """{name: keep(simulate(...))} over the policies and references, one after the other or forked."""
     setup = setup or SimSetup()
     if references:
         names = ["baseline"] + [p for p in policies if p != "baseline" and p != "oracle"] + ["oracle"]
@@ -199,26 +215,25 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
     # Build every policy before the first run, so a bad spec fails before minutes of simulation.
     built = {name: make_policy(name) for name in names}
     if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        return _replay_forked(workload, built, setup, steps, seed, min(workers, len(names)))
-    return {name: simulate(workload, built[name], setup, steps, seed, progress) for name in names}
+        return _forked(workload, built, setup, steps, seed, min(workers, len(names)), keep)
+    return {name: keep(simulate(workload, built[name], setup, steps, seed, progress)) for name in names}
 
 
 _INHERITED: tuple | None = None  # what forked replay workers run: set just before they fork, never pickled
 
 
-def _run_inherited(name: str) -> RunResult:
-    workload, built, setup, steps, seed = _INHERITED
-    return simulate(workload, built[name], setup, steps, seed)
+def _run_inherited(name: str):
+    workload, built, setup, steps, seed, keep = _INHERITED
+    return keep(simulate(workload, built[name], setup, steps, seed))
 
 
-def _replay_forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None, seed: int,
-                   workers: int) -> dict[str, RunResult]:
-    """The runs of `replay` on `workers` forked processes, in the order named (the longest-running first is not
-    known in advance; two workers and three runs keep both busy most of the time)."""
+def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None, seed: int, workers: int, keep) -> dict:
+    """The runs on `workers` forked processes, started in the order named (two workers and three runs keep both
+    busy most of the time); what each sends back is `keep` of its result."""
     global _INHERITED
     if _WARMING is not None:
         _WARMING.join()  # numba's lock must not be held across the fork; the workers inherit its warm target
-    _INHERITED = (workload, built, setup, steps, seed)
+    _INHERITED = (workload, built, setup, steps, seed, keep)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = {name: pool.submit(_run_inherited, name) for name in built}
@@ -241,41 +256,11 @@ SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bou
 
 def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
     """One row per policy: totals over the run, and the speedup in rollout time per trained group over baseline."""
-    rows = {}
-    for name, res in results.items():
-        s, r = res.steps, res.responses
-        rollout = float(s["rollout_seconds"].sum())
-        groups = int(s["groups_trained"].sum())
-        trained = r["trained"].astype(bool)
-        stopped = r["finish_reason"] == "policy_stop"
-        # What stops saved and cost, where the world knows what the response would have been (the simulator).
-        known = stopped & (r["natural_len"] >= 0)
-        scale = RewardScale(*res.meta.get("reward_scale", (0.0, 1.0)))
-        saved = float((r.loc[known, "natural_len"] - r.loc[known, "response_len"]).clip(lower=0).sum())
-        rows[name] = {
-            "rollout_seconds": rollout,
-            "rollout_seconds_per_group": rollout / groups if groups else float("nan"),
-            "step_seconds": float(s["step_seconds"].sum()),
-            "tokens_per_second": float(s["tokens"].sum()) / rollout if rollout > 0 else float("nan"),
-            "lower_bound_seconds": float(s["lower_bound_seconds"].sum()),
-            "lower_bound_efficiency": float(s["lower_bound_seconds"].sum()) / rollout if rollout > 0 else float("nan"),
-            "long_tail_ratio": float(s["long_tail_ratio"].median()),
-            "busy_fraction": float(np.average(s["busy_fraction"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
-            "mean_running": float(np.average(s["mean_running"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
-            "truncated_fraction": float((r["finish_reason"] == "length").mean()),
-            "policy_stopped_fraction": float(stopped.mean()),
-            "tokens_saved_fraction": saved / (float(r["response_len"].sum()) + saved) if saved > 0 else 0.0,
-            "stopped_correct_fraction": float(scale.correct(r.loc[known, "natural_reward"]).mean()) if known.any() else float("nan"),
-            "off_policy_token_fraction": float(r.loc[trained, "off_policy_tokens"].sum() / max(1, r.loc[trained, "response_len"].sum())),
-            "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
-            "effective_groups_per_step": float(s["effective_groups"].mean()),
-            "exact_fraction": float(r["exact"].mean()),
-            "mean_reward": float(r.loc[r["trained"], "reward"].mean()),
-            "steps": len(s),
-            "groups_trained": groups,
-            "responses": len(r),
-            **end_to_end(res),
-        }
+    return summary_table({name: run_summary(res) for name, res in results.items()})
+
+
+def summary_table(rows: dict[str, dict]) -> pd.DataFrame:
+    """The `summarize` table from each run's `run_summary`: the speedups are against the baseline's row."""
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "policy"
     if "baseline" in table.index:
@@ -283,6 +268,43 @@ def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
         table.insert(1, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])
         table.insert(2, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
     return table
+
+
+def run_summary(res: RunResult) -> dict:
+    """One run's row of `summarize` (all but the speedups, which need the baseline's)."""
+    s, r = res.steps, res.responses
+    rollout = float(s["rollout_seconds"].sum())
+    groups = int(s["groups_trained"].sum())
+    trained = r["trained"].astype(bool)
+    stopped = r["finish_reason"] == "policy_stop"
+    # What stops saved and cost, where the world knows what the response would have been (the simulator).
+    known = stopped & (r["natural_len"] >= 0)
+    scale = RewardScale(*res.meta.get("reward_scale", (0.0, 1.0)))
+    saved = float((r.loc[known, "natural_len"] - r.loc[known, "response_len"]).clip(lower=0).sum())
+    return {
+        "rollout_seconds": rollout,
+        "rollout_seconds_per_group": rollout / groups if groups else float("nan"),
+        "step_seconds": float(s["step_seconds"].sum()),
+        "tokens_per_second": float(s["tokens"].sum()) / rollout if rollout > 0 else float("nan"),
+        "lower_bound_seconds": float(s["lower_bound_seconds"].sum()),
+        "lower_bound_efficiency": float(s["lower_bound_seconds"].sum()) / rollout if rollout > 0 else float("nan"),
+        "long_tail_ratio": float(s["long_tail_ratio"].median()),
+        "busy_fraction": float(np.average(s["busy_fraction"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
+        "mean_running": float(np.average(s["mean_running"], weights=s["rollout_seconds"])) if rollout > 0 else float("nan"),
+        "truncated_fraction": float((r["finish_reason"] == "length").mean()),
+        "policy_stopped_fraction": float(stopped.mean()),
+        "tokens_saved_fraction": saved / (float(r["response_len"].sum()) + saved) if saved > 0 else 0.0,
+        "stopped_correct_fraction": float(scale.correct(r.loc[known, "natural_reward"]).mean()) if known.any() else float("nan"),
+        "off_policy_token_fraction": float(r.loc[trained, "off_policy_tokens"].sum() / max(1, r.loc[trained, "response_len"].sum())),
+        "effective_group_fraction": float(s["effective_groups"].sum() / groups) if groups else float("nan"),
+        "effective_groups_per_step": float(s["effective_groups"].mean()),
+        "exact_fraction": float(r["exact"].mean()),
+        "mean_reward": float(r.loc[r["trained"], "reward"].mean()),
+        "steps": len(s),
+        "groups_trained": groups,
+        "responses": len(r),
+        **end_to_end(res),
+    }
 
 
 def end_to_end(res: RunResult) -> dict:

@@ -42,3 +42,14 @@ def test_cli_workers_print_the_same_table(trace, tmp_path, capsys):
 def test_default_workers_fork_only_for_big_traces():
     assert _replay_workers(None, 1_000) == 1 and _replay_workers(3, 1_000) == 3
     assert _replay_workers(None, 10**6) >= 1
+
+
+def test_replay_summary_is_summarize_of_replay(trace):
+    from lssim.replay import replay_summary, summarize
+
+    setup = SimSetup(n_instances=2)
+    want = summarize(replay(trace, ["hadb"], setup))
+    for workers in (1, 2):
+        pd.testing.assert_frame_equal(replay_summary(trace, ["hadb"], setup, workers=workers), want)
+    pd.testing.assert_frame_equal(replay_summary(trace, ["hadb"], setup, references=False),
+                                  summarize(replay(trace, ["hadb"], setup, references=False)))
