@@ -256,7 +256,7 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay, replay_summary, summarize, warm_compiled_kernels
+    from .replay import replay, replay_summary, summarize
     from .results import write_results
     from .trace import load_trace
 
@@ -264,7 +264,6 @@ def _run_replay(args: argparse.Namespace) -> int:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    warm_compiled_kernels()  # numba's start-up, while the trace is read
     trace = load_trace(args.trace)
     setup = _setup_from_args(args)
     run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),

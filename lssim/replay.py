@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
-import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -98,30 +97,21 @@ class SimSetup:
         return EngineConfig(self.n_instances, self.max_num_seqs, kv)
 
 
-def warm_compiled_kernels() -> threading.Thread:
-    """Start loading what the batch route's compiled kernels (lssim.fastsim, numba) need, in a daemon thread: numba
-    and its CPU target, whose registries (with scipy's BLAS) load on the first call of any cached kernel, about
-    half a second of `lssim replay`'s start. The thread runs while the trace is read and indexed (parquet and numpy
-    let go of the GIL); the first kernel call then only reads its cache file. Holding numba's compiler lock as
-    numba's own compilation does, it never races a kernel load; any failure is left to that first call to raise."""
+def _load_numba_target() -> None:
+    """Load numba and its CPU target (its registries, scipy's BLAS with them): what the first call of any cached
+    kernel of the batch route (lssim.fastsim) pays, about half a second. Done before forking replay's workers, so
+    that each inherits it instead of paying it again. Any failure is left to that first call to raise.
 
-    def warm() -> None:
-        try:
-            from numba.core.compiler_lock import global_compiler_lock
-            from numba.core.registry import cpu_target
+    (Loading it in a thread while the trace is read was measured and dropped: both are mostly Python, so the GIL
+    runs them one after the other, and the hand-overs made the start slower, not faster.)"""
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.registry import cpu_target
 
-            with global_compiler_lock:
-                cpu_target.target_context.refresh()  # what numba's cache does before it loads a kernel
-        except Exception:  # noqa: BLE001  (only a head start: the kernels load as usual without it)
-            pass
-
-    global _WARMING
-    thread = _WARMING = threading.Thread(target=warm, name="lssim-warm-kernels", daemon=True)
-    thread.start()
-    return thread
-
-
-_WARMING: threading.Thread | None = None  # the thread warm_compiled_kernels started (joined before any fork)
+        with global_compiler_lock:
+            cpu_target.target_context.refresh()  # what numba's cache does before it loads a kernel
+    except Exception:  # noqa: BLE001  (only a head start: the kernels load as usual without it)
+        pass
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
@@ -231,8 +221,7 @@ def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None,
     """The runs on `workers` forked processes, started in the order named (two workers and three runs keep both
     busy most of the time); what each sends back is `keep` of its result."""
     global _INHERITED
-    if _WARMING is not None:
-        _WARMING.join()  # numba's lock must not be held across the fork; the workers inherit its warm target
+    _load_numba_target()  # once here rather than once in each worker
     _INHERITED = (workload, built, setup, steps, seed, keep)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
