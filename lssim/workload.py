@@ -83,8 +83,10 @@ class Workload:
         rows, self.prompt_names = _sorted_rows(trace)
         self._rows = rows
         # Runs count steps from 0; a trace may start anywhere or skip steps: its i-th step is run step i.
-        self.trace_steps, steps = np.unique(rows["step"], return_inverse=True)
-        steps = rows["step_index"] = steps.astype(np.int64).reshape(-1)
+        step = rows["step"]  # sorted: each new value starts the next run step
+        new_step = np.r_[True, step[1:] != step[:-1]]
+        self.trace_steps = step[new_step]
+        steps = rows["step_index"] = np.cumsum(new_step, dtype=np.int64) - 1
         self.steps = list(range(len(self.trace_steps)))
         self._index_groups(steps, rows["prompt"])
         self._index_batches(steps, rows["prompt"], rows["group"])
