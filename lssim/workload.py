@@ -75,7 +75,8 @@ class Workload:
 
     The index is built as arrays, over all rows at once (`lookup_many` and the batches read them); the Python
     lists and dicts that make the scalar `lookup` fast (one answer per response on the event engine) are built
-    from them part by part on first use (`_LAZY`), so a run that never asks one by one never pays for them."""
+    from them part by part on first use (`_LAZY`), so a run that never asks one by one never pays for them;
+    `length(step, prompt_id, sample_idx, max_tokens)`, the oracle's question, is one of them (`_length_function`)."""
 
     def __init__(self, trace: pd.DataFrame, seed: int = 0):
         self.seed = seed
@@ -156,6 +157,10 @@ class Workload:
         value = self.__dict__[name] = build(self)
         return value
 
+    def __getstate__(self) -> dict:
+        # What is built on first use is left behind (and built again there): `length` is a closure, not picklable.
+        return {k: v for k, v in self.__dict__.items() if k not in _LAZY}
+
     def _group_dict(self) -> dict[tuple[int, int], tuple[int, int]]:
         """(step, prompt) -> (first row, rows) of its responses at that step."""
         keys = zip(self._g_step.tolist(), self._g_pid.tolist())
@@ -223,19 +228,6 @@ class Workload:
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
     response = lookup  # the same answer, under the name the oracle and the tests read best
-
-    def length(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
-        """`lookup(...).length`, what the oracle asks for every response (twice): the recorded answer straight
-        from the lists where the trace holds it as asked, the full `lookup` otherwise."""
-        hit = self._groups.get((step, prompt_id))
-        if hit is not None and sample_idx < hit[1]:
-            row = hit[0] + sample_idx
-            if self._stopped[row]:  # ended by itself: its length, or cut by a smaller budget
-                length = self._len[row]
-                return length if length <= max_tokens else max_tokens
-            if max_tokens == self._max[row]:  # asked as recorded: it ends as it did
-                return self._len[row]
-        return self.lookup(step, prompt_id, sample_idx, max_tokens).length
 
     def signal_columns(self, row: int) -> tuple[int, int, float]:
         """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
@@ -307,7 +299,28 @@ _LAZY = {
     "_prompt_steps": lambda wl: wl._prompt_step_lists(),
     "_step_rows": lambda wl: wl._step_row_ranges(),
     "_array_index": lambda wl: _ArrayIndex(wl),
+    "length": lambda wl: _length_function(wl),
 }
+
+
+def _length_function(wl: Workload):
+    """`Workload.length(step, prompt_id, sample_idx, max_tokens)`: `lookup(...).length`, what the oracle asks for
+    every response (twice). Where the trace holds the response as asked, the answer comes straight from the lists
+    (a closure over them: a third faster than a method reading them off the Workload); otherwise from `lookup`."""
+    get, stopped, lengths, budgets, lookup = wl._groups.get, wl._stopped, wl._len, wl._max, wl.lookup
+
+    def length(step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
+        hit = get((step, prompt_id))
+        if hit is not None and sample_idx < hit[1]:
+            row = hit[0] + sample_idx
+            if stopped[row]:  # ended by itself: its length, or cut by a smaller budget
+                n = lengths[row]
+                return n if n <= max_tokens else max_tokens
+            if max_tokens == budgets[row]:  # asked as recorded: it ends as it did
+                return lengths[row]
+        return lookup(step, prompt_id, sample_idx, max_tokens).length
+
+    return length
 
 
 def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

@@ -98,3 +98,14 @@ def test_the_scalar_index_is_built_only_when_asked():
     w.default_groups(0, 1, 2, 16)
     assert not {"_groups", "_len", "_entropy"} & set(w.__dict__)  # the batch route and the loader need none
     assert w.length(0, 3, 1, 16) == 9 and "_groups" in w.__dict__ and "_entropy" not in w.__dict__
+
+
+def test_a_workload_pickles_after_its_lazy_parts_are_built():
+    import pickle
+
+    trace = pd.DataFrame({"step": [0, 0, 1], "prompt_id": [3, 3, 3], "sample_idx": [0, 1, 0], "prompt_len": 5,
+                          "response_len": [4, 9, 2], "reward": [1.0, 0.0, 1.0], "finish_reason": "stop", "max_tokens": 16})
+    w = Workload(trace)
+    assert w.length(0, 3, 1, 16) == 9 and w.lookup(1, 3, 0, 1).length == 1
+    copy = pickle.loads(pickle.dumps(w))
+    assert copy.length(0, 3, 1, 16) == 9 and copy.lookup(1, 3, 0, 1) == w.lookup(1, 3, 0, 1)
