@@ -518,11 +518,11 @@ class Controller:
         """The batch route: the step's requests in priority order on their instances (the policy's priority and place
         hooks asked as on the event route), run to their end by the engine in one call, the books closed at once
         as `_end` closes them one by one."""
-        if len(fresh) and (self._asks["priority"] or self._asks["place"]):
-            requests = self._order(fresh.to_requests())  # the order the event route would submit them in
-            fresh = fresh.take(np.fromiter((r.rid for r in requests), np.int64, len(requests)) - fresh.rid[0])
-            fresh.priority[:] = [r.priority for r in requests]
-            fresh.instance[:] = [-1 if r.instance is None else r.instance for r in requests]
+        if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
+            fresh.priority[:] = self.policy.priorities(fresh)
+            fresh = fresh.take(np.argsort(fresh.priority, kind="stable"))
+        if len(fresh) and self._asks["place"]:
+            fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
         state = s.rollout
         s.batch = fresh
         state.groups_submitted = s.n_batch_groups()
