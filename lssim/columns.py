@@ -185,6 +185,17 @@ def gather(groups, name: str | None = None):
     """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
     (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
     (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
+    first = groups[0].columns if groups else None
+    if first is not None:  # the batch route's common case: every group is rows of one step's columns
+        rows = [g.rows for g in groups if g.columns is first]
+        if len(rows) == len(groups) and not any(isinstance(r, slice) for r in rows):
+            sizes = np.fromiter(map(len, rows), np.int64, len(rows))
+            rows = np.concatenate(rows)
+            whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+            if name:
+                column = getattr(first, name)
+                return (column if whole else column[rows]), sizes
+            return (first if whole else first.take(rows)), sizes
     parts, sizes = [], np.zeros(len(groups), np.int64)
     run_cols, run_rows, objects = None, [], []
 

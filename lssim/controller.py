@@ -270,8 +270,9 @@ class Controller:
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
+        trained_members = gather(trained)
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
-                      trained=trained, trained_rids=np.sort(gather(trained, "rid")[0]),
+                      trained=trained, trained_members=trained_members, trained_rids=np.sort(trained_members[0].rid),
                       train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
         self._last_end = max(self._last_end, timing.end)
         return end
@@ -468,7 +469,9 @@ class Controller:
         seeds = self.rng.integers(2**31, size=total)
         used = s.samples_planned  # samples of a prompt already planned this step (top-ups included): unique keys
         first, first_in_batch = np.empty(len(plan), np.int64), np.empty(len(plan), np.int64)
-        budget, trained = [], []
+        budget = np.repeat(np.fromiter((g.max_tokens for g in plan), np.int64, len(plan)), n)
+        offsets = np.cumsum(n) - n
+        trained = []
         for i, g in enumerate(plan):
             first[i] = used.get(g.prompt_id, 0)
             used[g.prompt_id] = first[i] + g.n_samples
@@ -479,8 +482,8 @@ class Controller:
                 of_batch[g.prompt_id] = first_in_batch[i] + g.n_samples
             else:
                 first_in_batch[i] = first[i]
-            budgets = g.member_max_tokens
-            budget.append(np.full(g.n_samples, g.max_tokens) if budgets is None else np.minimum(budgets, g.max_tokens))
+            if g.member_max_tokens is not None:
+                budget[offsets[i]:offsets[i] + n[i]] = np.minimum(g.member_max_tokens, g.max_tokens)
             if g.member_trained is not None:
                 trained.append((i, g.member_trained))
         within = np.arange(total) - np.repeat(np.cumsum(n) - n, n)  # each member's place in its group
@@ -490,11 +493,10 @@ class Controller:
             rid=np.arange(self._next_rid, self._next_rid + total), group_id=per_group(gids), step=np.full(total, s.step),
             prompt_id=per_group([g.prompt_id for g in plan]), sample_idx=per_group(first) + within,
             prompt_len=per_group([self.prompts.prompt_len(g.prompt_id) for g in plan]),
-            max_tokens=np.concatenate(budget) if budget else np.zeros(0, np.int64),
+            max_tokens=budget,
             priority=per_group([g.priority for g in plan]), instance=per_group([-1 if g.instance is None else g.instance for g in plan]),
             seed=seeds, first_version=np.full(total, self.mode.version),
             batch=per_group([-1 if g.batch is None else g.batch for g in plan]), batch_sample=per_group(first_in_batch) + within)
-        offsets = np.cumsum(n) - n
         for i, members in trained:  # a recorded group says these members were not trained (GroupSpec.member_trained)
             self._left_out.update(int(cols.rid[offsets[i] + k]) for k, t in enumerate(members) if not t)
         self._next_rid += total

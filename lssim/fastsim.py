@@ -28,6 +28,8 @@ with per-event hooks.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from numba import njit
 
@@ -469,8 +471,7 @@ def _answers(engine, requests) -> tuple:
     step = np.where(own, requests.step, requests.batch)
     sample = np.where(own, requests.sample_idx, requests.batch_sample)
     length, reason, reward, source, _ = lookup_many(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
-    names, counts = np.unique(source.astype(str), return_counts=True)
-    for name, c in zip(names.tolist(), counts.tolist()):
+    for name, c in Counter(source.tolist()).items():
         engine.sources[name] += c
     return np.asarray(length, np.int64), reason, np.asarray(reward, float), source == EXACT
 

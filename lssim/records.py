@@ -24,7 +24,7 @@ from typing import Callable, Container
 import numpy as np
 import pandas as pd
 
-from .columns import RequestColumns, gather, with_signal
+from .columns import RequestColumns, with_signal
 from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from .policy import StepOutcome
 
@@ -99,7 +99,7 @@ class StepState:
             ran = RequestColumns.concat([ended, RequestColumns.of(self.carried_out, self.context_at_start)])
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
-        trained, sizes = gather(end.trained)
+        trained, sizes = end.trained_members
         return StepBooks(ended, ran, running, trained, with_signal(trained.reward, sizes))
 
 
@@ -123,6 +123,7 @@ class StepEnd:
     busy_at_rollout_end: tuple[float, float]  # Engine.utilization() when the rollout ended
     done_groups: list[Group]  # groups whose every member has ended (this step or before)
     trained: list[Group]  # what the policy selected from them (possibly subsets or reshaped copies)
+    trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
     trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
     train_metrics: dict
     timing: "TrainTiming | None" = None  # when the training ran (lssim.modes); None: ended with the rollout

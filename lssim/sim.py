@@ -456,9 +456,8 @@ class SimTrainer:
         from .columns import gather
 
         trained = [g for g in groups if not self.signal_only or g.has_signal]
-        prompt, _ = gather(trained, "prompt_len")
-        generated, _ = gather(trained, "generated")
-        return prompt + generated, prompt
+        members, _ = gather(trained)
+        return members.prompt_len + members.generated, members.prompt_len
 
     def train(self, groups, step: int) -> dict:
         if self.train_mask is not None:
