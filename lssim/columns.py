@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .core import Request
+from .core import Group, Request
 
 # What a request is created with, and what the engine and the controller fill in (lssim.core.Request's fields).
 _INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
@@ -181,10 +181,48 @@ def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return uniq, np.bincount(inverse, weights=weights).astype(np.int64)
 
 
+class GroupBatch(Sequence):
+    """The groups of a batch-route step, as a read-only list of `Group`s over the step's columns: a Group object is
+    made only for a group someone looks at (a policy's `select`), and `gather` reads the members without any."""
+
+    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
+        self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
+        self.starts = np.cumsum(sizes) - sizes
+        self._groups: list[Group] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        if self._groups is None:
+            cols, rows = self.columns, self.rows
+            first = rows[self.starts]
+            self._groups = [Group(p, st, columns=cols, rows=rows[a:a + n]) for p, st, a, n in
+                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(), self.sizes.tolist())]
+        return self._groups[i]
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.columns.prompt_id[self.rows[self.starts]]
+
+
+def prompt_ids(groups) -> np.ndarray:
+    """Each group's prompt, in order."""
+    if isinstance(groups, GroupBatch):
+        return groups.prompt_ids
+    return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
+
+
 def gather(groups, name: str | None = None):
     """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
     (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
     (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
+    if isinstance(groups, GroupBatch):
+        rows, first, sizes = groups.rows, groups.columns, groups.sizes
+        whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+        if name:
+            return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
+        return (first if whole else first.take(rows)), sizes
     first = groups[0].columns if groups else None
     if first is not None:  # the batch route's common case: every group is rows of one step's columns
         rows = [g.rows for g in groups if g.columns is first]

@@ -21,7 +21,7 @@ from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .columns import RequestColumns, gather
+from .columns import RequestColumns, gather, with_signal
 from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
 
@@ -251,7 +251,7 @@ class Controller:
         done_groups = []
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
             s.batch.last_version[:] = self.mode.version
-            done_groups = s.batch_groups()
+            done_groups = s.groups_done
         for gid, members in s.members.items():
             if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
@@ -262,7 +262,7 @@ class Controller:
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
             if self._bridges else []
-        batch = trained + bridged
+        batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
         # beside it: a job whose metrics come when it ends (lssim.modes.TrainJob); otherwise train() prices or blocks.
         start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
@@ -527,11 +527,12 @@ class Controller:
             fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
         state = s.rollout
         s.batch = fresh
-        state.groups_submitted = s.n_batch_groups()
+        s.groups_done = groups = s.batch_groups()
+        state.groups_submitted = len(groups)
         s.batch_ended = self.engine.run_batch(fresh) if len(fresh) else np.zeros(0, np.int64)
         state.responses_done += len(fresh)
-        state.groups_done += state.groups_submitted
-        state.groups_effective += s.batch_groups_with_signal()
+        state.groups_done += len(groups)
+        state.groups_effective += int(with_signal(fresh.reward[groups.rows], groups.sizes).sum())
         state.now = self.engine.now()
 
     def _submit(self, requests: list[Request]) -> None:

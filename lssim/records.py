@@ -24,7 +24,7 @@ from typing import Callable, Container
 import numpy as np
 import pandas as pd
 
-from .columns import RequestColumns, with_signal
+from .columns import GroupBatch, RequestColumns, prompt_ids, with_signal
 from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from .policy import StepOutcome
 
@@ -69,25 +69,13 @@ class StepState:
     dropped_groups: set[int] = field(default_factory=set)  # cancelled as stale: never trained
     batch: RequestColumns | None = None  # the batch route: the step's requests as columns (no Request objects)
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
+    groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
 
-    def n_batch_groups(self) -> int:
-        return len(np.unique(self.batch.group_id)) if self.batch is not None else 0
-
-    def batch_groups(self) -> list[Group]:
+    def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
-        cols = self.batch
-        order = np.argsort(cols.group_id, kind="stable")
-        gids = cols.group_id[order]
-        bounds = np.flatnonzero(np.r_[True, gids[1:] != gids[:-1], True]) if len(gids) else np.zeros(1, np.int64)
-        first = order[bounds[:-1]]
-        return [Group(p, st, columns=cols, rows=order[a:b])
-                for p, st, a, b in zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), bounds[:-1].tolist(), bounds[1:].tolist())]
-
-    def batch_groups_with_signal(self) -> int:
-        cols = self.batch
-        order = np.argsort(cols.group_id, kind="stable")
-        _, sizes = np.unique(cols.group_id[order], return_counts=True)
-        return int(with_signal(cols.reward[order], sizes).sum())
+        order = np.argsort(self.batch.group_id, kind="stable")
+        _, sizes = np.unique(self.batch.group_id[order], return_counts=True)
+        return GroupBatch(self.batch, order, sizes)
 
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""
@@ -216,7 +204,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "long_tail_ratio": _long_tail_ratio(books.ended, s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
         "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
-        "mean_reward": float(np.nanmean(trained.reward)) if end.trained else float("nan"),
+        "mean_reward": float(np.nanmean(trained.reward)) if len(end.trained) else float("nan"),
         "busy_fraction": _per_second(busy, n_instances * rollout_s),  # of the instances' time
         "mean_running": _per_second(seq_seconds, n_instances * rollout_s),  # sequences per instance
     }
@@ -254,7 +242,7 @@ def step_outcome(s: StepState, books: StepBooks, end: StepEnd) -> StepOutcome:
     return StepOutcome(
         step=s.step, prompt_id=e.prompt_id, sample_idx=e.sample_idx, response_len=e.generated, max_tokens=e.max_tokens,
         reward=e.reward, finish_reason=e.finish_reason, rollout_seconds=end.rollout_end - s.started,
-        trained_prompt_ids=np.array([g.prompt_id for g in end.trained], dtype=np.int64),
+        trained_prompt_ids=prompt_ids(end.trained),
     )
 
 

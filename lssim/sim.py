@@ -453,11 +453,14 @@ class SimTrainer:
 
     def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
         """(prompt + response, prompt) tokens of every sequence this step trains."""
-        from .columns import gather
+        from .columns import gather, with_signal
 
-        trained = [g for g in groups if not self.signal_only or g.has_signal]
-        members, _ = gather(trained)
-        return members.prompt_len + members.generated, members.prompt_len
+        members, sizes = gather(groups)
+        prompt, seq = members.prompt_len, members.prompt_len + members.generated
+        if self.signal_only:
+            keep = np.repeat(with_signal(members.reward, sizes), sizes)
+            prompt, seq = prompt[keep], seq[keep]
+        return seq, prompt
 
     def train(self, groups, step: int) -> dict:
         if self.train_mask is not None:
