@@ -132,7 +132,8 @@ class ResponseTable:
         """The rows as one frame, built once."""
         if not self._chunks:
             return pd.DataFrame({name: [] for name in RESPONSE_COLUMNS})
-        cols = {name: np.concatenate([c[name] for c in self._chunks]) for name in RESPONSE_COLUMNS}
+        cols = {name: _strings([c[name] for c in self._chunks]) if name in _STRING_COLUMNS else
+                np.concatenate([c[name] for c in self._chunks]) for name in RESPONSE_COLUMNS}
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
             cols["trained"][rows], cols["train_step"][rows], cols["off_policy_tokens"][rows] = True, steps, off
@@ -170,6 +171,23 @@ class ResponseTable:
             "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,
         })
         self._rows += n
+
+
+_STRING_COLUMNS = ("finish_reason", "stop_reason")
+
+
+def _strings(chunks: list[np.ndarray]):
+    """Object arrays of str as one pandas string column: through Arrow, what pandas would infer from the objects
+    (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes seconds)."""
+    inferred = pd.Series(["x"]).dtype
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
+        return np.concatenate(chunks)
+    arrow = pa.chunked_array([pa.array(c, type=pa.large_string()) for c in chunks], type=pa.large_string())
+    return pd.array(arrow, dtype=inferred)
 
 
 def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBound | None, n_instances: int) -> dict:
