@@ -464,39 +464,41 @@ class Controller:
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests, group after group, as columns: ids, sample indices unique per prompt in the step
         and in its loader batch, budgets, seeds (drawn from the run's generator, one per request)."""
-        n = np.fromiter((g.n_samples for g in plan), np.int64, len(plan))
-        total = int(n.sum())
-        seeds = self.rng.integers(2**31, size=total)
         used = s.samples_planned  # samples of a prompt already planned this step (top-ups included): unique keys
-        first, first_in_batch = np.empty(len(plan), np.int64), np.empty(len(plan), np.int64)
-        budget = np.repeat(np.fromiter((g.max_tokens for g in plan), np.int64, len(plan)), n)
-        offsets = np.cumsum(n) - n
-        trained = []
-        for i, g in enumerate(plan):
-            first[i] = used.get(g.prompt_id, 0)
-            used[g.prompt_id] = first[i] + g.n_samples
-            # Its place among the samples its loader batch holds of this prompt (the simulator answers from there).
-            if g.batch is not None:
+        per_group = {k: [] for k in ("n", "prompt_id", "first", "first_in_batch", "max_tokens", "priority", "instance", "batch")}
+        n_, pid_, first_, first_b_, budget_, prio_, inst_, batch_ = per_group.values()
+        members_budget, trained = [], []
+        for i, g in enumerate(plan):  # the only loop over groups: what depends on the groups planned before
+            k, pid = g.n_samples, g.prompt_id
+            first = used.get(pid, 0)
+            used[pid] = first + k
+            if g.batch is not None:  # its place among the samples its loader batch holds of this prompt
                 of_batch = self._batch_samples.setdefault(g.batch, {})
-                first_in_batch[i] = of_batch.get(g.prompt_id, 0)
-                of_batch[g.prompt_id] = first_in_batch[i] + g.n_samples
+                first_b = of_batch.get(pid, 0)
+                of_batch[pid] = first_b + k
             else:
-                first_in_batch[i] = first[i]
+                first_b = first
+            n_.append(k), pid_.append(pid), first_.append(first), first_b_.append(first_b), budget_.append(g.max_tokens)
+            prio_.append(g.priority), inst_.append(-1 if g.instance is None else g.instance)
+            batch_.append(-1 if g.batch is None else g.batch)
             if g.member_max_tokens is not None:
-                budget[offsets[i]:offsets[i] + n[i]] = np.minimum(g.member_max_tokens, g.max_tokens)
+                members_budget.append((i, g.member_max_tokens))
             if g.member_trained is not None:
                 trained.append((i, g.member_trained))
-        within = np.arange(total) - np.repeat(np.cumsum(n) - n, n)  # each member's place in its group
-        per_group = lambda values: np.repeat(np.asarray(values, np.int64), n)  # noqa: E731
-        gids = np.arange(self._next_group, self._next_group + len(plan))
+        n = np.array(n_, np.int64)
+        total = int(n.sum())
+        offsets = np.cumsum(n) - n
+        within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
+        cols = {k: np.repeat(np.array(v, np.int64), n) for k, v in per_group.items() if k != "n"}
+        budget = cols["max_tokens"]
+        for i, budgets in members_budget:
+            budget[offsets[i]:offsets[i] + n[i]] = np.minimum(budgets, plan[i].max_tokens)
         cols = RequestColumns.planned(
-            rid=np.arange(self._next_rid, self._next_rid + total), group_id=per_group(gids), step=np.full(total, s.step),
-            prompt_id=per_group([g.prompt_id for g in plan]), sample_idx=per_group(first) + within,
-            prompt_len=per_group([self.prompts.prompt_len(g.prompt_id) for g in plan]),
-            max_tokens=budget,
-            priority=per_group([g.priority for g in plan]), instance=per_group([-1 if g.instance is None else g.instance for g in plan]),
-            seed=seeds, first_version=np.full(total, self.mode.version),
-            batch=per_group([-1 if g.batch is None else g.batch for g in plan]), batch_sample=per_group(first_in_batch) + within)
+            rid=np.arange(self._next_rid, self._next_rid + total), group_id=np.repeat(np.arange(self._next_group, self._next_group + len(plan)), n),
+            step=np.full(total, s.step), prompt_id=cols["prompt_id"], sample_idx=cols["first"] + within,
+            prompt_len=np.repeat(np.array([self.prompts.prompt_len(p) for p in pid_], np.int64), n), max_tokens=budget,
+            priority=cols["priority"], instance=cols["instance"], seed=self.rng.integers(2**31, size=total),
+            first_version=np.full(total, self.mode.version), batch=cols["batch"], batch_sample=cols["first_in_batch"] + within)
         for i, members in trained:  # a recorded group says these members were not trained (GroupSpec.member_trained)
             self._left_out.update(int(cols.rid[offsets[i] + k]) for k, t in enumerate(members) if not t)
         self._next_rid += total
