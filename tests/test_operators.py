@@ -198,3 +198,29 @@ def test_vidur_diagnostics_name_a_missing_model(tmp_path):
     (tmp_path / "vidur_h100_ops.csv").write_text((DATA_DIR / "vidur_h100_ops.csv").read_text().splitlines()[0] + "\n")
     with pytest.raises(ValueError, match="no Vidur rows"):
         vidur_measured_layers(tmp_path)
+
+
+def test_gemm_sweep_times_every_gemm_of_a_layer_on_cpu():
+    from lssim.cost.gpu_gemm_sweep import COLUMNS, sweep
+
+    table = sweep("tiny-ref", tokens=(8, 1), device="cpu", dtype="float32", warmup=0, iters=1, log=lambda *_: None)
+    assert list(table.columns) == COLUMNS
+    gemms = decoder_kernels("tiny-ref").gemms
+    assert len(table) == 2 * len(gemms)
+    assert list(table["tokens"]) == [1, 8] * len(gemms)  # sorted
+    assert set(zip(table["op"], table["k"], table["n"])) == set(gemms)
+    assert (table["seconds"] > 0).all() and (table["kernel"].str.len() > 0).all()
+    np.testing.assert_allclose(table["tflops"], 2 * table["tokens"] * table["k"] * table["n"] / table["seconds"] / 1e12)
+    with pytest.raises(ValueError, match="positive"):
+        sweep("tiny-ref", tokens=(0, 8), device="cpu")
+
+
+def test_kernel_switches_are_where_the_kernel_name_changes():
+    from lssim.cost.gpu_gemm_sweep import kernel_switches
+
+    table = pd.DataFrame({"op": ["a"] * 4 + ["b"] * 2, "tokens": [16, 8, 24, 32, 8, 16],
+                          "seconds": [2.0, 1.0, 5.0, 5.0, 1.0, 1.0], "kernel": ["x", "x", "y", "x", "z", "z"]})
+    switches = kernel_switches(table)
+    assert switches[["op", "previous_tokens", "tokens", "previous_kernel", "kernel"]].values.tolist() == \
+        [["a", 16, 24, "x", "y"], ["a", 24, 32, "y", "x"]]
+    assert switches["time_ratio"].tolist() == [2.5, 1.0]
