@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from lssim.cost import MODELS, SHAPES, CostModel, KernelProfile, OperatorCostModel
 from lssim.cost.operator_fit import (VIDUR_TABLE_TOKENS, heldout_table, vidur_form_floor, vidur_measured_layers,
-                                     vidur_steps)
+                                     vidur_neighbourhood_errors, vidur_steps)
 from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES, decoder_kernels, load_kernel_profile
 
 MODELS_UNDER_TEST = {
@@ -224,3 +224,18 @@ def test_kernel_switches_are_where_the_kernel_name_changes():
     assert switches[["op", "previous_tokens", "tokens", "previous_kernel", "kernel"]].values.tolist() == \
         [["a", 16, 24, "x", "y"], ["a", 24, 32, "y", "x"]]
     assert switches["time_ratio"].tolist() == [2.5, 1.0]
+
+
+def test_neighbourhood_errors_cover_the_counts_around_each_point():
+    _, _, sums = heldout_table()
+    near = vidur_neighbourhood_errors(sums).set_index("tokens")
+    tp1 = sums[sums["tp"] == 1].set_index("tokens")
+    counts = tp1.index.to_numpy()
+    for t in (512, 1024):
+        inside = counts[np.abs(counts / t - 1) <= 0.15]
+        assert near.loc[t, "points"] == len(inside) and t in inside
+        signed = (tp1.loc[inside, "predicted_s"] / tp1.loc[inside, "measured_s"] - 1) * 100
+        assert near.loc[t, "median_signed_pct"] == pytest.approx(signed.median())
+        assert near.loc[t, "within_10"] == (signed.abs() <= 10).sum()
+    # the shipped model is within 10% of the median of every neighbourhood, though not of every power of two
+    assert near["median_signed_pct"].abs().max() < 10

@@ -297,3 +297,19 @@ def vidur_form_floor(data_dir=DATA_DIR, tokens=VIDUR_TABLE_TOKENS, start: Kernel
     predicted = np.bincount(group, predict_ops(fitted, held))
     return pd.DataFrame({"tokens": np.sort(held["tokens"].unique()), "measured_s": measured * layers,
                          "predicted_s": predicted * layers, "ape_pct": np.abs(predicted / measured - 1) * 100})
+
+
+def vidur_neighbourhood_errors(sums: pd.DataFrame, tokens=VIDUR_TABLE_TOKENS) -> pd.DataFrame:
+    """The model's signed error (%, predicted over measured) over each table point's neighbourhood: every token
+    count the held-out model was profiled at (tp 1) within NEIGHBOURHOOD of t, t included. A batch in a
+    simulation has any size, so this, not the error at the power of two alone, is what the step structure leaves
+    a smooth model. ``sums`` is vidur_check's. Columns: tokens, points, median_signed_pct, max_ape_pct, within_10."""
+    tp1 = sums[sums["tp"] == 1]
+    signed = (tp1["predicted_s"] / tp1["measured_s"] - 1).to_numpy() * 100
+    counts = tp1["tokens"].to_numpy()
+    out = []
+    for t in tokens:
+        near = np.abs(counts / t - 1) <= NEIGHBOURHOOD
+        out.append({"tokens": int(t), "points": int(near.sum()), "median_signed_pct": float(np.median(signed[near])),
+                    "max_ape_pct": float(np.abs(signed[near]).max()), "within_10": int((np.abs(signed[near]) <= 10).sum())})
+    return pd.DataFrame(out)
