@@ -24,6 +24,11 @@ from .trace import load_trace
 
 RUN_FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 KEY = ["step", "prompt_id", "sample_idx"]
+# A response the run left unfinished at its end: its key, group, prompt, its tokens so far (`generated`, of which
+# `tokens_before_resume` came in earlier steps) and its budget.
+UNFINISHED_COLUMNS = [*KEY, "group_id", "prompt_len", "generated", "tokens_before_resume", "max_tokens"]
+UNFINISHED_FILE = "unfinished.parquet"  # where a run folder may keep them (load_run reads it if present)
+UNFINISHED_AT_END = "unfinished at run end"  # the stop_reason of their rows in the twin's trace
 # What `lssim validate` is judged against (lssim.tables.format_fidelity prints each beside its measure): the
 # per-step makespan's median and p90 absolute percentage error, and the speedup over baseline, in points.
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS = 3.0, 8.0, 5.0
@@ -40,6 +45,10 @@ class RecordedRun:
     config: RunConfig
     meta: dict = field(default_factory=dict)
     folder: str = ""
+    # Responses still generating when the run ended (carried out of its last step): UNFINISHED_COLUMNS, one row each.
+    # Neither the trace nor the response table has a row for them (they never ended); the simulated twin needs
+    # them (`twin_trace`). Empty when the run left nothing unfinished or its recorder could not say.
+    unfinished: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNFINISHED_COLUMNS))
 
 
 def load_run(folder) -> RecordedRun:
@@ -60,9 +69,12 @@ def load_run(folder) -> RecordedRun:
     steps = pd.read_parquet(folder / "steps.parquet")
     if steps.empty:
         raise ValueError(f"{folder}: the run recorded no finished step")
-    return RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
-                       steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
-                       folder=str(folder))
+    run = RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
+                      steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
+                      folder=str(folder))
+    if (folder / UNFINISHED_FILE).is_file():  # optional: a recorder that writes it (real_backend reads its checkpoint)
+        run.unfinished = pd.read_parquet(folder / UNFINISHED_FILE)
+    return run
 
 
 def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = None, policy=None) -> RunResult:
@@ -74,11 +86,49 @@ def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = No
     from .replay import simulate
     from .workload import Workload
 
-    workload = Workload(run.trace if trace is None else trace, seed=run.config.seed)
+    workload = Workload(twin_trace(run) if trace is None else trace, seed=run.config.seed)
     config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
     config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
     built = policy if isinstance(policy, Policy) else make_policy(policy or run.name)
     return simulate(workload, built, setup, config=config, prompts=prompts)
+
+
+def twin_trace(run: RecordedRun) -> pd.DataFrame:
+    """The trace the simulated twin of `run` replays: the run's own, plus one row for each response the run left
+    unfinished at its end (`run.unfinished`), censored where the run stopped watching it: recorded up to its
+    `generated` tokens with that as its budget (finish_reason length), which the Workload reads as "natural length
+    beyond this" -- asked with the real budget, it runs on past where the real run left it (a longer response of
+    its prompt, else to the budget), so the twin's last step carries it out too.
+
+    Without these rows the trace has holes where the long responses were, and the twin fills them from the
+    members that did end: short ones, so it finished groups the real run left open (segment in the tail world:
+    40 groups trained in the twin against 35 on vLLM, the speedup +45 points off, issue 16). The Workload also
+    numbers a (step, prompt)'s samples by position, so a hole shifted the later samples' lengths by one."""
+    u = run.unfinished
+    if u is None or u.empty:
+        return run.trace
+    missing = [c for c in UNFINISHED_COLUMNS if c not in u]
+    if missing:
+        raise ValueError(f"{run.folder or run.name}: unfinished responses lack column(s) {', '.join(missing)}")
+    ended = run.trace[KEY].merge(u[KEY], on=KEY)
+    if len(ended):
+        raise ValueError(f"{run.folder or run.name}: {len(ended)} response(s) both ended in the trace and left unfinished, "
+                         f"first {tuple(ended.iloc[0])}")
+    low = float(np.nanmin(run.trace["reward"])) if run.trace["reward"].notna().any() else 0.0
+    n = len(u)
+    rows = pd.DataFrame({**{c: u[c].to_numpy(np.int64) for c in [*KEY, "group_id", "prompt_len", "tokens_before_resume"]},
+                         "response_len": u["generated"].to_numpy(np.int64), "max_tokens": u["generated"].to_numpy(np.int64),
+                         "reward": np.full(n, low), "finish_reason": ["length"] * n, "stop_reason": [UNFINISHED_AT_END] * n,
+                         "trained": np.zeros(n, bool)})
+    for col in ("loop_start", "entropy_collapse_start", "instance", "policy_version_first", "policy_version_last",
+                "end_step", "train_step"):
+        if col in run.trace:
+            rows[col] = -1 if col != "end_step" else int(run.steps["step"].max())
+    out = pd.concat([run.trace, rows], ignore_index=True)
+    for col in run.trace.columns:  # the trace's dtypes (the rows' NaNs where it has a column they do not)
+        if out[col].dtype != run.trace[col].dtype and not out[col].isna().any():
+            out[col] = out[col].astype(run.trace[col].dtype)
+    return out
 
 
 def ends_rollouts(spec: str) -> bool:

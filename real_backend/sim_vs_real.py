@@ -53,6 +53,45 @@ def run_prompts(run):
     return TaskPrompts.from_files(real["prompts_path"], real["model_dir"], real.get("n_prompts"), seed=run.config.seed)
 
 
+def load_recorded(folder):
+    """lssim.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished) taken
+    from its checkpoint where the folder has no unfinished.parquet: the simulated twin needs them (fidelity.twin_trace)."""
+    from lssim.fidelity import load_run
+
+    run = load_run(folder)
+    carried = int(run.steps["carried_out"].iloc[-1]) if "carried_out" in run.steps else 0
+    if run.unfinished.empty and carried:
+        run.unfinished = unfinished_from_checkpoint(folder, int(run.steps["step"].iloc[-1]))
+        if len(run.unfinished) != carried:
+            print(f"warning: {folder}: its last step carried out {carried} responses, its checkpoint holds "
+                  f"{len(run.unfinished)}: the simulated twin fills the others in from their groups", file=sys.stderr)
+    return run
+
+
+def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
+    """The responses carried out of the run's step `last_step`, from the checkpoint `lssim real` writes after every
+    step (real_backend.checkpoint: the controller's carried responses); empty when there is none, it cannot be read,
+    or it was written after another step."""
+    from lssim.fidelity import UNFINISHED_COLUMNS
+
+    from .checkpoint import CHECKPOINT, load_checkpoint
+
+    empty = pd.DataFrame(columns=UNFINISHED_COLUMNS)
+    if not (Path(folder) / CHECKPOINT).is_file():
+        return empty
+    try:
+        ckpt = load_checkpoint(folder)
+    except ValueError as e:  # written by another version of the code: the twin goes without
+        print(f"warning: {e}", file=sys.stderr)
+        return empty
+    if ckpt.step != last_step:
+        print(f"warning: {folder}: its checkpoint is of step {ckpt.step}, its last recorded step {last_step}", file=sys.stderr)
+        return empty
+    carried = ckpt.controller.get("_carried", [])
+    return pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
+                          r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)
+
+
 def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str, pd.DataFrame]:
     """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
@@ -203,7 +242,6 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from lssim.cost import ProfiledCostModel
-    from lssim.fidelity import load_run
 
     from .validation_workloads import load_workloads
 
@@ -227,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
     table = load_workloads(args.workloads)
     if args.runs:
-        recorded = [load_run(folder) for folder in args.runs]
+        recorded = [load_recorded(folder) for folder in args.runs]
     else:
         plan = _plan(args, table)
         recorded = _record(plan, args, out, profile if args.reprofile else None)
@@ -356,7 +394,6 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     from dataclasses import asdict
 
     from lssim.controller import RunConfig
-    from lssim.fidelity import load_run
     from lssim.tables import format_step
 
     from .world import RealSetup, prepare, run_real, start_engine
@@ -402,7 +439,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
                                    "world": world.name, "repeat": k})
-                    runs.append(load_run(folder))
+                    runs.append(load_recorded(folder))
     finally:
         engine.close()
     return runs
