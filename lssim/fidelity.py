@@ -124,7 +124,7 @@ def twin_trace(run: RecordedRun) -> pd.DataFrame:
                 "end_step", "train_step"):
         if col in run.trace:
             rows[col] = -1 if col != "end_step" else int(run.steps["step"].max())
-    out = pd.concat([run.trace, rows], ignore_index=True)
+    out = pd.concat([run.trace, rows[[c for c in rows if c in run.trace]]], ignore_index=True)  # the trace's columns
     for col in run.trace.columns:  # the trace's dtypes (the rows' NaNs where it has a column they do not)
         if out[col].dtype != run.trace[col].dtype and not out[col].isna().any():
             out[col] = out[col].astype(run.trace[col].dtype)
