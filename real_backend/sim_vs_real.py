@@ -14,8 +14,13 @@ steps.parquet and responses.parquet (predicted against measured, lssim.fidelity.
 policy and repeat, the responses it changed, by kind), summary.csv (per policy: errors, speedups, acted, the
 real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
 predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
-error after each modelling step) and noise.parquet (the spread of the repeats). Every input is checked before
-the engine starts. Results and how to read them: real_backend/README.md.
+error after each modelling step), noise.parquet (the spread of the repeats) and speedups.parquet (each repeat's
+real speedup over its world's baseline). Every input is checked before the engine starts. Results and how to read
+them: real_backend/README.md.
+
+The simulated twin of each run replays the run's trace completed with the responses the run left unfinished at
+its end (from its checkpoint: `load_recorded`, lssim.fidelity.twin_trace); summary.csv splits each speedup error
+into the points from groups trained and from rollout seconds (speedup_points_groups / _seconds).
 """
 
 from __future__ import annotations
@@ -98,10 +103,10 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
     from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
-                                with_real_cuts)
+                                speedup_by_repeat, with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
-    step_frames, response_frames, cut_frames, groups, first_sim = [], [], [], {}, {}
+    step_frames, response_frames, cut_frames, groups, first_sim, group_rows = [], [], [], {}, {}, []
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
         cuts = ends_rollouts(repeats[0].name)
@@ -116,6 +121,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
+            group_rows.append({"policy": name, "repeat": k, "measured_groups": measured_groups[-1],
+                               "predicted_groups": predicted_groups[-1]})
         groups[name] = (float(np.mean(measured_groups)), float(np.mean(predicted_groups)))
     by_repeat = pd.concat(step_frames, ignore_index=True)
     steps, spread = median_over_repeats(by_repeat)
@@ -123,6 +130,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     out = {"steps": steps, "steps_by_repeat": by_repeat, "responses": responses, "summary": fidelity_table(steps, responses, groups)}
     if spread["repeat"].nunique() > 1:
         out["noise"] = spread
+    if "baseline" in runs and len(runs) > 1:  # the real speedup of each repeat: its run-to-run noise
+        out["speedups"] = speedup_by_repeat(by_repeat, pd.DataFrame(group_rows))
     if cut_frames:
         out["real_cuts"], _ = median_over_repeats(pd.concat(cut_frames, ignore_index=True))
 
@@ -231,7 +240,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     if "stages" in out:
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
-    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"))
+    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"),
+                                    out.get("speedups"))
     return out
 
 
@@ -449,7 +459,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):

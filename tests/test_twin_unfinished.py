@@ -114,3 +114,50 @@ def test_twin_trace_refuses_a_response_both_ended_and_unfinished(profile):
     with pytest.raises(ValueError, match="both ended in the trace and left unfinished"):
         twin_trace(RecordedRun(name=run.name, trace=run.trace, steps=run.steps, responses=run.responses,
                                config=run.config, unfinished=bad))
+
+
+def _steps(rows):
+    steps = pd.DataFrame(rows, columns=["policy", "repeat", "step", "measured_seconds", "predicted_seconds"])
+    steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    for col in ("measured_tokens", "predicted_tokens"):
+        steps[col] = 100
+    steps["exact_fraction"], steps["finish_order_spearman"] = 1.0, 1.0
+    return steps
+
+
+def test_the_speedup_error_is_split_into_groups_and_seconds():
+    from lssim.fidelity import fidelity_table
+
+    responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
+                                      "finish_time_predicted"])
+    steps = _steps([("baseline", 0, 0, 2.0, 2.2), ("p", 0, 0, 1.0, 1.0)]).drop(columns="repeat")
+    # p: the twin trained 10 groups where the run trained 8 (segment's miss), and its seconds are right while the
+    # baseline's are 10% slow.
+    table = fidelity_table(steps, responses, groups={"baseline": (10, 10), "p": (8, 10)})
+    assert table.loc["p", "speedup_measured"] == pytest.approx((2.0 / 10) / (1.0 / 8))
+    assert table.loc["p", "speedup_points_groups"] == pytest.approx(((2.0 / 10) / (1.0 / 10) - 1.6) * 100)
+    assert table.loc["p", "speedup_points_seconds"] == pytest.approx(((2.2 / 10) / (1.0 / 10) - 2.0) * 100)
+    parts = table[["speedup_points_groups", "speedup_points_seconds"]].sum(axis=1)
+    assert np.allclose(parts, table["speedup_error_points"])
+    assert table.loc["baseline", ["speedup_points_groups", "speedup_points_seconds"]].abs().max() < 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(base=st.lists(st.floats(1.0, 3.0), min_size=3, max_size=3), pol=st.lists(st.floats(0.3, 3.0), min_size=3, max_size=3),
+       groups=st.lists(st.integers(5, 12), min_size=3, max_size=3))
+def test_speedup_by_repeat_pairs_each_repeat_with_the_baselines_and_the_summary_shows_the_range(base, pol, groups):
+    from lssim.fidelity import fidelity_markdown, policy_summary, speedup_by_repeat
+
+    steps = _steps([("baseline", k, 0, base[k], base[k]) for k in range(3)] + [("p", k, 0, pol[k], pol[k]) for k in range(3)])
+    g = pd.DataFrame({"policy": ["baseline"] * 3 + ["p"] * 3, "repeat": [0, 1, 2] * 2, "measured_groups": [10] * 3 + groups})
+    by = speedup_by_repeat(steps, g).set_index("repeat")["speedup_measured"]
+    assert np.allclose(by.sort_index().to_numpy(), [(base[k] / 10) / (pol[k] / groups[k]) for k in range(3)])
+    summary = pd.DataFrame({"makespan_median_ape_pct": [0.0, 0.0], "makespan_p90_ape_pct": [0.0, 0.0],
+                            "speedup_measured": [1.0, by.median()], "speedup_predicted": [1.0, by.median()],
+                            "speedup_error_points": [0.0, 0.0], "steps": [1, 1]}, index=pd.Index(["baseline", "p"], name="policy"))
+    out = policy_summary(summary, pd.DataFrame(), None, speedups=speedup_by_repeat(steps, g))
+    assert out.loc["p", "speedup_spread_points"] == pytest.approx((by.max() - by.min()) * 100)
+    assert np.isnan(out.loc["baseline", "speedup_spread_points"])
+    row = [line for line in fidelity_markdown(out).splitlines() if line.startswith("| `p`")][0]
+    if round(by.min(), 2) != round(by.max(), 2):
+        assert f"({by.min():.2f}-{by.max():.2f})" in row
