@@ -11,6 +11,8 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
@@ -24,6 +26,23 @@ from .policy import CARRY, Policy
 from .columns import RequestColumns, gather, with_signal
 from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
+
+
+def _count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
+    before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
+    base = np.fromiter(map(counts.get, keys.tolist(), itertools.repeat(0)), np.int64, len(keys))
+    order = np.argsort(keys, kind="stable")
+    sorted_keys, sorted_n = keys[order], n[order]
+    runs = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
+    ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
+    first = np.empty(len(keys), np.int64)
+    first[order] = ahead
+    first += base
+    ends = first + n
+    counts.update(zip(keys.tolist(), ends.tolist()))  # the last entry of a key is its total (dict keeps the last)
+    return first
 
 
 class PromptSource(Protocol):
@@ -464,41 +483,32 @@ class Controller:
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests, group after group, as columns: ids, sample indices unique per prompt in the step
         and in its loader batch, budgets, seeds (drawn from the run's generator, one per request)."""
-        used = s.samples_planned  # samples of a prompt already planned this step (top-ups included): unique keys
-        per_group = {k: [] for k in ("n", "prompt_id", "first", "first_in_batch", "max_tokens", "priority", "instance", "batch")}
-        n_, pid_, first_, first_b_, budget_, prio_, inst_, batch_ = per_group.values()
-        members_budget, trained = [], []
-        for i, g in enumerate(plan):  # the only loop over groups: what depends on the groups planned before
-            k, pid = g.n_samples, g.prompt_id
-            first = used.get(pid, 0)
-            used[pid] = first + k
-            if g.batch is not None:  # its place among the samples its loader batch holds of this prompt
-                of_batch = self._batch_samples.setdefault(g.batch, {})
-                first_b = of_batch.get(pid, 0)
-                of_batch[pid] = first_b + k
-            else:
-                first_b = first
-            n_.append(k), pid_.append(pid), first_.append(first), first_b_.append(first_b), budget_.append(g.max_tokens)
-            prio_.append(g.priority), inst_.append(-1 if g.instance is None else g.instance)
-            batch_.append(-1 if g.batch is None else g.batch)
-            if g.member_max_tokens is not None:
-                members_budget.append((i, g.member_max_tokens))
-            if g.member_trained is not None:
-                trained.append((i, g.member_trained))
-        n = np.array(n_, np.int64)
+        attr = lambda name, none=-1: np.fromiter(  # noqa: E731 -- one field of every group, as an array
+            ((none if v is None else v) for v in map(operator.attrgetter(name), plan)), np.int64, len(plan))
+        n, pids, batches = attr("n_samples"), attr("prompt_id"), attr("batch")
+        # Samples of a prompt already planned this step (top-ups included), and of its loader batch: unique keys.
+        first = _count_on(s.samples_planned, pids, n)
+        first_in_batch = first.copy()
+        loader = batches >= 0  # its place among the samples its loader batch holds of this prompt (the simulator
+        for b in np.unique(batches[loader]).tolist():  # answers from there)
+            of = batches == b
+            first_in_batch[of] = _count_on(self._batch_samples.setdefault(b, {}), pids[of], n[of])
         total = int(n.sum())
         offsets = np.cumsum(n) - n
         within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
-        cols = {k: np.repeat(np.array(v, np.int64), n) for k, v in per_group.items() if k != "n"}
-        budget = cols["max_tokens"]
+        budget = np.repeat(attr("max_tokens"), n)
+        members_budget = [(i, g.member_max_tokens) for i, g in enumerate(plan) if g.member_max_tokens is not None]
         for i, budgets in members_budget:
             budget[offsets[i]:offsets[i] + n[i]] = np.minimum(budgets, plan[i].max_tokens)
+        trained = [(i, g.member_trained) for i, g in enumerate(plan) if g.member_trained is not None]
+        prompt_len = self.prompts.prompt_len
         cols = RequestColumns.planned(
             rid=np.arange(self._next_rid, self._next_rid + total), group_id=np.repeat(np.arange(self._next_group, self._next_group + len(plan)), n),
-            step=np.full(total, s.step), prompt_id=cols["prompt_id"], sample_idx=cols["first"] + within,
-            prompt_len=np.repeat(np.array([self.prompts.prompt_len(p) for p in pid_], np.int64), n), max_tokens=budget,
-            priority=cols["priority"], instance=cols["instance"], seed=self.rng.integers(2**31, size=total),
-            first_version=np.full(total, self.mode.version), batch=cols["batch"], batch_sample=cols["first_in_batch"] + within)
+            step=np.full(total, s.step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
+            prompt_len=np.repeat(np.fromiter(map(prompt_len, pids.tolist()), np.int64, len(plan)), n), max_tokens=budget,
+            priority=np.repeat(attr("priority", 0), n), instance=np.repeat(attr("instance"), n),
+            seed=self.rng.integers(2**31, size=total), first_version=np.full(total, self.mode.version),
+            batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
         for i, members in trained:  # a recorded group says these members were not trained (GroupSpec.member_trained)
             self._left_out.update(int(cols.rid[offsets[i] + k]) for k, t in enumerate(members) if not t)
         self._next_rid += total
