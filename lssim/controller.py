@@ -11,6 +11,8 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
@@ -21,8 +23,26 @@ from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .records import LowerBound, ResponseTable, StepEnd, StepState, mode_fields, step_outcome, step_row
+from .columns import RequestColumns, gather, with_signal
+from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
+
+
+def _count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
+    before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
+    base = np.fromiter(map(counts.get, keys.tolist(), itertools.repeat(0)), np.int64, len(keys))
+    order = np.argsort(keys, kind="stable")
+    sorted_keys, sorted_n = keys[order], n[order]
+    runs = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
+    ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
+    first = np.empty(len(keys), np.int64)
+    first[order] = ahead
+    first += base
+    ends = first + n
+    counts.update(zip(keys.tolist(), ends.tolist()))  # the last entry of a key is its total (dict keeps the last)
+    return first
 
 
 class PromptSource(Protocol):
@@ -115,7 +135,7 @@ class Controller:
         # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.fastsim), with the
         # same results (lssim.core.Engine.set_batch_rollout; vLLM streams events and ignores it).
-        engine.set_batch_rollout(self._batch_rollout())
+        self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
@@ -154,13 +174,17 @@ class Controller:
         s = self._start_step(step)  # carried groups reopen; carried responses resume where they stopped
         ctx, proposal = self._proposal(s)
         plan = self._admit(self.policy.plan(ctx, proposal), s)
-        s.fresh = self._make_requests(plan, s)
-        self._launch(s)  # carried responses and the plan's, in one submission
-        self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
-        self._settle_unfinished(s)  # what still runs is carried or dropped
+        fresh = self._make_requests(plan, s)
+        if self._batched:  # the whole rollout at once, as columns (lssim.fastsim): nothing is carried out of it
+            self._rollout_batch(fresh, s)
+        else:
+            s.fresh = self._register(fresh, s)
+            self._launch(s)  # carried responses and the plan's, in one submission
+            self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
+            self._settle_unfinished(s)  # what still runs is carried or dropped
         end = self._train(s)
-        row = self._record(s, end)
-        self.policy.end_step(step_outcome(s, end))
+        row, books = self._record(s, end)
+        self.policy.end_step(step_outcome(s, books, end))
         if self.on_step:
             self.on_step(row)
         return row
@@ -244,6 +268,9 @@ class Controller:
         for r in s.ended + s.carried_out:
             r.last_version = self.mode.version
         done_groups = []
+        if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
+            s.batch.last_version[:] = self.mode.version
+            done_groups = s.groups_done
         for gid, members in s.members.items():
             if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
@@ -254,7 +281,7 @@ class Controller:
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
             if self._bridges else []
-        batch = trained + bridged
+        batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
         # beside it: a job whose metrics come when it ends (lssim.modes.TrainJob); otherwise train() prices or blocks.
         start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
@@ -262,21 +289,23 @@ class Controller:
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
+        trained_members = gather(trained)
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
-                      trained=trained, trained_ids=frozenset(r.rid for g in trained for r in g.requests),
+                      trained=trained, trained_members=trained_members, trained_rids=np.sort(trained_members[0].rid),
                       train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
         self._last_end = max(self._last_end, timing.end)
         return end
 
-    def _record(self, s: StepState, end: StepEnd) -> dict:
+    def _record(self, s: StepState, end: StepEnd) -> tuple[dict, StepBooks]:
         """The step's rows: settle earlier members of the groups completed now, add this step's responses
         (those of groups still open are settled later), and the step's own row."""
+        books = s.books(end, self.engine.counterfactual)
         self._responses.settle(end, s.step)
-        self._responses.add(s, end, self.engine.counterfactual, open_groups=self._waiting_groups)
-        row = step_row(s, end, self.lower_bound, self.engine.n_instances)
-        row.update(mode_fields(s, end, self.mode.config, self.engine.n_instances))
+        self._responses.add(books, s.step, s.started, end.trained_rids, open_groups=self._waiting_groups)
+        row = step_row(s, books, end, self.lower_bound, self.engine.n_instances)
+        row.update(mode_fields(s, books, end, self.mode.config, self.engine.n_instances))
         self._step_rows.append(row)
-        return row
+        return row, books
 
     # -- the rollout phase -------------------------------------------------------------------------
     def _rollout(self, s: StepState) -> None:
@@ -438,51 +467,91 @@ class Controller:
         if not self._left_out:
             return selected, 0
         left_out, trained, emptied = self._left_out, [], 0
+        out = np.fromiter(left_out, np.int64, len(left_out))
         for g in selected:
-            members = [r for r in g.requests if r.rid not in left_out]
-            if len(members) == len(g.requests):
+            keep = ~np.isin(g.column("rid"), out)
+            if keep.all():
                 trained.append(g)
-            elif members:
-                trained.append(Group(g.prompt_id, g.step, members))
+            elif keep.any():
+                trained.append(g.subset(keep))
             else:
                 emptied += 1
-        left_out.difference_update(r.rid for g in done for r in g.requests)  # settled: forget them
+        left_out.difference_update(rid for g in done for rid in g.column("rid").tolist())  # settled: forget them
         return trained, emptied
 
     # -- requests ----------------------------------------------------------------------------------
-    def _make_requests(self, plan: list[GroupSpec], s: StepState) -> list[Request]:
-        requests = []
-        used = s.samples_planned  # samples of a prompt already planned this step (top-ups included): unique keys
-        seeds = iter(self.rng.integers(2**31, size=sum(g.n_samples for g in plan)).tolist())
-        for g in plan:
-            gid = self._next_group
-            self._next_group += 1
-            first = used.get(g.prompt_id, 0)
-            used[g.prompt_id] = first + g.n_samples
-            # Its place among the samples its loader batch holds of this prompt (the simulator answers from there).
-            of_batch = self._batch_samples.setdefault(g.batch, {}) if g.batch is not None else None
-            first_in_batch = of_batch.get(g.prompt_id, 0) if of_batch is not None else first
-            if of_batch is not None:
-                of_batch[g.prompt_id] = first_in_batch + g.n_samples
-            prompt_len = self.prompts.prompt_len(g.prompt_id)
-            members = []
-            budgets, trains = g.member_max_tokens, g.member_trained
-            for k in range(g.n_samples):
-                r = Request(rid=self._next_rid, group_id=gid, step=s.step, prompt_id=g.prompt_id, sample_idx=first + k,
-                            prompt_len=prompt_len, max_tokens=g.max_tokens if budgets is None else min(budgets[k], g.max_tokens),
-                            priority=g.priority, instance=g.instance, seed=next(seeds), first_version=self.mode.version,
-                            batch=-1 if g.batch is None else g.batch, batch_sample=first_in_batch + k)
-                if trains is not None and not trains[k]:
-                    self._left_out.add(r.rid)
-                self._next_rid += 1
-                s.context_at_start[r.rid] = prompt_len
-                members.append(r)
-            s.members[gid] = members
-            s.open_members[gid] = len(members)
-            requests.extend(members)
+    def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
+        """The plan's requests, group after group, as columns: ids, sample indices unique per prompt in the step
+        and in its loader batch, budgets, seeds (drawn from the run's generator, one per request)."""
+        attr = lambda name, none=-1: np.fromiter(  # noqa: E731 -- one field of every group, as an array
+            ((none if v is None else v) for v in map(operator.attrgetter(name), plan)), np.int64, len(plan))
+        n, pids, batches = attr("n_samples"), attr("prompt_id"), attr("batch")
+        # Samples of a prompt already planned this step (top-ups included), and of its loader batch: unique keys.
+        first = _count_on(s.samples_planned, pids, n)
+        first_in_batch = first.copy()
+        loader = batches >= 0  # its place among the samples its loader batch holds of this prompt (the simulator
+        for b in np.unique(batches[loader]).tolist():  # answers from there)
+            of = batches == b
+            first_in_batch[of] = _count_on(self._batch_samples.setdefault(b, {}), pids[of], n[of])
+        total = int(n.sum())
+        offsets = np.cumsum(n) - n
+        within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
+        budget = np.repeat(attr("max_tokens"), n)
+        members_budget = [(i, g.member_max_tokens) for i, g in enumerate(plan) if g.member_max_tokens is not None]
+        for i, budgets in members_budget:
+            budget[offsets[i]:offsets[i] + n[i]] = np.minimum(budgets, plan[i].max_tokens)
+        trained = [(i, g.member_trained) for i, g in enumerate(plan) if g.member_trained is not None]
+        prompt_len = self.prompts.prompt_len
+        cols = RequestColumns.planned(
+            rid=np.arange(self._next_rid, self._next_rid + total), group_id=np.repeat(np.arange(self._next_group, self._next_group + len(plan)), n),
+            step=np.full(total, s.step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
+            prompt_len=np.repeat(np.fromiter(map(prompt_len, pids.tolist()), np.int64, len(plan)), n), max_tokens=budget,
+            priority=np.repeat(attr("priority", 0), n), instance=np.repeat(attr("instance"), n),
+            seed=self.rng.integers(2**31, size=total), first_version=np.full(total, self.mode.version),
+            batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
+        for i, members in trained:  # a recorded group says these members were not trained (GroupSpec.member_trained)
+            self._left_out.update(int(cols.rid[offsets[i] + k]) for k, t in enumerate(members) if not t)
+        self._next_rid += total
+        self._next_group += len(plan)
+        return cols
+
+    def _register(self, fresh: RequestColumns, s: StepState) -> list[Request]:
+        """The event route's books for new requests: Request objects, each group's members, open counts."""
+        requests = fresh.to_requests()
+        for r in requests:
+            s.context_at_start[r.rid] = r.prompt_len
+            members = s.members.get(r.group_id)
+            if members is None:
+                members = s.members[r.group_id] = []
+            members.append(r)
+        for gid in np.unique(fresh.group_id).tolist():
+            s.open_members[gid] = len(s.members[gid])
         return requests
 
+    def _rollout_batch(self, fresh: RequestColumns, s: StepState) -> None:
+        """The batch route: the step's requests in priority order on their instances (the policy's priority and place
+        hooks asked as on the event route), run to their end by the engine in one call, the books closed at once
+        as `_end` closes them one by one."""
+        if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
+            fresh.priority[:] = self.policy.priorities(fresh)
+            fresh = fresh.take(np.argsort(fresh.priority, kind="stable"))
+        if len(fresh) and self._asks["place"]:
+            fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
+        state = s.rollout
+        s.batch = fresh
+        s.groups_done = groups = s.batch_groups()
+        state.groups_submitted = len(groups)
+        s.batch_ended = self.engine.run_batch(fresh) if len(fresh) else np.zeros(0, np.int64)
+        state.responses_done += len(fresh)
+        state.groups_done += len(groups)
+        state.groups_effective += int(with_signal(fresh.reward[groups.rows], groups.sizes).sum())
+        state.now = self.engine.now()
+
     def _submit(self, requests: list[Request]) -> None:
+        self.engine.submit(self._order(requests))
+
+    def _order(self, requests: list[Request]) -> list[Request]:
+        """The policy's priorities and placements (where it has an opinion); the requests in priority order."""
         if self._asks["priority"]:
             for r in requests:
                 choice = self.policy.priority(r)
@@ -495,13 +564,13 @@ class Controller:
                 choice = self.policy.place(r, loads)
                 if choice is not None:
                     r.instance = choice
-        self.engine.submit(requests)
+        return requests
 
     def _submit_more(self, more: list[GroupSpec], s: StepState) -> None:
         more = self._admit(more, s)
         if not more:
             return
-        fresh = self._make_requests(more, s)
+        fresh = self._register(self._make_requests(more, s), s)
         s.topped_up.extend(fresh)
         s.rollout.groups_submitted += len(more)
         s.rollout.extra_rounds += 1

@@ -174,23 +174,62 @@ class RolloutState:
         return self.now - self.started
 
 
-@dataclass(slots=True)
 class Group:
-    """A prompt's group as it goes to training: its members and their rewards."""
+    """A prompt's group as it goes to training: its members and their rewards.
 
-    prompt_id: int
-    step: int
-    requests: list[Request]
+    Members are `Request` objects (the event route, policies' copies) or rows of the step's columns
+    (lssim.columns.RequestColumns, the batch route): then `requests` makes the objects on first use, and
+    `column(name)` reads a field of every member without them."""
+
+    __slots__ = ("prompt_id", "step", "_requests", "columns", "rows")
+
+    def __init__(self, prompt_id: int, step: int, requests: list[Request] | None = None, *, columns=None, rows=None):
+        if (requests is None) == (columns is None):
+            raise ValueError("Group: give its members as requests or as columns and rows, not both")
+        self.prompt_id, self.step, self._requests, self.columns, self.rows = prompt_id, step, requests, columns, rows
+
+    @property
+    def requests(self) -> list[Request]:
+        if self._requests is None:
+            self._requests = self.columns.to_requests(self.rows)
+        return self._requests
+
+    def column(self, name: str) -> np.ndarray:
+        """A field of every member, in member order (lssim.columns.RequestColumns's names and dtypes)."""
+        if self.columns is not None:
+            return getattr(self.columns, name)[self.rows]
+        if name == "instance":
+            return np.array([-1 if r.instance is None else r.instance for r in self._requests], np.int64)
+        return np.array([getattr(r, name) for r in self._requests])
+
+    def __len__(self) -> int:
+        return len(self._requests) if self._requests is not None else len(self.columns.rid[self.rows])
+
+    def subset(self, keep: np.ndarray) -> "Group":
+        """The same group with only the members where `keep` (a boolean per member) is True."""
+        if self._requests is not None and self.columns is None:
+            return Group(self.prompt_id, self.step, [r for r, k in zip(self._requests, keep.tolist()) if k])
+        rows = np.arange(len(self.columns))[self.rows] if isinstance(self.rows, slice) else np.asarray(self.rows)
+        return Group(self.prompt_id, self.step, columns=self.columns, rows=rows[keep])
 
     @property
     def rewards(self) -> np.ndarray:
-        return np.array([r.reward for r in self.requests], dtype=float)
+        return np.asarray(self.column("reward"), dtype=float)
 
     @property
     def has_signal(self) -> bool:
         """GRPO learns nothing from a group whose rewards are all equal."""
         rewards = self.rewards
         return len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0.0
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Group) and (self.prompt_id, self.step) == (other.prompt_id, other.step)
+                and self.requests == other.requests)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Group(prompt_id={self.prompt_id}, step={self.step}, members={len(self)})"
 
 
 def version_spans(r: Request) -> list[tuple[int, int]]:
@@ -328,10 +367,11 @@ class Engine(Protocol):
     - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
       `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
       otherwise.
-    - `set_batch_rollout(on)`: called once before the first step; on=True promises that each rollout is one
-      submission drained by next_events with no reaction, abort or other submission until it returns nothing (no
-      per-event policy hook, a mode that never cuts a rollout short). The simulator then prices each rollout as a
-      batch (lssim.fastsim) and may return all its events at once; an engine that streams (vLLM) ignores it.
+    - `set_batch_rollout(on)` / `run_batch(requests)`: called once before the first step; on=True promises that
+      each rollout is one submission run to its end with no reaction, abort or other submission (no per-event
+      policy hook, a mode that never cuts a rollout short). An engine that can (the simulator, lssim.fastsim)
+      answers True and then takes each rollout whole, as columns, through run_batch; an engine that streams
+      (vLLM) answers False and the controller keeps submitting and draining events.
     """
 
     n_instances: int
@@ -373,8 +413,17 @@ class Engine(Protocol):
             raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
                              f"cannot do")
 
-    def set_batch_rollout(self, on: bool) -> None:
-        """The controller's promise that rollouts need no per-event reaction; an engine may ignore it."""
+    def set_batch_rollout(self, on: bool) -> bool:
+        """The controller's promise that rollouts need no per-event reaction. Returns True if the engine will then
+        take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
+        return False
+
+    def run_batch(self, requests) -> np.ndarray:
+        """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
+        (lssim.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
+        fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
+        clock moves to the last finish, and the rows come back in the order the event route would end them."""
+        raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
 
 
 class Trainer(Protocol):

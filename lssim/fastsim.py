@@ -28,10 +28,10 @@ with per-event hooks.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from numba import njit
-
-from .core import FINISHED, Event
 
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 
@@ -400,34 +400,29 @@ def _price_each(fn, values: np.ndarray) -> np.ndarray:
     return np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse] if len(values) else np.zeros(0)
 
 
-def run_batch(engine, requests) -> list[Event]:
-    """Submit `requests` to an idle SimEngine and run every instance until all have ended: the FINISHED events
-    the event engine would report, in its order, with the requests filled in as it fills them. The engine's
-    clock, utilization and counters move as they would have."""
+def run_batch(engine, requests) -> np.ndarray:
+    """Run `requests` (lssim.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
+    the columns are filled as the event engine fills its Request objects, and the rows come back in the order its
+    heap would end them. The engine's clock, utilization and counters move as they would have."""
     instances, cfg = engine.instances, engine.config
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
-    target = engine._target
     m = len(requests)
-    prompt = np.fromiter((r.prompt_len for r in requests), np.int64, m)
-    gen = np.fromiter((r.generated for r in requests), np.int64, m)
-    budget = np.fromiter((r.max_tokens for r in requests), np.int64, m)
+    prompt, gen, budget = requests.prompt_len, requests.generated.copy(), requests.max_tokens
     too_big = np.flatnonzero(prompt + budget > capacity)
     if len(too_big):
-        r = requests[int(too_big[0])]
-        raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
-                         f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
-    length = _answers(engine, requests)
+        j = int(too_big[0])
+        raise ValueError(f"request {int(requests.rid[j])} (prompt {int(requests.prompt_id[j])}) needs "
+                         f"{int(prompt[j] + budget[j])} KV tokens; an instance holds {capacity} (raise kv_capacity_tokens "
+                         f"or lower max_tokens)")
+    length, reason, reward, exact = _answers(engine, requests)
     # least-loaded dispatch from an idle cluster: the j-th unplaced request goes to instance j mod N
-    pinned = [r.instance for r in requests]
-    inst = np.empty(m, np.int64)
-    free = np.array([p is None for p in pinned])
+    pinned = requests.instance
+    free = pinned < 0
+    inst = np.where(free, 0, pinned % n_inst)
     inst[free] = np.arange(int(free.sum())) % n_inst
-    if not free.all():
-        inst[~free] = np.array([p for p in pinned if p is not None], np.int64) % n_inst
-    priority = np.fromiter((r.priority for r in requests), np.int64, m)
-    order = np.lexsort((np.arange(m), priority, inst))
+    order = np.lexsort((np.arange(m), requests.priority, inst))
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
      preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs)
@@ -454,31 +449,31 @@ def run_batch(engine, requests) -> list[Event]:
     engine.preemptions += int(preemptions)
     if len(popped):
         engine.clock = max(now, float(event_t[popped].max()))
-    return _events(requests, popped, rfin0, rfinc, fin, after, first_token, first_rec, gen, target, now)
+    # Fill the columns as the event engine fills its requests, and give the rows in its order of finishes.
+    counts = rfinc[popped]
+    total = int(counts.sum())
+    ended = fin[np.repeat(rfin0[popped] - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(total)]
+    requests.finish_time[ended] = np.repeat(after[popped], counts)
+    requests.first_token_time[ended] = first_token[first_rec[ended]]
+    requests.submit_time[:] = now
+    requests.generated[:] = gen
+    requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
+    requests.natural_len[:], requests.natural_reward[:] = length, reward  # nobody stopped them: their natural end
+    return ended
 
 
-def _answers(engine, requests) -> np.ndarray:
-    """Each request's length, from the engine's answers or the Workload's (asked once per response, over arrays:
-    lssim.workload.lookup_many); records the new answers as SimEngine.submit does."""
+def _answers(engine, requests) -> tuple:
+    """Each request's (length, finish reason, reward, exact) from the Workload, asked once over arrays
+    (lssim.workload.lookup_many); the engine's source counts move as SimEngine.submit moves them."""
     from .workload import EXACT, lookup_many
 
-    target, m = engine._target, len(requests)
-    new = [r for r in requests if r.rid not in target]
-    if new:
-        keys = np.array([(r.batch, r.step, r.sample_idx, r.batch_sample, r.prompt_id, r.max_tokens) for r in new],
-                        dtype=np.int64).reshape(-1, 6)
-        batch, pid, budget = keys[:, 0], keys[:, 4], keys[:, 5]
-        own = batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
-        step = np.where(own, keys[:, 1], batch)
-        sample = np.where(own, keys[:, 2], keys[:, 3])
-        length, reason, reward, source, row = lookup_many(engine.workload, step, pid, sample, budget)
-        target.update(zip((r.rid for r in new), zip(length.tolist(), reason.tolist(), reward.tolist(), row.tolist())))
-        names, counts = np.unique(source.astype(str), return_counts=True)
-        for name, c in zip(names.tolist(), counts.tolist()):
-            engine.sources[name] += c
-        for r, e in zip(new, (source == EXACT).tolist()):
-            r.exact = e
-    return np.fromiter((target[r.rid][0] for r in requests), np.int64, m)
+    own = requests.batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
+    step = np.where(own, requests.step, requests.batch)
+    sample = np.where(own, requests.sample_idx, requests.batch_sample)
+    length, reason, reward, source, _ = lookup_many(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
+    for name, c in Counter(source.tolist()).items():
+        engine.sources[name] += c
+    return np.asarray(length, np.int64), reason, np.asarray(reward, float), source == EXACT
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:
@@ -490,25 +485,3 @@ def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:
         if engine.cost.factor(n) < 1.0:
             sel = on & (rn == n)
             engine.speculated_tokens += int((rn[sel] * rk[sel]).sum())
-
-
-def _events(requests, popped, rfin0, rfinc, fin, after, first_token, first_rec, gen, target, now) -> list[Event]:
-    """The requests filled in as the event engine fills them, and their FINISHED events in its order."""
-    counts = rfinc[popped]
-    starts = rfin0[popped]
-    total = int(counts.sum())
-    idx = np.repeat(starts - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(total)
-    ended = fin[idx]
-    times = np.repeat(after[popped], counts).tolist()
-    firsts = first_token[first_rec[ended]].tolist()
-    out = []
-    nan = float("nan")
-    for j, t, ft in zip(ended.tolist(), times, firsts):
-        r = requests[j]
-        _, r.finish_reason, r.reward, _ = target[r.rid]
-        r.generated = int(gen[j])
-        r.submit_time = now
-        r.first_token_time = ft if ft == ft else nan
-        r.finish_time = t
-        out.append(Event(FINISHED, r, t))
-    return out

@@ -24,6 +24,11 @@ from .trace import load_trace
 
 RUN_FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 KEY = ["step", "prompt_id", "sample_idx"]
+# A response the run left unfinished at its end: its key, group, prompt, its tokens so far (`generated`, of which
+# `tokens_before_resume` came in earlier steps) and its budget.
+UNFINISHED_COLUMNS = [*KEY, "group_id", "prompt_len", "generated", "tokens_before_resume", "max_tokens"]
+UNFINISHED_FILE = "unfinished.parquet"  # where a run folder may keep them (load_run reads it if present)
+UNFINISHED_AT_END = "unfinished at run end"  # the stop_reason of their rows in the twin's trace
 # What `lssim validate` is judged against (lssim.tables.format_fidelity prints each beside its measure): the
 # per-step makespan's median and p90 absolute percentage error, and the speedup over baseline, in points.
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS = 3.0, 8.0, 5.0
@@ -40,6 +45,10 @@ class RecordedRun:
     config: RunConfig
     meta: dict = field(default_factory=dict)
     folder: str = ""
+    # Responses still generating when the run ended (carried out of its last step): UNFINISHED_COLUMNS, one row each.
+    # Neither the trace nor the response table has a row for them (they never ended); the simulated twin needs
+    # them (`twin_trace`). Empty when the run left nothing unfinished or its recorder could not say.
+    unfinished: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNFINISHED_COLUMNS))
 
 
 def load_run(folder) -> RecordedRun:
@@ -60,9 +69,12 @@ def load_run(folder) -> RecordedRun:
     steps = pd.read_parquet(folder / "steps.parquet")
     if steps.empty:
         raise ValueError(f"{folder}: the run recorded no finished step")
-    return RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
-                       steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
-                       folder=str(folder))
+    run = RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
+                      steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
+                      folder=str(folder))
+    if (folder / UNFINISHED_FILE).is_file():  # optional: a recorder that writes it (real_backend reads its checkpoint)
+        run.unfinished = pd.read_parquet(folder / UNFINISHED_FILE)
+    return run
 
 
 def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = None, policy=None) -> RunResult:
@@ -74,11 +86,49 @@ def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = No
     from .replay import simulate
     from .workload import Workload
 
-    workload = Workload(run.trace if trace is None else trace, seed=run.config.seed)
+    workload = Workload(twin_trace(run) if trace is None else trace, seed=run.config.seed)
     config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
     config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
     built = policy if isinstance(policy, Policy) else make_policy(policy or run.name)
     return simulate(workload, built, setup, config=config, prompts=prompts)
+
+
+def twin_trace(run: RecordedRun) -> pd.DataFrame:
+    """The trace the simulated twin of `run` replays: the run's own, plus one row for each response the run left
+    unfinished at its end (`run.unfinished`), censored where the run stopped watching it: recorded up to its
+    `generated` tokens with that as its budget (finish_reason length), which the Workload reads as "natural length
+    beyond this" -- asked with the real budget, it runs on past where the real run left it (a longer response of
+    its prompt, else to the budget), so the twin's last step carries it out too.
+
+    Without these rows the trace has holes where the long responses were, and the twin fills them from the
+    members that did end: short ones, so it finished groups the real run left open (segment in the tail world:
+    40 groups trained in the twin against 35 on vLLM, the speedup +45 points off, issue 16). The Workload also
+    numbers a (step, prompt)'s samples by position, so a hole shifted the later samples' lengths by one."""
+    u = run.unfinished
+    if u is None or u.empty:
+        return run.trace
+    missing = [c for c in UNFINISHED_COLUMNS if c not in u]
+    if missing:
+        raise ValueError(f"{run.folder or run.name}: unfinished responses lack column(s) {', '.join(missing)}")
+    ended = run.trace[KEY].merge(u[KEY], on=KEY)
+    if len(ended):
+        raise ValueError(f"{run.folder or run.name}: {len(ended)} response(s) both ended in the trace and left unfinished, "
+                         f"first {tuple(ended.iloc[0])}")
+    low = float(np.nanmin(run.trace["reward"])) if run.trace["reward"].notna().any() else 0.0
+    n = len(u)
+    rows = pd.DataFrame({**{c: u[c].to_numpy(np.int64) for c in [*KEY, "group_id", "prompt_len", "tokens_before_resume"]},
+                         "response_len": u["generated"].to_numpy(np.int64), "max_tokens": u["generated"].to_numpy(np.int64),
+                         "reward": np.full(n, low), "finish_reason": ["length"] * n, "stop_reason": [UNFINISHED_AT_END] * n,
+                         "trained": np.zeros(n, bool)})
+    for col in ("loop_start", "entropy_collapse_start", "instance", "policy_version_first", "policy_version_last",
+                "end_step", "train_step"):
+        if col in run.trace:
+            rows[col] = -1 if col != "end_step" else int(run.steps["step"].max())
+    out = pd.concat([run.trace, rows[[c for c in rows if c in run.trace]]], ignore_index=True)  # the trace's columns
+    for col in run.trace.columns:  # the trace's dtypes (the rows' NaNs where it has a column they do not)
+        if out[col].dtype != run.trace[col].dtype and not out[col].isna().any():
+            out[col] = out[col].astype(run.trace[col].dtype)
+    return out
 
 
 def ends_rollouts(spec: str) -> bool:
@@ -225,7 +275,31 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
         table["speedup_measured"] = [base[0] / per_group[k][0] if k in per_group else np.nan for k in table.index]
         table["speedup_predicted"] = [base[1] / per_group[k][1] if k in per_group else np.nan for k in table.index]
         table["speedup_error_points"] = (table["speedup_predicted"] - table["speedup_measured"]) * 100
+        _speedup_error_parts(table, groups)
     return table
+
+
+def _speedup_error_parts(table: pd.DataFrame, groups: dict[str, tuple[float, float]]) -> None:
+    """The speedup error in points split in two that add up to it: from groups trained (the twin trained more or
+    fewer than the run, against the baseline's counts), then from rollout seconds (the policy's predicted off by
+    another factor than its baseline's: the machine's speed level cancels)."""
+    g = pd.DataFrame({k: groups.get(k, (np.nan, np.nan)) for k in table.index}, index=["measured", "predicted"]).T
+    base = groups["baseline"]
+    with_groups = table["speedup_measured"] * (g["predicted"] / base[1]) / (g["measured"] / base[0])
+    table["speedup_points_groups"] = (with_groups - table["speedup_measured"]) * 100
+    table["speedup_points_seconds"] = (table["speedup_predicted"] - with_groups) * 100
+
+
+def speedup_by_repeat(steps_by_repeat: pd.DataFrame, groups: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
+    """Per policy and repeat: the measured speedup of repeat k over the reference's repeat k (recorded in the same
+    minutes: `lssim validate` records repeat-major), in rollout seconds per trained group. `steps_by_repeat`: the
+    `compare` rows with a repeat column; `groups`: rows of policy, repeat, measured_groups. Their spread is the real
+    engine's run-to-run noise in the speedup itself, beside which a speedup error is read."""
+    seconds = steps_by_repeat.groupby(["policy", "repeat"])["measured_seconds"].sum()
+    per_group = seconds / groups.set_index(["policy", "repeat"])["measured_groups"].reindex(seconds.index)
+    ref = per_group.xs(reference, level="policy").sort_index()
+    rows = [(p, k, ref.iloc[k % len(ref)] / v) for (p, k), v in per_group.items() if p != reference]
+    return pd.DataFrame(rows, columns=["policy", "repeat", "speedup_measured"])
 
 
 ACTED_KINDS = ("stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed", "reselected", "speculated")
@@ -289,7 +363,8 @@ def _speculated(run: RecordedRun, responses: pd.DataFrame) -> np.ndarray:
 
 
 def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,
-                   anchored: pd.DataFrame | None = None, real_cuts: pd.DataFrame | None = None) -> pd.DataFrame:
+                   anchored: pd.DataFrame | None = None, real_cuts: pd.DataFrame | None = None,
+                   speedups: pd.DataFrame | None = None) -> pd.DataFrame:
     """The fidelity table (`fidelity_table`, one row per policy) with, per policy, how much it acted on the real
     engine (`acted` rows, one per repeat: the median over repeats, and the fewest in one repeat), the real
     engine's run-to-run spread of its step times (`median_over_repeats`' spread: each repeat's step against the
@@ -297,8 +372,13 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     `anchored` (per-step medians of `anchor_on_baseline` rows, a speed_factor column), the same errors with the
     machine's speed level taken from its world's baseline (the speedup error does not change: a level cancels
     in a ratio). With `real_cuts` (per-step medians of replays `with_real_cuts`), the error of policies that end
-    rollouts when the real engine's cut points are replayed rather than predicted."""
+    rollouts when the real engine's cut points are replayed rather than predicted. With `speedups`
+    (`speedup_by_repeat`), the range of the measured speedup over the repeats and its spread in points."""
     out = summary.copy()
+    if speedups is not None and len(speedups):
+        by = speedups.groupby("policy")["speedup_measured"]
+        out["speedup_repeat_min"], out["speedup_repeat_max"] = out.index.map(by.min()), out.index.map(by.max())
+        out["speedup_spread_points"] = (out["speedup_repeat_max"] - out["speedup_repeat_min"]) * 100
     if len(acted_rows):
         counts = acted_rows.drop(columns="repeat").groupby("policy").median()
         for col in counts:
@@ -349,6 +429,8 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "speedup_error": number(row.get("speedup_error_points")),
                  "speedup_measured": number(row.get("speedup_measured")),
                  "speedup_predicted": number(row.get("speedup_predicted")),
+                 "speedup_spread": number(row.get("speedup_spread_points")),
+                 "speedup_error_from": {k: number(row.get(f"speedup_points_{k}")) for k in ("groups", "seconds")},
                  "repeat_spread": number(row.get("repeat_spread_median_pct")),
                  "repeat_spread_p90": number(row.get("repeat_spread_p90_pct")),
                  "step_error_median_anchored": number(row.get("anchored_median_ape_pct")),
@@ -372,7 +454,7 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
         return "" if pd.isna(v) else f"{v:.1f}"
 
     lines = ["| policy | world | acted (of responses) | step error median / p90 % | with the world's speed level "
-             "median / p90 % | repeat spread median / p90 % | speedup real / sim | speedup error (points) | goal |",
+             "median / p90 % | repeat spread median / p90 % | speedup real (repeats) / sim | speedup error (points) | goal |",
              "|" + "---|" * 9]
     for name, r in summary.iterrows():
         acted_text = f"{int(r['acted'])} of {int(r['responses'])}" if pd.notna(r.get("acted", np.nan)) else "(reference)"
@@ -381,7 +463,7 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
         cells = [f"`{name}`", str(r.get("world", "")), acted_text,
                  f"{pct(r, 'makespan_median_ape_pct')} / {pct(r, 'makespan_p90_ape_pct')}", anchored,
                  f"{pct(r, 'repeat_spread_median_pct')} / {pct(r, 'repeat_spread_p90_pct')}",
-                 f"{r.get('speedup_measured', np.nan):.3f} / {r.get('speedup_predicted', np.nan):.3f}",
+                 f"{r.get('speedup_measured', np.nan):.3f}{_repeat_range(r)} / {r.get('speedup_predicted', np.nan):.3f}",
                  f"{r.get('speedup_error_points', np.nan):+.1f}", goal]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Goal: per-step makespan error median <= {TARGET_MEDIAN_PCT:.0f}%, p90 <= {TARGET_P90_PCT:.0f}%, speedup "
@@ -389,9 +471,15 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                   f"with the world's speed level: every prediction scaled by the median measured/predicted ratio of the "
                   f"world's baseline steps (the machine's speed in those minutes; the baseline is then calibrated, not "
                   f"predicted). Repeat spread: each repeat's step time against the median of its repeats on the real "
-                  f"engine (same policy, same seed), the noise no model can predict."
+                  f"engine (same policy, same seed), the noise no model can predict; (repeats): the range of the real "
+                  f"speedup over the repeats, each against its world's baseline recorded in the same minutes."
                   + (f" Cost model: {profile}." if profile else "")]
     return "\n".join(lines) + "\n"
+
+
+def _repeat_range(r) -> str:
+    lo, hi = r.get("speedup_repeat_min", np.nan), r.get("speedup_repeat_max", np.nan)
+    return "" if pd.isna(lo) or pd.isna(hi) or lo == hi else f" ({lo:.2f}-{hi:.2f})"
 
 
 def markdown_from(folder) -> str:

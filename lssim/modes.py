@@ -306,9 +306,14 @@ def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_e
     if not groups or compute <= 0:
         return rollout_end, rollout_end, 0.0
     # A group with a member still carried (a bridged segment, Policy.bridge) is ready when the rollout stops it.
-    done = np.array([rollout_end if not all(r.done for r in g.requests) else max(rollout_start, max(r.finish_time for r in g.requests))
-                     for g in groups])
-    tokens = np.array([sum(r.prompt_len + r.generated for r in g.requests) for g in groups], dtype=float)
+    from .columns import gather
+
+    cols, sizes = gather(groups)
+    starts = np.cumsum(sizes) - sizes
+    last = np.maximum.reduceat(cols.finish_time, starts) if len(cols) else np.zeros(0)
+    open_ = np.add.reduceat((cols.finish_reason == "").astype(np.int64), starts) > 0 if len(cols) else np.zeros(0, bool)
+    done = np.where(open_, rollout_end, np.maximum(rollout_start, last))
+    tokens = np.add.reduceat((cols.prompt_len + cols.generated).astype(float), starts) if len(cols) else np.zeros(0)
     order = np.argsort(done, kind="stable")
     work = compute * tokens[order] / tokens.sum()  # seconds on the train devices alone
     t, T = float(done[order][0]), config.train_devices

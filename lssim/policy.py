@@ -31,6 +31,12 @@ Hooks, in the order the controller calls them during a step, and the rule that c
                                                runs over; composed: a token is trained only if every member keeps it
     end_step(outcome)                          every policy is told; this is where policies remember
 
+Array forms, for speed (the simulator's batch route prices a whole rollout as arrays, lssim.fastsim): a policy
+with a priority or place rule may also answer it for a whole submission at once, `priorities(requests)` and
+`placements(requests, loads)` over lssim.columns.RequestColumns. They must answer what the per-request hooks
+answer (requests placed one after another in priority order, as the controller asks place); the defaults ask
+the per-request hooks, so a policy needs them only where its rule is costly per request (oracle).
+
 Declarations, read once before the first step (not hooks):
 
     progress_interval (attribute)              ask on_progress every this many tokens; composed: the smallest
@@ -280,6 +286,21 @@ class Policy:
     def place(self, request: Request, loads: list[InstanceLoad]) -> int | None:
         return None
 
+    def priorities(self, requests) -> np.ndarray:
+        """`priority` of every request of a submission (lssim.columns.RequestColumns), a request's own priority
+        where the policy has no opinion."""
+        return np.array([r.priority if (p := self.priority(r)) is None else p for r in requests.to_requests()], np.int64)
+
+    def placements(self, requests, loads: list[InstanceLoad]) -> np.ndarray:
+        """`place` of every request of a submission, in its order (priority order); a request's own instance (-1:
+        the engine's dispatcher) where the policy has no opinion."""
+        out = requests.instance.copy()
+        for i, r in enumerate(requests.to_requests()):
+            choice = self.place(r, loads)
+            if choice is not None:
+                out[i] = choice
+        return out
+
     def on_progress(self, request: Request, state: RolloutState) -> Action | None:
         return None
 
@@ -378,6 +399,14 @@ class Compose(Policy):
             if choice is not None:
                 return choice
         return None
+
+    def priorities(self, requests):
+        deciders = self._by_hook["priority"]
+        return deciders[0].priorities(requests) if len(deciders) == 1 else super().priorities(requests)
+
+    def placements(self, requests, loads):
+        deciders = self._by_hook["place"]
+        return deciders[0].placements(requests, loads) if len(deciders) == 1 else super().placements(requests, loads)
 
     def on_progress(self, request, state):
         best = None

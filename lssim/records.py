@@ -3,13 +3,16 @@
 The controller (lssim.controller) creates a `StepState` when a step starts and fills it as the step runs;
 once the step has trained it closes the step with a `StepEnd` and hands both here:
 
+    state.books(end, counterfactual)      the step's responses as columns (StepBooks), from either route
     ResponseTable.settle(end, step)       members that ended in earlier steps, whose groups completed now:
                                           their rows learn whether (and when) they trained
-    ResponseTable.add(state, end, ...)    one row per response that ended in the step (RESPONSE_COLUMNS)
-    step_row(state, end, ...)             the step's row (RunResult.steps)
-    step_outcome(state, end)              what the policy is told (Policy.end_step)
+    ResponseTable.add(books, ...)         one row per response that ended in the step (RESPONSE_COLUMNS)
+    step_row(state, books, end, ...)      the step's row (RunResult.steps)
+    step_outcome(state, books, end)       what the policy is told (Policy.end_step)
 
-Both worlds keep the same books: nothing here knows whether the engine is simulated.
+Both worlds and both routes keep the same books: nothing here knows whether the engine is simulated, and past
+`StepState.books` nothing knows whether the step ran as Request objects (the event route) or as columns (the
+batch route, lssim.fastsim).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Callable, Container
 import numpy as np
 import pandas as pd
 
-from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens, token_lags
+from .columns import GroupBatch, RequestColumns, prompt_ids, with_signal
+from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from .policy import StepOutcome
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -63,6 +67,39 @@ class StepState:
     version: int = 0  # the weights version on the rollout engine when the step's rollout started
     waited: float = 0.0  # seconds between the last rollout's end and this one's start (weights, switches)
     dropped_groups: set[int] = field(default_factory=set)  # cancelled as stale: never trained
+    batch: RequestColumns | None = None  # the batch route: the step's requests as columns (no Request objects)
+    batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
+    groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
+
+    def batch_groups(self) -> GroupBatch:
+        """The batch route's groups, in the order they were planned: rows of the step's columns."""
+        order = np.argsort(self.batch.group_id, kind="stable")
+        _, sizes = np.unique(self.batch.group_id[order], return_counts=True)
+        return GroupBatch(self.batch, order, sizes)
+
+    def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
+        """The step's responses as columns: the same books whichever route the step ran on."""
+        running = None
+        if self.batch is not None:  # nothing carried in or out of a batch-route step
+            ended = ran = self.batch.take(self.batch_ended)
+        else:
+            ended = RequestColumns.of(self.ended, self.context_at_start, counterfactual)
+            ran = RequestColumns.concat([ended, RequestColumns.of(self.carried_out, self.context_at_start)])
+            if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
+                running = np.isin(ran.rid, [r.rid for r in self.kept_in])
+        trained, sizes = end.trained_members
+        return StepBooks(ended, ran, running, trained, with_signal(trained.reward, sizes))
+
+
+@dataclass(slots=True, frozen=True)
+class StepBooks:
+    """A step's responses as columns (lssim.columns.RequestColumns), for its records."""
+
+    ended: RequestColumns  # ended in the step, in the order they ended (natural_len / natural_reward filled)
+    ran: RequestColumns  # generated in the step: ended or carried out (context_at_start filled)
+    running: np.ndarray | None  # of `ran`: generating since before the step (async); None: none was
+    trained: RequestColumns  # the members of the groups the step trained, group after group
+    trained_signal: np.ndarray  # per trained group: do its rewards differ
 
 
 @dataclass(slots=True, frozen=True)
@@ -74,84 +111,94 @@ class StepEnd:
     busy_at_rollout_end: tuple[float, float]  # Engine.utilization() when the rollout ended
     done_groups: list[Group]  # groups whose every member has ended (this step or before)
     trained: list[Group]  # what the policy selected from them (possibly subsets or reshaped copies)
-    trained_ids: frozenset[int]  # rids of the trained responses (select may train on copies: match by rid)
+    trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
+    trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
     train_metrics: dict
     timing: "TrainTiming | None" = None  # when the training ran (lssim.modes); None: ended with the rollout
     previous_end: float = float("nan")  # when the previous step's training ended (the step's time runs from it)
 
 
 class ResponseTable:
-    """The response rows of a run, column by column (one list per column is several times faster than a
-    dict per row), with the rows of members whose groups are still open, to settle when the groups complete."""
+    """The response rows of a run, a step's columns at a time (concatenated once, in `frame`), with the rows of
+    members whose groups are still open, to settle when the groups complete."""
 
     def __init__(self):
-        self.columns: dict[str, list] = {k: [] for k in RESPONSE_COLUMNS}
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._rows = 0
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
+        self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
 
     def frame(self) -> pd.DataFrame:
-        """The rows as one frame, built once: each column of plain numbers goes to numpy in one call (what
-        pandas would infer from the list, at a fraction of its cost); any other column is left to pandas."""
-        return pd.DataFrame({name: _as_column(values) for name, values in self.columns.items()})
+        """The rows as one frame, built once."""
+        if not self._chunks:
+            return pd.DataFrame({name: [] for name in RESPONSE_COLUMNS})
+        cols = {name: _strings([c[name] for c in self._chunks]) if name in _STRING_COLUMNS else
+                np.concatenate([c[name] for c in self._chunks]) for name in RESPONSE_COLUMNS}
+        if self._settled:
+            rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
+            cols["trained"][rows], cols["train_step"][rows], cols["off_policy_tokens"][rows] = True, steps, off
+        return pd.DataFrame(cols)
 
     def settle(self, end: StepEnd, step: int) -> None:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
-        cols = self.columns
+        if not self._pending:
+            return
+        trained = set(end.trained_rids.tolist())
         for g in end.done_groups:
+            if not any(rid in self._pending for rid in g.column("rid").tolist()):
+                continue
             for r in g.requests:
                 idx = self._pending.pop(r.rid, None)
-                if idx is not None and r.rid in end.trained_ids:
-                    cols["trained"][idx] = True
-                    cols["train_step"][idx] = step
-                    cols["off_policy_tokens"][idx] = off_policy_tokens(r, step)
+                if idx is not None and r.rid in trained:
+                    self._settled.append((idx, step, off_policy_tokens(r, step)))
 
-    def add(self, s: StepState, end: StepEnd, counterfactual: Callable[[Request], tuple[int, float] | None],
-            open_groups: Container[int]) -> None:
-        """A row for each response that ended in step `s`; one whose group is in `open_groups` (not complete)
+    def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
+        """A row for each response that ended in the step; one whose group is in `open_groups` (not complete)
         is settled in a later step."""
-        ended, step, t0, cols = s.ended, s.step, s.started, self.columns
-        natural = [counterfactual(r) for r in ended]
-        natural = [(-1, float("nan")) if c is None else c for c in natural]
-        trained_now = [r.rid in end.trained_ids for r in ended]
-        first_row = len(cols["step"])
-        for i, r in enumerate(ended):
-            if r.group_id in open_groups:
-                self._pending[r.rid] = first_row + i
-        for col, values in (
-            ("step", [r.step for r in ended]), ("end_step", [step] * len(ended)), ("prompt_id", [r.prompt_id for r in ended]),
-            ("sample_idx", [r.sample_idx for r in ended]), ("group_id", [r.group_id for r in ended]),
-            ("prompt_len", [r.prompt_len for r in ended]), ("response_len", [r.generated for r in ended]),
-            ("max_tokens", [r.max_tokens for r in ended]), ("reward", [r.reward for r in ended]),
-            ("finish_reason", [r.finish_reason for r in ended]), ("stop_reason", [r.stop_reason for r in ended]),
-            ("policy_version_first", [r.first_version for r in ended]), ("policy_version_last", [r.last_version for r in ended]),
-            ("tokens_before_resume", [r.tokens_before_resume for r in ended]),
-            ("instance", [-1 if r.instance is None else r.instance for r in ended]),
-            ("submit_time", [r.submit_time - t0 for r in ended]), ("first_token_time", [r.first_token_time - t0 for r in ended]),
-            ("finish_time", [r.finish_time - t0 for r in ended]), ("exact", [r.exact for r in ended]),
-            ("trained", trained_now), ("train_step", [step if t else -1 for t in trained_now]),
-            ("off_policy_tokens", [off_policy_tokens(r, step) for r in ended]),
-            ("natural_len", [c[0] for c in natural]), ("natural_reward", [c[1] for c in natural]),
-        ):
-            cols[col].extend(values)
+        e, n = books.ended, len(books.ended)
+        if open_groups:
+            for i in np.flatnonzero(np.isin(e.group_id, list(open_groups))).tolist():
+                self._pending[int(e.rid[i])] = self._rows + i
+        trained_now = np.isin(e.rid, trained_rids)
+        self._chunks.append({
+            "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,
+            "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
+            "reward": e.reward, "finish_reason": e.finish_reason, "stop_reason": e.stop_reason,
+            "policy_version_first": e.first_version, "policy_version_last": e.last_version,
+            "tokens_before_resume": e.tokens_before_resume, "instance": e.instance, "submit_time": e.submit_time - started,
+            "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
+            "trained": trained_now, "train_step": np.where(trained_now, step, -1),
+            "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,
+        })
+        self._rows += n
 
 
-def _as_column(values: list):
-    if not values or not isinstance(values[0], (bool, int, float)):
-        return values
-    array = np.array(values)
-    return array if array.dtype.kind in "biuf" else values
+_STRING_COLUMNS = ("finish_reason", "stop_reason")
 
 
-def step_row(s: StepState, end: StepEnd, lower_bound: LowerBound | None, n_instances: int) -> dict:
+def _strings(chunks: list[np.ndarray]):
+    """Object arrays of str as one pandas string column: through Arrow, what pandas would infer from the objects
+    (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes seconds)."""
+    inferred = pd.Series(["x"]).dtype
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
+        return np.concatenate(chunks)
+    arrow = pa.chunked_array([pa.array(c, type=pa.large_string()) for c in chunks], type=pa.large_string())
+    return pd.array(arrow, dtype=inferred)
+
+
+def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBound | None, n_instances: int) -> dict:
     """The step's row: times, tokens, how its responses ended (the books balance: responses_in equals the
     five outcomes), what trained, how busy the engine was."""
     rollout_s = end.rollout_end - s.started
-    tokens, bound = _tokens_and_bound(s, lower_bound)
-    reasons = [r.finish_reason for r in s.ended]
-    trained, step = end.trained, s.step
+    tokens, bound = _tokens_and_bound(books, lower_bound)
+    reasons, trained, step = books.ended.finish_reason, books.trained, s.step
     # Off-policy share of what trains now: tokens generated under weights older than this step's.
-    trained_requests = [r for g in trained for r in g.requests]
-    off_policy = sum(off_policy_tokens(r, step) for r in trained_requests)
-    trained_tokens = sum(r.generated for r in trained_requests)
+    off_policy = int(trained.off_policy_tokens(step).sum())
+    trained_tokens = int(trained.generated.sum())
     busy = end.busy_at_rollout_end[0] - s.busy_at_start[0]
     seq_seconds = end.busy_at_rollout_end[1] - s.busy_at_start[1]
     row = {
@@ -161,21 +208,21 @@ def step_row(s: StepState, end: StepEnd, lower_bound: LowerBound | None, n_insta
         "step_seconds": end.step_end - (s.started if end.timing is None else end.previous_end),
         "tokens": tokens,
         "tokens_per_second": _per_second(float(tokens), rollout_s),
-        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up),
+        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up) + (len(s.batch) if s.batch is not None else 0),
         "carried_in": len(s.carried_in) + len(s.kept_in),
-        "finished": reasons.count(STOP),
-        "truncated": reasons.count(LENGTH),
-        "policy_stopped": reasons.count(POLICY_STOP),
-        "dropped": reasons.count(ABORT),
+        "finished": int((reasons == STOP).sum()),
+        "truncated": int((reasons == LENGTH).sum()),
+        "policy_stopped": int((reasons == POLICY_STOP).sum()),
+        "dropped": int((reasons == ABORT).sum()),
         "carried_out": len(s.carried_out),
-        "groups_trained": len(trained),
-        "effective_groups": sum(g.has_signal for g in trained),
+        "groups_trained": len(end.trained),
+        "effective_groups": int(books.trained_signal.sum()),
         "lower_bound_seconds": bound,
         "lower_bound_efficiency": _per_second(bound, rollout_s),
-        "long_tail_ratio": _long_tail_ratio(s),
+        "long_tail_ratio": _long_tail_ratio(books.ended, s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
-        "exact_fraction": float(np.mean([r.exact for r in s.ended])) if s.ended else float("nan"),
-        "mean_reward": float(np.nanmean([r.reward for r in trained_requests])) if trained else float("nan"),
+        "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
+        "mean_reward": float(np.nanmean(trained.reward)) if len(end.trained) else float("nan"),
         "busy_fraction": _per_second(busy, n_instances * rollout_s),  # of the instances' time
         "mean_running": _per_second(seq_seconds, n_instances * rollout_s),  # sequences per instance
     }
@@ -187,58 +234,41 @@ def _per_second(amount: float, seconds: float) -> float:
     return amount / seconds if seconds > 0 else float("nan")
 
 
-def _tokens_and_bound(s: StepState, lower_bound: LowerBound | None) -> tuple[int, float]:
+def _tokens_and_bound(books: StepBooks, lower_bound: LowerBound | None) -> tuple[int, float]:
     """Tokens generated in the step by the responses that ran in it (ended or carried out), and the lower
     bound of the time the rollout needed to generate them (NaN without a bound)."""
-    ran = s.ended + s.carried_out
-    ctx0 = np.array([s.context_at_start[r.rid] for r in ran], dtype=np.int64)
-    ctx1 = np.array([r.prompt_len + r.generated for r in ran], dtype=np.int64)
-    step_tokens = ctx1 - ctx0
-    prompt_lens = np.array([r.prompt_len for r in ran], dtype=np.int64)
-    running = None
-    if s.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
-        kept = {r.rid for r in s.kept_in}
-        running = np.array([r.rid in kept for r in ran], dtype=bool)
-    bound = lower_bound(prompt_lens, ctx0, step_tokens, running) if lower_bound and len(ran) else float("nan")
+    ran = books.ran
+    ctx0 = ran.context_at_start
+    step_tokens = ran.prompt_len + ran.generated - ctx0
+    bound = lower_bound(ran.prompt_len, ctx0, step_tokens, books.running) if lower_bound and len(ran) else float("nan")
     return int(step_tokens.sum()), bound
 
 
-def _long_tail_ratio(s: StepState) -> float:
+def _long_tail_ratio(ended: RequestColumns, started: float) -> float:
     """The last finish over the median one, among responses that ended by themselves or at their budget."""
-    finish = np.array([r.finish_time - s.started for r in s.ended if r.finish_reason in (STOP, LENGTH)], dtype=float)
-    return float(finish.max() / np.median(finish)) if len(finish) and np.median(finish) > 0 else float("nan")
+    natural = (ended.finish_reason == STOP) | (ended.finish_reason == LENGTH)
+    finish = ended.finish_time[natural] - started
+    if not len(finish):
+        return float("nan")
+    median = np.median(finish)
+    return float(finish.max() / median) if median > 0 else float("nan")
 
 
-def step_outcome(s: StepState, end: StepEnd) -> StepOutcome:
+def step_outcome(s: StepState, books: StepBooks, end: StepEnd) -> StepOutcome:
     """What a policy may remember of the step (Policy.end_step): the responses that ended in it."""
-    ended = s.ended
+    e = books.ended
     return StepOutcome(
-        step=s.step,
-        prompt_id=np.array([r.prompt_id for r in ended], dtype=np.int64),
-        sample_idx=np.array([r.sample_idx for r in ended], dtype=np.int64),
-        response_len=np.array([r.generated for r in ended], dtype=np.int64),
-        max_tokens=np.array([r.max_tokens for r in ended], dtype=np.int64),
-        reward=np.array([r.reward for r in ended], dtype=float),
-        finish_reason=np.array([r.finish_reason for r in ended], dtype=object),
-        rollout_seconds=end.rollout_end - s.started,
-        trained_prompt_ids=np.array([g.prompt_id for g in end.trained], dtype=np.int64),
+        step=s.step, prompt_id=e.prompt_id, sample_idx=e.sample_idx, response_len=e.generated, max_tokens=e.max_tokens,
+        reward=e.reward, finish_reason=e.finish_reason, rollout_seconds=end.rollout_end - s.started,
+        trained_prompt_ids=prompt_ids(end.trained),
     )
 
 
-def mode_fields(s: StepState, end: StepEnd, mode, n_instances: int) -> dict:
+def mode_fields(s: StepState, books: StepBooks, end: StepEnd, mode, n_instances: int) -> dict:
     """The step's end-to-end fields under an execution mode (lssim.modes.ModeConfig): when its rollout and
     training ran, each train phase, the devices kept busy, the tokens trained and how stale they were."""
-    timing, trained = end.timing, [r for g in end.trained for r in g.requests]
-    lags: dict[int, int] = {}
-    step = s.step
-    for r in trained:
-        if r.resumes is None:  # one span (token_lags' common case, inlined: this runs once per trained response)
-            if r.generated > 0:
-                lag = step - r.first_version
-                lags[lag] = lags.get(lag, 0) + r.generated
-            continue
-        for lag, n in token_lags(r, step):
-            lags[lag] = lags.get(lag, 0) + n
+    timing, trained = end.timing, books.trained
+    lags = trained.token_lags(s.step)
     busy_instance_seconds = end.busy_at_rollout_end[0] - s.busy_at_start[0]
     row = {
         "rollout_start": s.started,
@@ -250,7 +280,7 @@ def mode_fields(s: StepState, end: StepEnd, mode, n_instances: int) -> dict:
         **{f"{phase}_seconds": seconds for phase, seconds in timing.phases.items()},
         "rollout_busy_device_seconds": busy_instance_seconds * mode.rollout_devices / n_instances,
         "train_busy_device_seconds": timing.busy_device_seconds,
-        "trained_tokens": sum(r.prompt_len + r.generated for r in trained),
+        "trained_tokens": int((trained.prompt_len + trained.generated).sum()),
         "max_staleness": max(lags) if lags else 0,
         "staleness_histogram": json.dumps({str(k): v for k, v in sorted(lags.items())}),
         "dropped_stale": sum(len(s.members[g]) for g in s.dropped_groups),

@@ -25,7 +25,7 @@ from .policy import Policy, make_policy
 from .rewards import RewardScale
 from .sim import EngineConfig, SimEngine, SimTrainer
 from .training import AnalyticTrainCost, TrainCostModel, load_train_cost
-from .workload import Workload
+from .workload import OracleLengths, Workload
 
 
 @dataclass
@@ -138,8 +138,8 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
         config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
                            max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
                            reward_scale=workload.reward_scale)
-    # What the oracle knows: each response's length (Workload.length: lookup's answer, short-cut where exact).
-    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=workload.length,
+    oracle = OracleLengths(workload)
+    controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle,
                             mode=mode_cfg.build())
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
     # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.

@@ -84,8 +84,7 @@ class SimEngine:
         self._interval: int | None = None
         self.preemptions = 0
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
-        self._batch = False  # set_batch_rollout: a submission runs to its end on the batch route (lssim.fastsim)
-        self._batched: list = []  # the requests submitted on the batch route, run at the next next_events
+        self._batch = False  # set_batch_rollout: rollouts come whole through run_batch (lssim.fastsim)
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -114,12 +113,20 @@ class SimEngine:
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens
 
-    def set_batch_rollout(self, on: bool) -> None:
-        """The controller's promise that, until next_events returns nothing, it will neither react to single events
-        nor submit or abort anything (lssim.core.Engine.set_batch_rollout): each submission then runs on the batch
-        route (lssim.fastsim), whose events next_events returns all at once, in the order this engine's heap would
-        give them, with the same times."""
+    def set_batch_rollout(self, on: bool) -> bool:
+        """The controller's promise that each rollout is one submission run to its end with no reaction
+        (lssim.core.Engine.set_batch_rollout): rollouts then come whole through run_batch (lssim.fastsim), priced
+        as arrays with the event route's results to the last bit. False when built with batch_route=False."""
         self._batch = bool(on) and self.batch_route
+        return self._batch
+
+    def run_batch(self, requests) -> np.ndarray:
+        """A whole rollout of `requests` (lssim.columns.RequestColumns) on the idle engine; see lssim.fastsim."""
+        if not self._batch:
+            raise RuntimeError("run_batch before set_batch_rollout(True)")
+        from .fastsim import run_batch
+
+        return run_batch(self, requests)
 
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost
@@ -133,11 +140,6 @@ class SimEngine:
         return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
 
     def submit(self, requests: Sequence[Request]) -> None:
-        if self._batch:
-            if self._batched:
-                raise RuntimeError("batch rollout: a second submission before the first ran (use the event route)")
-            self._batched = list(requests)
-            return
         now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
         instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
         by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
@@ -174,8 +176,6 @@ class SimEngine:
             self._schedule(inst)
 
     def abort(self, r: Request) -> None:
-        if self._batched:
-            raise RuntimeError("batch rollout: abort before the batch ran (use the event route)")
         inst = self._where.pop(r.rid, None)
         if inst is None:
             return
@@ -192,13 +192,6 @@ class SimEngine:
         self._schedule(inst)
 
     def next_events(self) -> list[Event]:
-        if self._batched:
-            from .fastsim import run_batch
-
-            requests, self._batched = self._batched, []
-            events = run_batch(self, requests)
-            if events:
-                return events
         events, timers = self._events, self._timers
         while events or timers:
             if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this
@@ -460,9 +453,13 @@ class SimTrainer:
 
     def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
         """(prompt + response, prompt) tokens of every sequence this step trains."""
-        trained = [r for g in groups if not self.signal_only or g.has_signal for r in g.requests]
-        prompt = np.fromiter((r.prompt_len for r in trained), dtype=np.int64, count=len(trained))
-        seq = prompt + np.fromiter((r.generated for r in trained), dtype=np.int64, count=len(trained))
+        from .columns import gather, with_signal
+
+        members, sizes = gather(groups)
+        prompt, seq = members.prompt_len, members.prompt_len + members.generated
+        if self.signal_only:
+            keep = np.repeat(with_signal(members.reward, sizes), sizes)
+            prompt, seq = prompt[keep], seq[keep]
         return seq, prompt
 
     def train(self, groups, step: int) -> dict:

@@ -45,13 +45,13 @@ def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 def sim_batch(groups, step: int, signal_only: bool = False) -> TrainBatch:
     """The batch a SimTrainer prices (every member of the groups; `signal_only`: of groups with signal) as a
     TrainBatch without tokens."""
+    from .columns import gather
+
     trained = [g for g in groups if not signal_only or g.has_signal]
-    prompt = [r.prompt_len for g in trained for r in g.requests]
-    response = [r.generated for g in trained for r in g.requests]
+    cols, sizes = gather(trained)
     advantage = [a for g in trained for a in grpo_advantages(g.rewards)]
-    group = [i for i, g in enumerate(trained) for _ in g.requests]
-    return TrainBatch(step, np.array(prompt, np.int64), np.array(response, np.int64), np.array(advantage, float),
-                      np.array(group, np.int64), rid=np.array([r.rid for g in trained for r in g.requests], np.int64))
+    return TrainBatch(step, cols.prompt_len, cols.generated, np.array(advantage, float),
+                      np.repeat(np.arange(len(trained)), sizes), rid=cols.rid)
 
 
 def measured_mask(batch: TrainBatch, computed_fraction: float, pruned_fraction: float) -> TrainMask:

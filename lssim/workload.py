@@ -488,3 +488,17 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
         a = wl.lookup(int(keys[0][j]), int(keys[1][j]), int(keys[2][j]), int(budget[j]))
         length[j], reason[j], reward[j], source[j], row[j] = a.length, a.finish_reason, a.reward, a.source, a.row
     return length, reason, reward, source, row
+
+
+class OracleLengths:
+    """Every response's true length in advance (the oracle's `StepContext.oracle_length`): `workload.response`'s
+    length for one response, and `many` for arrays of them (lookup_many; the batch route's oracle asks so)."""
+
+    def __init__(self, workload: Workload):
+        self.workload = workload
+
+    def __call__(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
+        return self.workload.length(step, prompt_id, sample_idx, max_tokens)  # response(...).length, short-cut where exact
+
+    def many(self, step, prompt_id, sample_idx, max_tokens) -> np.ndarray:
+        return np.asarray(lookup_many(self.workload, step, prompt_id, sample_idx, max_tokens)[0], np.int64)

@@ -7,6 +7,9 @@ within 4/3 of the optimal makespan for identical machines; with the per-step low
 what any scheduling policy can reach.
 """
 
+import numpy as np
+
+from lssim.assign import least_work
 from lssim.policy import Policy, PolicyNeeds
 
 
@@ -42,3 +45,27 @@ class Oracle(Policy):
         i = min(range(len(loads)), key=self._work.__getitem__)
         self._work[i] += self._predict(request)
         return i
+
+    # The same rules over a whole submission (the simulator's batch route): one lookup, one LPT loop.
+    def _predict_many(self, requests) -> np.ndarray:
+        loader = requests.batch >= 0
+        step = np.where(loader, requests.batch, requests.step)
+        sample = np.where(loader, requests.batch_sample, requests.sample_idx)
+        many = getattr(self._length, "many", None)
+        if many is None:  # a plain function of one response
+            lengths = np.array([self._length(*k) for k in zip(step.tolist(), requests.prompt_id.tolist(), sample.tolist(),
+                                                               requests.max_tokens.tolist())], np.int64)
+        else:
+            lengths = many(step, requests.prompt_id, sample, requests.max_tokens)
+        return lengths - requests.generated
+
+    def priorities(self, requests):
+        return -self._predict_many(requests)
+
+    def placements(self, requests, loads):
+        if len(self._work) != len(loads):
+            self._work = [0] * len(loads)
+        work = np.array(self._work, np.int64)
+        out = least_work(work, self._predict_many(requests))
+        self._work = work.tolist()
+        return out

@@ -223,8 +223,9 @@ class VLLMEngine:
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
 
-    def set_batch_rollout(self, on: bool) -> None:
+    def set_batch_rollout(self, on: bool) -> bool:
         """Nothing to batch: vLLM streams each request's events as they come (lssim.core.Engine.set_batch_rollout)."""
+        return False
 
     def loads(self) -> list[InstanceLoad]:
         running, waiting, pending = [0] * self.n_instances, [0] * self.n_instances, [0] * self.n_instances

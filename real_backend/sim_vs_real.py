@@ -14,8 +14,13 @@ steps.parquet and responses.parquet (predicted against measured, lssim.fidelity.
 policy and repeat, the responses it changed, by kind), summary.csv (per policy: errors, speedups, acted, the
 real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
 predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
-error after each modelling step) and noise.parquet (the spread of the repeats). Every input is checked before
-the engine starts. Results and how to read them: real_backend/README.md.
+error after each modelling step), noise.parquet (the spread of the repeats) and speedups.parquet (each repeat's
+real speedup over its world's baseline). Every input is checked before the engine starts. Results and how to read
+them: real_backend/README.md.
+
+The simulated twin of each run replays the run's trace completed with the responses the run left unfinished at
+its end (from its checkpoint: `load_recorded`, lssim.fidelity.twin_trace); summary.csv splits each speedup error
+into the points from groups trained and from rollout seconds (speedup_points_groups / _seconds).
 """
 
 from __future__ import annotations
@@ -53,16 +58,55 @@ def run_prompts(run):
     return TaskPrompts.from_files(real["prompts_path"], real["model_dir"], real.get("n_prompts"), seed=run.config.seed)
 
 
+def load_recorded(folder):
+    """lssim.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished) taken
+    from its checkpoint where the folder has no unfinished.parquet: the simulated twin needs them (fidelity.twin_trace)."""
+    from lssim.fidelity import load_run
+
+    run = load_run(folder)
+    carried = int(run.steps["carried_out"].iloc[-1]) if "carried_out" in run.steps else 0
+    if run.unfinished.empty and carried:
+        run.unfinished = unfinished_from_checkpoint(folder, int(run.steps["step"].iloc[-1]))
+        if len(run.unfinished) != carried:
+            print(f"warning: {folder}: its last step carried out {carried} responses, its checkpoint holds "
+                  f"{len(run.unfinished)}: the simulated twin fills the others in from their groups", file=sys.stderr)
+    return run
+
+
+def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
+    """The responses carried out of the run's step `last_step`, from the checkpoint `lssim real` writes after every
+    step (real_backend.checkpoint: the controller's carried responses); empty when there is none, it cannot be read,
+    or it was written after another step."""
+    from lssim.fidelity import UNFINISHED_COLUMNS
+
+    from .checkpoint import CHECKPOINT, load_checkpoint
+
+    empty = pd.DataFrame(columns=UNFINISHED_COLUMNS)
+    if not (Path(folder) / CHECKPOINT).is_file():
+        return empty
+    try:
+        ckpt = load_checkpoint(folder)
+    except ValueError as e:  # written by another version of the code: the twin goes without
+        print(f"warning: {e}", file=sys.stderr)
+        return empty
+    if ckpt.step != last_step:
+        print(f"warning: {folder}: its checkpoint is of step {ckpt.step}, its last recorded step {last_step}", file=sys.stderr)
+        return empty
+    carried = ckpt.controller.get("_carried", [])
+    return pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
+                          r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)
+
+
 def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str, pd.DataFrame]:
     """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual."""
     from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
-                                with_real_cuts)
+                                speedup_by_repeat, with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
-    step_frames, response_frames, cut_frames, groups, first_sim = [], [], [], {}, {}
+    step_frames, response_frames, cut_frames, groups, first_sim, group_rows = [], [], [], {}, {}, []
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
         cuts = ends_rollouts(repeats[0].name)
@@ -77,6 +121,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
+            group_rows.append({"policy": name, "repeat": k, "measured_groups": measured_groups[-1],
+                               "predicted_groups": predicted_groups[-1]})
         groups[name] = (float(np.mean(measured_groups)), float(np.mean(predicted_groups)))
     by_repeat = pd.concat(step_frames, ignore_index=True)
     steps, spread = median_over_repeats(by_repeat)
@@ -84,6 +130,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     out = {"steps": steps, "steps_by_repeat": by_repeat, "responses": responses, "summary": fidelity_table(steps, responses, groups)}
     if spread["repeat"].nunique() > 1:
         out["noise"] = spread
+    if "baseline" in runs and len(runs) > 1:  # the real speedup of each repeat: its run-to-run noise
+        out["speedups"] = speedup_by_repeat(by_repeat, pd.DataFrame(group_rows))
     if cut_frames:
         out["real_cuts"], _ = median_over_repeats(pd.concat(cut_frames, ignore_index=True))
 
@@ -192,7 +240,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     if "stages" in out:
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
-    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"))
+    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"),
+                                    out.get("speedups"))
     return out
 
 
@@ -203,7 +252,6 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from lssim.cost import ProfiledCostModel
-    from lssim.fidelity import load_run
 
     from .validation_workloads import load_workloads
 
@@ -227,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
     table = load_workloads(args.workloads)
     if args.runs:
-        recorded = [load_run(folder) for folder in args.runs]
+        recorded = [load_recorded(folder) for folder in args.runs]
     else:
         plan = _plan(args, table)
         recorded = _record(plan, args, out, profile if args.reprofile else None)
@@ -356,7 +404,6 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     from dataclasses import asdict
 
     from lssim.controller import RunConfig
-    from lssim.fidelity import load_run
     from lssim.tables import format_step
 
     from .world import RealSetup, prepare, run_real, start_engine
@@ -402,7 +449,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
                                    "world": world.name, "repeat": k})
-                    runs.append(load_run(folder))
+                    runs.append(load_recorded(folder))
     finally:
         engine.close()
     return runs
@@ -412,7 +459,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):

@@ -140,11 +140,11 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     alike), after a throwaway warm-up run; returns the recorded runs."""
     import tempfile
 
-    from lssim.fidelity import load_run
     from lssim.modes import ModeConfig
     from lssim.results import policy_dirname
     from lssim.tables import format_step
 
+    from .sim_vs_real import load_recorded
     from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
@@ -169,7 +169,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
-                    runs.append(load_run(folder))
+                    runs.append(load_recorded(folder))
     finally:
         engine.close()
     return runs
@@ -177,8 +177,9 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
 
 def run(args, specs: list[str], setup, config) -> int:
     """The `lssim validate --mode ...` handler (sim_vs_real.run checked the common options)."""
-    from lssim.fidelity import load_run
     from lssim.results import atomic_write
+
+    from .sim_vs_real import load_recorded
 
     out = Path(args.out)
     train_profile = args.train_profile
@@ -187,7 +188,7 @@ def run(args, specs: list[str], setup, config) -> int:
     load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
     modes = parse_modes(args.mode)
     if args.runs:
-        runs = [load_run(folder) for folder in args.runs]
+        runs = [load_recorded(folder) for folder in args.runs]
         if modes != ["any"]:
             runs = [r for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") in modes]
             if not runs:

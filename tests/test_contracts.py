@@ -37,6 +37,7 @@ class _Unknowing(SimEngine):
 
     counterfactual = Engine.counterfactual
     utilization = Engine.utilization
+    set_batch_rollout = Engine.set_batch_rollout  # streams events, as such an engine does (no run_batch)
 
 
 def test_the_controller_records_unknown_as_minus_one_and_nan():

@@ -20,7 +20,7 @@ from lssim.fastsim import price_decode
 from lssim.modes import ModeConfig
 from lssim.policy import make_policy
 from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
-from lssim.workload import Workload
+from lssim.workload import OracleLengths, Workload
 
 # a profiled model with departures priced (the event engine's "owed" seconds), and the roofline
 PROFILED = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6, f0=2e-4, f1=3e-5)
@@ -51,7 +51,7 @@ def run(trace, policy: str, cost, n_instances: int, max_num_seqs: int, kv: int, 
     modes = ModeConfig(mode=mode, rollout_devices=n_instances, train_devices=n_instances if mode == "collocated" else 2)
     ctl = Controller(engine, SimTrainer(engine, TRAIN, n_devices=modes.train_devices, collocated=modes.collocated), wl,
                      make_policy(policy), cfg, mode=modes.build(),
-                     oracle_length=lambda st_, pid, sidx, b: wl.response(st_, pid, sidx, b).length)
+                     oracle_length=OracleLengths(wl))
     ctl.lower_bound = make_lower_bound(engine.cost, n_instances, max_num_seqs)
     return ctl.run(), engine
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.cost.operator_fit import VIDUR_HELD_OUT, VIDUR_OPS, heldout_table
+from lssim.cost.operator_fit import (VIDUR_HELD_OUT, VIDUR_OPS, heldout_table, vidur_form_floor,
+                                     vidur_neighbourhood_errors, vidur_steps)
 from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES
 
 TABLE_CSV = DATA_DIR / "gpu_cost_heldout.csv"
@@ -85,7 +86,26 @@ def summary(table: pd.DataFrame, sums: pd.DataFrame) -> str:
         lines.append(f"vidur {VIDUR_HELD_OUT} tp={tp}, every shipped token count ({len(a)}): APE median "
                      f"{a.median():.1f}%, p90 {np.percentile(a, 90):.1f}%, max {a.max():.1f}%, "
                      f"{int((a <= 10).sum())}/{len(a)} within 10%")
-    return "\n".join(lines)
+    return "\n".join(lines + steps_summary(sums))
+
+
+def steps_summary(sums: pd.DataFrame) -> list[str]:
+    """Why the Vidur prefill points resist a fitted curve (lssim.cost.operator_fit.vidur_steps, vidur_form_floor)."""
+    lines = [f"vidur {VIDUR_HELD_OUT} tp=1, measured time at each table point from 64 tokens vs the next profiled count:"]
+    steps = vidur_steps()
+    for r in steps[steps["tokens"] >= 64].dropna(subset=["next_tokens"]).itertuples():
+        lines.append(f"  {r.tokens:>5} -> {int(r.next_tokens):>5} tokens: {r.jump_pct:+5.1f}% (a model without a step there "
+                     f"misses one of the two by >= {r.floor_pct:4.1f}%); time per token {r.below_neighbours_pct:+5.1f}% "
+                     f"below its +-15% neighbours")
+    near = vidur_neighbourhood_errors(sums)
+    near = near[near["tokens"] >= 64]
+    lines.append("the model over each point's +-15% neighbourhood (every count profiled there): "
+                 + ", ".join(f"{r.tokens}: median {r.median_signed_pct:+.1f}% ({r.within_10}/{r.points} within 10%)"
+                             for r in near.itertuples()))
+    floor = vidur_form_floor()
+    lines.append(f"the per-kernel form fitted to the held-out model's own {len(floor)} table points (a bound, never "
+                 f"shipped): APE max {floor['ape_pct'].max():.1f}%, median {floor['ape_pct'].median():.1f}%")
+    return lines
 
 
 def main(argv=None) -> None:

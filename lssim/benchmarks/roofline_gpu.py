@@ -5,6 +5,9 @@ them with ``RooflineCostModel`` and fit a ``ProfiledCostModel`` to them. Results
     PYTHONPATH=. python3 lssim/benchmarks/roofline_gpu.py --breakdown --model qwen2.5-7b --out lssim/profiles
     python3 lssim/benchmarks/roofline_gpu.py --report-only --model qwen2.5-7b --out lssim/profiles  # no GPU
     python3 lssim/benchmarks/roofline_gpu.py --selftest   # CPU: the decoder computes what transformers' Qwen2 does
+    # sizes between cuBLAS's kernel-selection steps (a separate --out: the files are named by model):
+    PYTHONPATH=. python3 lssim/benchmarks/roofline_gpu.py --model qwen2.5-7b --batch-sizes 3,24,100,136,200 \\
+        --context-lens 512,2048 --prefills 1x520,1x1040,1x1500,1x3000,3x700 --out /tmp/unaligned
 
 What is timed. A decoder with the shapes of ``lssim.cost.MODELS[model]`` (vocabulary, MLP width, tied
 embeddings and QKV bias from the model's Hugging Face config, kept in ``ARCH``; the parameter count is
@@ -818,6 +821,17 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _prefills(text: str) -> tuple[tuple[int, int], ...]:
+    """``"1x520,4x700"`` -> ((1, 520), (4, 700)): prompts x tokens per prompt."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        b, _, plen = item.partition("x")
+        if not (b.isdigit() and plen.isdigit()) or int(b) < 1 or int(plen) < 1:
+            raise argparse.ArgumentTypeError(f"--prefills item {item!r} is not PROMPTSxTOKENS (e.g. 1x520)")
+        out.append((int(b), int(plen)))
+    return tuple(out)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", choices=sorted(ARCH), help="repeatable (default: qwen2.5-1.5b)")
@@ -825,6 +839,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="lssim/profiles", help="folder for the CSV and JSON files")
     ap.add_argument("--batch-sizes", type=_ints, default=BATCH_SIZES)
     ap.add_argument("--context-lens", type=_ints, default=CONTEXT_LENS, help="per sequence")
+    ap.add_argument("--prefills", type=_prefills, default=PREFILLS,
+                    help="PROMPTSxTOKENS,... (default: powers of two; e.g. 1x520,1x1040,3x700 for sizes between "
+                         "cuBLAS's kernel-selection steps)")
     ap.add_argument("--headroom-gib", type=float, default=4.0, help="GPU memory left outside the KV cache")
     ap.add_argument("--no-fuse", action="store_true", help="skip the torch.compile'd (fused) variant")
     ap.add_argument("--breakdown", action="store_true", help="only time the parts of a decode iteration (linears, attention, rest)")
@@ -865,7 +882,7 @@ def main(argv=None) -> None:
         return
     summaries = {}
     for name in args.model or ["qwen2.5-1.5b"]:
-        variants, prefill, info = measure_model(name, args.hardware, args.batch_sizes, args.context_lens, PREFILLS,
+        variants, prefill, info = measure_model(name, args.hardware, args.batch_sizes, args.context_lens, args.prefills,
                                                 args.headroom_gib, fuse=not args.no_fuse)
         summaries[name] = report(name, args.hardware, variants, prefill, out, {**meta, "model": name, **info})
     print(json.dumps(summaries, indent=1, default=float))

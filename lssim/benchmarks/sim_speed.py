@@ -8,6 +8,7 @@ long-response workload, sweep runs per second with 1 and 2 workers, and the wall
     python -m lssim.benchmarks.sim_speed --only kv --kv-requests 51200
     python -m lssim.benchmarks.sim_speed --only sweep --sweep-runs 24
     python -m lssim.benchmarks.sim_speed --only cli --cli-responses 1024000
+    python -m lssim.benchmarks.sim_speed --only real
 
 Every figure is the median of `--repeats` runs (the machine this was written on is shared and noisy: read
 the spread it prints too). `sim`: the trace is synthesized from the math7b preset with as many steps as it
@@ -17,7 +18,8 @@ mean ~2.4k tokens (max 8k) on one H100 running llama3-8b with 256 sequences, so 
 are preempted; the baseline on both routes (the event engine on `--kv-event-requests` of them). `sweep`:
 `lssim.parallel.run_jobs` over a small trace (policies x instance counts), on 1 and on 2 processes, pool start
 included. `cli`: `python -m lssim.cli replay` in a fresh process on a synthesized trace (process start,
-reading and validating the trace included), with baseline and oracle, then with --no-reference.
+reading and validating the trace included), with baseline and oracle, then with --no-reference. `real`: the traces
+the real backend recorded (traces/), simulated with the CPU profiles, against the real run's own seconds.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from lssim.workload import Workload
 GOAL_RESPONSES_PER_SECOND = 1_000_000  # issue 15: on one core, baseline, oracle and hadb
 GOAL_CLI_SECONDS = 5.0  # issue 15: `lssim replay` of 1,024,000 responses under hadb with its references
 GOAL_KV_REQUESTS_PER_SECOND = 250_000  # issue 15: baseline on the KV-bound workload
+GOAL_REAL_RATIO = 1000  # issue 15: the simulator over the real run it predicts
 EVENT_HOOKS = ("on_progress", "on_finish", "end_rollout", "top_up")  # a policy with one runs on the event engine
 
 
@@ -172,9 +175,47 @@ def bench_cli(responses: int, policy: str, repeats: int) -> None:
         print(f"  references cost {ratio:.2f}x the policy's run alone")
 
 
+def bench_real(repeats: int) -> None:
+    """The simulator's speed over the real runs it predicts: each trace in traces/ recorded by the real backend
+    (it has per-step rollout and train seconds) replayed under its own policy with the CPU profiles it was
+    calibrated on; the real run's seconds over the simulation's (goal >= 1000x)."""
+    import pandas as pd
+
+    from lssim.trace import load_trace
+
+    root = Path(__file__).resolve().parents[2]
+    def recorded_seconds(path: Path) -> float:
+        columns = pd.read_parquet(path).columns
+        if "step_rollout_seconds" not in columns:
+            return 0.0
+        steps = pd.read_parquet(path, columns=["step", "step_rollout_seconds", "step_train_seconds"]).groupby("step").first()
+        return float(steps.fillna(0.0).sum().sum())
+
+    traces = [p for p in sorted((root / "traces").glob("*.parquet")) if recorded_seconds(p) > 0]  # synthesized ones have none
+    profile, train = root / "real_backend" / "profile_cpu.json", root / "real_backend" / "profile_trainer_cpu.json"
+    print(f"real: traces the real backend recorded, replayed with {profile.name} and {train.name}; goal "
+          f"{GOAL_REAL_RATIO:,}x the real run's speed")
+    for path in traces:
+        trace = load_trace(path)
+        per_step = trace.groupby("step")[["step_rollout_seconds", "step_train_seconds"]].first()
+        real_seconds = float(per_step.sum().sum())
+        workload = Workload(trace)
+        setup = SimSetup(profile=str(profile), train=str(train), n_instances=max(1, int(trace["instance"].max()) + 1))
+        simulate(workload, "baseline", setup)  # compiled kernels loaded
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            simulate(workload, "baseline", setup)
+            times.append(time.perf_counter() - t)
+        sim_seconds = statistics.median(times)
+        print(f"  {path.name:28s} {len(trace):6,} responses, {len(per_step)} steps: real {real_seconds:8.1f} s, "
+              f"simulated in {sim_seconds * 1e3:6.1f} ms: {real_seconds / sim_seconds:>10,.0f}x  "
+              f"({real_seconds / sim_seconds / GOAL_REAL_RATIO:.0f}x goal; {_median(times)})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["sim", "kv", "sweep", "cli"], action="append", help="sections to run (default: all)")
+    ap.add_argument("--only", choices=["sim", "kv", "sweep", "cli", "real"], action="append", help="sections to run (default: all)")
     ap.add_argument("--responses", type=int, default=300_000, help="sim: responses in the trace (default 300,000)")
     ap.add_argument("--policy", action="append", default=None, help="sim: policies (default: every policy in policies/)")
     ap.add_argument("--event-responses", type=int, default=50_000, help="sim: responses the event engine runs for the ratio")
@@ -185,7 +226,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cli-policy", default="hadb")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is printed (default 3)")
     args = ap.parse_args(argv)
-    sections = args.only or ["sim", "kv", "sweep", "cli"]
+    sections = args.only or ["sim", "kv", "sweep", "cli", "real"]
     if "sim" in sections:
         bench_sim(args.responses, args.policy or available_policies(), args.repeats, args.event_responses)
     if "kv" in sections:
@@ -194,6 +235,8 @@ def main(argv=None) -> None:
         bench_sweep(args.sweep_runs, args.repeats)
     if "cli" in sections:
         bench_cli(args.cli_responses, args.cli_policy, args.repeats)
+    if "real" in sections:
+        bench_real(args.repeats)
 
 
 if __name__ == "__main__":

@@ -232,3 +232,84 @@ def heldout_table(profiles_dir=PROFILES_DIR, data_dir=DATA_DIR) -> tuple[pd.Data
     table["ape_pct"] = (table["predicted_s"] / table["measured_s"] - 1).abs() * 100
     table["roofline_ape_pct"] = (table["roofline_s"] / table["measured_s"] - 1).abs() * 100
     return table[TABLE_COLUMNS].reset_index(drop=True), profile, sums
+
+
+# ----------------------------------------------------------------------------------------------
+# Why the held-out Vidur prefill points resist a fitted curve (diagnostics; nothing above uses them)
+# ----------------------------------------------------------------------------------------------
+
+NEIGHBOURHOOD = 0.15  # token counts within +-15% of a point are its neighbours
+
+
+def vidur_measured_layers(data_dir=DATA_DIR, model: str = VIDUR_HELD_OUT, tp: int = 1) -> pd.Series:
+    """Measured seconds of ``model``'s layers (the nine kernels of a layer summed, times the layers) at every
+    token count Vidur profiled at tensor-parallel degree ``tp``, indexed by the token count."""
+    long = load_vidur(data_dir)
+    layers = pd.read_csv(Path(data_dir) / "vidur_h100_models.csv").set_index("model").loc[model, "n_layers"]
+    rows = long[(long["model"] == model) & (long["tp"] == tp)]
+    if rows.empty:
+        raise ValueError(f"{data_dir}: no Vidur rows for model {model!r} at tp {tp}")
+    return rows.groupby("tokens")["seconds"].sum() * layers
+
+
+def vidur_steps(data_dir=DATA_DIR, tokens=VIDUR_TABLE_TOKENS) -> pd.DataFrame:
+    """At each table token count t of the held-out model (tp 1): how its measured time compares with the token
+    counts profiled next to it. cuBLAS picks a GEMM kernel per shape, so the time is a staircase in the token
+    count, and powers of two sit at the low end of a step (the last count before a jump).
+
+    Columns: tokens; measured_s; next_tokens, next_measured_s (the next profiled count); jump_pct (its time over
+    t's, in %); floor_pct: the least max(APE at t, APE at next) that any model whose time grows no faster than
+    the token count between the two (p(next)/p(t) <= next/t: any curve without a step there) can reach,
+    (q - r) / (q + r) with q the measured and r the token ratio; below_neighbours_pct: how far t's time per
+    token is below the median time per token of the counts within NEIGHBOURHOOD of t (t excluded)."""
+    measured = vidur_measured_layers(data_dir)
+    counts = measured.index.to_numpy()
+    out = []
+    for t in tokens:
+        if t not in measured.index:
+            raise ValueError(f"{data_dir}: held-out model has no tp-1 row at {t} tokens")
+        later = counts[counts > t]
+        near = counts[(np.abs(counts / t - 1) <= NEIGHBOURHOOD) & (counts != t)]
+        row = {"tokens": int(t), "measured_s": measured[t], "next_tokens": np.nan, "next_measured_s": np.nan,
+               "jump_pct": np.nan, "floor_pct": np.nan, "below_neighbours_pct": np.nan}
+        if len(later):
+            nxt = int(later.min())
+            q, r = measured[nxt] / measured[t], nxt / t
+            row.update(next_tokens=nxt, next_measured_s=measured[nxt], jump_pct=(q - 1) * 100,
+                       floor_pct=max(q - r, 0.0) / (q + r) * 100)
+        if len(near):
+            per_token = np.median(measured[near].to_numpy() / near)
+            row["below_neighbours_pct"] = (1 - measured[t] / t / per_token) * 100
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def vidur_form_floor(data_dir=DATA_DIR, tokens=VIDUR_TABLE_TOKENS, start: KernelProfile = START) -> pd.DataFrame:
+    """The per-kernel form fitted to the held-out model's OWN tp-1 layer times at ``tokens`` (the very points
+    of the table): the APE it reaches there is a lower bound on what the form can reach when it does not see
+    them. Never used for a prediction. Columns: tokens, measured_s, predicted_s, ape_pct."""
+    long = load_vidur(data_dir)
+    held = long[(long["model"] == VIDUR_HELD_OUT) & (long["tp"] == 1) & long["tokens"].isin(tokens)].reset_index(drop=True)
+    group = held.groupby("tokens").ngroup().to_numpy()
+    measured = np.bincount(group, held["seconds"].to_numpy(float))
+    fitted = _fit(lambda p: np.log(np.bincount(group, predict_ops(p, held)) / measured), start, LAYER_FIELDS)
+    layers = pd.read_csv(Path(data_dir) / "vidur_h100_models.csv").set_index("model").loc[VIDUR_HELD_OUT, "n_layers"]
+    predicted = np.bincount(group, predict_ops(fitted, held))
+    return pd.DataFrame({"tokens": np.sort(held["tokens"].unique()), "measured_s": measured * layers,
+                         "predicted_s": predicted * layers, "ape_pct": np.abs(predicted / measured - 1) * 100})
+
+
+def vidur_neighbourhood_errors(sums: pd.DataFrame, tokens=VIDUR_TABLE_TOKENS) -> pd.DataFrame:
+    """The model's signed error (%, predicted over measured) over each table point's neighbourhood: every token
+    count the held-out model was profiled at (tp 1) within NEIGHBOURHOOD of t, t included. A batch in a
+    simulation has any size, so this, not the error at the power of two alone, is what the step structure leaves
+    a smooth model. ``sums`` is vidur_check's. Columns: tokens, points, median_signed_pct, max_ape_pct, within_10."""
+    tp1 = sums[sums["tp"] == 1]
+    signed = (tp1["predicted_s"] / tp1["measured_s"] - 1).to_numpy() * 100
+    counts = tp1["tokens"].to_numpy()
+    out = []
+    for t in tokens:
+        near = np.abs(counts / t - 1) <= NEIGHBOURHOOD
+        out.append({"tokens": int(t), "points": int(near.sum()), "median_signed_pct": float(np.median(signed[near])),
+                    "max_ape_pct": float(np.abs(signed[near]).max()), "within_10": int((np.abs(signed[near]) <= 10).sum())})
+    return pd.DataFrame(out)

@@ -1,0 +1,27 @@
+"""Greedy assignment of work to instances, over arrays (numba): the loop a placement rule runs per request, for
+policies that answer `Policy.placements` at once (the oracle's LPT)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _least_work(work, sizes):
+    out = np.empty(len(sizes), np.int64)
+    for j in range(len(sizes)):
+        best = 0
+        for i in range(1, len(work)):
+            if work[i] < work[best]:  # ties go to the lowest index, as min(range(n), key=...) does
+                best = i
+        work[best] += sizes[j]
+        out[j] = best
+    return out
+
+
+def least_work(work: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Each item, in order, on the instance with the least work so far (`work` is updated in place)."""
+    if not len(work):
+        raise ValueError("least_work: no instance to place on")
+    return _least_work(work, np.asarray(sizes, np.int64))

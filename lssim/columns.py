@@ -1,0 +1,287 @@
+"""Requests as columns: one array per field instead of one `Request` object per response.
+
+The controller plans every step's requests as columns (`Controller._make_requests`). A step on the event route
+turns them into `Request` objects, because engines report events about single requests and per-event hooks read
+them; a step on the batch route (lssim.fastsim) never does: the engine fills the columns in place and the books
+(lssim.records), the groups that train (`lssim.core.Group`) and the trainer read them as arrays. At the step's end
+both routes hand the records the same columns (`RequestColumns.of` gathers the event route's objects), so what
+is recorded is computed once, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import numpy as np
+
+from .core import Group, Request
+
+# What a request is created with, and what the engine and the controller fill in (lssim.core.Request's fields).
+_INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
+         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume")
+_FLOATS = ("reward", "submit_time", "first_token_time", "finish_time")
+
+
+@dataclass(slots=True, eq=False)
+class RequestColumns:
+    """Requests, one row each. `instance` is -1 where the engine's dispatcher chooses (Request.instance None);
+    `resumes` is None when no row ever resumed under other weights (else Request.resumes, row by row);
+    `natural_len` / `natural_reward` (what the engine says the response would have been unstopped: -1 / NaN where
+    it cannot tell) and `context_at_start` (prompt + tokens generated before the step) are the step's, filled when
+    a step's books are closed."""
+
+    rid: np.ndarray
+    group_id: np.ndarray
+    step: np.ndarray
+    prompt_id: np.ndarray
+    sample_idx: np.ndarray
+    prompt_len: np.ndarray
+    max_tokens: np.ndarray
+    priority: np.ndarray
+    instance: np.ndarray
+    seed: np.ndarray
+    batch: np.ndarray
+    batch_sample: np.ndarray
+    generated: np.ndarray
+    first_version: np.ndarray
+    last_version: np.ndarray
+    tokens_before_resume: np.ndarray
+    reward: np.ndarray
+    submit_time: np.ndarray
+    first_token_time: np.ndarray
+    finish_time: np.ndarray
+    exact: np.ndarray  # bool
+    finish_reason: np.ndarray  # object (str)
+    stop_reason: np.ndarray  # object (str)
+    natural_len: np.ndarray
+    natural_reward: np.ndarray
+    context_at_start: np.ndarray
+    resumes: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    @staticmethod
+    def planned(**created) -> "RequestColumns":
+        """New requests: the given creation fields (rid, group_id, ...), the rest as a fresh Request has them."""
+        n = len(created["rid"])
+        cols = {name: np.asarray(created[name], np.int64) for name in created}
+        for name in _INTS:
+            cols.setdefault(name, np.full(n, -1 if name in ("instance", "batch", "batch_sample", "first_version", "last_version") else 0, np.int64))
+        for name in _FLOATS:
+            cols.setdefault(name, np.full(n, np.nan))
+        empty = np.empty(n, object)
+        empty[:] = ""
+        return RequestColumns(**cols, exact=np.ones(n, bool), finish_reason=empty, stop_reason=empty.copy(),
+                              natural_len=np.full(n, -1, np.int64), natural_reward=np.full(n, np.nan),
+                              context_at_start=cols["prompt_len"].copy())
+
+    @staticmethod
+    def of(requests: Sequence[Request], context_at_start: dict[int, int] | None = None, counterfactual=None) -> "RequestColumns":
+        """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
+        `counterfactual(request)` (lssim.core.Engine.counterfactual) fills natural_len / natural_reward."""
+        n = len(requests)
+        cols = {name: np.fromiter((getattr(r, name) for r in requests), np.int64, n)
+                for name in _INTS if name != "instance"}
+        cols["instance"] = np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, n)
+        for name in _FLOATS:
+            cols[name] = np.fromiter((getattr(r, name) for r in requests), float, n)
+        natural = [counterfactual(r) if counterfactual else None for r in requests]
+        resumes = [r.resumes for r in requests]
+        return RequestColumns(
+            **cols, exact=np.fromiter((r.exact for r in requests), bool, n),
+            finish_reason=_objects([r.finish_reason for r in requests]), stop_reason=_objects([r.stop_reason for r in requests]),
+            natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
+            natural_reward=np.fromiter((np.nan if c is None else c[1] for c in natural), float, n),
+            context_at_start=cols["prompt_len"].copy() if context_at_start is None else
+            np.fromiter((context_at_start[r.rid] for r in requests), np.int64, n),
+            resumes=None if all(x is None for x in resumes) else resumes)
+
+    @staticmethod
+    def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return RequestColumns.planned(rid=np.zeros(0, np.int64), prompt_len=np.zeros(0, np.int64))
+        out = {f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(RequestColumns) if f.name != "resumes"}
+        resumes = None
+        if any(p.resumes is not None for p in parts):
+            resumes = [x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))]
+        return RequestColumns(**out, resumes=resumes)
+
+    def take(self, rows) -> "RequestColumns":
+        """The given rows (indices, a slice or a boolean mask), in that order."""
+        out = {f.name: getattr(self, f.name)[rows] for f in fields(RequestColumns) if f.name != "resumes"}
+        resumes = None
+        if self.resumes is not None:
+            picked = np.arange(len(self))[rows]
+            resumes = [self.resumes[i] for i in picked.tolist()]
+        return RequestColumns(**out, resumes=resumes)
+
+    def to_requests(self, rows=None) -> list[Request]:
+        """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
+        picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
+        cols = {name: getattr(self, name)[picked].tolist() for name in _INTS + _FLOATS}
+        cols["instance"] = [None if i < 0 else i for i in cols["instance"]]
+        cols["exact"] = self.exact[picked].tolist()
+        cols["finish_reason"] = self.finish_reason[picked].tolist()
+        cols["stop_reason"] = self.stop_reason[picked].tolist()
+        if self.resumes is not None:
+            cols["resumes"] = [self.resumes[i] for i in picked.tolist()]
+        names = list(cols)
+        return [Request(**dict(zip(names, values))) for values in zip(*cols.values())]
+
+    def off_policy_tokens(self, train_step: int) -> np.ndarray:
+        """lssim.core.off_policy_tokens of every row: tokens generated under weights older than `train_step`'s."""
+        gen, first = self.generated, self.first_version
+        out = np.where(first >= train_step, 0, gen)
+        hand = first < 0  # no version history (a hand-made request): what the last resume says
+        if hand.any():
+            out[hand] = np.where(self.last_version[hand] >= train_step, self.tokens_before_resume[hand], gen[hand])
+        for i, spans in self._spans():
+            if first[i] >= 0:
+                out[i] = sum(n for v, n in spans if v < train_step)
+        return out
+
+    def token_lags(self, train_step: int) -> dict[int, int]:
+        """Tokens by staleness (versions behind `train_step`) over every row (lssim.core.token_lags, summed)."""
+        lag = train_step - self.first_version
+        plain = self.generated > 0
+        if self.resumes is not None:
+            plain &= np.array([r is None for r in self.resumes], bool)
+        lags = {int(k): int(v) for k, v in zip(*_sum_by(lag[plain], self.generated[plain]))}
+        for _, spans in self._spans():
+            for v, n in spans:
+                lags[train_step - v] = lags.get(train_step - v, 0) + n
+        return lags
+
+    def _spans(self):
+        """(row, lssim.core.version_spans) of the rows that resumed under other weights."""
+        if self.resumes is None:
+            return
+        for i, resumes in enumerate(self.resumes):
+            if resumes is None:
+                continue
+            starts = [(int(self.first_version[i]), 0)] + resumes
+            ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
+            yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
+
+
+def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not len(keys):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=weights).astype(np.int64)
+
+
+class GroupBatch(Sequence):
+    """The groups of a batch-route step, as a read-only list of `Group`s over the step's columns: a Group object is
+    made only for a group someone looks at (a policy's `select`), and `gather` reads the members without any."""
+
+    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
+        self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
+        self.starts = np.cumsum(sizes) - sizes
+        self._groups: list[Group] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        if self._groups is None:
+            cols, rows = self.columns, self.rows
+            first = rows[self.starts]
+            self._groups = [Group(p, st, columns=cols, rows=rows[a:a + n]) for p, st, a, n in
+                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(), self.sizes.tolist())]
+        return self._groups[i]
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.columns.prompt_id[self.rows[self.starts]]
+
+
+def prompt_ids(groups) -> np.ndarray:
+    """Each group's prompt, in order."""
+    if isinstance(groups, GroupBatch):
+        return groups.prompt_ids
+    return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
+
+
+def gather(groups, name: str | None = None):
+    """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
+    (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
+    (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
+    if isinstance(groups, GroupBatch):
+        rows, first, sizes = groups.rows, groups.columns, groups.sizes
+        whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+        if name:
+            return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
+        return (first if whole else first.take(rows)), sizes
+    first = groups[0].columns if groups else None
+    if first is not None:  # the batch route's common case: every group is rows of one step's columns
+        rows = [g.rows for g in groups if g.columns is first]
+        if len(rows) == len(groups) and not any(isinstance(r, slice) for r in rows):
+            sizes = np.fromiter(map(len, rows), np.int64, len(rows))
+            rows = np.concatenate(rows)
+            whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+            if name:
+                column = getattr(first, name)
+                return (column if whole else column[rows]), sizes
+            return (first if whole else first.take(rows)), sizes
+    parts, sizes = [], np.zeros(len(groups), np.int64)
+    run_cols, run_rows, objects = None, [], []
+
+    def flush():
+        nonlocal run_cols, run_rows, objects
+        if run_cols is not None:
+            rows = np.concatenate(run_rows) if len(run_rows) > 1 else run_rows[0]
+            parts.append(getattr(run_cols, name)[rows] if name else run_cols.take(rows))
+        if objects:
+            parts.append(_field_of(objects, name) if name else RequestColumns.of(objects))
+        run_cols, run_rows, objects = None, [], []
+
+    for i, g in enumerate(groups):
+        if g.columns is not None:
+            if objects or (run_cols is not None and g.columns is not run_cols):
+                flush()
+            run_cols = g.columns
+            rows = g.rows if not isinstance(g.rows, slice) else np.arange(len(g.columns))[g.rows]
+            run_rows.append(rows)
+            sizes[i] = len(rows)
+        else:
+            if run_cols is not None:
+                flush()
+            objects.extend(g.requests)
+            sizes[i] = len(g.requests)
+    flush()
+    if name:
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, _DTYPES.get(name, float))), sizes
+    return RequestColumns.concat(parts), sizes
+
+
+_DTYPES = {**{n: np.int64 for n in _INTS}, **{n: float for n in _FLOATS}, "exact": bool}
+
+
+def _field_of(requests: list[Request], name: str) -> np.ndarray:
+    if name == "instance":
+        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
+    if name in _DTYPES:
+        return np.fromiter((getattr(r, name) for r in requests), _DTYPES[name], len(requests))
+    return _objects([getattr(r, name) for r in requests])
+
+
+def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group (members consecutive, `sizes` each): do its rewards differ (lssim.core.Group.has_signal)?"""
+    out = np.zeros(len(sizes), bool)
+    some = sizes > 0
+    if some.any():
+        starts = (np.cumsum(sizes) - sizes)[some]
+        spread = np.maximum.reduceat(rewards, starts) - np.minimum.reduceat(rewards, starts)
+        out[some] = (sizes[some] > 1) & (spread > 0)  # NaN-safe: a NaN comparison is False
+    return out

@@ -1,0 +1,85 @@
+"""Requests as columns (lssim.columns) and the controller's array bookkeeping: they must say what the per-object
+code says. The batch route's results as a whole are checked against the event route in tests/test_fastpath.py."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lssim.columns import GroupBatch, RequestColumns, gather, prompt_ids, with_signal
+from lssim.controller import _count_on
+from lssim.core import Group, Request, off_policy_tokens, token_lags
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 5), st.integers(0, 9), max_size=4),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), max_size=12))
+def test_count_on_numbers_samples_as_a_loop_over_the_groups_does(counts, entries):
+    keys = np.array([k for k, _ in entries], np.int64)
+    n = np.array([m for _, m in entries], np.int64)
+    expected_counts, expected = dict(counts), []
+    for k, m in entries:  # the loop it replaces
+        expected.append(expected_counts.get(k, 0))
+        expected_counts[k] = expected[-1] + m
+    got = _count_on(counts, keys, n)
+    assert got.tolist() == expected and counts == expected_counts
+
+
+def _requests(draw_versions: list[tuple[int, int, list | None]]) -> list[Request]:
+    out = []
+    for i, (generated, first_version, resumes) in enumerate(draw_versions):
+        r = Request(rid=i, group_id=i // 2, step=1, prompt_id=10 + i // 2, sample_idx=i % 2, prompt_len=5 + i, max_tokens=100,
+                    instance=None if i % 3 else i % 2, generated=generated, first_version=first_version,
+                    last_version=first_version + 1, reward=float(i % 2), finish_reason="stop" if i % 2 else "length")
+        if resumes:
+            r.resumes = [(v, g) for v, g in resumes if 0 < g < generated] or None
+            r.tokens_before_resume = r.resumes[-1][1] if r.resumes else 0
+        out.append(r)
+    return out
+
+
+versions = st.lists(st.tuples(st.integers(0, 50), st.integers(-1, 3), st.none() | st.lists(
+    st.tuples(st.integers(0, 4), st.integers(1, 49)), max_size=2)), min_size=1, max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(versions, st.integers(0, 5))
+def test_columns_answer_what_the_requests_answer(spec, train_step):
+    requests = _requests(spec)
+    for r in requests:  # resumes in increasing order of tokens, as note_resume appends them
+        if r.resumes:
+            r.resumes = sorted(r.resumes, key=lambda x: x[1])
+    cols = RequestColumns.of(requests)
+    back = cols.to_requests()
+    assert [(r.rid, r.instance, r.generated, r.resumes, r.finish_reason) for r in back] == \
+           [(r.rid, r.instance, r.generated, r.resumes, r.finish_reason) for r in requests]
+    assert cols.off_policy_tokens(train_step).tolist() == [off_policy_tokens(r, train_step) for r in requests]
+    lags: dict[int, int] = {}
+    for r in requests:
+        if r.resumes is None:
+            if r.generated > 0:
+                lags[train_step - r.first_version] = lags.get(train_step - r.first_version, 0) + r.generated
+            continue
+        for lag, k in token_lags(r, train_step):
+            lags[lag] = lags.get(lag, 0) + k
+    assert cols.token_lags(train_step) == lags
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=6), st.integers(0, 2**31))
+def test_groups_over_columns_gather_as_groups_of_requests(sizes, seed):
+    rng = np.random.default_rng(seed)
+    total = sum(sizes)
+    requests = [Request(rid=i, group_id=g, step=0, prompt_id=100 + g, sample_idx=0, prompt_len=3, max_tokens=9,
+                        generated=int(rng.integers(0, 9)), reward=float(rng.integers(0, 2)))
+                for g, size in enumerate(sizes) for i in [sum(sizes[:g]) + k for k in range(size)]]
+    cols = RequestColumns.of(requests)
+    starts = np.cumsum(sizes) - sizes
+    batch = GroupBatch(cols, np.arange(total), np.array(sizes))
+    objects = [Group(100 + g, 0, requests[a:a + n]) for g, (a, n) in enumerate(zip(starts, sizes))]
+    for groups in (batch, list(batch), objects, objects[:1] + list(batch)[1:]):
+        members, got_sizes = gather(groups)
+        assert members.rid.tolist() == list(range(total)) and got_sizes.tolist() == sizes
+        assert gather(groups, "generated")[0].tolist() == [r.generated for r in requests]
+        assert prompt_ids(groups).tolist() == [100 + g for g in range(len(sizes))]
+        assert with_signal(members.reward, got_sizes).tolist() == [g.has_signal for g in objects]
+    assert [g.requests[0].rid for g in batch] == starts.tolist()  # made on demand, rows of the columns
