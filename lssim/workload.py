@@ -117,6 +117,23 @@ class Workload:
         self._g_count = np.diff(np.r_[self._g_start, len(steps)])
         self._g_step, self._g_pid = steps[self._g_start], pids[self._g_start]
         self._step_bounds = np.searchsorted(steps, np.arange(len(self.steps) + 1))  # step s: rows [b[s], b[s + 1])
+        self._holes = self._index_holes(steps, pids)
+
+    def _index_holes(self, steps: np.ndarray, pids: np.ndarray) -> dict[tuple[int, int], dict[int, int]]:
+        """(step, prompt)s whose recorded samples are not 0..count-1 (a member that never ended, filtered rows):
+        their rows by sample number, so a hole does not shift the samples after it onto their neighbours' rows.
+        (The fix /work/wt/segcount-workload.diff proposed for the row-by-row index, over arrays.)"""
+        samples = self._rows["sample"]
+        position = np.arange(len(samples)) - np.repeat(self._g_start, self._g_count)  # each row's place in its group
+        off = np.logical_or.reduceat(samples != position, self._g_start) if len(samples) else np.zeros(0, bool)
+        holes: dict[tuple[int, int], dict[int, int]] = {}
+        for g in np.flatnonzero(off).tolist():
+            start, count = int(self._g_start[g]), int(self._g_count[g])
+            own = samples[start:start + count]
+            # Numbers repeated (a prompt's groups each numbered from 0, as some importers write) stay positional.
+            if len(np.unique(own)) == count:
+                holes[(int(steps[start]), int(pids[start]))] = {v: start + i for i, v in enumerate(own.tolist())}
+        return holes
 
     def _index_batches(self, steps: np.ndarray, pids: np.ndarray, group: np.ndarray) -> None:
         """Each step's recorded groups, in order: where they start and end, their prompt, their largest budget,
@@ -213,7 +230,10 @@ class Workload:
         """What response `sample_idx` of `prompt_id`'s group at run step `step` is, under budget `max_tokens`:
         exact from the trace where it holds it, else modelled (the module docstring says how)."""
         hit = self._groups.get((step, prompt_id))
-        if hit is not None and sample_idx < hit[1]:
+        holes = self._holes.get((step, prompt_id)) if self._holes else None
+        if holes is not None and sample_idx in holes:
+            return self._from_row(holes[sample_idx], max_tokens, EXACT, step, prompt_id, sample_idx)
+        if hit is not None and holes is None and sample_idx < hit[1]:
             return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
         steps = self._prompt_steps.get(prompt_id)
         if steps is None:
@@ -308,10 +328,11 @@ def _length_function(wl: Workload):
     every response (twice). Where the trace holds the response as asked, the answer comes straight from the lists
     (a closure over them: a third faster than a method reading them off the Workload); otherwise from `lookup`."""
     get, stopped, lengths, budgets, lookup = wl._groups.get, wl._stopped, wl._len, wl._max, wl.lookup
+    holes = wl._holes  # (step, prompt)s numbered with a hole: answered by lookup
 
     def length(step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
         hit = get((step, prompt_id))
-        if hit is not None and sample_idx < hit[1]:
+        if hit is not None and sample_idx < hit[1] and not (holes and (step, prompt_id) in holes):
             row = hit[0] + sample_idx
             if stopped[row]:  # ended by itself: its length, or cut by a smaller budget
                 n = lengths[row]
@@ -468,7 +489,14 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
         lo, hi = index.step_lo[at], index.step_hi[at]
         row[unknown] = lo + np.floor(hash01_many(wl.seed, s, pid[unknown], sample[unknown]) * (hi - lo)).astype(np.int64)
         source[unknown] = GLOBAL
-    return _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
+    out = _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
+    if wl._holes:  # a (step, prompt) with a hole: its samples by number, asked one by one
+        for j in np.flatnonzero(known & hit).tolist():
+            if (int(step[j]), int(pid[j])) in wl._holes:
+                a = wl.lookup(int(step[j]), int(pid[j]), int(sample[j]), int(budget[j]))
+                for column, value in zip(out, (a.length, a.finish_reason, a.reward, a.source, a.row)):
+                    column[j] = value
+    return out
 
 
 def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, keys) -> tuple:

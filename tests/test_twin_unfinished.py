@@ -163,10 +163,6 @@ def test_speedup_by_repeat_pairs_each_repeat_with_the_baselines_and_the_summary_
         assert f"({by.min():.2f}-{by.max():.2f})" in row
 
 
-@pytest.mark.xfail(strict=True, reason="lssim/workload.py numbers a (step, prompt)'s samples by their position among "
-                   "its rows, so a trace with a hole (a member that never ended: a run that stopped while it was carried, "
-                   "an import that filtered rows) answers sample k with sample k+1's response; fidelity.twin_trace fills "
-                   "the holes of recorded runs, the Workload fix is /work/wt/segcount-workload.diff (segcount report)")
 def test_a_trace_with_a_missing_sample_answers_the_others_with_their_own_responses():
     trace = pd.DataFrame({"step": [0] * 3, "prompt_id": [7] * 3, "sample_idx": [0, 2, 3], "prompt_len": [5] * 3,
                           "response_len": [10, 20, 30], "reward": [1.0, 0.0, 1.0], "finish_reason": ["stop"] * 3,

@@ -18,7 +18,8 @@ REASONS = ["stop", "stop", "length", "abort", "policy_stop"]
 def traces(draw):
     """Traces as importers and real runs make them: steps that skip and need not start at 0, integer or text ids,
     prompts drawn twice in a step (two groups, samples numbered across them), per-member budgets, responses cut
-    short, aborted or stopped, members not trained, optional columns present or not, rows in any order."""
+    short, aborted or stopped, members not trained, optional columns present or not, samples missing (holes),
+    rows in any order."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     steps = np.cumsum(rng.integers(1, 4, draw(st.integers(1, 4)))) + draw(st.integers(0, 5))
     n_prompts = draw(st.integers(1, 5))
@@ -44,6 +45,10 @@ def traces(draw):
     df = df.drop(columns=[c for c in optional if draw(st.booleans())])
     if "group_id" not in df:  # without group ids a prompt has one group per step
         df = df.drop_duplicates(["step", "prompt_id", "sample_idx"])
+    if draw(st.booleans()):  # members that never ended, or filtered rows: samples numbered with holes
+        kept = rng.random(len(df)) < 0.8
+        kept[0] = True
+        df = df[kept]
     if draw(st.booleans()):
         df = df.sample(frac=1.0, random_state=int(rng.integers(2**31)))
     return df.reset_index(drop=True)

@@ -1,5 +1,6 @@
-"""The Workload index as it was before it was built from arrays (lssim/workload.py at commit f53dcfe, unchanged
-but for its imports): the reference tests/test_workload_index.py holds the array-built index to, answer for answer.
+"""The Workload index as it was before it was built from arrays (lssim/workload.py at commit f53dcfe, with the fix
+for samples numbered with a hole that /work/wt/segcount-workload.diff proposed, and absolute imports): the reference
+tests/test_workload_index.py holds the array-built index to, answer for answer.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class Workload:
         steps = steps.astype(np.int64)
         self._index_rows(df)
         self._index_groups(steps, codes)
+        self._index_holes(df["sample_idx"].to_numpy(np.int64))
         self._index_batches(df, steps, codes, group)
         first = np.unique(codes, return_index=True)[1]
         first.sort()  # the pool lists prompts in the order they first appear
@@ -114,6 +116,16 @@ class Workload:
         bounds = np.r_[step_starts, len(steps)]
         self._step_rows = {s: (int(bounds[i]), int(bounds[i + 1])) for i, s in enumerate(self.steps)}
 
+    def _index_holes(self, samples: np.ndarray) -> None:
+        """(step, prompt)s whose recorded samples are not 0..count-1 (a member that never ended, filtered rows):
+        their rows by sample number, so a hole does not shift the samples after it onto their neighbours' rows."""
+        self._holes: dict[tuple[int, int], dict[int, int]] = {}
+        for key, (start, count) in self._groups.items():
+            own = samples[start:start + count]
+            # Numbers repeated (a prompt's groups each numbered from 0, as some importers write) stay positional.
+            if not np.array_equal(own, np.arange(count)) and len(np.unique(own)) == count:
+                self._holes[key] = {int(v): start + i for i, v in enumerate(own.tolist())}
+
     def _index_batches(self, df: pd.DataFrame, steps: np.ndarray, pids: np.ndarray, group: np.ndarray) -> None:
         """Each step's recorded groups, in order, as GroupSpec arguments (a fresh GroupSpec per ask: policies may
         keep the ones they are given)."""
@@ -158,7 +170,10 @@ class Workload:
         """What response `sample_idx` of `prompt_id`'s group at run step `step` is, under budget `max_tokens`:
         exact from the trace where it holds it, else modelled (the module docstring says how)."""
         hit = self._groups.get((step, prompt_id))
-        if hit is not None and sample_idx < hit[1]:
+        holes = self._holes.get((step, prompt_id)) if self._holes else None
+        if holes is not None and sample_idx in holes:
+            return self._from_row(holes[sample_idx], max_tokens, EXACT, step, prompt_id, sample_idx)
+        if hit is not None and holes is None and sample_idx < hit[1]:
             return self._from_row(hit[0] + sample_idx, max_tokens, EXACT, step, prompt_id, sample_idx)
         steps = self._prompt_steps.get(prompt_id)
         if steps is None:
@@ -334,7 +349,14 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
         lo, hi = index.step_lo[at], index.step_hi[at]
         row[unknown] = lo + np.floor(hash01_many(wl.seed, s, pid[unknown], sample[unknown]) * (hi - lo)).astype(np.int64)
         source[unknown] = GLOBAL
-    return _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
+    out = _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
+    if wl._holes:  # a (step, prompt) with a hole: its samples by number, asked one by one
+        for j in np.flatnonzero(known & hit).tolist():
+            if (int(step[j]), int(pid[j])) in wl._holes:
+                a = wl.lookup(int(step[j]), int(pid[j]), int(sample[j]), int(budget[j]))
+                for column, value in zip(out, (a.length, a.finish_reason, a.reward, a.source, a.row)):
+                    column[j] = value
+    return out
 
 
 def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, keys) -> tuple:
