@@ -177,7 +177,8 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
 
     One Workload index serves every run. `workers > 1` runs them side by side in forked processes (where the
     platform forks), each inheriting the index and the policies instead of having them sent; the results are the
-    same as one after the other (each run is deterministic and owns its policy object), only sooner."""
+    same as one after the other (each run is deterministic and owns its policy object), only sooner (and without
+    progress bars)."""
     return _each_run(trace, policies, setup, steps, seed, progress, references, workers, _whole_run)
 
 
