@@ -456,6 +456,8 @@ def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step
     return np.where(i == lo, first, np.where(i == hi, last, pick))
 
 
+_RESAMPLED_EXACT = np.array([RESAMPLED, EXACT], dtype=object)  # indexed by a bool mask's bytes (False, True)
+_LENGTH_STOP = np.array([LENGTH, STOP], dtype=object)
 _SPREAD = np.int64(1) << 31  # (prompt code, step) as one int: code * _SPREAD + step (steps are below 2**31)
 
 
@@ -471,7 +473,7 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     hit, start, count = index.group(step, code)
     exact = known & hit & (sample < count)
     row = np.where(exact, start + sample, 0)
-    source = np.where(exact, EXACT, RESAMPLED).astype(object)
+    source = _RESAMPLED_EXACT[exact.view(np.int8)]  # object arrays by indexing: no str made per answer
     other = known & ~exact
     if other.any():
         s, c = step[other], code[other]
@@ -507,7 +509,7 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
     cut = ~natural & (stopped | (budget <= rec_len))
     length = np.where(natural, rec_len, budget)
     reward = np.where(natural, index.reward[row], wl._low)
-    reason = np.where(stopped, STOP, LENGTH).astype(object)
+    reason = _LENGTH_STOP[stopped.view(np.int8)]
     reason[as_recorded] = index.reason_names[index.reason_code[row[as_recorded]]]
     reason[cut] = LENGTH
     source = source.copy()
