@@ -1,0 +1,225 @@
+"""N engine instances on one host: how much slower each runs beside the others, measured, and the cost model the
+simulated twin of such a world prices its steps with.
+
+    fit = profile_layout(engine, "runs/v/profile.json", cpus="0|1")   # an engine of 2 instances, measured now
+    layout_profile("runs/v/profile.json", 2, cpus="0|1")             # -> runs/v/profile_layout2.json
+
+Why: the profile (real_backend.profile) is measured on one instance with the host to itself. On this 2-core
+machine a second vLLM instance shares the CPUs: the engine cores, the one front-end process that streams every
+token of both, and the memory bus. Measured (2026-11-23, `python /tmp/placed/probe.py`, 128-token lockstep
+batches): with vLLM's automatic binding both instances' threads sit on CPU 0 and each busy instance runs 2.0-3.1x
+slower than the profile predicts; bound one CPU each (`cpus = "0|1"`), 1.4-1.6x when both are busy and 0.9-1.1x
+when one runs alone. The simulator's instances are independent, so the twin prices every iteration of an
+N-instance world at the profile times one factor measured in that world's layout.
+
+How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
+from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in
+a rollout step, and each instance's batch makespan is one row. The factor s minimises the squared relative error
+of s x (the profile's makespan of that batch) against the measured ones (one coefficient: every term of the
+profile scaled alike, as a share of the CPU scales them); the cells where one instance runs alone are measured
+and reported beside it (the part of the slow-down that depends on how many instances are busy, which a single
+factor cannot follow: what is left of the error). About 30 s on this CPU.
+
+Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (a ProfiledCostModel: the profile's
+coefficients times s, "measured_by" saying how: the command, the layout, the base profile and its coefficients)
+and <stem>_layout<N>_batches.parquet (the cells).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lssim.core import Request
+
+from .profile import longtail_lengths
+
+LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
+LAYOUT_PROMPT_LENS = (8, 64)
+ALONE_BATCH_SIZES = (8, 32)  # cells where one instance runs alone (reported, not fitted)
+
+
+def layout_path(profile, n_instances: int) -> Path:
+    """Where the measured layout of `n_instances` instances lies beside the one-instance `profile`."""
+    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}.json")
+
+
+def layout_batches_path(profile, n_instances: int) -> Path:
+    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}_batches.parquet")
+
+
+def layout_profile(profile, n_instances: int, cpus: str | None = None) -> str:
+    """The profile the simulated twin of an engine of `n_instances` instances (threads bound as `cpus` says) prices
+    its steps with: `profile` itself for one instance, else its measured layout (layout_path). ValueError, naming
+    the file and the command that makes it, when the layout was not measured, was measured for other CPUs, or
+    against other coefficients than `profile` has now."""
+    from lssim.cost import ProfiledCostModel
+
+    if n_instances <= 1:
+        return str(profile)
+    path = layout_path(profile, n_instances)
+    make = (f"measure it with `lssim validate --reprofile` (it measures every layout it runs) or "
+            f"`lssim profile --out {profile} --instances {n_instances}{f' --cpus {cpus}' if cpus else ''}`")
+    if not path.is_file():
+        raise ValueError(f"{path}: no measured slow-down of {n_instances} engine instances sharing this host beside the "
+                         f"one-instance profile {profile} (the simulator's instances are independent, the real ones share "
+                         f"the CPUs); {make}")
+    ProfiledCostModel.from_json(path)  # a bad file fails here, naming itself
+    import json
+
+    layout = json.loads(path.read_text()).get("measured_by", {}).get("layout", {})
+    if layout.get("n_instances") != n_instances or layout.get("cpus") != cpus:
+        raise ValueError(f"{path}: measured for {layout.get('n_instances')} instance(s) on cpus {layout.get('cpus')!r}, "
+                         f"the run had {n_instances} on cpus {cpus!r}; {make}")
+    base = ProfiledCostModel.from_json(profile).coefficients
+    if layout.get("base_coefficients") != base:
+        raise ValueError(f"{path}: measured against other coefficients than {profile} has now (re-profiled since?); {make}")
+    return str(path)
+
+
+@contextlib.contextmanager
+def _profiling(engine, prompts: dict):
+    """The engine serving `prompts` (rid -> token ids), no reward, exactly max_tokens tokens per request; put back after."""
+    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
+    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
+    engine.sampling_kwargs["ignore_eos"] = True
+    try:
+        yield
+    finally:
+        engine.abort_all()
+        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
+        engine.sampling_kwargs.clear()
+        engine.sampling_kwargs.update(saved[2])
+
+
+def _run_cell(engine, requests: list[Request]) -> dict[int, float]:
+    """Submit at once, wait for every finish: rid -> seconds from submission to its last token."""
+    t0, finish = engine.now(), {}
+    engine.submit(requests)
+    while len(finish) < len(requests):
+        for ev in engine.next_events():
+            if ev.kind == "finished":
+                finish[ev.request.rid] = ev.time - t0
+    return finish
+
+
+def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PROMPT_LENS, length: int = 256,
+                   repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES) -> pd.DataFrame:
+    """Measure an engine of several instances (nothing in flight). Rows: n_seqs (on that instance), prompt_len,
+    spread, cut (1.0: the whole batch), lengths, seconds (its batch's makespan), repeat, instance, busy (instances
+    loaded in the cell: all of them, or 1 for the cells of `alone_sizes` run on each instance alone)."""
+    n_inst = int(engine.n_instances)
+    if n_inst < 2:
+        raise ValueError(f"measure_layout needs an engine of several instances, this one has {n_inst}")
+    rng = np.random.default_rng(seed)
+    vocab = int(getattr(engine, "vocab_size", 16))
+    cells = [(rep, p, n, tuple(range(n_inst))) for rep in range(repeats) for p in prompt_lens for n in batch_sizes]
+    cells += [(rep, min(prompt_lens), n, (i,)) for rep in range(repeats) for n in alone_sizes for i in range(n_inst)]
+    cells = [cells[i] for i in rng.permutation(len(cells))]  # drift must not pass for a trend in n, P or busy
+    # One cell first, not recorded: an engine's first batches of a new shape pay for kernels and allocations.
+    cells = [(-1, max(prompt_lens), max(batch_sizes), tuple(range(n_inst)))] + cells
+    prompts: dict[int, list[int]] = {}
+    rows, rid = [], 0
+    with _profiling(engine, prompts):
+        for rep, p, n, loaded in cells:
+            requests, lengths = [], {}
+            for inst in loaded:
+                lengths[inst] = longtail_lengths(rng, n, length)
+                for tokens in lengths[inst]:
+                    prompts[rid] = rng.integers(0, vocab, size=p).tolist()
+                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
+                                            max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
+                    rid += 1
+            finish = _run_cell(engine, requests)
+            for inst in loaded if rep >= 0 else ():
+                seconds = max(finish[r.rid] for r in requests if r.instance == inst)
+                rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[inst],
+                             "seconds": seconds, "repeat": rep, "instance": inst, "busy": len(loaded)})
+            for r in requests:
+                prompts.pop(r.rid, None)
+    return pd.DataFrame(rows)
+
+
+def fit_layout(base, batches: pd.DataFrame) -> dict:
+    """The slow-down of an instance beside the others against `base` (a ProfiledCostModel of one instance alone):
+    factor (fitted on the cells where every instance is busy), its makespan error on them, per-instance and
+    per-batch-size factors, and the factor of the cells run alone (each the same relative least squares)."""
+    if batches is None or not len(batches):
+        raise ValueError("fit_layout: no layout measurements")
+    missing = {"n_seqs", "prompt_len", "lengths", "seconds", "instance", "busy"} - set(batches.columns)
+    if missing:
+        raise ValueError(f"fit_layout: the measurements lack columns {sorted(missing)}")
+    predicted = np.array([base.makespan(l, int(p)) for l, p in zip(batches["lengths"], batches["prompt_len"])])
+    measured = batches["seconds"].to_numpy(float)
+    if not (np.isfinite(measured).all() and (measured > 0).all()):
+        raise ValueError("fit_layout: column 'seconds' must be finite and > 0")
+    n_inst = int(batches["instance"].max()) + 1
+    together = batches["busy"].to_numpy() == n_inst
+    if not together.any():
+        raise ValueError("fit_layout: no cell with every instance busy")
+    factor = _relative_factor(predicted[together], measured[together])
+    ape = np.abs(factor * predicted[together] / measured[together] - 1) * 100
+    by = lambda key: {int(k): _relative_factor(predicted[together & (batches[key] == k).to_numpy()],  # noqa: E731
+                                               measured[together & (batches[key] == k).to_numpy()])
+                      for k in sorted(batches.loc[together, key].unique())}
+    alone = ~together
+    return {"n_instances": n_inst, "factor": factor,
+            "fit_error": {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
+                          "max_ape_pct": float(ape.max()), "n_points": int(together.sum()), "of": "batch makespan, every instance busy"},
+            "by_instance": by("instance"), "by_batch_size": by("n_seqs"),
+            "alone_factor": _relative_factor(predicted[alone], measured[alone]) if alone.any() else None}
+
+
+def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """s minimising sum((s * predicted / measured - 1)^2)."""
+    r = predicted / measured
+    return float(r.sum() / (r * r).sum())
+
+
+def scaled_model(base, factor: float, name: str):
+    """`base` with every coefficient times `factor`: every time it prices, times `factor`."""
+    from lssim.cost import ProfiledCostModel
+
+    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, name=name)
+
+
+def profile_layout(engine, profile, cpus: str | None, meta: dict | None = None, **measure_kw) -> dict:
+    """Measure `engine` (several instances, threads bound as `cpus`) against the one-instance `profile` and write
+    what write_layout writes. Returns fit_layout's dict."""
+    import sys
+
+    t0 = time.monotonic()
+    batches = measure_layout(engine, **measure_kw)
+    fit = write_layout(profile, cpus, batches, {"seconds": round(time.monotonic() - t0, 1), **(meta or {})})
+    n, alone = fit["n_instances"], fit["alone_factor"]
+    print(f"layout of {n} instances (cpus {cpus}): {fit['factor']:.2f}x the one-instance profile with all busy"
+          f"{f', {alone:.2f}x alone' if alone is not None else ''}; makespan error {fit['fit_error']['median_ape_pct']:.1f}% "
+          f"median -> {layout_path(profile, n)}", file=sys.stderr)
+    return fit
+
+
+def write_layout(profile, cpus: str | None, batches: pd.DataFrame, meta: dict | None = None) -> dict:
+    """Fit the layout measured in `batches` (measure_layout's rows) against the one-instance `profile`; write
+    layout_path(profile, N) (the profile's coefficients times the factor, with how it was measured) and the cells
+    beside it, each atomically. Returns fit_layout's dict."""
+    from lssim.cost import ProfiledCostModel
+    from lssim.results import atomic_write
+
+    base = ProfiledCostModel.from_json(profile)
+    fit = fit_layout(base, batches)
+    n = fit["n_instances"]
+    model = scaled_model(base, fit["factor"], name=f"{base.name} x {fit['factor']:.3f} ({n} instances, cpus {cpus})")
+    model.fit_stats = fit["fit_error"]
+    info = {"layout": {"n_instances": n, "cpus": cpus, "base_profile": str(profile), "base_coefficients": base.coefficients,
+                       **{k: v for k, v in fit.items() if k != "n_instances"}, "cells": layout_batches_path(profile, n).name},
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **(meta or {})}
+    atomic_write(layout_batches_path(profile, n), lambda p: batches.to_parquet(p, index=False))
+    atomic_write(layout_path(profile, n), lambda p: model.to_json(p, meta=info))
+    return fit
+
+
+__all__ = ["layout_path", "layout_profile", "measure_layout", "fit_layout", "scaled_model", "profile_layout", "write_layout"]
