@@ -15,10 +15,12 @@ N-instance world at the profile times one factor measured in that world's layout
 How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
 from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in
 a rollout step, and each instance's batch makespan is one row. The factor s minimises the squared relative error
-of s x (the profile's makespan of that batch) against the measured ones (one coefficient: every term of the
-profile scaled alike, as a share of the CPU scales them); the cells where one instance runs alone are measured
-and reported beside it (the part of the slow-down that depends on how many instances are busy, which a single
-factor cannot follow: what is left of the error). About 30 s on this CPU.
+of s x (the profile's makespan of the cell: its slowest instance's batch) against the measured cell makespans (one
+coefficient: every term of the profile scaled alike, as a share of the CPU scales them; fitted to the cell, since
+a step waits for its slowest instance, whose tail may run alone). Cells where one instance runs alone are measured
+and reported beside it (the part of the slow-down that depends on how many instances are busy, which one factor
+cannot follow: what is left of the error; following it needs instances that share a clock in lssim/sim.py).
+About 30 s on this CPU.
 
 Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (a ProfiledCostModel: the profile's
 coefficients times s, "measured_by" saying how: the command, the layout, the base profile and its coefficients)
@@ -111,7 +113,8 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
                    repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES) -> pd.DataFrame:
     """Measure an engine of several instances (nothing in flight). Rows: n_seqs (on that instance), prompt_len,
     spread, cut (1.0: the whole batch), lengths, seconds (its batch's makespan), repeat, instance, busy (instances
-    loaded in the cell: all of them, or 1 for the cells of `alone_sizes` run on each instance alone)."""
+    loaded in the cell: all of them, or 1 for the cells of `alone_sizes` run on each instance alone), cell (the
+    rows of one cell share it)."""
     n_inst = int(engine.n_instances)
     if n_inst < 2:
         raise ValueError(f"measure_layout needs an engine of several instances, this one has {n_inst}")
@@ -125,7 +128,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
     prompts: dict[int, list[int]] = {}
     rows, rid = [], 0
     with _profiling(engine, prompts):
-        for rep, p, n, loaded in cells:
+        for cell, (rep, p, n, loaded) in enumerate(cells):
             requests, lengths = [], {}
             for inst in loaded:
                 lengths[inst] = longtail_lengths(rng, n, length)
@@ -138,40 +141,42 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
             for inst in loaded if rep >= 0 else ():
                 seconds = max(finish[r.rid] for r in requests if r.instance == inst)
                 rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[inst],
-                             "seconds": seconds, "repeat": rep, "instance": inst, "busy": len(loaded)})
+                             "seconds": seconds, "repeat": rep, "instance": inst, "busy": len(loaded), "cell": cell})
             for r in requests:
                 prompts.pop(r.rid, None)
     return pd.DataFrame(rows)
 
 
 def fit_layout(base, batches: pd.DataFrame) -> dict:
-    """The slow-down of an instance beside the others against `base` (a ProfiledCostModel of one instance alone):
-    factor (fitted on the cells where every instance is busy), its makespan error on them, per-instance and
-    per-batch-size factors, and the factor of the cells run alone (each the same relative least squares)."""
+    """The slow-down of instances beside each other against `base` (a ProfiledCostModel of one instance alone).
+    factor: fitted on the cells where every instance is busy, to the cell's makespan (its slowest instance: what a
+    rollout step waits for, and what the simulated twin predicts as the largest of its instances' makespans);
+    fit_error: its makespan error on those cells. Reported beside: the factor per instance and per batch size (on
+    each instance's own makespan), and of the cells run alone (each the same relative least squares)."""
     if batches is None or not len(batches):
         raise ValueError("fit_layout: no layout measurements")
-    missing = {"n_seqs", "prompt_len", "lengths", "seconds", "instance", "busy"} - set(batches.columns)
+    missing = {"n_seqs", "prompt_len", "lengths", "seconds", "instance", "busy", "cell"} - set(batches.columns)
     if missing:
         raise ValueError(f"fit_layout: the measurements lack columns {sorted(missing)}")
-    predicted = np.array([base.makespan(l, int(p)) for l, p in zip(batches["lengths"], batches["prompt_len"])])
-    measured = batches["seconds"].to_numpy(float)
-    if not (np.isfinite(measured).all() and (measured > 0).all()):
+    df = batches.assign(predicted=[base.makespan(l, int(p)) for l, p in zip(batches["lengths"], batches["prompt_len"])])
+    if not (np.isfinite(df["seconds"]).all() and (df["seconds"] > 0).all()):
         raise ValueError("fit_layout: column 'seconds' must be finite and > 0")
-    n_inst = int(batches["instance"].max()) + 1
-    together = batches["busy"].to_numpy() == n_inst
-    if not together.any():
+    n_inst = int(df["instance"].max()) + 1
+    together = df[df["busy"] == n_inst]
+    if together.empty:
         raise ValueError("fit_layout: no cell with every instance busy")
-    factor = _relative_factor(predicted[together], measured[together])
-    ape = np.abs(factor * predicted[together] / measured[together] - 1) * 100
-    by = lambda key: {int(k): _relative_factor(predicted[together & (batches[key] == k).to_numpy()],  # noqa: E731
-                                               measured[together & (batches[key] == k).to_numpy()])
-                      for k in sorted(batches.loc[together, key].unique())}
-    alone = ~together
+    cells = together.groupby("cell")[["predicted", "seconds"]].max()
+    factor = _relative_factor(cells["predicted"].to_numpy(), cells["seconds"].to_numpy())
+    ape = np.abs(factor * cells["predicted"] / cells["seconds"] - 1).to_numpy() * 100
+    by = lambda key: {int(k): _relative_factor(g["predicted"].to_numpy(), g["seconds"].to_numpy())  # noqa: E731
+                      for k, g in together.groupby(key)}
+    alone = df[df["busy"] < n_inst]
     return {"n_instances": n_inst, "factor": factor,
             "fit_error": {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
-                          "max_ape_pct": float(ape.max()), "n_points": int(together.sum()), "of": "batch makespan, every instance busy"},
+                          "max_ape_pct": float(ape.max()), "n_points": int(len(cells)),
+                          "of": "cell makespan (its slowest instance), every instance busy"},
             "by_instance": by("instance"), "by_batch_size": by("n_seqs"),
-            "alone_factor": _relative_factor(predicted[alone], measured[alone]) if alone.any() else None}
+            "alone_factor": _relative_factor(alone["predicted"].to_numpy(), alone["seconds"].to_numpy()) if len(alone) else None}
 
 
 def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:

@@ -439,11 +439,13 @@ def _layout_cells(model, factor: float, n_instances: int = 2, noise: float = 0.0
                     lengths = longtail_lengths(rng, n, 256)
                     seconds = factor * model.makespan(lengths, p) * (1 + noise * rng.standard_normal())
                     rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths,
-                                 "seconds": seconds, "repeat": rep, "instance": inst, "busy": n_instances})
+                                 "seconds": seconds, "repeat": rep, "instance": inst, "busy": n_instances,
+                                 "cell": (rep, p, n)})
         for inst in range(n_instances):
             lengths = longtail_lengths(rng, 8, 256)
             rows.append({"n_seqs": 8, "prompt_len": 8, "spread": "longtail", "cut": 1.0, "lengths": lengths,
-                         "seconds": model.makespan(lengths, 8), "repeat": rep, "instance": inst, "busy": 1})
+                         "seconds": model.makespan(lengths, 8), "repeat": rep, "instance": inst, "busy": 1,
+                         "cell": (rep, inst)})
     return pd.DataFrame(rows)
 
 
