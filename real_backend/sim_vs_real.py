@@ -187,9 +187,11 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
             for k, run in enumerate(repeats):  # repeat k against the baseline's repeat k (same engine minutes)
                 acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
         new = f"baseline@{world}"
+        # the cost model the world's twin priced with: the profile, or its measured layout (several instances)
+        cost_model = sim_setup(next(iter(runs.values()))[0], profile).profile
         for key, frame in frames.items():
             if key in ("summary", "counterfactual"):
-                frame = frame.rename(index={"baseline": new}).assign(world=world)
+                frame = frame.rename(index={"baseline": new}).assign(world=world, cost_model=cost_model)
                 frame["spec"] = [runs["baseline" if p == new else p][0].name for p in frame.index]
             elif "policy" in frame:
                 frame = frame.assign(policy=frame["policy"].replace("baseline", new), world=world)
@@ -446,7 +448,9 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     if "anchored" in frames:  # the same steps with each world's speed level from its baseline
         atomic_write(out / "validation_anchored.png",
                      lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
-    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], profile)))
+    models = sorted(set(frames["summary"].get("cost_model", pd.Series([profile])).dropna()) - {profile})
+    described = profile + (f" (worlds of several instances: its measured layout, {', '.join(models)})" if models else "")
+    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], described)))
 
 
 def _report(frames: dict, out: Path, as_json: bool) -> int:
