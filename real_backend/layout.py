@@ -83,6 +83,36 @@ def layout_profile(profile, n_instances: int, cpus: str | None = None) -> str:
     return str(path)
 
 
+def measured_layouts(profile) -> list[tuple[Path, str | None]]:
+    """(cells parquet, cpus) of every layout measured beside `profile`."""
+    import json
+    import re
+
+    found = []
+    for cells in sorted(Path(profile).parent.glob(f"{Path(profile).stem}_layout*_batches.parquet")):
+        m = re.fullmatch(rf"{re.escape(Path(profile).stem)}_layout(\d+)_batches\.parquet", cells.name)
+        if m and layout_path(profile, int(m.group(1))).is_file():
+            meta = json.loads(layout_path(profile, int(m.group(1))).read_text()).get("measured_by", {})
+            found.append((cells, meta.get("layout", {}).get("cpus")))
+    return found
+
+
+def twin_cost(profile, n_instances: int, cpus: str | None = None) -> tuple[str, tuple[float, ...] | None, str]:
+    """What the simulated twin of an engine of `n_instances` instances (threads bound as `cpus`) prices with:
+    (cost model JSON, host slow-down per number of busy instances or None, a description). One instance: the
+    profile alone. Several: the profile with the layout's measured host slow-down (lssim.shared_host), or for a
+    layout file without one, the layout's scaled profile (one factor); errors as layout_profile's."""
+    import json
+
+    path = layout_profile(profile, n_instances, cpus)
+    if n_instances <= 1:
+        return str(profile), None, str(profile)
+    slowdown = json.loads(Path(path).read_text())["measured_by"]["layout"].get("host_slowdown")
+    if slowdown is None:
+        return path, None, path
+    return str(profile), tuple(slowdown), f"{profile} on a shared host, slow-down {' / '.join(f'{v:.3f}' for v in slowdown)} with 1..{len(slowdown)} instances busy ({path})"
+
+
 @contextlib.contextmanager
 def _profiling(engine, prompts: dict):
     """The engine serving `prompts` (rid -> token ids), no reward, exactly max_tokens tokens per request; put back after."""
@@ -171,12 +201,43 @@ def fit_layout(base, batches: pd.DataFrame) -> dict:
     by = lambda key: {int(k): _relative_factor(g["predicted"].to_numpy(), g["seconds"].to_numpy())  # noqa: E731
                       for k, g in together.groupby(key)}
     alone = df[df["busy"] < n_inst]
-    return {"n_instances": n_inst, "factor": factor,
+    slowdown, sharing_ape = fit_host_slowdown(df, n_inst)
+    return {"n_instances": n_inst, "factor": factor, "host_slowdown": slowdown,
+            "host_slowdown_error": {"median_ape_pct": float(np.median(sharing_ape)), "p90_ape_pct": float(np.percentile(sharing_ape, 90)),
+                                    "n_points": int(len(sharing_ape)), "of": "each instance's makespan in every cell, shared clock"},
             "fit_error": {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
                           "max_ape_pct": float(ape.max()), "n_points": int(len(cells)),
                           "of": "cell makespan (its slowest instance), every instance busy"},
             "by_instance": by("instance"), "by_batch_size": by("n_seqs"),
             "alone_factor": _relative_factor(alone["predicted"].to_numpy(), alone["seconds"].to_numpy()) if len(alone) else None}
+
+
+def fit_host_slowdown(df: pd.DataFrame, n_inst: int) -> tuple[list[float], np.ndarray]:
+    """Processor sharing (lssim.shared_host): while b instances are busy each runs s_b x slower than the profile.
+    A cell's instances, sorted by their profiled makespans m_(1) <= ... <= m_(k) (k loaded), all progress together:
+    the one of rank r finishes at sum_{j<=r} s_(k-j+1) (m_(j) - m_(j-1)), linear in s. Fitted (non-negative, relative
+    least squares) to every instance's makespan in every cell. Returns ([s_1, ..., s_N], the fit's APE per row);
+    an s_b no cell informs is the nearest informed one's."""
+    from scipy.optimize import nnls
+
+    rows, y = [], []
+    for _, cell in df.groupby("cell"):
+        m = np.sort(cell["predicted"].to_numpy(float))
+        k = len(m)
+        steps = np.diff(np.concatenate([[0.0], m]))  # progress made with k, k-1, ... instances busy
+        for rank, seconds in enumerate(np.sort(cell["seconds"].to_numpy(float))):
+            f = np.zeros(n_inst)
+            for j in range(rank + 1):
+                f[k - j - 1] += steps[j]
+            rows.append(f)
+            y.append(seconds)
+    X, y = np.array(rows), np.array(y)
+    informed = X.sum(axis=0) > 0
+    s = np.zeros(n_inst)
+    s[informed], _ = nnls(X[:, informed] / y[:, None], np.ones(len(y)))
+    for b in np.flatnonzero(~informed):  # no cell with that many busy: the nearest count that was measured
+        s[b] = s[np.flatnonzero(informed)[np.argmin(np.abs(np.flatnonzero(informed) - b))]]
+    return [float(v) for v in s], np.abs(X @ s / y - 1) * 100
 
 
 def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -227,4 +288,6 @@ def write_layout(profile, cpus: str | None, batches: pd.DataFrame, meta: dict | 
     return fit
 
 
-__all__ = ["layout_path", "layout_profile", "measure_layout", "fit_layout", "scaled_model", "profile_layout", "write_layout"]
+__all__ = ["layout_path", "layout_profile", "measure_layout", "fit_layout", "scaled_model", "profile_layout", "write_layout",
+           "measured_layouts", "twin_cost",
+           "fit_host_slowdown"]

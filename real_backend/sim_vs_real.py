@@ -35,20 +35,21 @@ DEFAULT_WORKLOADS = Path(__file__).with_name("validation_workloads.toml")
 
 def sim_setup(run, profile: str):
     """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
-    (`profile`), or for several instances sharing the host, that profile's measured layout (real_backend.layout:
-    each instance's slow-down beside the others, for the CPUs the run's instances were bound to; ValueError naming
-    the command that measures it when there is none)."""
+    (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
+    how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
+    priced on a shared clock by lssim.shared_host; ValueError naming the command that measures it when there is
+    none)."""
     from lssim.replay import SimSetup
 
-    from .layout import layout_profile
+    from .layout import twin_cost
 
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
     n_instances = int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
+    model, slowdown, _ = twin_cost(profile, n_instances, real.get("cpus"))
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
     return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
-                    kv_capacity_tokens=max_num_seqs * max_model_len,
-                    profile=layout_profile(profile, n_instances, real.get("cpus")))
+                    kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown)
 
 
 def run_prompts(run):
@@ -137,6 +138,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
     for label, model in refitted.items():
         path = workdir / f"stage{len(rows) + 1}.json"
         model.to_json(path, meta={"stage": label, "from": str(profile)})
+        _layouts_for(path, profile)
         frames = validate(runs, str(path), counterfactual=False)
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
     rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
@@ -149,6 +151,15 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
             makespan_median_ape_pct=per_policy.median(), makespan_p90_ape_pct=per_policy.quantile(0.9))
         rows.append(_stage_row("+ speed level from the baseline's runs (baseline excluded)", anchored, table, str(profile)))
     return pd.DataFrame(rows).set_index("stage")
+
+
+def _layouts_for(stage, profile) -> None:
+    """Beside a stage's model, the layouts measured beside `profile` refitted against it (the same cells), so that
+    worlds of several instances are replayed with each stage too (real_backend.layout)."""
+    from .layout import measured_layouts, write_layout
+
+    for cells, cpus in measured_layouts(profile):
+        write_layout(stage, cpus, pd.read_parquet(cells), {"stage of": str(profile)})
 
 
 def _stage_row(label: str, steps: pd.DataFrame, summary: pd.DataFrame, model: str) -> dict:
@@ -171,6 +182,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     the world's baseline (lssim.fidelity.anchor_on_baseline; the frame "anchored") (lssim.fidelity.policy_summary)."""
     from lssim.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
 
+    from .layout import twin_cost
+
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
     for world, runs in by_world.items():
@@ -188,7 +201,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
                 acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
         new = f"baseline@{world}"
         # the cost model the world's twin priced with: the profile, or its measured layout (several instances)
-        cost_model = sim_setup(next(iter(runs.values()))[0], profile).profile
+        first = next(iter(runs.values()))[0]
+        cost_model = twin_cost(profile, int(sim_setup(first, profile).n_instances), first.meta.get("setup", {}).get("cpus"))[2]
         for key, frame in frames.items():
             if key in ("summary", "counterfactual"):
                 frame = frame.rename(index={"baseline": new}).assign(world=world, cost_model=cost_model)
@@ -449,7 +463,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
         atomic_write(out / "validation_anchored.png",
                      lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
     models = sorted(set(frames["summary"].get("cost_model", pd.Series([profile])).dropna()) - {profile})
-    described = profile + (f" (worlds of several instances: its measured layout, {', '.join(models)})" if models else "")
+    described = profile + (f" (worlds of several instances: {'; '.join(models)})" if models else "")
     atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], described)))
 
 
