@@ -490,27 +490,109 @@ def _two_instance_run(policy: str, profile: str, cpus: str | None = "0|1", seed:
                        responses=result.responses, config=config, meta=meta)
 
 
+def _shared_cells(model, slowdown, seed: int = 0) -> pd.DataFrame:
+    """Layout cells of two instances timed as processor sharing: while b are busy each runs slowdown[b-1] x slower."""
+    from real_backend.profile import longtail_lengths
+
+    rng = np.random.default_rng(seed)
+    rows, cell = [], 0
+    for rep in range(2):
+        for p in (8, 64):
+            for n in (4, 8, 16, 32):
+                lengths = [longtail_lengths(rng, n, 256) for _ in range(2)]
+                m = [model.makespan(l, p) for l in lengths]
+                lo = int(np.argmin(m))
+                done = {lo: slowdown[1] * m[lo], 1 - lo: slowdown[1] * m[lo] + slowdown[0] * (m[1 - lo] - m[lo])}
+                rows += [{"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[i],
+                          "seconds": done[i], "repeat": rep, "instance": i, "busy": 2, "cell": cell} for i in (0, 1)]
+                cell += 1
+        for i in (0, 1):
+            lengths = longtail_lengths(rng, 8, 256)
+            rows.append({"n_seqs": 8, "prompt_len": 8, "spread": "longtail", "cut": 1.0, "lengths": lengths,
+                         "seconds": slowdown[0] * model.makespan(lengths, 8), "repeat": rep, "instance": i, "busy": 1,
+                         "cell": cell})
+            cell += 1
+    return pd.DataFrame(rows)
+
+
+@settings(max_examples=20, deadline=None)
+@given(alone=st.floats(0.5, 2.0), together=st.floats(0.5, 4.0))
+def test_fit_layout_recovers_the_host_slowdown_per_number_of_busy_instances(alone, together):
+    from real_backend.layout import fit_layout
+
+    fit = fit_layout(MODEL, _shared_cells(MODEL, (alone, together)))
+    assert fit["host_slowdown"] == pytest.approx([alone, together], rel=1e-6)
+    assert fit["host_slowdown_error"]["median_ape_pct"] < 1e-6
+
+
+def _replay(run, setup):
+    return replay_run(run, setup, Workload(load_trace(REAL_TRACE), seed=run.config.seed))
+
+
 @pytest.mark.parametrize("policy", ["baseline", "lpt", "seer(chunk=32)"])
-def test_a_two_instance_world_is_predicted_slower_by_the_measured_factor(tmp_path, policy):
+def test_a_shared_host_prices_busy_instances_slower_and_alone_ones_not(tmp_path, policy):
+    """SharedHostEngine: with one factor for any number of busy instances, every step is the plain prediction times
+    it (1.0: exactly the plain engine); with (1, s), between the plain prediction and s times it."""
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _two_instance_run(policy, str(base))
+    two = dataclasses.replace(_setup(str(base)), n_instances=2)
+    plain = _replay(run, two).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(_replay(run, dataclasses.replace(two, host_slowdown=(1.0, 1.0))).steps["rollout_seconds"], plain, rtol=1e-9)
+    assert np.allclose(_replay(run, dataclasses.replace(two, host_slowdown=(1.7, 1.7))).steps["rollout_seconds"], 1.7 * plain,
+                       rtol=1e-6)
+    shared = _replay(run, dataclasses.replace(two, host_slowdown=(1.0, 2.0))).steps["rollout_seconds"].to_numpy()
+    assert (shared > plain * (1 + 1e-6)).all() and (shared < 2 * plain).all()
+
+
+def test_an_instance_alone_on_a_shared_host_runs_at_the_alone_speed(tmp_path):
+    """Every request pinned to instance 0 (the other idle the whole run): priced at slowdown[0], never slowdown[1]."""
+    from lssim.policy import Policy
+
+    class OnZero(Policy):
+        name = "on_zero"
+
+        def place(self, request, loads):
+            return 0
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _two_instance_run("baseline", str(base))
+    two = dataclasses.replace(_setup(str(base)), n_instances=2)
+    replay = lambda setup: replay_run(run, setup, Workload(load_trace(REAL_TRACE), seed=5), policy=OnZero())  # noqa: E731
+    plain = replay(two).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(replay(dataclasses.replace(two, host_slowdown=(1.3, 5.0))).steps["rollout_seconds"], 1.3 * plain, rtol=1e-6)
+    with pytest.raises(ValueError, match="one finite factor > 0"):
+        dataclasses.replace(two, host_slowdown=(1.0, 0.0))
+
+
+def test_a_two_instance_world_is_predicted_with_its_measured_layout(tmp_path):
     """The simulated twin of a two-instance run (sim_setup) prices it with the layout measured beside the profile:
-    every step (every response's finish) exactly `factor` x the one-instance profile's prediction."""
+    the host slow-down fitted from its cells on a shared clock; a layout file without one (one factor) scales the
+    profile: every step exactly that factor x the one-instance prediction."""
     from real_backend.layout import layout_path, write_layout
     from real_backend.sim_vs_real import sim_setup
 
     base = tmp_path / "profile.json"
     MODEL.to_json(base, meta={"command": "test"})
-    fit = write_layout(base, "0|1", _layout_cells(MODEL, 1.7), meta={"command": "test"})
-    assert fit["factor"] == pytest.approx(1.7) and layout_path(base, 2).is_file()
-    run = _two_instance_run(policy, str(base))
+    fit = write_layout(base, "0|1", _shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
+    assert fit["host_slowdown"] == pytest.approx([1.0, 1.5]) and layout_path(base, 2).is_file()
+    run = _two_instance_run("seer(chunk=32)", str(base))
     twin = sim_setup(run, str(base))
-    assert twin.n_instances == 2 and twin.profile == str(layout_path(base, 2))
-    prompts = lambda: Workload(load_trace(REAL_TRACE), seed=run.config.seed)  # noqa: E731
-    slow = replay_run(run, twin, prompts())
-    plain = replay_run(run, dataclasses.replace(_setup(str(base)), n_instances=2), prompts())
-    assert np.allclose(slow.steps["rollout_seconds"], 1.7 * plain.steps["rollout_seconds"], rtol=1e-6)
-    assert np.allclose(plain.steps["rollout_seconds"], run.steps["rollout_seconds"], rtol=1e-9)  # recorded on base
-    meta = json.loads(layout_path(base, 2).read_text())["measured_by"]
-    assert meta["command"] == "test" and meta["layout"]["cpus"] == "0|1" and meta["layout"]["base_profile"] == str(base)
+    assert twin.n_instances == 2 and twin.profile == str(base) and twin.host_slowdown == pytest.approx((1.0, 1.5))
+    plain = _replay(run, dataclasses.replace(twin, host_slowdown=None)).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(plain, run.steps["rollout_seconds"], rtol=1e-9)  # recorded on the same profile
+    shared = _replay(run, twin).steps["rollout_seconds"].to_numpy()
+    assert (shared > plain * (1 + 1e-6)).all() and (shared < 1.5 * plain).all()
+    meta = json.loads(layout_path(base, 2).read_text())
+    assert meta["measured_by"]["command"] == "test" and meta["measured_by"]["layout"]["cpus"] == "0|1"
+    assert meta["measured_by"]["layout"]["base_profile"] == str(base)
+    del meta["measured_by"]["layout"]["host_slowdown"]  # a layout measured as one factor only
+    layout_path(base, 2).write_text(json.dumps(meta))
+    factor = meta["measured_by"]["layout"]["factor"]
+    twin = sim_setup(run, str(base))
+    assert twin.profile == str(layout_path(base, 2)) and twin.host_slowdown is None
+    assert np.allclose(_replay(run, twin).steps["rollout_seconds"], factor * plain, rtol=1e-6)
 
 
 def test_a_missing_or_stale_layout_is_an_error_naming_the_command(tmp_path):
