@@ -2,29 +2,29 @@
 simulated twin of such a world prices its steps with.
 
     fit = profile_layout(engine, "runs/v/profile.json", cpus="0|1")   # an engine of 2 instances, measured now
-    layout_profile("runs/v/profile.json", 2, cpus="0|1")             # -> runs/v/profile_layout2.json
+    layout_profile("runs/v/profile.json", 2, cpus="0|1")             # -> runs/v/profile_layout2.json (checked)
+    twin_cost("runs/v/profile.json", 2, cpus="0|1")                  # -> (profile, (s_1, s_2), description)
 
 Why: the profile (real_backend.profile) is measured on one instance with the host to itself. On this 2-core
 machine a second vLLM instance shares the CPUs: the engine cores, the one front-end process that streams every
-token of both, and the memory bus. Measured (2026-11-23, `python /tmp/placed/probe.py`, 128-token lockstep
-batches): with vLLM's automatic binding both instances' threads sit on CPU 0 and each busy instance runs 2.0-3.1x
-slower than the profile predicts; bound one CPU each (`cpus = "0|1"`), 1.4-1.6x when both are busy and 0.9-1.1x
-when one runs alone. The simulator's instances are independent, so the twin prices every iteration of an
-N-instance world at the profile times one factor measured in that world's layout.
+token of both, and the memory bus. Measured (2026-11-23, a probe of 128-token lockstep batches, then this
+module's cells): with vLLM's automatic binding both instances' threads sit on CPU 0 and each busy instance runs
+2.0-3.1x slower than the profile predicts; bound one CPU each (`cpus = "0|1"`), 1.4-1.6x while both are busy and
+0.9-1.1x when one runs alone. The simulator's instances are independent, so the twin of an N-instance world
+runs them on a shared clock (lssim.shared_host): while b are busy each is slowed by s_b, measured here.
 
 How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
 from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in
-a rollout step, and each instance's batch makespan is one row. The factor s minimises the squared relative error
-of s x (the profile's makespan of the cell: its slowest instance's batch) against the measured cell makespans (one
-coefficient: every term of the profile scaled alike, as a share of the CPU scales them; fitted to the cell, since
-a step waits for its slowest instance, whose tail may run alone). Cells where one instance runs alone are measured
-and reported beside it (the part of the slow-down that depends on how many instances are busy, which one factor
-cannot follow: what is left of the error; following it needs instances that share a clock in lssim/sim.py).
-About 30 s on this CPU.
+a rollout step, and each instance's batch makespan is one row; more cells run one instance alone. Under
+processor sharing an instance's makespan is linear in (s_1, ..., s_N) given the profile's makespans of the
+cell's batches (fit_host_slowdown), so the slow-downs are a non-negative relative least squares over every row.
+Reported beside: one factor for the profile (fitted to the cells' makespans with all busy: the slowest instance,
+what a step waits for), per instance and per batch size, the file of which is a plain ProfiledCostModel that
+`lssim replay --profile` can use. About 40 s on this CPU.
 
 Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (a ProfiledCostModel: the profile's
-coefficients times s, "measured_by" saying how: the command, the layout, the base profile and its coefficients)
-and <stem>_layout<N>_batches.parquet (the cells).
+coefficients times the one factor; "measured_by" says how: the command, the layout, the base profile and its
+coefficients, host_slowdown s_1..s_N and both fits' errors) and <stem>_layout<N>_batches.parquet (the cells).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .profile import longtail_lengths
 
 LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
 LAYOUT_PROMPT_LENS = (8, 64)
-ALONE_BATCH_SIZES = (8, 32)  # cells where one instance runs alone (reported, not fitted)
+ALONE_BATCH_SIZES = (8, 32)  # cells where one instance runs alone: s_1 of the host slow-down
 
 
 def layout_path(profile, n_instances: int) -> Path:
@@ -262,9 +262,10 @@ def profile_layout(engine, profile, cpus: str | None, meta: dict | None = None, 
     batches = measure_layout(engine, **measure_kw)
     fit = write_layout(profile, cpus, batches, {"seconds": round(time.monotonic() - t0, 1), **(meta or {})})
     n, alone = fit["n_instances"], fit["alone_factor"]
-    print(f"layout of {n} instances (cpus {cpus}): {fit['factor']:.2f}x the one-instance profile with all busy"
-          f"{f', {alone:.2f}x alone' if alone is not None else ''}; makespan error {fit['fit_error']['median_ape_pct']:.1f}% "
-          f"median -> {layout_path(profile, n)}", file=sys.stderr)
+    print(f"layout of {n} instances (cpus {cpus}): slow-down {' / '.join(f'{v:.2f}' for v in fit['host_slowdown'])} with "
+          f"1..{n} busy (makespan error {fit['host_slowdown_error']['median_ape_pct']:.1f}% median); one factor "
+          f"{fit['factor']:.2f}x with all busy{f', {alone:.2f}x alone' if alone is not None else ''} -> "
+          f"{layout_path(profile, n)}", file=sys.stderr)
     return fit
 
 
