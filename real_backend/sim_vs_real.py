@@ -41,15 +41,25 @@ def sim_setup(run, profile: str):
     none)."""
     from lssim.replay import SimSetup
 
-    from .layout import twin_cost
-
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
-    n_instances = int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
-    model, slowdown, _ = twin_cost(profile, n_instances, real.get("cpus"))
+    n_instances = _instances(run)
+    model, slowdown, _ = _twin_cost(run, profile)
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
     return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
                     kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown)
+
+
+def _instances(run) -> int:
+    real = run.meta.get("setup", {})
+    return int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
+
+
+def _twin_cost(run, profile: str) -> tuple:
+    """real_backend.layout.twin_cost for the run's engine: (cost model JSON, host slow-down or None, description)."""
+    from .layout import twin_cost
+
+    return twin_cost(profile, _instances(run), run.meta.get("setup", {}).get("cpus"))
 
 
 def run_prompts(run):
@@ -182,8 +192,6 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     the world's baseline (lssim.fidelity.anchor_on_baseline; the frame "anchored") (lssim.fidelity.policy_summary)."""
     from lssim.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
 
-    from .layout import twin_cost
-
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
     for world, runs in by_world.items():
@@ -201,8 +209,7 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
                 acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
         new = f"baseline@{world}"
         # the cost model the world's twin priced with: the profile, or its measured layout (several instances)
-        first = next(iter(runs.values()))[0]
-        cost_model = twin_cost(profile, int(sim_setup(first, profile).n_instances), first.meta.get("setup", {}).get("cpus"))[2]
+        cost_model = _twin_cost(next(iter(runs.values()))[0], profile)[2]
         for key, frame in frames.items():
             if key in ("summary", "counterfactual"):
                 frame = frame.rename(index={"baseline": new}).assign(world=world, cost_model=cost_model)

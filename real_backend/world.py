@@ -76,7 +76,7 @@ class RealSetup:
     # on CPU 0, instance 1 on CPU 1; vLLM's VLLM_CPU_OMP_THREADS_BIND). None: vLLM's auto binding, which on a host
     # with one NUMA node binds EVERY instance to the same core (measured here: two busy instances then take turns on
     # CPU 0, each 2-3x slower than alone). How much slower N instances run beside each other in a layout is measured
-    # (real_backend.profile.profile_layout) and priced by the simulated twin (real_backend.sim_vs_real.sim_setup).
+    # (real_backend.layout) and priced by the simulated twin (real_backend.sim_vs_real.sim_setup, lssim.shared_host).
     cpus: str | None = None
 
     def check(self) -> None:
