@@ -413,14 +413,15 @@ def unacted(summary: pd.DataFrame) -> list[str]:
 
 def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     """`lssim validate --json`: one object, `policies: {name: {acted, step_error_median, step_error_p90,
-    speedup_error, repeat_spread, ...}}` (errors in %, the speedup error in points), the baselines apart,
-    and the goal."""
+    speedup_error, repeat_spread, ..., cost_model: the profile the world's twin priced with}}` (errors in %, the
+    speedup error in points), the baselines apart, and the goal."""
     def number(v):
         return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
     policies, baselines = {}, {}
     for name, row in summary.iterrows():
-        entry = {"world": row.get("world"), "spec": row.get("spec"),
+        model = row.get("cost_model")
+        entry = {"world": row.get("world"), "spec": row.get("spec"), "cost_model": model if isinstance(model, str) else None,
                  "acted": int(row["acted"]) if "acted" in row and pd.notna(row["acted"]) else None,
                  "acted_by": {k: int(row[k]) for k in ACTED_KINDS if k in row and pd.notna(row[k])},
                  "responses": int(row["responses"]) if "responses" in row and pd.notna(row["responses"]) else None,

@@ -54,6 +54,9 @@ class SimSetup:
     elastic: bool = True  # hybrid: rollout devices join the update once the rollout ends
     # Train only groups whose rewards differ (real_backend's GRPOTrainer skips the others; verl trains them all).
     train_signal_only: bool = False
+    # Instances sharing one host (lssim.shared_host): while b are busy each runs host_slowdown[b-1] x slower than the
+    # cost model says (measured per layout: real_backend/layout.py). None: independent instances (GPUs).
+    host_slowdown: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -67,6 +70,11 @@ class SimSetup:
                              f"have {', '.join(KERNEL_PROFILES)}")
         if self.cost == "operators" and self.model not in SHAPES:
             raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
+        if self.host_slowdown is not None:
+            from .shared_host import slowdown_problem
+
+            if slowdown_problem(self.host_slowdown):
+                raise ValueError(f"SimSetup.{slowdown_problem(self.host_slowdown)}")
         self.train_cost()  # a missing or bad file fails here, naming itself
         self.mode_config()  # an unknown mode or a bad device split fails here
 
@@ -126,7 +134,12 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     policy = make_policy(policy) if isinstance(policy, str) else policy
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
-    engine = SimEngine(workload, cost, engine_cfg, batch_route=batch_route)
+    if setup.host_slowdown is None:
+        engine = SimEngine(workload, cost, engine_cfg, batch_route=batch_route)
+    else:
+        from .shared_host import SharedHostEngine
+
+        engine = SharedHostEngine(workload, cost, engine_cfg, slowdown=setup.host_slowdown)
     mode_cfg = setup.mode_config()
     trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated,
                          signal_only=setup.train_signal_only)

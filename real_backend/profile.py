@@ -67,8 +67,10 @@ def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
 
 
 def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
-            window: int = 16, repeats: int = 2, seed: int = 0, progress=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Measure `engine` (a VLLMEngine with nothing in flight). Returns (decode, prefill, batches) frames:
+            window: int = 16, repeats: int = 2, seed: int = 0, progress=None,
+            instance: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Measure `engine` (a VLLMEngine with nothing in flight); on an engine of several instances, pass `instance`
+    (every request runs there, the others idle: one instance's own speed). Returns (decode, prefill, batches) frames:
     decode rows n_seqs, ctx_tokens, seconds (one iteration, averaged over a window and the batch), with the
     cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds; batches rows
     n_seqs, prompt_len, spread, cut, lengths, seconds (submission to the last token of the batch cut at the
@@ -95,7 +97,7 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
                 # Distinct random prompts: no prefix-cache hits, as for a run's distinct prompts.
                 prompts[rid] = rng.integers(0, vocab, size=p).tolist()
                 requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
-                                        max_tokens=lengths[i], seed=int(rng.integers(1 << 30))))
+                                        max_tokens=lengths[i], seed=int(rng.integers(1 << 30)), instance=instance))
                 rid += 1
             stamps = {r.rid: {} for r in requests}
             t_submit = engine.now()
@@ -171,6 +173,10 @@ def run(args) -> int:
         raise ValueError(f"--out {args.out}: the profile is a .json file")
     if not out.parent.exists():
         raise ValueError(f"--out {args.out}: folder {out.parent} does not exist")
+    if args.instances > 1:
+        return _run_layout(args, out)
+    if args.cpus is not None:
+        raise ValueError("--cpus binds the instances of a layout: give it with --instances N (N >= 2)")
     batch_sizes, prompt_lens = _int_list(args.batch_sizes, "--batch-sizes"), _int_list(args.prompt_lens, "--prompt-lens")
     setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, max_num_seqs=max(batch_sizes),
                       kv_cache_gib=args.kv_cache_gib)
@@ -196,6 +202,35 @@ def run(args) -> int:
     return 0
 
 
+def _run_layout(args, out) -> int:
+    """`lssim profile --out PROFILE --instances N [--cpus C]`: an engine of N instances measured against the existing
+    one-instance PROFILE (real_backend.layout), written beside it as <stem>_layout<N>.json."""
+    import sys
+
+    from lssim.controller import RunConfig
+
+    from .layout import profile_layout
+    from .world import RealSetup, prepare, start_engine
+
+    if not out.is_file():
+        raise ValueError(f"--out {out}: with --instances, --out names the one-instance profile the layout is measured "
+                         f"against (`lssim profile --out {out}` first)")
+    from lssim.cost import ProfiledCostModel
+
+    ProfiledCostModel.from_json(out)
+    setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                      n_instances=args.instances, cpus=args.cpus)
+    prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
+    engine = start_engine(setup, prompts, seed=0)
+    try:
+        profile_layout(engine, out, args.cpus, length=args.length, repeats=args.repeats,
+                       meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir),
+                             "machine": _machine()})
+    finally:
+        engine.close()
+    return 0
+
+
 def measurement_files(profile) -> dict:
     """Where a profile's measurements lie beside it: <stem>_decode/_prefill/_batches.parquet."""
     from pathlib import Path
@@ -205,9 +240,10 @@ def measurement_files(profile) -> dict:
 
 
 def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
-                   window: int = 16, repeats: int = 2, meta: dict | None = None):
-    """Measure a running engine, fit the model, write it to `out` (JSON) with the measurements beside it as
-    <stem>_decode/_prefill/_batches.parquet (each atomically). Returns the ProfiledCostModel."""
+                   window: int = 16, repeats: int = 2, meta: dict | None = None, instance: int | None = None):
+    """Measure a running engine (on an engine of several instances: on `instance`, the others idle), fit the model,
+    write it to `out` (JSON) with the measurements beside it as <stem>_decode/_prefill/_batches.parquet (each
+    atomically). Returns the ProfiledCostModel."""
     import sys
     from pathlib import Path
 
@@ -215,14 +251,16 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
     from tqdm import tqdm
 
     out = Path(out)
-    decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, length, window, repeats,
+    decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, length, window, repeats, instance=instance,
                                        progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr))
     model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
     for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
         atomic_write(measurement_files(out)[kind], lambda p, f=frame: f.to_parquet(p, index=False))
     meta = {"engine": "vllm (VLLMEngine)", "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": length,
-                     "window": window, "repeats": repeats}, **(meta or {})}
+                     "window": window, "repeats": repeats},
+            **({"instance": f"{instance} of {engine.n_instances} (the others idle)"} if instance is not None else {}),
+            **(meta or {})}
     atomic_write(out, lambda p: model.to_json(p, meta=meta))
     return model
 
@@ -241,6 +279,12 @@ def add_arguments(p) -> None:
     p.add_argument("--model-dir", default=str(task.MODEL_DIR), metavar="DIR", help="model folder (default: the reference model)")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit (default: 1024)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="N >= 2: measure how much slower N engine instances run beside each other on this host, against "
+                        "the one-instance profile --out names, into <stem>_layout<N>.json beside it (real_backend/layout.py; "
+                        "what the simulated twin of an N-instance world prices); --length and --repeats apply")
+    p.add_argument("--cpus", metavar="C|C|...", help="with --instances: the CPUs each instance's threads are bound to, "
+                   "'|' between instances (e.g. 0|1; default: vLLM's own binding)")
     p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "
                    "weight push) and fit lssim.training.ProfiledTrainCost: real_backend/profile_trainer.py, which takes "
                    "--out, --model-dir and --repeats from here (its other options: python -m real_backend.profile_trainer -h)")

@@ -39,15 +39,32 @@ DEFAULT_WORKLOADS = Path(__file__).with_name("validation_workloads.toml")
 
 
 def sim_setup(run, profile: str):
-    """The simulated twin of the run's engine: its instances and limits, the profiled cost model."""
+    """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
+    (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
+    how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
+    priced on a shared clock by lssim.shared_host; ValueError naming the command that measures it when there is
+    none)."""
     from lssim.replay import SimSetup
 
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
-    n_instances = int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
+    n_instances = _instances(run)
+    model, slowdown, _ = _twin_cost(run, profile)
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
     return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
-                    kv_capacity_tokens=max_num_seqs * max_model_len, profile=profile)
+                    kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown)
+
+
+def _instances(run) -> int:
+    real = run.meta.get("setup", {})
+    return int(run.meta.get("engine", {}).get("n_instances") or real.get("n_instances") or 1)
+
+
+def _twin_cost(run, profile: str) -> tuple:
+    """real_backend.layout.twin_cost for the run's engine: (cost model JSON, host slow-down or None, description)."""
+    from .layout import twin_cost
+
+    return twin_cost(profile, _instances(run), run.meta.get("setup", {}).get("cpus"))
 
 
 def run_prompts(run):
@@ -179,6 +196,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
     for label, model in refitted.items():
         path = workdir / f"stage{len(rows) + 1}.json"
         model.to_json(path, meta={"stage": label, "from": str(profile)})
+        _layouts_for(path, profile)
         frames = validate(runs, str(path), counterfactual=False)
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
     rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
@@ -191,6 +209,15 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
             makespan_median_ape_pct=per_policy.median(), makespan_p90_ape_pct=per_policy.quantile(0.9))
         rows.append(_stage_row("+ speed level from the baseline's runs (baseline excluded)", anchored, table, str(profile)))
     return pd.DataFrame(rows).set_index("stage")
+
+
+def _layouts_for(stage, profile) -> None:
+    """Beside a stage's model, the layouts measured beside `profile` refitted against it (the same cells), so that
+    worlds of several instances are replayed with each stage too (real_backend.layout)."""
+    from .layout import measured_layouts, write_layout
+
+    for cells, cpus in measured_layouts(profile):
+        write_layout(stage, cpus, pd.read_parquet(cells), {"stage of": str(profile)})
 
 
 def _stage_row(label: str, steps: pd.DataFrame, summary: pd.DataFrame, model: str) -> dict:
@@ -229,9 +256,11 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
             for k, run in enumerate(repeats):  # repeat k against the baseline's repeat k (same engine minutes)
                 acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
         new = f"baseline@{world}"
+        # the cost model the world's twin priced with: the profile, or its measured layout (several instances)
+        cost_model = _twin_cost(next(iter(runs.values()))[0], profile)[2]
         for key, frame in frames.items():
             if key in ("summary", "counterfactual"):
-                frame = frame.rename(index={"baseline": new}).assign(world=world)
+                frame = frame.rename(index={"baseline": new}).assign(world=world, cost_model=cost_model)
                 frame["spec"] = [runs["baseline" if p == new else p][0].name for p in frame.index]
             elif "policy" in frame:
                 frame = frame.assign(policy=frame["policy"].replace("baseline", new), world=world)
@@ -355,7 +384,7 @@ def _world_setup(world, args, greedy: bool = False):
     from .world import RealSetup
 
     n_prompts = args.n_prompts if args.n_prompts is not None else world.n_prompts
-    setup = RealSetup(n_prompts=n_prompts, n_instances=world.n_instances)
+    setup = RealSetup(n_prompts=n_prompts, n_instances=world.n_instances, cpus=world.cpus)
     if greedy:
         setup.temperature = 0.0
     return setup
@@ -386,20 +415,22 @@ def _record(plan: list[tuple], args, out: Path, profile_to: str | None = None) -
     repeat<k>/, on one engine per instance count (worlds that share it run one after another). Repeat-major
     within an engine (every run once, then every run again): the machine's speed drifts over minutes, and drift
     must reach every policy alike instead of passing for one policy's speedup. With `profile_to`, the first
-    engine started (one instance) is profiled before its runs (real_backend.profile.profile_engine)."""
+    engine started (the fewest instances, a plain one first) is profiled before its runs (real_backend.profile.
+    profile_engine; on one of its instances, the others idle), and every engine of several instances has its
+    layout measured against that profile before its runs (real_backend.layout.profile_layout: how much slower
+    its instances run beside each other on this host, which the simulated twin prices)."""
     by_engine: dict[tuple, list[tuple]] = {}
-    for world, specs in sorted(plan, key=lambda p: p[0].n_instances):
+    for world, specs in sorted(plan, key=lambda p: (p[0].n_instances, _greedy(p[1]))):
         # vLLM fixes speculation at engine start and a speculating engine is slower even with drafting off: worlds
         # with a speculating policy get an engine of their own.
         by_engine.setdefault((world.engine_key(), _greedy(specs)), []).append((world, specs))
     runs = []
-    for worlds in by_engine.values():
-        runs += _record_on_one_engine(worlds, args, out, profile_to)
-        profile_to = None
+    for k, worlds in enumerate(by_engine.values()):
+        runs += _record_on_one_engine(worlds, args, out, profile_to, profile_first=k == 0)
     return runs
 
 
-def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str | None) -> list:
+def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str | None, profile_first: bool = True) -> list:
     import tempfile
     from dataclasses import asdict
 
@@ -410,7 +441,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
 
     first = worlds[0][0]
     greedy = _greedy(worlds[0][1])
-    engine_setup = RealSetup(n_instances=first.n_instances)  # the whole pool: a world's smaller pool is a subset
+    engine_setup = RealSetup(n_instances=first.n_instances, cpus=first.cpus)  # the whole pool: a world's is a subset
     if greedy:
         engine_setup.temperature = 0.0
     config = _world_config(first, args)
@@ -432,11 +463,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             prompts, policy = prepare(engine_setup, "baseline", warm)
             run_real(engine_setup, policy, warm, scratch, engine=engine, prompts=prompts)
         if profile_to:
-            from .profile import profile_engine
-
-            print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
-            out.mkdir(parents=True, exist_ok=True)
-            profile_engine(engine, profile_to, meta={"command": " ".join(sys.argv), "model": engine_setup.model_dir})
+            _measure_engine(engine, engine_setup, out, profile_to, profile_first, length=config.max_tokens)
         for k in range(args.repeats):
             for world, specs in worlds:
                 setup, config = _world_setup(world, args, greedy), _world_config(world, args)
@@ -455,6 +482,24 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     return runs
 
 
+def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bool, length: int = 256) -> None:
+    """--reprofile on this engine: the one-instance profile (first engine only; on instance 0, the others idle), then
+    for several instances their layout against it (real_backend.layout)."""
+    meta = {"command": " ".join(sys.argv), "model": setup.model_dir}
+    out.mkdir(parents=True, exist_ok=True)
+    if profile_first:
+        from .profile import profile_engine
+
+        print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
+        profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
+    if engine.n_instances > 1:
+        from .layout import layout_path, profile_layout
+
+        print(f"measuring {engine.n_instances} instances beside each other (cpus {setup.cpus}) into "
+              f"{layout_path(profile_to, engine.n_instances)} ...", file=sys.stderr)
+        profile_layout(engine, profile_to, setup.cpus, meta=meta, length=length)
+
+
 def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
@@ -471,7 +516,9 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     if "anchored" in frames:  # the same steps with each world's speed level from its baseline
         atomic_write(out / "validation_anchored.png",
                      lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
-    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], profile)))
+    models = sorted(set(frames["summary"].get("cost_model", pd.Series([profile])).dropna()) - {profile})
+    described = profile + (f" (worlds of several instances: {'; '.join(models)})" if models else "")
+    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], described)))
 
 
 def _report(frames: dict, out: Path, as_json: bool) -> int:

@@ -33,6 +33,9 @@ class World:
     group_size: int = 4
     max_tokens: int = 256
     n_prompts: int | None = None
+    # The CPUs each engine instance's threads are bound to, instances separated by "|" (vLLM's
+    # VLLM_CPU_OMP_THREADS_BIND, e.g. "0|1"); None: vLLM's own binding (real_backend.world.RealSetup.cpus).
+    cpus: str | None = None
 
     def __post_init__(self):
         for key in ("n_instances", "steps", "groups_per_step", "group_size", "max_tokens"):
@@ -41,6 +44,12 @@ class World:
                 raise ValueError(f"world {self.name!r}: {key} must be an int >= 1, got {value!r}")
         if self.n_prompts is not None and (not isinstance(self.n_prompts, int) or self.n_prompts < self.groups_per_step):
             raise ValueError(f"world {self.name!r}: n_prompts must be an int >= groups_per_step, got {self.n_prompts!r}")
+        if self.cpus is not None:
+            from .world import cpu_layout_problem
+
+            problem = cpu_layout_problem(self.cpus, self.n_instances)
+            if problem:
+                raise ValueError(f"world {self.name!r}: {problem}")
 
     def config(self, seed: int = 0, **override) -> RunConfig:
         """The RunConfig of every run in this world; `override` (steps=..., ...; None values ignored) wins."""
@@ -48,9 +57,10 @@ class World:
         shape.update({k: v for k, v in override.items() if v is not None})
         return RunConfig(seed=seed, **shape)
 
-    def engine_key(self) -> int:
-        """Worlds with the same key share one engine (the run shape can change between runs; instances cannot)."""
-        return self.n_instances
+    def engine_key(self) -> tuple:
+        """Worlds with the same key share one engine (the run shape can change between runs; instances and
+        their CPUs cannot)."""
+        return (self.n_instances, self.cpus)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,12 @@ class RealSetup:
     # CPUs the trainer's thread is pinned to when it trains beside the rollout (modes other than collocated; None:
     # not pinned). vLLM's CPU build binds its own worker (VLLM_CPU_OMP_THREADS_BIND, default auto).
     trainer_cpus: tuple[int, ...] | None = None
+    # CPU build: the CPUs each engine instance's threads are bound to, instances separated by "|" ("0|1": instance 0
+    # on CPU 0, instance 1 on CPU 1; vLLM's VLLM_CPU_OMP_THREADS_BIND). None: vLLM's auto binding, which on a host
+    # with one NUMA node binds EVERY instance to the same core (measured here: two busy instances then take turns on
+    # CPU 0, each 2-3x slower than alone). How much slower N instances run beside each other in a layout is measured
+    # (real_backend.layout) and priced by the simulated twin (real_backend.sim_vs_real.sim_setup, lssim.shared_host).
+    cpus: str | None = None
 
     def check(self) -> None:
         model = Path(self.model_dir)
@@ -93,6 +99,10 @@ class RealSetup:
             raise ValueError(f"clip must be in (0, 1), got {self.clip}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.cpus is not None:
+            problem = cpu_layout_problem(self.cpus, self.n_instances, available=_cpus_available())
+            if problem:
+                raise ValueError(problem)
         if self.profile is not None:
             from lssim.cost import ProfiledCostModel
 
@@ -142,10 +152,63 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
 
 
 def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
-    """A VLLMEngine as `setup` says (`RealSetup.engine_config`), serving `prompts`."""
+    """A VLLMEngine as `setup` says (`RealSetup.engine_config`), serving `prompts`; with `setup.cpus`, each
+    instance's threads bound to its CPUs (vLLM reads VLLM_CPU_OMP_THREADS_BIND when it spawns the engine cores:
+    set for the start only, so a later engine of this process gets its own)."""
     from .engine import VLLMEngine
 
-    return VLLMEngine(setup.engine_config(seed), prompts.prompt_tokens, prompts.reward)
+    if setup.cpus is None:
+        return VLLMEngine(setup.engine_config(seed), prompts.prompt_tokens, prompts.reward)
+    key, before = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ[key] = setup.cpus
+    try:
+        return VLLMEngine(setup.engine_config(seed), prompts.prompt_tokens, prompts.reward)
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def parse_cpus(cpus: str) -> list[list[int]]:
+    """ "0|1" -> [[0], [1]]; "0-1,4|2-3" -> [[0, 1, 4], [2, 3]]: each instance's CPU ids (ValueError if malformed)."""
+    layout = []
+    for part in cpus.split("|"):
+        ids = []
+        for item in part.split(","):
+            lo, _, hi = item.strip().partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+                raise ValueError(f"cpus {cpus!r}: {item.strip()!r} is not a CPU id or a range a-b")
+            ids += list(range(int(lo), int(hi or lo) + 1))
+        layout.append(ids)
+    return layout
+
+
+def cpu_layout_problem(cpus, n_instances: int, available: set[int] | None = None) -> str | None:
+    """Why `cpus` is not a CPU layout for `n_instances` instances (None if it is): one "|"-separated list of CPU ids
+    per instance, no CPU in two lists, each among `available` (when given)."""
+    if not isinstance(cpus, str) or not cpus.strip():
+        return f"cpus must be a string like '0|1' (the CPUs of each instance), got {cpus!r}"
+    try:
+        layout = parse_cpus(cpus)
+    except ValueError as e:
+        return str(e)
+    if len(layout) != n_instances:
+        return f"cpus {cpus!r} lists {len(layout)} instance(s), the engine has n_instances={n_instances}"
+    ids = [c for part in layout for c in part]
+    if len(set(ids)) != len(ids):
+        return f"cpus {cpus!r}: a CPU is in two instances' lists"
+    missing = sorted(set(ids) - available) if available is not None else []
+    if missing:
+        return f"cpus {cpus!r}: CPU(s) {missing} are not available to this process (it may use {sorted(available)})"
+    return None
+
+
+def _cpus_available() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: nothing to check against
+        return None
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
@@ -383,4 +446,5 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     return None
 
 
-__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "out_dir_problem"]
+__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "out_dir_problem", "parse_cpus",
+           "cpu_layout_problem"]

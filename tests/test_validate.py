@@ -5,6 +5,7 @@ not the bookkeeping. The tests marked `real` use the session's shared vLLM engin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -420,3 +421,218 @@ def test_real_cut_points_replayed_on_the_recording_model(tmp_path, policy):
     if policy == "rollpacker":  # every length in its trace: reproduced exactly (april's carried members are modelled)
         assert (steps["predicted_tokens"] == steps["measured_tokens"]).all()
         assert np.allclose(steps["predicted_seconds"], steps["measured_seconds"], rtol=1e-9)
+
+
+# -- N instances sharing one host: the measured layout (real_backend/layout.py) -----------------------------------
+
+def _layout_cells(model, factor: float, n_instances: int = 2, noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """Cells as measure_layout writes them, every instance `factor` x slower than `model` with all busy (times 1 + a
+    relative noise), and alone at the model's own speed."""
+    from real_backend.profile import longtail_lengths
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for rep in range(2):
+        for p in (8, 64):
+            for n in (4, 8, 16, 32):
+                for inst in range(n_instances):
+                    lengths = longtail_lengths(rng, n, 256)
+                    seconds = factor * model.makespan(lengths, p) * (1 + noise * rng.standard_normal())
+                    rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths,
+                                 "seconds": seconds, "repeat": rep, "instance": inst, "busy": n_instances,
+                                 "cell": (rep, p, n)})
+        for inst in range(n_instances):
+            lengths = longtail_lengths(rng, 8, 256)
+            rows.append({"n_seqs": 8, "prompt_len": 8, "spread": "longtail", "cut": 1.0, "lengths": lengths,
+                         "seconds": model.makespan(lengths, 8), "repeat": rep, "instance": inst, "busy": 1,
+                         "cell": (rep, inst)})
+    return pd.DataFrame(rows)
+
+
+@settings(max_examples=20, deadline=None)
+@given(factor=st.floats(0.5, 4.0), n_instances=st.integers(2, 4))
+def test_fit_layout_recovers_the_slowdown_of_busy_instances(factor, n_instances):
+    from real_backend.layout import fit_layout
+
+    fit = fit_layout(MODEL, _layout_cells(MODEL, factor, n_instances))
+    assert fit["n_instances"] == n_instances
+    assert fit["factor"] == pytest.approx(factor, rel=1e-9)
+    assert fit["fit_error"]["median_ape_pct"] < 1e-6
+    assert fit["alone_factor"] == pytest.approx(1.0, rel=1e-9)  # alone cells are reported, not fitted
+    assert set(fit["by_instance"]) == set(range(n_instances))
+
+
+def test_fit_layout_with_noise_and_bad_cells():
+    from real_backend.layout import fit_layout
+
+    fit = fit_layout(MODEL, _layout_cells(MODEL, 1.5, noise=0.05, seed=3))
+    assert fit["factor"] == pytest.approx(1.5, rel=0.03) and 1 < fit["fit_error"]["median_ape_pct"] < 10
+    cells = _layout_cells(MODEL, 1.5)
+    with pytest.raises(ValueError, match="no cell with every instance busy"):
+        fit_layout(MODEL, cells[cells["busy"] == 1])
+    with pytest.raises(ValueError, match="lack columns"):
+        fit_layout(MODEL, cells.drop(columns=["busy"]))
+    with pytest.raises(ValueError, match="'seconds' must be finite and > 0"):
+        fit_layout(MODEL, cells.assign(seconds=0.0))
+
+
+def _two_instance_run(policy: str, profile: str, cpus: str | None = "0|1", seed: int = 5) -> RecordedRun:
+    """A two-instance 'real' run recorded from the simulator on `profile`, with the meta the recorder writes."""
+    from real_backend.recorder import to_trace
+
+    source = load_trace(REAL_TRACE)
+    config = RunConfig(steps=3, groups_per_step=8, group_size=4, max_tokens=256, seed=seed)
+    setup = SimSetup(model="tiny-ref", n_instances=2, max_num_seqs=256, kv_capacity_tokens=262_144, profile=profile)
+    result = simulate(Workload(source, seed=seed), policy, setup, config=config, prompts=Workload(source, seed=seed))
+    meta = {"setup": {"n_instances": 2, "cpus": cpus, "max_num_seqs": 256, "max_model_len": 1024},
+            "engine": {"n_instances": 2}}
+    return RecordedRun(name=policy, trace=to_trace(result.responses, result.steps), steps=result.steps,
+                       responses=result.responses, config=config, meta=meta)
+
+
+def _shared_cells(model, slowdown, seed: int = 0) -> pd.DataFrame:
+    """Layout cells of two instances timed as processor sharing: while b are busy each runs slowdown[b-1] x slower."""
+    from real_backend.profile import longtail_lengths
+
+    rng = np.random.default_rng(seed)
+    rows, cell = [], 0
+    for rep in range(2):
+        for p in (8, 64):
+            for n in (4, 8, 16, 32):
+                lengths = [longtail_lengths(rng, n, 256) for _ in range(2)]
+                m = [model.makespan(l, p) for l in lengths]
+                lo = int(np.argmin(m))
+                done = {lo: slowdown[1] * m[lo], 1 - lo: slowdown[1] * m[lo] + slowdown[0] * (m[1 - lo] - m[lo])}
+                rows += [{"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[i],
+                          "seconds": done[i], "repeat": rep, "instance": i, "busy": 2, "cell": cell} for i in (0, 1)]
+                cell += 1
+        for i in (0, 1):
+            lengths = longtail_lengths(rng, 8, 256)
+            rows.append({"n_seqs": 8, "prompt_len": 8, "spread": "longtail", "cut": 1.0, "lengths": lengths,
+                         "seconds": slowdown[0] * model.makespan(lengths, 8), "repeat": rep, "instance": i, "busy": 1,
+                         "cell": cell})
+            cell += 1
+    return pd.DataFrame(rows)
+
+
+@settings(max_examples=20, deadline=None)
+@given(alone=st.floats(0.5, 2.0), together=st.floats(0.5, 4.0))
+def test_fit_layout_recovers_the_host_slowdown_per_number_of_busy_instances(alone, together):
+    from real_backend.layout import fit_layout
+
+    fit = fit_layout(MODEL, _shared_cells(MODEL, (alone, together)))
+    assert fit["host_slowdown"] == pytest.approx([alone, together], rel=1e-6)
+    assert fit["host_slowdown_error"]["median_ape_pct"] < 1e-6
+
+
+def _replay(run, setup):
+    return replay_run(run, setup, Workload(load_trace(REAL_TRACE), seed=run.config.seed))
+
+
+@pytest.mark.parametrize("policy", ["baseline", "lpt", "seer(chunk=32)"])
+def test_a_shared_host_prices_busy_instances_slower_and_alone_ones_not(tmp_path, policy):
+    """SharedHostEngine: with one factor for any number of busy instances, every step is the plain prediction times
+    it (1.0: exactly the plain engine); with (1, s), between the plain prediction and s times it."""
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _two_instance_run(policy, str(base))
+    two = dataclasses.replace(_setup(str(base)), n_instances=2)
+    plain = _replay(run, two).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(_replay(run, dataclasses.replace(two, host_slowdown=(1.0, 1.0))).steps["rollout_seconds"], plain, rtol=1e-9)
+    assert np.allclose(_replay(run, dataclasses.replace(two, host_slowdown=(1.7, 1.7))).steps["rollout_seconds"], 1.7 * plain,
+                       rtol=1e-6)
+    shared = _replay(run, dataclasses.replace(two, host_slowdown=(1.0, 2.0))).steps["rollout_seconds"].to_numpy()
+    assert (shared > plain * (1 + 1e-6)).all() and (shared < 2 * plain).all()
+
+
+def test_an_instance_alone_on_a_shared_host_runs_at_the_alone_speed(tmp_path):
+    """Every request pinned to instance 0 (the other idle the whole run): priced at slowdown[0], never slowdown[1]."""
+    from lssim.policy import Policy
+
+    class OnZero(Policy):
+        name = "on_zero"
+
+        def place(self, request, loads):
+            return 0
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _two_instance_run("baseline", str(base))
+    two = dataclasses.replace(_setup(str(base)), n_instances=2)
+    replay = lambda setup: replay_run(run, setup, Workload(load_trace(REAL_TRACE), seed=5), policy=OnZero())  # noqa: E731
+    plain = replay(two).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(replay(dataclasses.replace(two, host_slowdown=(1.3, 5.0))).steps["rollout_seconds"], 1.3 * plain, rtol=1e-6)
+    with pytest.raises(ValueError, match="one finite factor > 0"):
+        dataclasses.replace(two, host_slowdown=(1.0, 0.0))
+
+
+def test_a_two_instance_world_is_predicted_with_its_measured_layout(tmp_path):
+    """The simulated twin of a two-instance run (sim_setup) prices it with the layout measured beside the profile:
+    the host slow-down fitted from its cells on a shared clock; a layout file without one (one factor) scales the
+    profile: every step exactly that factor x the one-instance prediction."""
+    from real_backend.layout import layout_path, write_layout
+    from real_backend.sim_vs_real import sim_setup
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    fit = write_layout(base, "0|1", _shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
+    assert fit["host_slowdown"] == pytest.approx([1.0, 1.5]) and layout_path(base, 2).is_file()
+    run = _two_instance_run("seer(chunk=32)", str(base))
+    twin = sim_setup(run, str(base))
+    assert twin.n_instances == 2 and twin.profile == str(base) and twin.host_slowdown == pytest.approx((1.0, 1.5))
+    plain = _replay(run, dataclasses.replace(twin, host_slowdown=None)).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(plain, run.steps["rollout_seconds"], rtol=1e-9)  # recorded on the same profile
+    shared = _replay(run, twin).steps["rollout_seconds"].to_numpy()
+    assert (shared > plain * (1 + 1e-6)).all() and (shared < 1.5 * plain).all()
+    meta = json.loads(layout_path(base, 2).read_text())
+    assert meta["measured_by"]["command"] == "test" and meta["measured_by"]["layout"]["cpus"] == "0|1"
+    assert meta["measured_by"]["layout"]["base_profile"] == str(base)
+    del meta["measured_by"]["layout"]["host_slowdown"]  # a layout measured as one factor only
+    layout_path(base, 2).write_text(json.dumps(meta))
+    factor = meta["measured_by"]["layout"]["factor"]
+    twin = sim_setup(run, str(base))
+    assert twin.profile == str(layout_path(base, 2)) and twin.host_slowdown is None
+    assert np.allclose(_replay(run, twin).steps["rollout_seconds"], factor * plain, rtol=1e-6)
+
+
+def test_a_missing_or_stale_layout_is_an_error_naming_the_command(tmp_path):
+    from real_backend.layout import layout_path, layout_profile, write_layout
+    from real_backend.sim_vs_real import sim_setup
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    assert layout_profile(base, 1) == str(base)  # one instance: the profile itself
+    run = _two_instance_run("baseline", str(base))
+    with pytest.raises(ValueError, match=re.escape(f"lssim profile --out {base} --instances 2 --cpus 0|1")) as e:
+        sim_setup(run, str(base))
+    assert str(layout_path(base, 2)) in str(e.value) and "--reprofile" in str(e.value)
+    write_layout(base, "0|1", _layout_cells(MODEL, 1.3))
+    with pytest.raises(ValueError, match=r"measured for 2 instance\(s\) on cpus '0\|1', the run had 2 on cpus None"):
+        sim_setup(_two_instance_run("baseline", str(base), cpus=None), str(base))
+    ProfiledCostModel(c0=4e-3, c1=1.2e-4, c2=1e-7).to_json(base, meta={"command": "re-profiled"})
+    with pytest.raises(ValueError, match="against other coefficients"):
+        sim_setup(run, str(base))
+
+
+@pytest.mark.parametrize("cpus, n, message", [
+    ("0|1", 2, None), ("0-1,4|2-3", 2, None), ("0", 2, "lists 1 instance(s), the engine has n_instances=2"),
+    ("0|0", 2, "a CPU is in two instances' lists"), ("a|1", 2, "'a' is not a CPU id"), ("", 1, "must be a string"),
+    ("0|9", 2, "CPU(s) [9] are not available"),
+])
+def test_a_cpu_layout_is_checked(cpus, n, message):
+    from real_backend.world import cpu_layout_problem
+
+    problem = cpu_layout_problem(cpus, n, available={0, 1, 2, 3, 4})
+    assert problem is None if message is None else message in problem
+
+
+def test_the_placed_world_binds_each_instance_to_its_cpus(tmp_path):
+    from real_backend.validation_workloads import load_workloads
+
+    placed = load_workloads().worlds["placed"]
+    assert placed.n_instances == 2 and placed.cpus is not None and placed.engine_key() == (2, placed.cpus)
+    path = tmp_path / "w.toml"
+    path.write_text("[worlds.default]\nn_instances = 2\ncpus = '0'\n")
+    with pytest.raises(ValueError, match=re.escape("lists 1 instance(s), the engine has n_instances=2")) as e:
+        load_workloads(path)
+    assert str(path) in str(e.value)

@@ -1,0 +1,294 @@
+"""N engine instances on one host: how much slower each runs beside the others, measured, and the cost model the
+simulated twin of such a world prices its steps with.
+
+    fit = profile_layout(engine, "runs/v/profile.json", cpus="0|1")   # an engine of 2 instances, measured now
+    layout_profile("runs/v/profile.json", 2, cpus="0|1")             # -> runs/v/profile_layout2.json (checked)
+    twin_cost("runs/v/profile.json", 2, cpus="0|1")                  # -> (profile, (s_1, s_2), description)
+
+Why: the profile (real_backend.profile) is measured on one instance with the host to itself. On this 2-core
+machine a second vLLM instance shares the CPUs: the engine cores, the one front-end process that streams every
+token of both, and the memory bus. Measured (2026-11-23, a probe of 128-token lockstep batches, then this
+module's cells): with vLLM's automatic binding both instances' threads sit on CPU 0 and each busy instance runs
+2.0-3.1x slower than the profile predicts; bound one CPU each (`cpus = "0|1"`), 1.4-1.6x while both are busy and
+0.9-1.1x when one runs alone. The simulator's instances are independent, so the twin of an N-instance world
+runs them on a shared clock (lssim.shared_host): while b are busy each is slowed by s_b, measured here.
+
+How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
+from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in
+a rollout step, and each instance's batch makespan is one row; more cells run one instance alone. Under
+processor sharing an instance's makespan is linear in (s_1, ..., s_N) given the profile's makespans of the
+cell's batches (fit_host_slowdown), so the slow-downs are a non-negative relative least squares over every row.
+Reported beside: one factor for the profile (fitted to the cells' makespans with all busy: the slowest instance,
+what a step waits for), per instance and per batch size, the file of which is a plain ProfiledCostModel that
+`lssim replay --profile` can use. About 40 s on this CPU.
+
+Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (a ProfiledCostModel: the profile's
+coefficients times the one factor; "measured_by" says how: the command, the layout, the base profile and its
+coefficients, host_slowdown s_1..s_N and both fits' errors) and <stem>_layout<N>_batches.parquet (the cells).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lssim.core import Request
+
+from .profile import longtail_lengths
+
+LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
+LAYOUT_PROMPT_LENS = (8, 64)
+ALONE_BATCH_SIZES = (8, 32)  # cells where one instance runs alone: s_1 of the host slow-down
+
+
+def layout_path(profile, n_instances: int) -> Path:
+    """Where the measured layout of `n_instances` instances lies beside the one-instance `profile`."""
+    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}.json")
+
+
+def layout_batches_path(profile, n_instances: int) -> Path:
+    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}_batches.parquet")
+
+
+def layout_profile(profile, n_instances: int, cpus: str | None = None) -> str:
+    """The profile the simulated twin of an engine of `n_instances` instances (threads bound as `cpus` says) prices
+    its steps with: `profile` itself for one instance, else its measured layout (layout_path). ValueError, naming
+    the file and the command that makes it, when the layout was not measured, was measured for other CPUs, or
+    against other coefficients than `profile` has now."""
+    from lssim.cost import ProfiledCostModel
+
+    if n_instances <= 1:
+        return str(profile)
+    path = layout_path(profile, n_instances)
+    make = (f"measure it with `lssim validate --reprofile` (it measures every layout it runs) or "
+            f"`lssim profile --out {profile} --instances {n_instances}{f' --cpus {cpus}' if cpus else ''}`")
+    if not path.is_file():
+        raise ValueError(f"{path}: no measured slow-down of {n_instances} engine instances sharing this host beside the "
+                         f"one-instance profile {profile} (the simulator's instances are independent, the real ones share "
+                         f"the CPUs); {make}")
+    ProfiledCostModel.from_json(path)  # a bad file fails here, naming itself
+    import json
+
+    layout = json.loads(path.read_text()).get("measured_by", {}).get("layout", {})
+    if layout.get("n_instances") != n_instances or layout.get("cpus") != cpus:
+        raise ValueError(f"{path}: measured for {layout.get('n_instances')} instance(s) on cpus {layout.get('cpus')!r}, "
+                         f"the run had {n_instances} on cpus {cpus!r}; {make}")
+    base = ProfiledCostModel.from_json(profile).coefficients
+    if layout.get("base_coefficients") != base:
+        raise ValueError(f"{path}: measured against other coefficients than {profile} has now (re-profiled since?); {make}")
+    return str(path)
+
+
+def measured_layouts(profile) -> list[tuple[Path, str | None]]:
+    """(cells parquet, cpus) of every layout measured beside `profile`."""
+    import json
+    import re
+
+    found = []
+    for cells in sorted(Path(profile).parent.glob(f"{Path(profile).stem}_layout*_batches.parquet")):
+        m = re.fullmatch(rf"{re.escape(Path(profile).stem)}_layout(\d+)_batches\.parquet", cells.name)
+        if m and layout_path(profile, int(m.group(1))).is_file():
+            meta = json.loads(layout_path(profile, int(m.group(1))).read_text()).get("measured_by", {})
+            found.append((cells, meta.get("layout", {}).get("cpus")))
+    return found
+
+
+def twin_cost(profile, n_instances: int, cpus: str | None = None) -> tuple[str, tuple[float, ...] | None, str]:
+    """What the simulated twin of an engine of `n_instances` instances (threads bound as `cpus`) prices with:
+    (cost model JSON, host slow-down per number of busy instances or None, a description). One instance: the
+    profile alone. Several: the profile with the layout's measured host slow-down (lssim.shared_host), or for a
+    layout file without one, the layout's scaled profile (one factor); errors as layout_profile's."""
+    import json
+
+    path = layout_profile(profile, n_instances, cpus)
+    if n_instances <= 1:
+        return str(profile), None, str(profile)
+    slowdown = json.loads(Path(path).read_text())["measured_by"]["layout"].get("host_slowdown")
+    if slowdown is None:
+        return path, None, path
+    return str(profile), tuple(slowdown), f"{profile} on a shared host, slow-down {' / '.join(f'{v:.3f}' for v in slowdown)} with 1..{len(slowdown)} instances busy ({path})"
+
+
+@contextlib.contextmanager
+def _profiling(engine, prompts: dict):
+    """The engine serving `prompts` (rid -> token ids), no reward, exactly max_tokens tokens per request; put back after."""
+    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
+    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
+    engine.sampling_kwargs["ignore_eos"] = True
+    try:
+        yield
+    finally:
+        engine.abort_all()
+        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
+        engine.sampling_kwargs.clear()
+        engine.sampling_kwargs.update(saved[2])
+
+
+def _run_cell(engine, requests: list[Request]) -> dict[int, float]:
+    """Submit at once, wait for every finish: rid -> seconds from submission to its last token."""
+    t0, finish = engine.now(), {}
+    engine.submit(requests)
+    while len(finish) < len(requests):
+        for ev in engine.next_events():
+            if ev.kind == "finished":
+                finish[ev.request.rid] = ev.time - t0
+    return finish
+
+
+def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PROMPT_LENS, length: int = 256,
+                   repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES) -> pd.DataFrame:
+    """Measure an engine of several instances (nothing in flight). Rows: n_seqs (on that instance), prompt_len,
+    spread, cut (1.0: the whole batch), lengths, seconds (its batch's makespan), repeat, instance, busy (instances
+    loaded in the cell: all of them, or 1 for the cells of `alone_sizes` run on each instance alone), cell (the
+    rows of one cell share it)."""
+    n_inst = int(engine.n_instances)
+    if n_inst < 2:
+        raise ValueError(f"measure_layout needs an engine of several instances, this one has {n_inst}")
+    rng = np.random.default_rng(seed)
+    vocab = int(getattr(engine, "vocab_size", 16))
+    cells = [(rep, p, n, tuple(range(n_inst))) for rep in range(repeats) for p in prompt_lens for n in batch_sizes]
+    cells += [(rep, min(prompt_lens), n, (i,)) for rep in range(repeats) for n in alone_sizes for i in range(n_inst)]
+    cells = [cells[i] for i in rng.permutation(len(cells))]  # drift must not pass for a trend in n, P or busy
+    # One cell first, not recorded: an engine's first batches of a new shape pay for kernels and allocations.
+    cells = [(-1, max(prompt_lens), max(batch_sizes), tuple(range(n_inst)))] + cells
+    prompts: dict[int, list[int]] = {}
+    rows, rid = [], 0
+    with _profiling(engine, prompts):
+        for cell, (rep, p, n, loaded) in enumerate(cells):
+            requests, lengths = [], {}
+            for inst in loaded:
+                lengths[inst] = longtail_lengths(rng, n, length)
+                for tokens in lengths[inst]:
+                    prompts[rid] = rng.integers(0, vocab, size=p).tolist()
+                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
+                                            max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
+                    rid += 1
+            finish = _run_cell(engine, requests)
+            for inst in loaded if rep >= 0 else ():
+                seconds = max(finish[r.rid] for r in requests if r.instance == inst)
+                rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[inst],
+                             "seconds": seconds, "repeat": rep, "instance": inst, "busy": len(loaded), "cell": cell})
+            for r in requests:
+                prompts.pop(r.rid, None)
+    return pd.DataFrame(rows)
+
+
+def fit_layout(base, batches: pd.DataFrame) -> dict:
+    """The slow-down of instances beside each other against `base` (a ProfiledCostModel of one instance alone).
+    factor: fitted on the cells where every instance is busy, to the cell's makespan (its slowest instance: what a
+    rollout step waits for, and what the simulated twin predicts as the largest of its instances' makespans);
+    fit_error: its makespan error on those cells. Reported beside: the factor per instance and per batch size (on
+    each instance's own makespan), and of the cells run alone (each the same relative least squares)."""
+    if batches is None or not len(batches):
+        raise ValueError("fit_layout: no layout measurements")
+    missing = {"n_seqs", "prompt_len", "lengths", "seconds", "instance", "busy", "cell"} - set(batches.columns)
+    if missing:
+        raise ValueError(f"fit_layout: the measurements lack columns {sorted(missing)}")
+    df = batches.assign(predicted=[base.makespan(l, int(p)) for l, p in zip(batches["lengths"], batches["prompt_len"])])
+    if not (np.isfinite(df["seconds"]).all() and (df["seconds"] > 0).all()):
+        raise ValueError("fit_layout: column 'seconds' must be finite and > 0")
+    n_inst = int(df["instance"].max()) + 1
+    together = df[df["busy"] == n_inst]
+    if together.empty:
+        raise ValueError("fit_layout: no cell with every instance busy")
+    cells = together.groupby("cell")[["predicted", "seconds"]].max()
+    factor = _relative_factor(cells["predicted"].to_numpy(), cells["seconds"].to_numpy())
+    ape = np.abs(factor * cells["predicted"] / cells["seconds"] - 1).to_numpy() * 100
+    by = lambda key: {int(k): _relative_factor(g["predicted"].to_numpy(), g["seconds"].to_numpy())  # noqa: E731
+                      for k, g in together.groupby(key)}
+    alone = df[df["busy"] < n_inst]
+    slowdown, sharing_ape = fit_host_slowdown(df, n_inst)
+    return {"n_instances": n_inst, "factor": factor, "host_slowdown": slowdown,
+            "host_slowdown_error": {"median_ape_pct": float(np.median(sharing_ape)), "p90_ape_pct": float(np.percentile(sharing_ape, 90)),
+                                    "n_points": int(len(sharing_ape)), "of": "each instance's makespan in every cell, shared clock"},
+            "fit_error": {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
+                          "max_ape_pct": float(ape.max()), "n_points": int(len(cells)),
+                          "of": "cell makespan (its slowest instance), every instance busy"},
+            "by_instance": by("instance"), "by_batch_size": by("n_seqs"),
+            "alone_factor": _relative_factor(alone["predicted"].to_numpy(), alone["seconds"].to_numpy()) if len(alone) else None}
+
+
+def fit_host_slowdown(df: pd.DataFrame, n_inst: int) -> tuple[list[float], np.ndarray]:
+    """Processor sharing (lssim.shared_host): while b instances are busy each runs s_b x slower than the profile.
+    A cell's instances, sorted by their profiled makespans m_(1) <= ... <= m_(k) (k loaded), all progress together:
+    the one of rank r finishes at sum_{j<=r} s_(k-j+1) (m_(j) - m_(j-1)), linear in s. Fitted (non-negative, relative
+    least squares) to every instance's makespan in every cell. Returns ([s_1, ..., s_N], the fit's APE per row);
+    an s_b no cell informs is the nearest informed one's."""
+    from scipy.optimize import nnls
+
+    rows, y = [], []
+    for _, cell in df.groupby("cell"):
+        m = np.sort(cell["predicted"].to_numpy(float))
+        k = len(m)
+        steps = np.diff(np.concatenate([[0.0], m]))  # progress made with k, k-1, ... instances busy
+        for rank, seconds in enumerate(np.sort(cell["seconds"].to_numpy(float))):
+            f = np.zeros(n_inst)
+            for j in range(rank + 1):
+                f[k - j - 1] += steps[j]
+            rows.append(f)
+            y.append(seconds)
+    X, y = np.array(rows), np.array(y)
+    informed = X.sum(axis=0) > 0
+    s = np.zeros(n_inst)
+    s[informed], _ = nnls(X[:, informed] / y[:, None], np.ones(len(y)))
+    for b in np.flatnonzero(~informed):  # no cell with that many busy: the nearest count that was measured
+        s[b] = s[np.flatnonzero(informed)[np.argmin(np.abs(np.flatnonzero(informed) - b))]]
+    return [float(v) for v in s], np.abs(X @ s / y - 1) * 100
+
+
+def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """s minimising sum((s * predicted / measured - 1)^2)."""
+    r = predicted / measured
+    return float(r.sum() / (r * r).sum())
+
+
+def scaled_model(base, factor: float, name: str):
+    """`base` with every coefficient times `factor`: every time it prices, times `factor`."""
+    from lssim.cost import ProfiledCostModel
+
+    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, name=name)
+
+
+def profile_layout(engine, profile, cpus: str | None, meta: dict | None = None, **measure_kw) -> dict:
+    """Measure `engine` (several instances, threads bound as `cpus`) against the one-instance `profile` and write
+    what write_layout writes. Returns fit_layout's dict."""
+    import sys
+
+    t0 = time.monotonic()
+    batches = measure_layout(engine, **measure_kw)
+    fit = write_layout(profile, cpus, batches, {"seconds": round(time.monotonic() - t0, 1), **(meta or {})})
+    n, alone = fit["n_instances"], fit["alone_factor"]
+    print(f"layout of {n} instances (cpus {cpus}): slow-down {' / '.join(f'{v:.2f}' for v in fit['host_slowdown'])} with "
+          f"1..{n} busy (makespan error {fit['host_slowdown_error']['median_ape_pct']:.1f}% median); one factor "
+          f"{fit['factor']:.2f}x with all busy{f', {alone:.2f}x alone' if alone is not None else ''} -> "
+          f"{layout_path(profile, n)}", file=sys.stderr)
+    return fit
+
+
+def write_layout(profile, cpus: str | None, batches: pd.DataFrame, meta: dict | None = None) -> dict:
+    """Fit the layout measured in `batches` (measure_layout's rows) against the one-instance `profile`; write
+    layout_path(profile, N) (the profile's coefficients times the factor, with how it was measured) and the cells
+    beside it, each atomically. Returns fit_layout's dict."""
+    from lssim.cost import ProfiledCostModel
+    from lssim.results import atomic_write
+
+    base = ProfiledCostModel.from_json(profile)
+    fit = fit_layout(base, batches)
+    n = fit["n_instances"]
+    model = scaled_model(base, fit["factor"], name=f"{base.name} x {fit['factor']:.3f} ({n} instances, cpus {cpus})")
+    model.fit_stats = fit["fit_error"]
+    info = {"layout": {"n_instances": n, "cpus": cpus, "base_profile": str(profile), "base_coefficients": base.coefficients,
+                       **{k: v for k, v in fit.items() if k != "n_instances"}, "cells": layout_batches_path(profile, n).name},
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **(meta or {})}
+    atomic_write(layout_batches_path(profile, n), lambda p: batches.to_parquet(p, index=False))
+    atomic_write(layout_path(profile, n), lambda p: model.to_json(p, meta=info))
+    return fit
+
+
+__all__ = ["layout_path", "layout_profile", "measure_layout", "fit_layout", "scaled_model", "profile_layout", "write_layout",
+           "measured_layouts", "twin_cost",
+           "fit_host_slowdown"]
