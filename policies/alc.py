@@ -28,6 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
+from lssim.columns import GroupBatch
 from lssim.core import LENGTH, Group
 from lssim.policy import Policy
 from lssim.rewards import RewardScale
@@ -67,7 +70,12 @@ class ALC(Policy):
     def select(self, groups, step):
         if self.truncation_penalty == 0:
             return groups
-        out, penalty = [], self.truncation_penalty * self._scale.span
+        penalty = self.truncation_penalty * self._scale.span
+        if isinstance(groups, GroupBatch):  # the batch route's groups: a copy of the reward column, penalized
+            cols = groups.columns
+            reward = np.where(cols.finish_reason == LENGTH, cols.reward - penalty, cols.reward)
+            return GroupBatch(dataclasses.replace(cols, reward=reward), groups.rows, groups.sizes)
+        out = []
         for g in groups:
             if any(r.finish_reason == LENGTH for r in g.requests):
                 members = [dataclasses.replace(r, reward=r.reward - penalty) if r.finish_reason == LENGTH else r

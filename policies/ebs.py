@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from lssim.history import LengthHistory
 from lssim.policy import Policy
 
@@ -112,6 +114,30 @@ class EBS(Policy):
         i = min(range(len(loads)), key=self._load.__getitem__)
         self._load[i] += self.load(request.prompt_id, request.max_tokens)
         return i
+
+    # The same rules over a whole submission (the simulator's batch route): a prediction per distinct prompt and
+    # budget, the planned slots taken prompt by prompt, in request order.
+    def priorities(self, requests):
+        keys, inverse = np.unique(np.stack([requests.prompt_id, requests.max_tokens]), axis=1, return_inverse=True)
+        predicted = np.array([self.predicted(int(p), int(b)) for p, b in keys.T.tolist()], float)[inverse.ravel()]
+        return -np.round(np.maximum(1.0, predicted - requests.generated)).astype(np.int64)
+
+    def placements(self, requests, loads):
+        if self._slots is None or len(self._load) != len(loads):
+            self._slots = self.dispatch(len(loads))
+        out = np.full(len(requests), -1, np.int64)
+        order = np.argsort(requests.prompt_id, kind="stable")
+        pids = requests.prompt_id[order]
+        bounds = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1], True]) if len(pids) else np.zeros(1, np.int64)
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            slots = self._slots.get(int(pids[a]))
+            k = min(len(slots), b - a) if slots else 0
+            out[order[a:a + k]] = [slots.popleft() for _ in range(k)]
+        for j in np.flatnonzero(out < 0).tolist():  # not planned: the least-loaded instance, one after another
+            i = min(range(len(loads)), key=self._load.__getitem__)
+            self._load[i] += self.load(int(requests.prompt_id[j]), int(requests.max_tokens[j]))
+            out[j] = i
+        return out
 
     def end_step(self, outcome):
         self.history.update(outcome)
