@@ -310,9 +310,10 @@ def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_e
 
     cols, sizes = gather(groups)
     starts = np.cumsum(sizes) - sizes
-    last = np.maximum.reduceat(cols.finish_time, starts) if len(cols) else np.zeros(0)
+    # A member stopped or dropped by a policy has no finish time (NaN): the group is ready at its members' last one.
+    last = np.fmax.reduceat(cols.finish_time, starts) if len(cols) else np.zeros(0)
     open_ = np.add.reduceat((cols.finish_reason == "").astype(np.int64), starts) > 0 if len(cols) else np.zeros(0, bool)
-    done = np.where(open_, rollout_end, np.maximum(rollout_start, last))
+    done = np.where(open_, rollout_end, np.fmax(rollout_start, last))
     tokens = np.add.reduceat((cols.prompt_len + cols.generated).astype(float), starts) if len(cols) else np.zeros(0)
     order = np.argsort(done, kind="stable")
     work = compute * tokens[order] / tokens.sum()  # seconds on the train devices alone
