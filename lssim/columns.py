@@ -1,6 +1,6 @@
 """Requests as columns: one array per field instead of one `Request` object per response.
 
-The controller plans every step's requests as columns (`Controller._make_requests`). A step on the event route
+The controller plans every step's requests as columns (`plan_requests`). A step on the event route
 turns them into `Request` objects, because engines report events about single requests and per-event hooks read
 them; a step on the batch route (lssim.fastsim) never does: the engine fills the columns in place and the books
 (lssim.records), the groups that train (`lssim.core.Group`) and the trainer read them as arrays. At the step's end
@@ -10,8 +10,10 @@ is recorded is computed once, in one place.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -285,3 +287,53 @@ def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         spread = np.maximum.reduceat(rewards, starts) - np.minimum.reduceat(rewards, starts)
         out[some] = (sizes[some] > 1) & (spread > 0)  # NaN-safe: a NaN comparison is False
     return out
+
+
+def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version: int, rng: np.random.Generator,
+                  prompt_len: Callable[[int], int], samples_planned: dict[int, int],
+                  batch_samples: dict[int, dict[int, int]]) -> tuple[RequestColumns, list[int]]:
+    """A step's planned groups (lssim.core.GroupSpec) as requests, group after group: ids from `first_rid` and groups
+    from `first_group`, sample indices unique per prompt in the step (`samples_planned`, updated) and in its loader
+    batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`.
+    Also returns the rids a recorded group says were not trained (GroupSpec.member_trained)."""
+    attr = lambda name, none=-1: np.fromiter(  # noqa: E731 -- one field of every group, as an array
+        ((none if v is None else v) for v in map(operator.attrgetter(name), plan)), np.int64, len(plan))
+    n, pids, batches = attr("n_samples"), attr("prompt_id"), attr("batch")
+    first = count_on(samples_planned, pids, n)
+    first_in_batch = first.copy()
+    for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
+        of = batches == b  # this prompt (the simulator answers from there)
+        first_in_batch[of] = count_on(batch_samples.setdefault(b, {}), pids[of], n[of])
+    total = int(n.sum())
+    offsets = np.cumsum(n) - n
+    within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
+    budget = np.repeat(attr("max_tokens"), n)
+    for i, g in enumerate(plan):
+        if g.member_max_tokens is not None:
+            budget[offsets[i]:offsets[i] + n[i]] = np.minimum(g.member_max_tokens, g.max_tokens)
+    cols = RequestColumns.planned(
+        rid=np.arange(first_rid, first_rid + total), group_id=np.repeat(np.arange(first_group, first_group + len(plan)), n),
+        step=np.full(total, step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
+        prompt_len=np.repeat(np.fromiter(map(prompt_len, pids.tolist()), np.int64, len(plan)), n), max_tokens=budget,
+        priority=np.repeat(attr("priority", 0), n), instance=np.repeat(attr("instance"), n),
+        seed=rng.integers(2**31, size=total), first_version=np.full(total, version),
+        batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
+    left_out = [first_rid + int(offsets[i]) + k for i, g in enumerate(plan) if g.member_trained is not None
+                for k, t in enumerate(g.member_trained) if not t]
+    return cols, left_out
+
+
+def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
+    before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
+    base = np.fromiter(map(counts.get, keys.tolist(), itertools.repeat(0)), np.int64, len(keys))
+    order = np.argsort(keys, kind="stable")
+    sorted_keys, sorted_n = keys[order], n[order]
+    runs = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
+    ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
+    first = np.empty(len(keys), np.int64)
+    first[order] = ahead
+    first += base
+    counts.update(zip(keys.tolist(), (first + n).tolist()))  # a key's last entry holds its total (dict keeps the last)
+    return first

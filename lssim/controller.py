@@ -11,8 +11,6 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 
 from __future__ import annotations
 
-import itertools
-import operator
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
@@ -23,26 +21,9 @@ from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .columns import RequestColumns, gather, with_signal
+from .columns import RequestColumns, gather, plan_requests, with_signal
 from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
-
-
-def _count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
-    before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
-    base = np.fromiter(map(counts.get, keys.tolist(), itertools.repeat(0)), np.int64, len(keys))
-    order = np.argsort(keys, kind="stable")
-    sorted_keys, sorted_n = keys[order], n[order]
-    runs = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
-    ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
-    first = np.empty(len(keys), np.int64)
-    first[order] = ahead
-    first += base
-    ends = first + n
-    counts.update(zip(keys.tolist(), ends.tolist()))  # the last entry of a key is its total (dict keeps the last)
-    return first
 
 
 class PromptSource(Protocol):
@@ -481,37 +462,12 @@ class Controller:
 
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
-        """The plan's requests, group after group, as columns: ids, sample indices unique per prompt in the step
-        and in its loader batch, budgets, seeds (drawn from the run's generator, one per request)."""
-        attr = lambda name, none=-1: np.fromiter(  # noqa: E731 -- one field of every group, as an array
-            ((none if v is None else v) for v in map(operator.attrgetter(name), plan)), np.int64, len(plan))
-        n, pids, batches = attr("n_samples"), attr("prompt_id"), attr("batch")
-        # Samples of a prompt already planned this step (top-ups included), and of its loader batch: unique keys.
-        first = _count_on(s.samples_planned, pids, n)
-        first_in_batch = first.copy()
-        loader = batches >= 0  # its place among the samples its loader batch holds of this prompt (the simulator
-        for b in np.unique(batches[loader]).tolist():  # answers from there)
-            of = batches == b
-            first_in_batch[of] = _count_on(self._batch_samples.setdefault(b, {}), pids[of], n[of])
-        total = int(n.sum())
-        offsets = np.cumsum(n) - n
-        within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
-        budget = np.repeat(attr("max_tokens"), n)
-        members_budget = [(i, g.member_max_tokens) for i, g in enumerate(plan) if g.member_max_tokens is not None]
-        for i, budgets in members_budget:
-            budget[offsets[i]:offsets[i] + n[i]] = np.minimum(budgets, plan[i].max_tokens)
-        trained = [(i, g.member_trained) for i, g in enumerate(plan) if g.member_trained is not None]
-        prompt_len = self.prompts.prompt_len
-        cols = RequestColumns.planned(
-            rid=np.arange(self._next_rid, self._next_rid + total), group_id=np.repeat(np.arange(self._next_group, self._next_group + len(plan)), n),
-            step=np.full(total, s.step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
-            prompt_len=np.repeat(np.fromiter(map(prompt_len, pids.tolist()), np.int64, len(plan)), n), max_tokens=budget,
-            priority=np.repeat(attr("priority", 0), n), instance=np.repeat(attr("instance"), n),
-            seed=self.rng.integers(2**31, size=total), first_version=np.full(total, self.mode.version),
-            batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
-        for i, members in trained:  # a recorded group says these members were not trained (GroupSpec.member_trained)
-            self._left_out.update(int(cols.rid[offsets[i] + k]) for k, t in enumerate(members) if not t)
-        self._next_rid += total
+        """The plan's requests as columns (lssim.columns.plan_requests), with the run's next ids and seeds."""
+        cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
+                                       version=self.mode.version, rng=self.rng, prompt_len=self.prompts.prompt_len,
+                                       samples_planned=s.samples_planned, batch_samples=self._batch_samples)
+        self._left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
+        self._next_rid += len(cols)
         self._next_group += len(plan)
         return cols
 

@@ -5,8 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.columns import GroupBatch, RequestColumns, gather, prompt_ids, with_signal
-from lssim.controller import _count_on
+from lssim.columns import GroupBatch, RequestColumns, count_on, gather, prompt_ids, with_signal
 from lssim.core import Group, Request, off_policy_tokens, token_lags
 
 
@@ -20,7 +19,7 @@ def test_count_on_numbers_samples_as_a_loop_over_the_groups_does(counts, entries
     for k, m in entries:  # the loop it replaces
         expected.append(expected_counts.get(k, 0))
         expected_counts[k] = expected[-1] + m
-    got = _count_on(counts, keys, n)
+    got = count_on(counts, keys, n)
     assert got.tolist() == expected and counts == expected_counts
 
 
