@@ -36,6 +36,7 @@ import pandas as pd
 
 from .core import LENGTH, STOP, GroupSpec, PromptPool
 from .rewards import RewardScale
+from .trace_checks import is_sorted
 
 EXACT, TRUNCATED, RESAMPLED, GLOBAL = "exact", "truncated", "resampled", "global"
 _MASK = (1 << 64) - 1
@@ -347,7 +348,7 @@ def _length_function(wl: Workload):
 def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """The columns the Workload reads, as arrays in (step, prompt, group, sample) order (a prompt's groups at a
     step are one run of rows, group by group), and the text ids of the prompt codes (None for integer ids).
-    A validated trace is usually in that order already: then nothing is reordered (`_is_sorted`)."""
+    A validated trace is usually in that order already: then nothing is reordered (`lssim.trace_checks.is_sorted`)."""
     n = len(trace)
     codes, names = _prompt_codes(trace["prompt_id"])
 
@@ -365,27 +366,13 @@ def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray
         "trained": column("trained", bool, True),
     }
     keys = (step, codes, group, sample)
-    if not _is_sorted(keys):
+    if not is_sorted(keys):
         order = np.lexsort(keys[::-1])
         rows = {k: v[order] for k, v in rows.items()}
     reason_names = np.asarray(reason_names, dtype=object)
     rows["reason_names"] = reason_names
     rows["stopped"] = np.isin(rows["reason"], np.flatnonzero(reason_names == STOP))
     return rows, names
-
-
-def _is_sorted(keys: tuple[np.ndarray, ...]) -> bool:
-    """Whether rows are in ascending lexicographic order of `keys` (most significant first); ties count as sorted
-    (a stable sort would leave them where they are)."""
-    undecided = np.ones(max(len(keys[0]) - 1, 0), dtype=bool)
-    for k in keys:
-        a, b = k[:-1], k[1:]
-        if (undecided & (a > b)).any():
-            return False
-        undecided &= a == b
-        if not undecided.any():
-            return True
-    return True
 
 
 def _recorded_spec(prompt_id: int, budgets: tuple[int, ...], trained: tuple[bool, ...]) -> tuple:
@@ -468,7 +455,6 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     index = wl._array_index  # built on the first call (Workload.__getattr__)
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
-    n = len(step)
     code, known = index.code_of(pid)
     hit, start, count = index.group(step, code)
     exact = known & hit & (sample < count)
