@@ -84,17 +84,11 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.core.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = {name: np.fromiter((getattr(r, name) for r in requests), np.int64, n)
-                for name in _INTS if name != "instance"}
-        cols["instance"] = np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, n)
-        for name in _FLOATS:
-            cols[name] = np.fromiter((getattr(r, name) for r in requests), float, n)
+        cols = {name: field_of(requests, name) for name in _INTS + _FLOATS + ("exact", "finish_reason", "stop_reason")}
         natural = [counterfactual(r) if counterfactual else None for r in requests]
         resumes = [r.resumes for r in requests]
         return RequestColumns(
-            **cols, exact=np.fromiter((r.exact for r in requests), bool, n),
-            finish_reason=_objects([r.finish_reason for r in requests]), stop_reason=_objects([r.stop_reason for r in requests]),
-            natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
+            **cols, natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
             natural_reward=np.fromiter((np.nan if c is None else c[1] for c in natural), float, n),
             context_at_start=cols["prompt_len"].copy() if context_at_start is None else
             np.fromiter((context_at_start[r.rid] for r in requests), np.int64, n),
@@ -245,7 +239,7 @@ def gather(groups, name: str | None = None):
             rows = np.concatenate(run_rows) if len(run_rows) > 1 else run_rows[0]
             parts.append(getattr(run_cols, name)[rows] if name else run_cols.take(rows))
         if objects:
-            parts.append(_field_of(objects, name) if name else RequestColumns.of(objects))
+            parts.append(field_of(objects, name) if name else RequestColumns.of(objects))
         run_cols, run_rows, objects = None, [], []
 
     for i, g in enumerate(groups):
@@ -270,7 +264,8 @@ def gather(groups, name: str | None = None):
 _DTYPES = {**{n: np.int64 for n in _INTS}, **{n: float for n in _FLOATS}, "exact": bool}
 
 
-def _field_of(requests: list[Request], name: str) -> np.ndarray:
+def field_of(requests: list[Request], name: str) -> np.ndarray:
+    """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
     if name == "instance":
         return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
     if name in _DTYPES:

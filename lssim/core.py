@@ -198,9 +198,9 @@ class Group:
         """A field of every member, in member order (lssim.columns.RequestColumns's names and dtypes)."""
         if self.columns is not None:
             return getattr(self.columns, name)[self.rows]
-        if name == "instance":
-            return np.array([-1 if r.instance is None else r.instance for r in self._requests], np.int64)
-        return np.array([getattr(r, name) for r in self._requests])
+        from .columns import field_of  # columns builds on this module
+
+        return field_of(self._requests, name)
 
     def __len__(self) -> int:
         return len(self._requests) if self._requests is not None else len(self.columns.rid[self.rows])
