@@ -73,7 +73,8 @@ class StepState:
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
-        order = np.argsort(self.batch.group_id, kind="stable")
+        order = np.lexsort((self.batch.rid, self.batch.group_id))  # members in the order they were made, as on the
+        # event route (a priority hook may have reordered the rows; the trainer packs members in this order)
         _, sizes = np.unique(self.batch.group_id[order], return_counts=True)
         return GroupBatch(self.batch, order, sizes)
 

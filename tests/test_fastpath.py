@@ -20,6 +20,7 @@ from lssim.fastsim import price_decode
 from lssim.modes import ModeConfig
 from lssim.policy import make_policy
 from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.synth import get_preset, synthesize
 from lssim.workload import OracleLengths, Workload
 
 # a profiled model with departures priced (the event engine's "owed" seconds), and the roofline
@@ -132,3 +133,18 @@ def test_lookup_many_answers_as_the_scalar_lookup(seed, wl_seed):
         want = wl.lookup(int(step[j]), int(pid[j]), int(sample[j]), int(budget[j]))
         assert (got[0][j], got[1][j], got[3][j], got[4][j]) == (want.length, want.finish_reason, want.source, want.row)
         assert got[2][j] == want.reward or (np.isnan(got[2][j]) and np.isnan(want.reward))
+
+
+@pytest.mark.parametrize("policy", ["oracle", "ebs"])
+def test_a_priority_hook_leaves_the_trained_members_in_the_order_they_were_made(policy):
+    """A priority hook reorders a batch-route step's rows; the groups handed to the trainer must still list their
+    members as the event route does (the train-time model packs micro-batches in that order)."""
+    from lssim.replay import SimSetup, simulate
+
+    trace = synthesize(get_preset("math7b").replace(steps=5, prompts_per_step=37, group_size=5, max_tokens=20000,
+                                                     length_median=3000.0))
+    wl = Workload(trace)
+    setup = SimSetup(model="llama3-8b", n_instances=2, max_num_seqs=64, kv_capacity_tokens=60000)
+    fast, slow = simulate(wl, policy, setup), simulate(wl, policy, setup, batch_route=False)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps)
+    pd.testing.assert_frame_equal(fast.responses, slow.responses)
