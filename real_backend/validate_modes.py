@@ -49,7 +49,12 @@ def run_label(run) -> str:
 
 def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.DataFrame]:
     """Replay each recorded run in its own mode and compare step_seconds step by step; repeats of one label (same
-    mode and policy) are reduced to the per-step median of measured and of predicted seconds."""
+    mode and policy) are reduced to the per-step median of measured and of predicted seconds.
+
+    The twin may need fewer steps than the run: both stop once every group of the data has trained, and where the
+    twin's steps train more groups than the run's did (an async step trains whatever has ended), it gets there
+    first. A run's step the twin never reached (in no repeat) keeps its measured row, with `in_twin` False, predicted
+    seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
     from lssim.fidelity import replay_run
 
     from .sim_vs_real import run_prompts
@@ -62,7 +67,7 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
             step = int(real["step"])
             p = predicted.loc[step] if step in predicted.index else None
             rows.append({"label": run_label(run), "mode": (run.meta.get("mode") or {}).get("mode", "collocated"),
-                         "policy": run.name, "folder": run.folder, "step": step,
+                         "policy": run.name, "folder": run.folder, "step": step, "in_twin": p is not None,
                          "measured_seconds": float(real["step_seconds"]),
                          "predicted_seconds": float(p["step_seconds"]) if p is not None else np.nan,
                          "measured_rollout_seconds": float(real["rollout_seconds"]),
@@ -73,7 +78,8 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
                          "predicted_max_staleness": int(p.get("max_staleness", 0)) if p is not None else -1})
     by_repeat = pd.DataFrame(rows)
     steps = (by_repeat.groupby(["label", "mode", "policy", "step"], sort=False)
-             .agg({c: "median" for c in by_repeat.columns if c.startswith(("measured_", "predicted_"))}).reset_index())
+             .agg({"in_twin": "any", **{c: "median" for c in by_repeat.columns if c.startswith(("measured_", "predicted_"))}})
+             .reset_index())
     steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
     steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
     return {"steps": steps, "steps_by_repeat": by_repeat, "summary": summarize(steps)}
@@ -83,12 +89,12 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
     """Per label: the per-step error, seconds per trained group measured and predicted, and the ranks by them."""
     rows = {}
     for label, s in steps.groupby("label", sort=False):
-        rows[label] = {"mode": s["mode"].iloc[0], "steps": len(s),
+        rows[label] = {"mode": s["mode"].iloc[0], "steps": len(s), "steps_not_in_twin": int((~s["in_twin"]).sum()),
                        "step_median_ape_pct": float(s["ape_pct"].median()),
                        "step_p90_ape_pct": float(np.nanpercentile(s["ape_pct"], 90)),
                        "step_median_signed_pct": float(s["signed_pct"].median()),
                        "measured_seconds": float(s["measured_seconds"].sum()),
-                       "predicted_seconds": float(s["predicted_seconds"].sum()),
+                       "predicted_seconds": float(s["predicted_seconds"].sum()),  # NaN rows: no step, 0 s
                        "measured_s_per_group": float(s["measured_seconds"].sum() / max(1, s["measured_groups"].sum())),
                        "predicted_s_per_group": float(s["predicted_seconds"].sum() / max(1, s["predicted_groups"].sum())),
                        "measured_max_staleness": int(s["measured_max_staleness"].max()),
@@ -115,8 +121,8 @@ def ranking_agrees(summary: pd.DataFrame) -> bool:
 
 
 def format_modes(summary: pd.DataFrame) -> str:
-    cols = ["steps", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct", "measured_s_per_group",
-            "predicted_s_per_group", "measured_rank", "predicted_rank", "measured_max_staleness",
+    cols = ["steps", "steps_not_in_twin", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct",
+            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "measured_max_staleness",
             "anchored_median_ape_pct", "anchored_p90_ape_pct"]
     text = summary[cols].to_string(float_format=lambda x: f"{x:.3f}")
     verdict = "equals" if ranking_agrees(summary) else "differs from"

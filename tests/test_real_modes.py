@@ -144,7 +144,13 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     frames = compare_modes([load_run(out)], "real_backend/profile_cpu.json", "real_backend/profile_trainer_cpu.json")
     table = frames["summary"]
     assert table["mode"].tolist() == ["async"] and table.loc[table.index[0], "predicted_max_staleness"] <= 1
-    assert np.isfinite(frames["steps"]["ape_pct"]).all()
+    steps = frames["steps"]
+    assert np.isfinite(steps.loc[steps["in_twin"], "ape_pct"]).all()
+    # a step the twin did not reach is one after it had trained every group (it got there in fewer steps)
+    missing = steps.loc[~steps["in_twin"], "step"]
+    assert table["steps_not_in_twin"].iloc[0] == len(missing)
+    if len(missing):
+        assert missing.tolist() == list(range(4 - len(missing), 4)) and steps["predicted_groups"].sum() == 16
 
 
 def test_mode_summary_ranks_modes_and_anchors_on_the_collocated_speed_level():
@@ -153,7 +159,8 @@ def test_mode_summary_ranks_modes_and_anchors_on_the_collocated_speed_level():
     rows = []
     for mode, measured, predicted in (("collocated", 4.0, 2.0), ("async", 2.0, 1.1), ("disaggregated", 3.0, 1.4)):
         for step in range(3):
-            rows.append({"label": mode, "mode": mode, "step": step, "measured_seconds": measured, "predicted_seconds": predicted,
+            rows.append({"label": mode, "mode": mode, "step": step, "in_twin": True, "measured_seconds": measured,
+                         "predicted_seconds": predicted,
                          "measured_groups": 4, "predicted_groups": 4, "measured_max_staleness": 0, "predicted_max_staleness": 0})
     steps = pd.DataFrame(rows)
     steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
@@ -165,5 +172,14 @@ def test_mode_summary_ranks_modes_and_anchors_on_the_collocated_speed_level():
     assert table["speed_level"].iloc[0] == pytest.approx(2.0)  # collocated: measured twice the prediction
     assert table.loc["async", "anchored_median_ape_pct"] == pytest.approx(10.0)
     assert table.loc["disaggregated", "anchored_median_ape_pct"] == pytest.approx(100 * 0.2 / 3.0)
+    # the twin trained everything a step sooner than the run: the run's last step is measured, not predicted
+    extra = {"label": "async", "mode": "async", "step": 3, "in_twin": False, "measured_seconds": 2.0,
+             "predicted_seconds": np.nan, "measured_groups": 4, "predicted_groups": 0, "measured_max_staleness": 0,
+             "predicted_max_staleness": -1, "ape_pct": np.nan, "signed_pct": np.nan}
+    short = summarize(pd.concat([steps, pd.DataFrame([extra])], ignore_index=True))
+    assert short.loc["async", "steps_not_in_twin"] == 1 and short.loc["collocated", "steps_not_in_twin"] == 0
+    assert short.loc["async", "step_median_ape_pct"] == pytest.approx(45.0)  # the steps both have
+    assert short.loc["async", "measured_s_per_group"] == pytest.approx(8.0 / 16)
+    assert short.loc["async", "predicted_s_per_group"] == pytest.approx(3.3 / 12)
     steps.loc[steps["mode"] == "async", "predicted_seconds"] = 1.6  # now predicted slower than disaggregated
     assert not ranking_agrees(summarize(steps))
