@@ -69,10 +69,13 @@ class RequestColumns:
         """New requests: the given creation fields (rid, group_id, ...), the rest as a fresh Request has them."""
         n = len(created["rid"])
         cols = {name: np.asarray(created[name], np.int64) for name in created}
-        for name in _INTS:
-            cols.setdefault(name, np.full(n, -1 if name in ("instance", "batch", "batch_sample", "first_version", "last_version") else 0, np.int64))
-        for name in _FLOATS:
-            cols.setdefault(name, np.full(n, np.nan))
+        # the rest start at their defaults, each a row of one block (an allocation per default, not per column)
+        unset = [c for c in _INTS if c not in cols and c in _UNSET_INTS]
+        zero = [c for c in _INTS if c not in cols and c not in _UNSET_INTS]
+        nan = [c for c in _FLOATS if c not in cols]
+        cols.update(zip(unset, np.full((len(unset), n), -1, np.int64)))
+        cols.update(zip(zero, np.zeros((len(zero), n), np.int64)))
+        cols.update(zip(nan, np.full((len(nan), n), np.nan)))
         empty = np.empty(n, object)
         empty[:] = ""
         return RequestColumns(**cols, exact=np.ones(n, bool), finish_reason=empty, stop_reason=empty.copy(),
@@ -284,16 +287,20 @@ def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return out
 
 
+_UNSET_INTS = ("instance", "batch", "batch_sample", "first_version", "last_version")  # -1 until set
+
+
 def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version: int, rng: np.random.Generator,
-                  prompt_len: Callable[[int], int], samples_planned: dict[int, int],
+                  prompt_lens: Callable[[np.ndarray], np.ndarray], samples_planned: dict[int, int],
                   batch_samples: dict[int, dict[int, int]]) -> tuple[RequestColumns, list[int]]:
     """A step's planned groups (lssim.core.GroupSpec) as requests, group after group: ids from `first_rid` and groups
     from `first_group`, sample indices unique per prompt in the step (`samples_planned`, updated) and in its loader
-    batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`.
-    Also returns the rids a recorded group says were not trained (GroupSpec.member_trained)."""
-    attr = lambda name, none=-1: np.fromiter(  # noqa: E731 -- one field of every group, as an array
-        ((none if v is None else v) for v in map(operator.attrgetter(name), plan)), np.int64, len(plan))
-    n, pids, batches = attr("n_samples"), attr("prompt_id"), attr("batch")
+    batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`,
+    prompt lengths from `prompt_lens(prompt_ids)`. Also returns the rids a recorded group says were not trained (GroupSpec.member_trained)."""
+    by_field = list(zip(*map(_PLAN_FIELDS, plan))) if plan else [()] * 8  # one pass over the groups
+    n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
+                                                        for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))
+    member_max_tokens, member_trained = by_field[6], by_field[7]
     first = count_on(samples_planned, pids, n)
     first_in_batch = first.copy()
     for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
@@ -302,33 +309,48 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     total = int(n.sum())
     offsets = np.cumsum(n) - n
     within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
-    budget = np.repeat(attr("max_tokens"), n)
-    for i, g in enumerate(plan):
-        if g.member_max_tokens is not None:
-            budget[offsets[i]:offsets[i] + n[i]] = np.minimum(g.member_max_tokens, g.max_tokens)
+    budget = np.repeat(max_tokens, n)
+    for i in _not_none(member_max_tokens):
+        budget[offsets[i]:offsets[i] + n[i]] = np.minimum(member_max_tokens[i], max_tokens[i])
     cols = RequestColumns.planned(
         rid=np.arange(first_rid, first_rid + total), group_id=np.repeat(np.arange(first_group, first_group + len(plan)), n),
         step=np.full(total, step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
-        prompt_len=np.repeat(np.fromiter(map(prompt_len, pids.tolist()), np.int64, len(plan)), n), max_tokens=budget,
-        priority=np.repeat(attr("priority", 0), n), instance=np.repeat(attr("instance"), n),
+        prompt_len=np.repeat(np.asarray(prompt_lens(pids), np.int64), n), max_tokens=budget,
+        priority=np.repeat(priority, n), instance=np.repeat(instance, n),
         seed=rng.integers(2**31, size=total), first_version=np.full(total, version),
         batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
-    left_out = [first_rid + int(offsets[i]) + k for i, g in enumerate(plan) if g.member_trained is not None
-                for k, t in enumerate(g.member_trained) if not t]
+    left_out = [first_rid + int(offsets[i]) + k for i in _not_none(member_trained)
+                for k, t in enumerate(member_trained[i]) if not t]
     return cols, left_out
+
+
+def _not_none(values: tuple) -> list[int]:
+    """Where `values` is not None (most plans have no per-member fields: then no loop over the groups)."""
+    return [] if values.count(None) == len(values) else [i for i, v in enumerate(values) if v is not None]
+
+
+_PLAN_FIELDS = operator.attrgetter("n_samples", "prompt_id", "batch", "max_tokens", "priority", "instance",
+                                   "member_max_tokens", "member_trained")
+
+
+def _int_column(values: tuple, none: int) -> np.ndarray:
+    """A tuple of ints (None read as `none`) as an int64 array."""
+    return np.array(values if None not in values else [none if v is None else v for v in values], np.int64)
 
 
 def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
     """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
     before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
-    base = np.fromiter(map(counts.get, keys.tolist(), itertools.repeat(0)), np.int64, len(keys))
+    listed = keys.tolist()
+    first = (np.fromiter(map(counts.get, listed, itertools.repeat(0)), np.int64, len(keys)) if counts
+             else np.zeros(len(keys), np.int64))
     order = np.argsort(keys, kind="stable")
     sorted_keys, sorted_n = keys[order], n[order]
-    runs = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
-    ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
-    first = np.empty(len(keys), np.int64)
-    first[order] = ahead
-    first += base
-    counts.update(zip(keys.tolist(), (first + n).tolist()))  # a key's last entry holds its total (dict keeps the last)
+    repeats = sorted_keys[1:] == sorted_keys[:-1]
+    if repeats.any():  # (a step usually asks each prompt once: then each entry starts where `counts` left it)
+        runs = np.flatnonzero(np.r_[True, ~repeats])
+        ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
+        ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
+        first[order] += ahead
+    counts.update(zip(listed, (first + n).tolist()))  # a key's last entry holds its total (dict keeps the last)
     return first

@@ -40,7 +40,10 @@ class PromptSource(Protocol):
         and `Controller._take`)."""
         ...
 
-    def prompt_len(self, prompt_id: int) -> int: ...
+    def prompt_len(self, prompt_id: int) -> int:
+        """A prompt's length in tokens. A source may also answer arrays, `prompt_lens(prompt_ids) -> array`:
+        the controller asks that once a step where it exists (lssim.workload.Workload has it)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -86,6 +89,8 @@ class Controller:
                  lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
                  mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
+        self._prompt_lens = getattr(prompts, "prompt_lens", None) or (
+            lambda ids: np.fromiter(map(prompts.prompt_len, ids.tolist()), np.int64, len(ids)))
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.modes); the
         # default is the synchronous, collocated step.
         self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
@@ -464,7 +469,7 @@ class Controller:
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests as columns (lssim.columns.plan_requests), with the run's next ids and seeds."""
         cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
-                                       version=self.mode.version, rng=self.rng, prompt_len=self.prompts.prompt_len,
+                                       version=self.mode.version, rng=self.rng, prompt_lens=self._prompt_lens,
                                        samples_planned=s.samples_planned, batch_samples=self._batch_samples)
         self._left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
         self._next_rid += len(cols)

@@ -395,9 +395,14 @@ def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndar
 
 
 def _price_each(fn, values: np.ndarray) -> np.ndarray:
-    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few)."""
-    uniq, inverse = np.unique(values, return_inverse=True)
-    return np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse] if len(values) else np.zeros(0)
+    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
+    admit nothing and end nothing: v <= 0 costs 0 (lssim.cost.protocol.CostModel), only the rest are sorted."""
+    out = np.zeros(len(values))
+    live = np.flatnonzero(values > 0)
+    if len(live):
+        uniq, inverse = np.unique(values[live], return_inverse=True)
+        out[live] = np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse]
+    return out
 
 
 def run_batch(engine, requests) -> np.ndarray:
@@ -471,9 +476,12 @@ def _answers(engine, requests) -> tuple:
     step = np.where(own, requests.step, requests.batch)
     sample = np.where(own, requests.sample_idx, requests.batch_sample)
     length, reason, reward, source, _ = lookup_many(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
-    for name, c in Counter(source.tolist()).items():
+    exact = source == EXACT
+    if exact.any():
+        engine.sources[EXACT] += int(exact.sum())
+    for name, c in Counter(source[~exact].tolist()).items():  # usually none: most answers are the recorded ones
         engine.sources[name] += c
-    return np.asarray(length, np.int64), reason, np.asarray(reward, float), source == EXACT
+    return np.asarray(length, np.int64), reason, np.asarray(reward, float), exact
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:

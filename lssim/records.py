@@ -138,7 +138,7 @@ class ResponseTable:
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
             cols["trained"][rows], cols["train_step"][rows], cols["off_policy_tokens"][rows] = True, steps, off
-        return pd.DataFrame(cols)
+        return pd.DataFrame(cols, copy=False)  # the columns are new arrays: no copy into consolidated blocks
 
     def settle(self, end: StepEnd, step: int) -> None:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
