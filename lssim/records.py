@@ -197,6 +197,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
     rollout_s = end.rollout_end - s.started
     tokens, bound = _tokens_and_bound(books, lower_bound)
     reasons, trained, step = books.ended.finish_reason, books.trained, s.step
+    stopped, truncated = reasons == STOP, reasons == LENGTH
     # Off-policy share of what trains now: tokens generated under weights older than this step's.
     off_policy = int(trained.off_policy_tokens(step).sum())
     trained_tokens = int(trained.generated.sum())
@@ -211,8 +212,8 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "tokens_per_second": _per_second(float(tokens), rollout_s),
         "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up) + (len(s.batch) if s.batch is not None else 0),
         "carried_in": len(s.carried_in) + len(s.kept_in),
-        "finished": int((reasons == STOP).sum()),
-        "truncated": int((reasons == LENGTH).sum()),
+        "finished": int(stopped.sum()),
+        "truncated": int(truncated.sum()),
         "policy_stopped": int((reasons == POLICY_STOP).sum()),
         "dropped": int((reasons == ABORT).sum()),
         "carried_out": len(s.carried_out),
@@ -220,7 +221,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "effective_groups": int(books.trained_signal.sum()),
         "lower_bound_seconds": bound,
         "lower_bound_efficiency": _per_second(bound, rollout_s),
-        "long_tail_ratio": _long_tail_ratio(books.ended, s.started),
+        "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[stopped | truncated] - s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
         "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
         "mean_reward": float(np.nanmean(trained.reward)) if len(end.trained) else float("nan"),
@@ -245,10 +246,9 @@ def _tokens_and_bound(books: StepBooks, lower_bound: LowerBound | None) -> tuple
     return int(step_tokens.sum()), bound
 
 
-def _long_tail_ratio(ended: RequestColumns, started: float) -> float:
-    """The last finish over the median one, among responses that ended by themselves or at their budget."""
-    natural = (ended.finish_reason == STOP) | (ended.finish_reason == LENGTH)
-    finish = ended.finish_time[natural] - started
+def _long_tail_ratio(finish: np.ndarray) -> float:
+    """The last finish over the median one (`finish`: of the responses that ended by themselves or at their budget,
+    from the step's start)."""
     if not len(finish):
         return float("nan")
     median = np.median(finish)
