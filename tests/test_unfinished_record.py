@@ -19,6 +19,7 @@ from lssim.controller import Controller, RunConfig
 from lssim.core import Request
 from lssim.cost import ProfiledCostModel
 from lssim.fidelity import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
+from lssim.policy import make_policy
 from lssim.replay import SimSetup
 from lssim.trace import load_trace
 from lssim.workload import Workload
@@ -87,22 +88,23 @@ def test_the_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         write_unfinished(frame.drop(columns="generated"), path)
 
 
-def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0):
-    """The simulator's controller in async mode (staleness 1) with the real backend's recorder attached, as
-    real_backend.world.run_real attaches it; returns the keys of every response it submitted."""
+def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: str = "async", policy: str = "baseline"):
+    """The simulator's controller in async mode (staleness 1; or `mode`) under `policy` with the real backend's recorder
+    attached, as real_backend.world.run_real attaches it; returns the keys of every response it submitted and the
+    controller."""
     from lssim.replay import SimEngine, SimTrainer
 
     profile = tmp_path / "profile.json"
     MODEL.to_json(profile, meta={"command": "test"})
     setup = SimSetup(model="tiny-ref", n_instances=1, max_num_seqs=256, kv_capacity_tokens=262_144, profile=str(profile),
-                     train=TRAIN_PROFILE, mode="async", train_devices=1, staleness=1)
+                     train=TRAIN_PROFILE, mode=mode, train_devices=None if mode == "collocated" else 1, staleness=1)
     workload = Workload(load_trace(REAL_TRACE), seed=seed)
     engine = SimEngine(workload, setup.cost_model(), setup.engine_config())
     mode = setup.mode_config()
-    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode.train_devices, collocated=False)
+    trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode.train_devices, collocated=mode.collocated)
     # more data than the steps take: the run stops with groups admitted and generating, as a real one cut at --steps
     config = RunConfig(steps=steps, groups_per_step=4, group_size=4, max_tokens=256, seed=seed, total_groups=8 * steps)
-    controller = Controller(engine, trainer, workload, _baseline(), config, mode=mode.build())
+    controller = Controller(engine, trainer, workload, make_policy(policy), config, mode=mode.build())
     started = set()
     submit = engine.submit
 
@@ -111,17 +113,11 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0):
         return submit(requests)
 
     engine.submit = watched
-    recorder = Recorder(folder, meta={"policy": "baseline", "config": asdict(config), "mode": asdict(mode)})
+    recorder = Recorder(folder, meta={"policy": policy, "config": asdict(config), "mode": asdict(mode)})
     recorder.attach(controller)
     controller.run()
     recorder.finish("finished")
     return started, controller
-
-
-def _baseline():
-    from lssim.policy import make_policy
-
-    return make_policy("baseline")
 
 
 def test_an_async_run_leaves_every_started_response_in_its_trace_or_its_unfinished_file(tmp_path):
@@ -138,6 +134,22 @@ def test_an_async_run_leaves_every_started_response_in_its_trace_or_its_unfinish
     assert int(run.steps["carried_out"].iloc[-1]) == len(u)  # the last step's books say as much
     twin = twin_trace(run)  # the twin's trace: the run's own plus these, censored where the run left them
     assert len(twin) == len(run.trace) + len(u)
+
+
+def test_a_collocated_run_writes_what_its_checkpoint_holds(tmp_path):
+    """Both routes agree: the file of a collocated run that carries responses (segment) lists the controller's
+    carried responses, the list its checkpoint keeps (real_backend.sim_vs_real.unfinished_from_checkpoint)."""
+    out = tmp_path / "run"
+    started, controller = _recorded_async_run(out, tmp_path, steps=3, mode="collocated", policy="segment(window=32)")
+    carried = sorted(controller._carried, key=lambda r: r.rid)
+    assert len(carried) > 0
+    from_checkpoint = pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
+                                     r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)
+    run = load_run(out)
+    pd.testing.assert_frame_equal(run.unfinished[UNFINISHED_COLUMNS], from_checkpoint, check_dtype=False)
+    assert set(run.unfinished["held"]) == {"carried"}
+    traced = set(map(tuple, run.trace[KEY].to_numpy().tolist()))
+    assert traced | set(map(tuple, from_checkpoint[KEY].to_numpy().tolist())) == started
 
 
 def test_load_recorded_prefers_the_file_and_refuses_one_of_another_step(tmp_path, capsys):
