@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         runs += record(args.record, args.steps, args.total_groups, Path(args.out))
     if not runs:
         p.error("give run folders, or --record N --out DIR")
+    import warnings
+
+    warnings.filterwarnings("ignore", "All-NaN slice")  # compare_modes' speed level: NaN without a collocated run
     table = pd.DataFrame([row for folder in runs for row in twin_rows(folder)])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     if args.csv:
