@@ -72,7 +72,7 @@ def load_run(folder) -> RecordedRun:
     run = RecordedRun(name=meta.get("policy_spec") or meta["policy"], trace=load_trace(folder / "trace.parquet"),
                       steps=steps, responses=pd.read_parquet(folder / "responses.parquet"), config=config, meta=meta,
                       folder=str(folder))
-    if (folder / UNFINISHED_FILE).is_file():  # optional: a recorder that writes it (real_backend reads its checkpoint)
+    if (folder / UNFINISHED_FILE).is_file():  # optional: real_backend.recorder writes it; older folders lack it
         run.unfinished = pd.read_parquet(folder / UNFINISHED_FILE)
     return run
 

@@ -13,11 +13,21 @@ After every step the folder holds, each file replaced atomically (written beside
     steps.parquet      the controller's step rows (rollout seconds, tokens, books, train_* metrics)
     responses.parquet  the controller's response rows, plus the signals and the decoded response text
     meta.json          the run's setup, and its status: running / finished / failed / interrupted
+    unfinished.parquet one row per response the controller still held unfinished after the step (lssim.fidelity's
+                       UNFINISHED_COLUMNS, plus `held`): carried to resume next step, kept generating across the
+                       step boundary (async), or a member of a group still open that has not ended. The trace has
+                       no row for them (they never ended); the simulated twin needs them (fidelity.twin_trace).
+                       Members of open groups that did end are in the trace already (trained False), so the two
+                       files together hold every response the run started, each once. Its frame's attrs say
+                       which step it was taken after (`after_step`; real_backend.sim_vs_real.load_recorded checks it).
 
 so a crashed, interrupted or killed run (SIGKILL too: a file is renamed over the old one only once it is whole,
 and a kill leaves at most a `.NAME.*.tmp` beside it, which the next run on the folder deletes) leaves a valid
-trace of every step that finished. The files are written in the order above, meta.json last: a kill between
-two renames leaves trace.parquet one step ahead of steps.parquet / meta.json at most, never behind.
+trace of every step that finished. The files are written in the order above, meta.json last, and
+unfinished.parquet first: a kill between two renames leaves trace.parquet (and unfinished.parquet) one step ahead
+of steps.parquet / meta.json at most, never behind. unfinished.parquet goes first because one step ahead of the
+trace it only misses responses (those it lists have not ended in either step), while one behind it would list
+responses the newer trace has ended.
 """
 
 from __future__ import annotations
@@ -32,11 +42,13 @@ import numpy as np
 import pandas as pd
 
 from lssim.core import Request
+from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
 from lssim.results import atomic_write
 from lssim.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 CHECKPOINT = "checkpoint.pt"  # real_backend.checkpoint: written beside the files after every step
+UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinished after the last step (optional to readers)
 
 
 class Recorder:
@@ -79,13 +91,15 @@ class Recorder:
     def write(self) -> None:
         result = self.controller.result()
         responses, steps = self._responses(result.responses), result.steps
+        # taken here, on the controller's thread, between steps: the requests go on changing once the next step runs
+        unfinished = unfinished_frame(self.controller)
         self.meta["steps_done"] = len(steps)
         if self._writer is None:
-            self._write_files(responses, steps, json.dumps(self.meta, indent=2, default=_json_default))
+            self._write_files(responses, steps, unfinished, json.dumps(self.meta, indent=2, default=_json_default))
             return
         self.flush()  # one write at a time, in order; an error of the last one is raised here
         text = json.dumps(self.meta, indent=2, default=_json_default)
-        self._pending = self._writer.submit(self._write_files, responses, steps, text)
+        self._pending = self._writer.submit(self._write_files, responses, steps, unfinished, text)
 
     def write_in_background(self) -> None:
         """Write the files on a thread of their own from now on (the frames are taken on the caller's thread, the
@@ -103,8 +117,9 @@ class Recorder:
         if pending is not None:
             pending.result()
 
-    def _write_files(self, responses: pd.DataFrame, steps: pd.DataFrame, meta_text: str) -> None:
+    def _write_files(self, responses: pd.DataFrame, steps: pd.DataFrame, unfinished: pd.DataFrame, meta_text: str) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        write_unfinished(unfinished, self.out / UNFINISHED)  # first: see the module's docstring
         write_trace(to_trace(responses, steps), self.out / "trace.parquet")
         atomic_write(self.out / "steps.parquet", lambda p: steps.to_parquet(p, index=False))
         atomic_write(self.out / "responses.parquet", lambda p: responses.to_parquet(p, index=False))
@@ -132,7 +147,7 @@ class Recorder:
     def remove_stale(self) -> None:
         """Delete the files an older run left in the folder (its checkpoint too), so one run's files never mix
         with another's."""
-        for name in (*FILES, CHECKPOINT):
+        for name in (*FILES, UNFINISHED, CHECKPOINT):
             try:
                 (self.out / name).unlink()
             except FileNotFoundError:
@@ -149,7 +164,7 @@ class Recorder:
         """Delete the temporary files a killed writer left half-written (atomic_write's `.NAME.*.tmp`)."""
         if not self.out.is_dir():
             return
-        for name in (*FILES, CHECKPOINT):
+        for name in (*FILES, UNFINISHED, CHECKPOINT):
             for tmp in self.out.glob(f".{name}.*.tmp"):
                 try:
                     tmp.unlink()
@@ -166,6 +181,53 @@ class Recorder:
         for col, default in (("entropy_mean", math.nan), ("mean_logprob", math.nan), ("loop_start", -1), ("text", "")):
             df[col] = [self._signals.get(k, {}).get(col, default) for k in keys]
         return df
+
+
+# What the controller holds a request in (lssim.controller.Controller), in the order unfinished_frame looks.
+_HELD = (("carried", "_carried"), ("kept", "_kept"), ("open group", "_waiting_groups"))
+
+
+def unfinished_frame(controller) -> pd.DataFrame:
+    """The responses `controller` holds unfinished between steps, one row each (lssim.fidelity.UNFINISHED_COLUMNS
+    and `held`: carried, kept or open group, where it was first found), in the order they were made (rid).
+
+    Where the controller keeps them (lssim.controller): `_carried`, unfinished responses to resume next step
+    (partial rollouts, collocated checkpoints hold the same list); `_kept`, responses still generating in the
+    engine across the step boundary (async); `_waiting_groups`, every member of a group not yet complete, ended
+    or not. A member that ended is in the response table (the trace) already and is left out here, so the trace
+    and this frame never share a response. `generated` is what the controller has seen of it: for a request the
+    engine still runs, the tokens of the last events it processed (what the next step would go on from).
+    The frame's attrs hold `after_step`: the last step the controller finished (-1 before the first)."""
+    seen: dict[int, tuple[str, Request]] = {}
+    for label, name in _HELD:
+        held = getattr(controller, name)
+        if isinstance(held, dict):
+            held = held.values()
+        for item in held:
+            for r in item if isinstance(item, list) else [item]:  # _waiting_groups: gid -> its members
+                if not r.done and r.rid not in seen:
+                    seen[r.rid] = (label, r)
+    rows = [seen[rid] for rid in sorted(seen)]
+    frame = pd.DataFrame({
+        # UNFINISHED_COLUMNS are Request fields of the same names
+        **{col: np.array([getattr(r, col) for _, r in rows], dtype=np.int64) for col in UNFINISHED_COLUMNS},
+        "held": pd.Series([label for label, _ in rows], dtype=str),
+    })
+    step_rows = getattr(controller, "_step_rows", [])
+    frame.attrs["after_step"] = int(step_rows[-1]["step"]) if step_rows else -1
+    return frame
+
+
+def write_unfinished(frame: pd.DataFrame, path) -> None:
+    """Write `unfinished_frame`'s frame to `path` atomically (beside, then renamed; a failed write leaves the old
+    file, and no temporary one); its columns are checked first (ValueError naming the file and the column)."""
+    missing = [c for c in UNFINISHED_COLUMNS if c not in frame]
+    if missing:
+        raise ValueError(f"{path}: unfinished responses lack column(s) {', '.join(missing)}")
+    duplicated = frame.duplicated(subset=UNFINISHED_COLUMNS[:3])
+    if duplicated.any():
+        raise ValueError(f"{path}: response {tuple(frame.loc[duplicated.idxmax(), UNFINISHED_COLUMNS[:3]])} listed twice")
+    atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
 def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

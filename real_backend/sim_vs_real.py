@@ -19,7 +19,8 @@ real speedup over its world's baseline). Every input is checked before the engin
 them: real_backend/README.md.
 
 The simulated twin of each run replays the run's trace completed with the responses the run left unfinished at
-its end (from its checkpoint: `load_recorded`, lssim.fidelity.twin_trace); summary.csv splits each speedup error
+its end (its unfinished.parquet, or for older collocated folders its checkpoint: `load_recorded`,
+lssim.fidelity.twin_trace); summary.csv splits each speedup error
 into the points from groups trained and from rollout seconds (speedup_points_groups / _seconds).
 """
 
@@ -76,14 +77,25 @@ def run_prompts(run):
 
 
 def load_recorded(folder):
-    """lssim.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished) taken
-    from its checkpoint where the folder has no unfinished.parquet: the simulated twin needs them (fidelity.twin_trace)."""
-    from lssim.fidelity import load_run
+    """lssim.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished): the
+    simulated twin needs them (fidelity.twin_trace). From the folder's unfinished.parquet (real_backend.recorder
+    writes it after every step, in every mode) where it is of the run's last recorded step; else, for folders
+    recorded before it was written (or one a kill left a step ahead of steps.parquet), from the checkpoint
+    (collocated runs only; others then go without, and their twin fills the holes from the groups' members)."""
+    from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run
 
     run = load_run(folder)
+    last = int(run.steps["step"].iloc[-1])
+    if (Path(folder) / UNFINISHED_FILE).is_file():
+        after = run.unfinished.attrs.get("after_step")
+        if after is None or int(after) == last:  # None: written by another recorder, taken as it is
+            return run
+        print(f"warning: {folder}: its {UNFINISHED_FILE} is of step {after}, its last recorded step {last} (killed "
+              f"between two files' renames): not used", file=sys.stderr)
+        run.unfinished = pd.DataFrame(columns=UNFINISHED_COLUMNS)
     carried = int(run.steps["carried_out"].iloc[-1]) if "carried_out" in run.steps else 0
-    if run.unfinished.empty and carried:
-        run.unfinished = unfinished_from_checkpoint(folder, int(run.steps["step"].iloc[-1]))
+    if carried:
+        run.unfinished = unfinished_from_checkpoint(folder, last)
         if len(run.unfinished) != carried:
             print(f"warning: {folder}: its last step carried out {carried} responses, its checkpoint holds "
                   f"{len(run.unfinished)}: the simulated twin fills the others in from their groups", file=sys.stderr)

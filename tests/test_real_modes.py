@@ -95,10 +95,14 @@ def test_disaggregated_waits_for_every_older_job_and_pushes_once():
 
 @pytest.mark.real
 def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mode(lent_engine, real_model_dir, tmp_path,
-                                                                                   capsys):
+                                                                                   capsys, monkeypatch):
     from lssim.cli import main
     from lssim.trace import load_trace
     out = tmp_path / "async"
+    # every response the run starts is finished or aborted on the engine (the run aborts what is left at its end)
+    started = set()
+    monkeypatch.setattr(lent_engine, "observers", [*lent_engine.observers,
+                                                   lambda r, what: started.add((r.step, r.prompt_id, r.sample_idx))])
     assert main(["real", "--model-dir", str(real_model_dir), *SHAPE, "--mode", "async", "--staleness", "1",
                  "--steps", "4", "--out", str(out), "--quiet"]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
@@ -123,6 +127,15 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     # weights arrived mid-generation: some response's first and last tokens are of different versions
     assert (trace["policy_version_first"] < trace["policy_version_last"]).any()
     assert lent_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
+    # what the run left unfinished at its end is in unfinished.parquet (issue 16): with the trace, every response it
+    # started, none in both; each held with the tokens it had, below its budget
+    from lssim.fidelity import KEY, UNFINISHED_FILE
+
+    unfinished = pd.read_parquet(out / UNFINISHED_FILE)
+    assert unfinished.attrs["after_step"] == 3 and len(unfinished) == steps["carried_out"].iloc[-1]
+    assert (unfinished["generated"] < unfinished["max_tokens"]).all()
+    traced, left = (set(map(tuple, f[KEY].to_numpy().tolist())) for f in (trace, unfinished))
+    assert started and traced | left == started and not traced & left
     # nothing left in flight, and an async run cannot be resumed (it is not checkpointed)
     assert not (out / "checkpoint.pt").exists()
     with pytest.raises(SystemExit) as refused:

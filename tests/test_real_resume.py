@@ -98,6 +98,14 @@ def test_resume_continues_the_run_from_its_checkpoint(lent_engine, real_model_di
     ckpt = load_checkpoint(out)
     assert ckpt.step == 1 and ckpt.trainer["version"] == 2 and ckpt.mode_version == 2
     first_steps = pd.read_parquet(out / "steps.parquet")
+    # both routes to what the run left unfinished agree: the recorder's file and the checkpoint's carried responses
+    from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
+    from real_backend.sim_vs_real import unfinished_from_checkpoint
+
+    recorded, held = (f[UNFINISHED_COLUMNS].sort_values(KEY, ignore_index=True)
+                      for f in (pd.read_parquet(out / UNFINISHED_FILE), unfinished_from_checkpoint(out, 1)))
+    assert len(recorded) == first_steps["carried_out"].iloc[-1]
+    pd.testing.assert_frame_equal(recorded, held, check_dtype=False)
 
     seen = []  # the trainer's and the engine's weights, and the optimizer's moments, when the resumed run first trains
     train = GRPOTrainer.train
