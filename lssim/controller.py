@@ -12,7 +12,7 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -140,7 +140,10 @@ class Controller:
                 and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
 
     # -- the run -----------------------------------------------------------------------------------
-    def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None) -> RunResult:
+    def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+            response_columns: Sequence[str] | None = None) -> RunResult:
+        """Every step of the run; the result's responses frame has `response_columns` only, if given (a summary
+        reads a few of them, and a million rows of the others cost time to assemble)."""
         steps = range(self.config.steps)
         for step in progress(steps) if progress else steps:
             # Done once enough groups trained, but not while responses are carried: those run to their end
@@ -148,10 +151,10 @@ class Controller:
             if self.groups_trained >= self.config.total_groups and not self._carried and not self._kept:
                 break
             self.run_step(step)
-        return self.result()
+        return self.result(response_columns)
 
-    def result(self) -> RunResult:
-        responses = self._responses.frame()
+    def result(self, response_columns: Sequence[str] | None = None) -> RunResult:
+        responses = self._responses.frame(response_columns)
         steps = pd.DataFrame(self._step_rows)
         return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
 

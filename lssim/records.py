@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Container
+from typing import Callable, Container, Sequence
 
 import numpy as np
 import pandas as pd
@@ -129,15 +129,21 @@ class ResponseTable:
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
         self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
 
-    def frame(self) -> pd.DataFrame:
-        """The rows as one frame, built once."""
+    def frame(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """The rows as one frame, built once: every column of RESPONSE_COLUMNS, or those of `columns`."""
+        names = RESPONSE_COLUMNS if columns is None else [c for c in RESPONSE_COLUMNS if c in set(columns)]
+        unknown = set(columns or ()) - set(RESPONSE_COLUMNS)
+        if unknown:
+            raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
         if not self._chunks:
-            return pd.DataFrame({name: [] for name in RESPONSE_COLUMNS})
+            return pd.DataFrame({name: [] for name in names})
         cols = {name: _strings([c[name] for c in self._chunks]) if name in _STRING_COLUMNS else
-                np.concatenate([c[name] for c in self._chunks]) for name in RESPONSE_COLUMNS}
+                np.concatenate([c[name] for c in self._chunks]) for name in names}
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
-            cols["trained"][rows], cols["train_step"][rows], cols["off_policy_tokens"][rows] = True, steps, off
+            for name, value in (("trained", True), ("train_step", steps), ("off_policy_tokens", off)):
+                if name in cols:
+                    cols[name][rows] = value
         return pd.DataFrame(cols, copy=False)  # the columns are new arrays: no copy into consolidated blocks
 
     def settle(self, end: StepEnd, step: int) -> None:

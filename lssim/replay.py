@@ -12,6 +12,7 @@ import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -123,14 +124,16 @@ def _load_numba_target() -> None:
 
 
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
-             progress: bool = False, *, config: RunConfig | None = None, prompts=None, batch_route: bool = True) -> RunResult:
+             progress: bool = False, *, config: RunConfig | None = None, prompts=None, batch_route: bool = True,
+             response_columns: Sequence[str] | None = None) -> RunResult:
     """Run one policy over the trace's workload: by default the same number of groups the trace trained on.
 
     `config` replaces that run shape (a validation replays a real run with the real run's own config);
     `prompts` replaces the data loader (the Workload's recorded batches) with another PromptSource, e.g. the
     real run's own, so that a policy drawing more or other prompts than the trace's steps draws the same
     ones as it did for real; the Workload still answers every response. `batch_route=False` keeps every rollout
-    on the event engine (the batch route, lssim.fastsim, gives the same results; the tests compare them)."""
+    on the event engine (the batch route, lssim.fastsim, gives the same results; the tests compare them).
+    `response_columns` keeps only those columns of the responses frame (`run_summary` needs SUMMARY_RESPONSE_COLUMNS)."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
     cost = setup.cost_model()
     engine_cfg = setup.engine_config()
@@ -168,13 +171,14 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        result = controller.run()
+        result = controller.run(response_columns=response_columns)
     finally:
         if gc_was_enabled:
             gc.enable()
         if bar is not None:
             bar.close()
-    if prompts is None and workload.prompt_names is not None:  # the trace's text ids, as written (they ran as int codes)
+    if prompts is None and workload.prompt_names is not None and "prompt_id" in result.responses:  # the trace's text
+        # ids, as written (they ran as int codes)
         result.responses["prompt_id"] = workload.prompt_ids_as_written(result.responses["prompt_id"].to_numpy())
     result.meta.update(mode={**asdict(mode_cfg), "label": mode_cfg.label()}, reward_scale=(config.reward_scale.low, config.reward_scale.high), setup=asdict(setup),
                        cost=engine.cost.describe(), train=trainer.model.describe(), engine=asdict(engine_cfg),
@@ -218,31 +222,36 @@ def _each_run(trace, policies, setup, steps, seed, progress, references, workers
     workload = Workload(trace, seed=seed)
     # Build every policy before the first run, so a bad spec fails before minutes of simulation.
     built = {name: make_policy(name) for name in names}
+    columns = SUMMARY_RESPONSE_COLUMNS if keep is run_summary else None  # a summary reads a few response columns
     if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        return _forked(workload, built, setup, steps, seed, min(workers, len(names)), keep)
-    return {name: keep(simulate(workload, built[name], setup, steps, seed, progress)) for name in names}
+        return _forked(workload, built, setup, steps, seed, min(workers, len(names)), keep, columns)
+    return {name: keep(simulate(workload, built[name], setup, steps, seed, progress, response_columns=columns))
+            for name in names}
 
 
 _INHERITED: tuple | None = None  # what forked replay workers run: set just before they fork, never pickled
 
 
 def _run_inherited(name: str):
-    workload, built, setup, steps, seed, keep = _INHERITED
-    return keep(simulate(workload, built[name], setup, steps, seed))
+    workload, built, setup, steps, seed, keep, columns = _INHERITED
+    return keep(simulate(workload, built[name], setup, steps, seed, response_columns=columns))
 
 
-def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None, seed: int, workers: int, keep) -> dict:
+def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None, seed: int, workers: int, keep,
+            columns: Sequence[str] | None) -> dict:
     """The runs on `workers` forked processes, the baseline started last (it is usually the cheapest: two workers
     and three runs then end closest together); what each sends back is `keep` of its result, in the order named."""
     global _INHERITED
     _load_numba_target()  # once here rather than once in each worker
-    _INHERITED = (workload, built, setup, steps, seed, keep)
+    _INHERITED = (workload, built, setup, steps, seed, keep, columns)
+    gc.freeze()  # what exists now is shared with the workers: the collector leaves it be, so its pages stay shared
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = {name: pool.submit(_run_inherited, name) for name in sorted(built, key=lambda n: n == "baseline")}
             return {name: futures[name].result() for name in built}
     finally:
         _INHERITED = None
+        gc.unfreeze()
 
 
 SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bound_efficiency", "long_tail_ratio",
@@ -271,6 +280,11 @@ def summary_table(rows: dict[str, dict]) -> pd.DataFrame:
         table.insert(1, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])
         table.insert(2, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
     return table
+
+
+# The response columns run_summary reads (simulate(..., response_columns=...) builds only these when a run is only summarized).
+SUMMARY_RESPONSE_COLUMNS = ("trained", "finish_reason", "natural_len", "response_len", "natural_reward", "off_policy_tokens",
+                            "exact", "reward")
 
 
 def run_summary(res: RunResult) -> dict:

@@ -19,6 +19,7 @@ class Oracle(Policy):
     def __init__(self):
         self._length = None
         self._work: list[int] = []
+        self._asked = None  # (rids sorted, their predictions, tokens generated) from the last `priorities`
 
     def needs(self):
         return PolicyNeeds(oracle=True)  # ctx.oracle_length: the simulator only
@@ -60,12 +61,26 @@ class Oracle(Policy):
         return lengths - requests.generated
 
     def priorities(self, requests):
-        return -self._predict_many(requests)
+        predicted = self._predict_many(requests)
+        by_rid = np.argsort(requests.rid)
+        self._asked = (requests.rid[by_rid], predicted[by_rid], requests.generated[by_rid])  # placements asks them again
+        return -predicted
 
     def placements(self, requests, loads):
         if len(self._work) != len(loads):
             self._work = [0] * len(loads)
         work = np.array(self._work, np.int64)
-        out = least_work(work, self._predict_many(requests))
+        out = least_work(work, self._predicted_again(requests))
         self._work = work.tolist()
         return out
+
+    def _predicted_again(self, requests) -> np.ndarray:
+        """What `priorities` predicted for these requests (the controller asks both of one submission, reordered),
+        else a fresh prediction."""
+        asked, self._asked = self._asked, None
+        if asked is not None and len(asked[0]) == len(requests):
+            rids, predicted, generated = asked
+            at = np.searchsorted(rids, requests.rid)
+            if (rids[at] == requests.rid).all() and (generated[at] == requests.generated).all():
+                return predicted[at]
+        return self._predict_many(requests)

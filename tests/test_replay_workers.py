@@ -48,8 +48,25 @@ def test_replay_summary_is_summarize_of_replay(trace):
     from lssim.replay import replay_summary, summarize
 
     setup = SimSetup(n_instances=2)
-    want = summarize(replay(trace, ["hadb"], setup))
+    # the summary-only runs build just the response columns a summary reads; a stopping policy reads the most of them
+    want = summarize(replay(trace, ["hadb", "breaker(min_tokens=64)"], setup))
+    assert want.loc["breaker(min_tokens=64)", "policy_stopped_fraction"] > 0
     for workers in (1, 2):
-        pd.testing.assert_frame_equal(replay_summary(trace, ["hadb"], setup, workers=workers), want)
+        pd.testing.assert_frame_equal(replay_summary(trace, ["hadb", "breaker(min_tokens=64)"], setup, workers=workers),
+                                      want, check_exact=True)
     pd.testing.assert_frame_equal(replay_summary(trace, ["hadb"], setup, references=False),
                                   summarize(replay(trace, ["hadb"], setup, references=False)))
+
+
+def test_a_run_keeps_only_the_response_columns_asked_for(trace):
+    from lssim.replay import SUMMARY_RESPONSE_COLUMNS, simulate
+    from lssim.workload import Workload
+
+    workload, setup = Workload(trace), SimSetup()
+    full = simulate(workload, "april", setup)
+    cut = simulate(workload, "april", setup, response_columns=SUMMARY_RESPONSE_COLUMNS)
+    assert set(cut.responses.columns) == set(SUMMARY_RESPONSE_COLUMNS) < set(full.responses.columns)
+    pd.testing.assert_frame_equal(cut.responses, full.responses[list(cut.responses.columns)])
+    pd.testing.assert_frame_equal(cut.steps, full.steps)
+    with pytest.raises(ValueError, match="no response column"):
+        simulate(workload, "baseline", setup, response_columns=["reward", "rewrad"])
