@@ -114,3 +114,14 @@ def test_a_workload_pickles_after_its_lazy_parts_are_built():
     assert w.length(0, 3, 1, 16) == 9 and w.lookup(1, 3, 0, 1).length == 1
     copy = pickle.loads(pickle.dumps(w))
     assert copy.length(0, 3, 1, 16) == 9 and copy.lookup(1, 3, 0, 1) == w.lookup(1, 3, 0, 1)
+
+
+@given(st.integers(-2**63, 2**63 - 1), st.lists(st.lists(st.integers(-2**63, 2**63 - 1), min_size=3, max_size=3),
+                                                  min_size=1, max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_hash01_over_arrays_is_the_scalar_hash_bit_for_bit(seed, parts):
+    from lssim.workload import _hash01, hash01_many
+
+    arrays = [np.array(p, np.int64) for p in parts]
+    got = hash01_many(seed, *arrays)
+    assert [float(v) for v in got] == [_hash01(seed, *column) for column in zip(*parts)]
