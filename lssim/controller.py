@@ -89,8 +89,6 @@ class Controller:
                  lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
                  mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
-        self._prompt_lens = getattr(prompts, "prompt_lens", None) or (
-            lambda ids: np.fromiter(map(prompts.prompt_len, ids.tolist()), np.int64, len(ids)))
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.modes); the
         # default is the synchronous, collocated step.
         self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
@@ -469,6 +467,14 @@ class Controller:
         return trained, emptied
 
     # -- requests ----------------------------------------------------------------------------------
+    def _prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """The prompts' lengths: over arrays where the source can (PromptSource.prompt_len), else one by one.
+        (A method, not an attribute set in __init__: the controller's state is pickled into checkpoints.)"""
+        many = getattr(self.prompts, "prompt_lens", None)
+        if many is not None:
+            return many(prompt_ids)
+        return np.fromiter(map(self.prompts.prompt_len, prompt_ids.tolist()), np.int64, len(prompt_ids))
+
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests as columns (lssim.columns.plan_requests), with the run's next ids and seeds."""
         cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
