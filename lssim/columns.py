@@ -298,7 +298,8 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     """A step's planned groups (lssim.core.GroupSpec) as requests, group after group: ids from `first_rid` and groups
     from `first_group`, sample indices unique per prompt in the step (`samples_planned`, updated) and in its loader
     batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`,
-    prompt lengths from `prompt_lens(prompt_ids)`. Also returns the rids a recorded group says were not trained (GroupSpec.member_trained)."""
+    prompt lengths from `prompt_lens(prompt_ids)`. Also returns the rids a recorded group says were not trained
+    (GroupSpec.member_trained)."""
     by_field = list(zip(*map(_PLAN_FIELDS, plan))) if plan else [()] * 8  # one pass over the groups
     n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
                                                         for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))

@@ -282,9 +282,9 @@ def summary_table(rows: dict[str, dict]) -> pd.DataFrame:
     return table
 
 
-# The response columns run_summary reads (simulate(..., response_columns=...) builds only these when a run is only summarized).
-SUMMARY_RESPONSE_COLUMNS = ("trained", "finish_reason", "natural_len", "response_len", "natural_reward", "off_policy_tokens",
-                            "exact", "reward")
+# The response columns run_summary reads: a run that is only summarized builds just these (simulate's response_columns).
+SUMMARY_RESPONSE_COLUMNS = ("trained", "finish_reason", "natural_len", "response_len", "natural_reward",
+                            "off_policy_tokens", "exact", "reward")
 
 
 def run_summary(res: RunResult) -> dict:

@@ -100,7 +100,8 @@ class Workload:
         self.pool = PromptPool(rows["prompt"][first], prompt_len[first])
         self._prompt_len = dict(zip(self.pool.prompt_id.tolist(), prompt_len[first].tolist()))
         by_id = np.argsort(self.pool.prompt_id, kind="stable")
-        self._pool_sorted_ids, self._pool_sorted_lens = self.pool.prompt_id[by_id], self.pool.prompt_len[by_id].astype(np.int64)
+        self._pool_sorted_ids = self.pool.prompt_id[by_id]
+        self._pool_sorted_lens = self.pool.prompt_len[by_id].astype(np.int64)
         self.reward_scale = RewardScale.of(rows["reward"])
         self._low = self.reward_scale.low
         entropy = rows["entropy"]
@@ -210,9 +211,9 @@ class Workload:
 
     def prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
         """`prompt_len` over an array of prompt ids."""
-        ids = np.asarray(prompt_ids, np.int64)
-        at = np.searchsorted(self._pool_sorted_ids, ids)
-        found = (at < len(self._pool_sorted_ids)) & (self._pool_sorted_ids[np.minimum(at, len(self._pool_sorted_ids) - 1)] == ids)
+        ids, pool = np.asarray(prompt_ids, np.int64), self._pool_sorted_ids
+        at = np.searchsorted(pool, ids)
+        found = (at < len(pool)) & (pool[np.minimum(at, len(pool) - 1)] == ids)
         if not found.all():
             raise KeyError(f"prompt_id {int(ids[~found][0])} is not in the trace's prompt pool")
         return self._pool_sorted_lens[at]
