@@ -367,30 +367,31 @@ def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndar
     if type(cost) is not RooflineCostModel:
         return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
                            dtype=float, count=len(n))
+    return _roofline_spans(n, ctx, k, cost._mem_a, cost._mem_b, cost._cmp_a, cost._cmp_b, cost._ov)
+
+
+@njit(cache=True)
+def _roofline_spans(n, ctx, k, mem_a, mem_b, cmp_a, cmp_b, ov):
+    """RooflineCostModel.decode_time for each span, its operations in its order (so equal to the last bit): k
+    iterations of n sequences from context ctx, each max(memory, compute) + ov, both affine in the iteration, summed
+    in closed form; where the two lines cross inside the span, summed in two pieces."""
     out = np.zeros(len(n))
-    live = (k > 0) & (n > 0)
-    if not live.any():
-        return out
-    n_, c_, k_ = n[live].astype(float), ctx[live].astype(float), k[live]
-    mb, cb = cost._mem_b, cost._cmp_b
-    m0 = cost._mem_a + mb * c_
-    c0 = cost._cmp_a * n_ + cb * c_
-    top = c0 >= m0
-    v0, v1 = np.where(top, c0, m0), np.where(top, m0, c0)
-    s0, s1 = np.where(top, cb * n_, mb * n_), np.where(top, mb * n_, cb * n_)
-    kf = k_.astype(float)
-    plain = kf * (v0 + s0 * (kf - 1) * 0.5 + cost._ov)
-    crossing = s1 > s0
-    if crossing.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            j = np.where(crossing, np.trunc((v0 - v1) / np.where(crossing, s1 - s0, 1.0)) + 1, np.inf)
-        two = crossing & (j < kf)
-        if two.any():
-            jj, kk = j[two], kf[two]
-            plain[two] = (jj * (v0[two] + s0[two] * (jj - 1) * 0.5)
-                          + (kk - jj) * (v1[two] + s1[two] * (jj + kk - 1) * 0.5)
-                          + kk * cost._ov)
-    out[live] = plain
+    for i in range(len(n)):
+        if k[i] <= 0 or n[i] <= 0:
+            continue
+        nf, cf, kf = float(n[i]), float(ctx[i]), float(k[i])
+        m0 = mem_a + mem_b * cf
+        c0 = cmp_a * nf + cmp_b * cf
+        if c0 >= m0:
+            v0, v1, s0, s1 = c0, m0, cmp_b * nf, mem_b * nf
+        else:
+            v0, v1, s0, s1 = m0, c0, mem_b * nf, cmp_b * nf
+        plain = kf * (v0 + s0 * (kf - 1) * 0.5 + ov)
+        if s1 > s0:
+            j = np.trunc((v0 - v1) / (s1 - s0)) + 1
+            if j < kf:
+                plain = j * (v0 + s0 * (j - 1) * 0.5) + (kf - j) * (v1 + s1 * (j + kf - 1) * 0.5) + kf * ov
+        out[i] = plain
     return out
 
 
