@@ -395,6 +395,25 @@ def _roofline_spans(n, ctx, k, mem_a, mem_b, cmp_a, cmp_b, ov):
     return out
 
 
+def _price_prefill(cost, tokens: np.ndarray) -> np.ndarray:
+    """cost.prefill_time of each; the roofline's (affine above 0) over arrays, its operations in its order."""
+    from .cost.roofline import RooflineCostModel
+
+    if type(cost) is RooflineCostModel:
+        return np.where(tokens > 0, cost._pf_a * tokens + cost._pf_w, 0.0)
+    return _price_each(cost.prefill_time, tokens)
+
+
+def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray) -> np.ndarray:
+    """What the departures at each boundary add: departure_time(after) - departure_time(before) (the roofline's
+    departures are free: its scheduler work overlaps the previous iteration)."""
+    from .cost.roofline import RooflineCostModel
+
+    if type(cost) is RooflineCostModel:
+        return np.zeros(len(leaving_after))
+    return _price_each(cost.departure_time, leaving_after) - _price_each(cost.departure_time, leaving_before)
+
+
 def _price_each(fn, values: np.ndarray) -> np.ndarray:
     """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
     admit nothing and end nothing: v <= 0 costs 0 (lssim.cost.protocol.CostModel), only the rest are sorted."""
@@ -437,8 +456,7 @@ def run_batch(engine, requests) -> np.ndarray:
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
-    prefill = _price_each(cost.prefill_time, rpf)
-    departure = _price_each(cost.departure_time, rbefore + rleft) - _price_each(cost.departure_time, rbefore)
+    prefill, departure = _price_prefill(cost, rpf), _price_departure(cost, rbefore + rleft, rbefore)
     t0 = np.array([max(x.t, now) for x in instances])
     busy0 = np.array([x.busy for x in instances])
     seqs0 = np.array([x.seq_seconds for x in instances])
