@@ -13,27 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lssim.controller import RunConfig
-from lssim.cost import ProfiledCostModel
 from lssim.fidelity import UNFINISHED_AT_END, UNFINISHED_COLUMNS, RecordedRun, compare, replay_run, twin_trace
-from lssim.replay import SimSetup, simulate
+from lssim.replay import simulate
 from lssim.trace import load_trace
 from lssim.workload import Workload
 from policies.segment import Segment
 
-REAL_TRACE = "traces/real_cpu_baseline.parquet"
-MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
+from test_validate import REAL_TRACE, _setup, profile  # noqa: F401 (profile: the validation tests' profile fixture)
+
 SPEC = "segment(window=32)"
-
-
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "profile.json"
-    MODEL.to_json(path, meta={"command": "test"})
-    return str(path)
-
-
-def _setup(profile):
-    return SimSetup(model="tiny-ref", n_instances=1, max_num_seqs=256, kv_capacity_tokens=262_144, profile=profile)
 
 
 class _Watched(Segment):
