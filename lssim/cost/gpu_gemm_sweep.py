@@ -35,26 +35,20 @@ COLUMNS = ["op", "k", "n", "tokens", "seconds", "tflops", "kernel"]
 
 
 def _timed(fn, device, warmup: int, iters: int) -> float:
-    """Median seconds of ``fn()``: CUDA events around each call on a GPU, perf_counter on a CPU."""
-    import torch
+    """Median seconds of ``fn()``: CUDA events around each call on a GPU (the benchmarks' `time_cuda`), perf_counter
+    on a CPU."""
+    if device.type == "cuda":
+        from lssim.benchmarks.roofline_gpu import time_cuda  # imported here: that module imports lssim.cost
 
+        return time_cuda(fn, warmup, iters)["seconds"]
     for _ in range(warmup):
         fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
         fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) / 1e3 for s, e in events)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def kernel_name(fn, device) -> str:
