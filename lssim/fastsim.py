@@ -360,57 +360,27 @@ def _merge(kind, rinst, event_t, touched_rank, n_inst):
 
 
 def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit: the roofline's
-    closed form written over arrays with the same operations in the same order; any other model called per span."""
-    from .cost.roofline import RooflineCostModel
-
-    if type(cost) is not RooflineCostModel:
-        return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
-                           dtype=float, count=len(n))
-    return _roofline_spans(n, ctx, k, cost._mem_a, cost._mem_b, cost._cmp_a, cost._cmp_b, cost._ov)
-
-
-@njit(cache=True)
-def _roofline_spans(n, ctx, k, mem_a, mem_b, cmp_a, cmp_b, ov):
-    """RooflineCostModel.decode_time for each span, its operations in its order (so equal to the last bit): k
-    iterations of n sequences from context ctx, each max(memory, compute) + ov, both affine in the iteration, summed
-    in closed form; where the two lines cross inside the span, summed in two pieces."""
-    out = np.zeros(len(n))
-    for i in range(len(n)):
-        if k[i] <= 0 or n[i] <= 0:
-            continue
-        nf, cf, kf = float(n[i]), float(ctx[i]), float(k[i])
-        m0 = mem_a + mem_b * cf
-        c0 = cmp_a * nf + cmp_b * cf
-        if c0 >= m0:
-            v0, v1, s0, s1 = c0, m0, cmp_b * nf, mem_b * nf
-        else:
-            v0, v1, s0, s1 = m0, c0, mem_b * nf, cmp_b * nf
-        plain = kf * (v0 + s0 * (kf - 1) * 0.5 + ov)
-        if s1 > s0:
-            j = np.trunc((v0 - v1) / (s1 - s0)) + 1
-            if j < kf:
-                plain = j * (v0 + s0 * (j - 1) * 0.5) + (kf - j) * (v1 + s1 * (j + kf - 1) * 0.5) + kf * ov
-        out[i] = plain
-    return out
+    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit: the model's own
+    array form where it has one (`decode_times`, the roofline's), else the scalar call per span."""
+    many = getattr(cost, "decode_times", None)
+    if many is not None:
+        return many(n, ctx, k)
+    return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
+                       dtype=float, count=len(n))
 
 
 def _price_prefill(cost, tokens: np.ndarray) -> np.ndarray:
-    """cost.prefill_time of each; the roofline's (affine above 0) over arrays, its operations in its order."""
-    from .cost.roofline import RooflineCostModel
-
-    if type(cost) is RooflineCostModel:
-        return np.where(tokens > 0, cost._pf_a * tokens + cost._pf_w, 0.0)
-    return _price_each(cost.prefill_time, tokens)
+    """cost.prefill_time of each: the model's array form (`prefill_times`) where it has one."""
+    many = getattr(cost, "prefill_times", None)
+    return many(tokens) if many is not None else _price_each(cost.prefill_time, tokens)
 
 
 def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray) -> np.ndarray:
-    """What the departures at each boundary add: departure_time(after) - departure_time(before) (the roofline's
-    departures are free: its scheduler work overlaps the previous iteration)."""
-    from .cost.roofline import RooflineCostModel
-
-    if type(cost) is RooflineCostModel:
-        return np.zeros(len(leaving_after))
+    """What the departures at each boundary add: departure_time(after) - departure_time(before), through the model's
+    array form (`departure_times`) where it has one."""
+    many = getattr(cost, "departure_times", None)
+    if many is not None:
+        return many(leaving_after) - many(leaving_before)
     return _price_each(cost.departure_time, leaving_after) - _price_each(cost.departure_time, leaving_before)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import numpy as np
+
 from .catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
 from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
@@ -130,6 +132,22 @@ class RooflineCostModel:
 
     def departure_time(self, n_leaving: int) -> float:
         return 0.0  # a GPU engine's scheduler work overlaps the previous iteration; its overhead is in `_ov`
+
+    # -- the same over arrays (the simulator's batch route prices a step's spans at once) -----------
+    # Each is its scalar twin's operations in the same order, so equal to it to the last bit
+    # (tests/test_fastpath.py checks decode_times; the batch route's frames check the rest). A subclass that
+    # changes a scalar form changes its array form too.
+
+    def decode_times(self, n_seqs: np.ndarray, ctx_tokens: np.ndarray, n_iters: np.ndarray) -> np.ndarray:
+        from .roofline_arrays import decode_times  # numba, loaded on the first batch-route step
+
+        return decode_times(n_seqs, ctx_tokens, n_iters, self._mem_a, self._mem_b, self._cmp_a, self._cmp_b, self._ov)
+
+    def prefill_times(self, n_tokens: np.ndarray) -> np.ndarray:
+        return np.where(n_tokens > 0, self._pf_a * n_tokens + self._pf_w, 0.0)
+
+    def departure_times(self, n_leaving: np.ndarray) -> np.ndarray:
+        return np.zeros(len(n_leaving))
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # Each iteration costs max(memory, compute) + overhead >= either side, so the sum is at least either
