@@ -131,8 +131,9 @@ class ResponseTable:
 
     def frame(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """The rows as one frame, built once: every column of RESPONSE_COLUMNS, or those of `columns`."""
-        names = RESPONSE_COLUMNS if columns is None else [c for c in RESPONSE_COLUMNS if c in set(columns)]
-        unknown = set(columns or ()) - set(RESPONSE_COLUMNS)
+        wanted = set(RESPONSE_COLUMNS if columns is None else columns)
+        names = [c for c in RESPONSE_COLUMNS if c in wanted]
+        unknown = wanted - set(RESPONSE_COLUMNS)
         if unknown:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
         if not self._chunks:
