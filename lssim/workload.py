@@ -445,6 +445,8 @@ class _ArrayIndex:
         rows = wl._rows
         self.length, self.max, self.stopped, self.reward = rows["length"], rows["max"], rows["stopped"], rows["reward"]
         self.reason_code, self.reason_names = rows["reason"], rows["reason_names"]
+        # an answer's reason by number (_answer_rows): cut at its budget, ended by itself, or as the trace recorded it
+        self.answer_reasons = np.array([LENGTH, STOP, *self.reason_names.tolist()], dtype=object)
 
     def code_of(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         code = np.minimum(np.searchsorted(self.pids, pid), max(self.n_pids - 1, 0))
@@ -456,6 +458,57 @@ class _ArrayIndex:
         i = np.minimum(np.searchsorted(self.group_key, key), len(self.group_key) - 1)
         hit = self.group_key[i] == key
         return hit, self.group_start[i], np.where(hit, self.group_count[i], 0)
+
+
+@njit(cache=True)
+def _probe(pids, group_key, group_start, group_count, step, pid, sample):
+    """Each query's prompt code (`_ArrayIndex.code_of`), whether its prompt is known, whether the trace recorded the
+    (step, prompt) (`_ArrayIndex.group`), whether it recorded the sample too, and that row (0 where not): one pass.
+    A group's members are consecutive queries of one (step, prompt): searched once for all of them."""
+    n = len(pid)
+    code = np.empty(n, np.int64)
+    known = np.empty(n, np.bool_)
+    hit = np.empty(n, np.bool_)
+    exact = np.empty(n, np.bool_)
+    row = np.zeros(n, np.int64)
+    last_code, last_group = max(len(pids) - 1, 0), len(group_key) - 1
+    c = i = 0
+    for j in range(n):
+        if j == 0 or pid[j] != pid[j - 1] or step[j] != step[j - 1]:
+            c = min(np.searchsorted(pids, pid[j]), last_code)
+            i = min(np.searchsorted(group_key, step[j] * len(pids) + c), last_group)
+        code[j] = c
+        known[j] = pids[c] == pid[j]
+        hit[j] = group_key[i] == step[j] * len(pids) + c
+        exact[j] = known[j] and hit[j] and sample[j] < group_count[i]
+        if exact[j]:
+            row[j] = group_start[i] + sample[j]
+    return code, known, hit, exact, row
+
+
+@njit(cache=True)
+def _answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, budget, exact, low):
+    """`Workload._from_row` of each (row, budget), where one row answers it: the length, the reward, the reason as a
+    number into `_ArrayIndex.answer_reasons` (0 cut at the budget, 1 ended by itself, 2 + the trace's own reason:
+    as recorded), whether it was cut, and whether the scalar model must answer it (recorded cut short, asked with
+    more budget)."""
+    n = len(row)
+    length = np.empty(n, np.int64)
+    reward = np.empty(n)
+    reason = np.empty(n, np.int64)
+    cut = np.empty(n, np.bool_)
+    scalar = np.empty(n, np.bool_)
+    for j in range(n):
+        r, b = row[j], budget[j]
+        stopped, rec = rec_stopped[r], rec_length[r]
+        as_recorded = not stopped and exact[j] and b == rec_max[r]
+        natural = (stopped and rec <= b) or as_recorded
+        cut[j] = not natural and (stopped or b <= rec)
+        scalar[j] = not natural and not cut[j]
+        length[j] = rec if natural else b
+        reward[j] = rec_reward[r] if natural else low
+        reason[j] = 0 if cut[j] else 2 + rec_reason[r] if as_recorded else 1 if stopped else 0
+    return length, reward, reason, cut, scalar
 
 
 def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray, keys: np.ndarray,
@@ -471,7 +524,6 @@ def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step
 
 
 _RESAMPLED_EXACT = np.array([RESAMPLED, EXACT], dtype=object)  # indexed by a bool mask's bytes (False, True)
-_LENGTH_STOP = np.array([LENGTH, STOP], dtype=object)
 _SPREAD = np.int64(1) << 31  # (prompt code, step) as one int: code * _SPREAD + step (steps are below 2**31)
 
 
@@ -482,10 +534,7 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     index = wl._array_index  # built on the first call (Workload.__getattr__)
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
-    code, known = index.code_of(pid)
-    hit, start, count = index.group(step, code)
-    exact = known & hit & (sample < count)
-    row = np.where(exact, start + sample, 0)
+    code, known, hit, exact, row = _probe(index.pids, index.group_key, index.group_start, index.group_count, step, pid, sample)
     source = _RESAMPLED_EXACT[exact.view(np.int8)]  # object arrays by indexing: no str made per answer
     other = known & ~exact
     if other.any():
@@ -516,18 +565,12 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
 
 def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, keys) -> tuple:
     """`Workload._from_row` over arrays; rows it cannot answer alone are asked of `wl.lookup` one by one."""
-    rec_len, stopped = index.length[row], index.stopped[row]
-    as_recorded = ~stopped & exact & (budget == index.max[row])
-    natural = (stopped & (rec_len <= budget)) | as_recorded
-    cut = ~natural & (stopped | (budget <= rec_len))
-    length = np.where(natural, rec_len, budget)
-    reward = np.where(natural, index.reward[row], wl._low)
-    reason = _LENGTH_STOP[stopped.view(np.int8)]
-    reason[as_recorded] = index.reason_names[index.reason_code[row[as_recorded]]]
-    reason[cut] = LENGTH
+    length, reward, reason, cut, scalar = _answer_rows(index.length, index.stopped, index.max, index.reward, index.reason_code,
+                                                       row, budget, exact, float(wl._low))
+    reason = index.answer_reasons[reason]
     source = source.copy()
     source[cut & exact] = TRUNCATED
-    for j in np.flatnonzero(~natural & ~cut).tolist():  # recorded cut short, asked with more budget: the scalar model
+    for j in np.flatnonzero(scalar).tolist():  # recorded cut short, asked with more budget: the scalar model
         a = wl.lookup(int(keys[0][j]), int(keys[1][j]), int(keys[2][j]), int(budget[j]))
         length[j], reason[j], reward[j], source[j], row[j] = a.length, a.finish_reason, a.reward, a.source, a.row
     return length, reason, reward, source, row
