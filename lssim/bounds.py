@@ -21,6 +21,7 @@ ones that can hold it), and the work term sums integers.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .cost.protocol import solo_decode_time
 
@@ -56,6 +57,14 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
     is taken as free (looser for them, still a bound)."""
 
     def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray, running: np.ndarray | None = None) -> float:
+        if running is None or not np.any(running):  # the usual step (no response kept generating): one pass
+            n_ran, c_rows, t_rows, step_tokens, context_reads, prefilled = _bound_terms(
+                np.asarray(ctx0, np.int64), np.asarray(tokens, np.int64))
+            if not n_ran:
+                return 0.0
+            solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(c_rows.tolist(), t_rows.tolist()))
+            work = (cost.work_time(float(step_tokens), float(context_reads), max_num_seqs) + cost.prefill_time(int(prefilled))) / n_instances
+            return max(solo, work)
         ran = tokens > 0
         if not ran.any():
             return 0.0
@@ -81,3 +90,53 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
         return max(solo, work)
 
     return lower_bound
+
+
+@njit(cache=True)
+def _bound_terms(ctx0, tokens):
+    """`lower_bound`'s terms over the responses that ran (tokens > 0), none of them kept generating: how many ran,
+    the solo candidates (`solo_candidates`: most tokens first), the tokens, the context reads (integers: exact) and
+    the prompt tokens to prefill."""
+    n_ran = 0
+    t_top = c_top = -1
+    step_tokens = context_reads = prefilled = 0
+    for j in range(len(tokens)):
+        t, c = tokens[j], ctx0[j]
+        if t <= 0:
+            continue
+        n_ran += 1
+        step_tokens += t
+        context_reads += t * c + t * (t - 1) // 2
+        prefilled += c
+        t_top, c_top = max(t_top, t), max(c_top, c)
+    c_of_t = t_of_c = -1  # the largest context among the most tokens, the most tokens among the largest context
+    for j in range(len(tokens)):
+        t, c = tokens[j], ctx0[j]
+        if t > 0:
+            if t == t_top:
+                c_of_t = max(c_of_t, c)
+            if c == c_top:
+                t_of_c = max(t_of_c, t)
+    # the pairs the first cut of solo_candidates keeps, then its sort (a handful: insertion) and its dominance pass
+    kept_c = np.empty(n_ran, np.int64)
+    kept_t = np.empty(n_ran, np.int64)
+    k = 0
+    for j in range(len(tokens)):
+        t, c = tokens[j], ctx0[j]
+        if t > 0 and ((c > c_of_t and t > t_of_c) or (t == t_top and c == c_of_t) or (c == c_top and t == t_of_c)):
+            i = k
+            while i > 0 and (kept_t[i - 1] < t or (kept_t[i - 1] == t and kept_c[i - 1] < c)):
+                kept_t[i], kept_c[i] = kept_t[i - 1], kept_c[i - 1]
+                i -= 1
+            kept_t[i], kept_c[i] = t, c
+            k += 1
+    out_c = np.empty(k, np.int64)
+    out_t = np.empty(k, np.int64)
+    m = 0
+    best = -(2 ** 62)
+    for i in range(k):
+        if kept_c[i] > best:
+            out_c[m], out_t[m] = kept_c[i], kept_t[i]
+            m += 1
+        best = max(best, kept_c[i])
+    return n_ran, out_c[:m], out_t[:m], step_tokens, context_reads, prefilled

@@ -292,6 +292,35 @@ def _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, first_decode
 
 
 @njit(cache=True)
+def _touched_rank(inst, n_inst):
+    """Each instance's place in the order requests first reached it (n_inst: none did)."""
+    rank = np.full(n_inst, n_inst, np.int64)
+    seen = 0
+    for i in inst:
+        if rank[i] == n_inst:
+            rank[i] = seen
+            seen += 1
+    return rank
+
+
+@njit(cache=True)
+def _ended(popped, rfin0, rfinc, fin, after):
+    """The requests the popped records end, in that order, and the clock each ends at."""
+    total = 0
+    for rec in popped:
+        total += rfinc[rec]
+    ended = np.empty(total, np.int64)
+    at = np.empty(total)
+    k = 0
+    for rec in popped:
+        for j in range(rfin0[rec], rfin0[rec] + rfinc[rec]):
+            ended[k] = fin[j]
+            at[k] = after[rec]
+            k += 1
+    return ended, at
+
+
+@njit(cache=True)
 def _merge(kind, rinst, event_t, touched_rank, n_inst):
     """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
     an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""
@@ -433,10 +462,7 @@ def run_batch(engine, requests) -> np.ndarray:
     event_t, after, first_token, t, busy, seqs, owed = _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
                                                               first_decode, departure, t0, busy0, seqs0)
     _note_speculation(engine, rn, rk)
-    touched_rank = np.full(n_inst, n_inst, np.int64)
-    seen = np.unique(inst, return_index=True)
-    touched_rank[seen[0]] = np.argsort(np.argsort(seen[1]))
-    popped = _merge(kind, rinst, event_t, touched_rank, n_inst)
+    popped = _merge(kind, rinst, event_t, _touched_rank(inst, n_inst), n_inst)
     for i, x in enumerate(instances):
         x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
         x.version += 1
@@ -444,10 +470,8 @@ def run_batch(engine, requests) -> np.ndarray:
     if len(popped):
         engine.clock = max(now, float(event_t[popped].max()))
     # Fill the columns as the event engine fills its requests, and give the rows in its order of finishes.
-    counts = rfinc[popped]
-    total = int(counts.sum())
-    ended = fin[np.repeat(rfin0[popped] - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(total)]
-    requests.finish_time[ended] = np.repeat(after[popped], counts)
+    ended, ended_at = _ended(popped, rfin0, rfinc, fin, after)
+    requests.finish_time[ended] = ended_at
     requests.first_token_time[ended] = first_token[first_rec[ended]]
     requests.submit_time[:] = now
     requests.generated[:] = gen

@@ -231,12 +231,18 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[stopped | truncated] - s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
         "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
-        "mean_reward": float(np.nanmean(trained.reward)) if len(end.trained) else float("nan"),
+        "mean_reward": _nanmean(trained.reward) if len(end.trained) else float("nan"),
         "busy_fraction": _per_second(busy, n_instances * rollout_s),  # of the instances' time
         "mean_running": _per_second(seq_seconds, n_instances * rollout_s),  # sequences per instance
     }
     row.update({f"trainer_{k}": v for k, v in end.train_metrics.items()})
     return row
+
+
+def _nanmean(values: np.ndarray) -> float:
+    """np.nanmean, without its NaN masks where there is no NaN (the same sum over the same count: equal bits)."""
+    mean = float(np.mean(values))
+    return mean if mean == mean else float(np.nanmean(values))
 
 
 def _per_second(amount: float, seconds: float) -> float:

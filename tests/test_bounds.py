@@ -106,3 +106,18 @@ def test_the_bound_is_the_brute_force_one_bit_for_bit(rows, which, instances, rn
     for running in (None, np.array([rnd.random() < 0.3 for _ in rows])):
         got = make_lower_bound(COSTS[which], instances, 256)(prompt, ctx0, tokens, running)
         assert got == _bound_as_it_was(COSTS[which], instances, 256, prompt, ctx0, tokens, running)
+
+
+@settings(max_examples=150, deadline=None)
+@given(responses)
+def test_the_one_pass_terms_are_solo_candidates_and_the_sums(rows):
+    from lssim.bounds import _bound_terms
+
+    _, ctx0, tokens = columns(rows)
+    ran = tokens > 0
+    n_ran, c, t, step_tokens, reads, prefilled = _bound_terms(ctx0, tokens)
+    assert n_ran == ran.sum() and step_tokens == tokens[ran].sum() and prefilled == ctx0[ran].sum()
+    assert reads == (tokens * ctx0 + tokens * (tokens - 1) // 2)[ran].sum()
+    if ran.any():
+        want_c, want_t = solo_candidates(ctx0[ran], tokens[ran])
+        assert c.tolist() == want_c.tolist() and t.tolist() == want_t.tolist()
