@@ -318,21 +318,28 @@ class AnalyticTrainCost:
 
     # -- compute -------------------------------------------------------------------------------------
 
-    def _work(self, seq: np.ndarray, passes: float) -> tuple[float, float]:
-        """(FLOPs of all, FLOPs of the largest) for ``passes`` forward-equivalents (1 forward, 3 forward+backward)."""
+    def _flops(self, seq: np.ndarray) -> np.ndarray:
+        """Each sequence's FLOPs for one forward pass (weights, and attention over its own tokens)."""
         m = self.spec
+        s = seq.astype(float)
+        return 2.0 * m.params * s + 2.0 * m.n_heads * m.head_dim * m.n_layers * s * s
+
+    def _work(self, seq: np.ndarray, passes: float, flops: np.ndarray | None = None) -> tuple[float, float]:
+        """(FLOPs of all, FLOPs of the largest) for ``passes`` forward-equivalents (1 forward, 3 forward+backward);
+        ``flops``: `_flops(seq)` where the caller has it (packed sequences only: padding changes it)."""
         if not self.packing and len(seq):
             seq = np.full(len(seq), int(seq.max()), dtype=np.int64)  # padded to the longest
-        s = seq.astype(float)
-        per = passes * (2.0 * m.params * s + 2.0 * m.n_heads * m.head_dim * m.n_layers * s * s)
+            flops = None
+        per = passes * (self._flops(seq) if flops is None else flops)
         return float(per.sum()), float(per.max()) if len(per) else 0.0
 
-    def _pass_seconds(self, seq: np.ndarray, n: int, *, backward: bool, max_token_len: int) -> float:
+    def _pass_seconds(self, seq: np.ndarray, n: int, *, backward: bool, max_token_len: int,
+                      flops: np.ndarray | None = None) -> float:
         """Seconds for one pass (forward, or forward+backward) over ``seq`` on ``n`` data-parallel devices."""
         if not len(seq):
             return 0.0
         n_eff = min(n, len(seq))
-        total, largest = self._work(seq, 3.0 if backward else 1.0)
+        total, largest = self._work(seq, 3.0 if backward else 1.0, flops)
         compute = max(total / n_eff, largest) / self._flops_per_second()
         per_rank = -(-len(seq) // n_eff)
         if self.packing:
@@ -365,19 +372,21 @@ class AnalyticTrainCost:
         n = _check_devices(n_devices)
         if not len(seq):
             return TrainPhases.zero()
+        flops = self._flops(seq) if self.packing else None  # per sequence, once for every pass and mini-batch
         logprob = self.phase_overhead_s + self._pass_seconds(seq, n, backward=False,
-                                                             max_token_len=self.logprob_max_token_len_per_gpu)
+                                                             max_token_len=self.logprob_max_token_len_per_gpu, flops=flops)
         reference = 0.0
         if self.reference:
-            reference = self.phase_overhead_s + self._pass_seconds(seq, n, backward=False,
-                                                                   max_token_len=self.logprob_max_token_len_per_gpu)
+            reference = logprob  # the same forward pass over the same sequences, by the reference model
             if self.ref_param_offload:
                 micro = packed_micro_batches(-(-len(seq) // min(n, len(seq))), -(-int(seq.sum()) // min(n, len(seq))),
                                              int(seq.max()), self.logprob_max_token_len_per_gpu)
                 reference += micro * 2.0 * self.spec.params / n / self._host_bytes_per_s()
-        slices = [s for s in np.array_split(seq, min(self.mini_batches, len(seq))) if len(s)]
+        k = min(self.mini_batches, len(seq))
+        slices = [(s, f) for s, f in zip(np.array_split(seq, k), np.array_split(flops, k) if flops is not None else [None] * k)
+                  if len(s)]
         update = self.phase_overhead_s + sum(
-            self._pass_seconds(s, n, backward=True, max_token_len=self.max_token_len_per_gpu) for s in slices)
+            self._pass_seconds(s, n, backward=True, max_token_len=self.max_token_len_per_gpu, flops=f) for s, f in slices)
         update += len(slices) * self.optimizer_step_seconds(n)
         weight_bytes = 2.0 * self.spec.params  # bf16, as the rollout engines hold them
         rate = self.colocated_sync_bytes_per_s if collocated else self.disaggregated_sync_bytes_per_s
