@@ -138,8 +138,9 @@ class ResponseTable:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
         if not self._chunks:
             return pd.DataFrame({name: [] for name in names})
-        cols = {name: _strings([c[name] for c in self._chunks]) if name in _STRING_COLUMNS else
-                np.concatenate([c[name] for c in self._chunks]) for name in names}
+        cols = _concatenated(self._chunks, [n for n in names if n not in _STRING_COLUMNS])
+        cols.update((name, _strings([c[name] for c in self._chunks])) for name in names if name in _STRING_COLUMNS)
+        cols = {name: cols[name] for name in names}
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
             for name, value in (("trained", True), ("train_step", steps), ("off_policy_tokens", off)):
@@ -182,6 +183,22 @@ class ResponseTable:
 
 
 _STRING_COLUMNS = ("finish_reason", "stop_reason")
+
+
+def _concatenated(chunks: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
+    """Each column's chunks as one array, the columns of one dtype as rows of one block: one large allocation is
+    backed by huge pages (numpy advises the kernel to for allocations of 4 MB and more), where a column of its own
+    pays a page fault every 4 kB (a million-row frame was built in about a fifth of the time)."""
+    total = sum(len(c[names[0]]) for c in chunks) if names else 0
+    by_dtype: dict[np.dtype, list[str]] = {}
+    for name in names:
+        by_dtype.setdefault(np.result_type(*[c[name] for c in chunks]), []).append(name)
+    out = {}
+    for dtype, group in by_dtype.items():
+        block = np.empty((len(group), total), dtype)
+        for row, name in zip(block, group):
+            out[name] = np.concatenate([c[name] for c in chunks], out=row)
+    return out
 
 
 def _strings(chunks: list[np.ndarray]):
