@@ -12,7 +12,8 @@ in three passes instead of an event heap in Python.
    None of it depends on time, so every span (n running, their summed context, k iterations) is known first.
    Two facts keep it a loop over arrays: the waiting requests' keys are always above the running ones' (the
    head of the queue is admitted, the last admitted is preempted), so the running set is a stack in key order
-   and the queue a cursor; finishes are a binary heap on (iteration, admission seq), as in the event engine.
+   and the queue a cursor; finishes pop in (iteration, admission seq) order, as from the event engine's heap
+   (one int key each; a record's admissions sorted into a run when the last run is used up, a heap for the rest).
 2. pricing: every span, prefill and departure priced at once (`price_decode` is the roofline's closed form
    over arrays, operation for operation the scalar one; other cost models are called once per span).
 3. `_clock` (numba): the instance clocks accumulated in the event engine's order of additions (so per-step
@@ -36,53 +37,77 @@ from numba import njit
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 
 
-@njit(cache=True)
-def _grow(a, size):
-    out = np.empty(max(size, 2 * len(a)), a.dtype)
-    out[:len(a)] = a
-    return out
+_SEQ_BITS = 26  # a finish's heap key: iteration << _SEQ_BITS | admission seq (one int orders as (iteration, seq))
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+_MAX_IT = 1 << (62 - _SEQ_BITS)
 
 
 @njit(cache=True)
-def _heap_push(hit, hseq, hreq, hep, size, it, seq, req, ep):
-    """A binary min-heap on (iteration, seq) held in four arrays; returns the new size."""
+def _heap_push(heap, size, key):
+    """A binary min-heap of int64 keys (`heap` has room); returns the new size."""
     i = size
-    hit[i], hseq[i], hreq[i], hep[i] = it, seq, req, ep
     while i > 0:
         p = (i - 1) // 2
-        if hit[p] < hit[i] or (hit[p] == hit[i] and hseq[p] < hseq[i]):
+        if heap[p] <= key:
             break
-        hit[i], hit[p] = hit[p], hit[i]
-        hseq[i], hseq[p] = hseq[p], hseq[i]
-        hreq[i], hreq[p] = hreq[p], hreq[i]
-        hep[i], hep[p] = hep[p], hep[i]
+        heap[i] = heap[p]
         i = p
+    heap[i] = key
     return size + 1
 
 
 @njit(cache=True)
-def _heap_pop(hit, hseq, hreq, hep, size):
+def _heap_pop(heap, size):
     """Remove the top; returns the new size (the top must be read before)."""
     size -= 1
-    hit[0], hseq[0], hreq[0], hep[0] = hit[size], hseq[size], hreq[size], hep[size]
+    key = heap[size]
     i = 0
     while True:
-        l, r, m = 2 * i + 1, 2 * i + 2, i
-        if l < size and (hit[l] < hit[m] or (hit[l] == hit[m] and hseq[l] < hseq[m])):
-            m = l
-        if r < size and (hit[r] < hit[m] or (hit[r] == hit[m] and hseq[r] < hseq[m])):
-            m = r
-        if m == i:
-            return size
-        hit[i], hit[m] = hit[m], hit[i]
-        hseq[i], hseq[m] = hseq[m], hseq[i]
-        hreq[i], hreq[m] = hreq[m], hreq[i]
-        hep[i], hep[m] = hep[m], hep[i]
-        i = m
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and heap[c + 1] < heap[c]:
+            c += 1
+        if key <= heap[c]:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = key
+    return size
+
+
+_OUT_OF_ROOM = -(1 << 40)  # _structure's error: more records or admissions than its arrays hold
+
+
+def _room(n_requests: int, n_instances: int) -> int:
+    """Records and admissions `_structure` makes room for at first: enough unless requests are preempted many times."""
+    return 2 * n_requests + 2 * n_instances + 16
 
 
 @njit(cache=True)
-def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
+def _out_of_room(fin_rec, first_rec):
+    e = np.zeros(0, np.int64)
+    return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, _OUT_OF_ROOM
+
+
+@njit(cache=True)
+def _peek(run, rlo, rhi, heap, hsize):
+    """The smallest pending finish key of the sorted run run[rlo:rhi] and the heap; -1 if none is pending."""
+    if rlo < rhi:
+        return heap[0] if hsize > 0 and heap[0] < run[rlo] else run[rlo]
+    return heap[0] if hsize > 0 else -1
+
+
+@njit(cache=True)
+def _pop(run, rlo, rhi, heap, hsize):
+    """Remove the smallest pending key (`_peek`'s); returns the new (rlo, hsize)."""
+    if rlo < rhi and (hsize == 0 or run[rlo] < heap[0]):
+        return rlo + 1, hsize
+    return rlo, _heap_pop(heap, hsize)
+
+
+@njit(cache=True)
+def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
     """Every instance's schedule, integers only (module docstring, pass 1).
 
     `order`: request indices, instance by instance (`inst_start` offsets), each instance's in (priority, arrival)
@@ -93,7 +118,6 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
     record and first admitting record, the preemptions, and an error instance (-1: none)."""
     n_inst = len(inst_start) - 1
     n_req = len(prompt)
-    cap = 2 * n_req + 2 * n_inst + 16
     kind = np.empty(cap, np.int64)
     rinst = np.empty(cap, np.int64)
     rn = np.empty(cap, np.int64)
@@ -114,10 +138,15 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
     gen_at_admit = np.zeros(n_req, np.int64)
     epoch = np.zeros(n_req, np.int64)
     done = np.zeros(n_req, np.bool_)
-    hit = np.empty(n_req + 1, np.int64)
-    hseq = np.empty(n_req + 1, np.int64)
-    hreq = np.empty(n_req + 1, np.int64)
-    hep = np.empty(n_req + 1, np.int64)
+    # Pending finishes, each a key iteration << _SEQ_BITS | seq (the seq's request and epoch in pushed_*): a sorted run,
+    # consumed from the front, and a heap, popped by the smaller of their fronts. A record's admissions (`fresh`) become
+    # the new run when the last one is used up (usually all of an instance's requests at its start: no heap work at
+    # all); otherwise they go on the heap.
+    heap = np.empty(cap, np.int64)
+    run = np.empty(n_req + 1, np.int64)
+    fresh = np.empty(n_req + 1, np.int64)
+    pushed_req = np.empty(cap, np.int64)
+    pushed_ep = np.empty(cap, np.int64)
     stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
     n_rec = 0
     n_fin = 0
@@ -131,6 +160,7 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
         n = 0
         ctx = 0
         hsize = 0
+        rlo = rhi = 0
         ssize = 0
         seq = 0
         left_at = -1
@@ -140,12 +170,8 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
         ctx_before = 0
         first = True
         while True:
-            if n_rec + 1 >= len(kind):
-                size = n_rec + 2
-                kind = _grow(kind, size); rinst = _grow(rinst, size); rn = _grow(rn, size); rctx = _grow(rctx, size)
-                rk = _grow(rk, size); rleft = _grow(rleft, size); rbefore = _grow(rbefore, size)
-                rnafter = _grow(rnafter, size); rpf = _grow(rpf, size); ran = _grow(ran, size)
-                ractx = _grow(ractx, size); rfin0 = _grow(rfin0, size); rfinc = _grow(rfinc, size)
+            if n_rec + 1 >= cap:  # out of room: the caller calls again with more (no array grows in this loop: it
+                return _out_of_room(fin_rec, first_rec)  # is several times faster when none is reassigned in it)
             rec = n_rec
             n_rec += 1
             rinst[rec] = i
@@ -166,10 +192,13 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
                 rk[rec] = k
                 # the finishes at this boundary, in (iteration, seq) order
                 n0 = n
-                while hsize > 0 and hit[0] <= it:
-                    r = hreq[0]
-                    ep = hep[0]
-                    hsize = _heap_pop(hit, hseq, hreq, hep, hsize)
+                while True:
+                    key = _peek(run, rlo, rhi, heap, hsize)
+                    if key < 0 or key >> _SEQ_BITS > it:
+                        break
+                    r = pushed_req[key & _SEQ_MASK]
+                    ep = pushed_ep[key & _SEQ_MASK]
+                    rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
                     if ep != epoch[r]:
                         continue
                     g = gen_at_admit[r] + (it - admit_it[r])
@@ -206,6 +235,7 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
             rfinc[rec] = n_fin - rfin0[rec]
             # admission, in key order, while the cache holds the admitted and the next iteration's tokens
             prefill = 0
+            n_fresh = 0
             while head < hi and n < max_seqs:
                 r = order[head]
                 if done[r]:
@@ -226,8 +256,23 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
                     ssize -= 1
                 stack[ssize] = head - 1
                 ssize += 1
-                hsize = _heap_push(hit, hseq, hreq, hep, hsize, it + max(0, length[r] - gen[r]), seq, r, epoch[r])
+                finish_it = it + max(0, length[r] - gen[r])
+                if seq > _SEQ_MASK or finish_it >= _MAX_IT:
+                    return (kind[:0], rinst[:0], rn[:0], rctx[:0], rk[:0], rleft[:0], rbefore[:0], rnafter[:0], rpf[:0],
+                            ran[:0], ractx[:0], rfin0[:0], rfinc[:0], fin[:0], fin_rec, first_rec, preemptions, -2 - i)
+                if seq == cap:
+                    return _out_of_room(fin_rec, first_rec)
+                pushed_req[seq] = r
+                pushed_ep[seq] = epoch[r]
+                fresh[n_fresh] = finish_it << _SEQ_BITS | seq
+                n_fresh += 1
                 seq += 1
+            if rlo == rhi and n_fresh > 1:
+                run[:n_fresh] = np.sort(fresh[:n_fresh])
+                rlo, rhi = 0, n_fresh
+            else:
+                for j in range(n_fresh):
+                    hsize = _heap_push(heap, hsize, fresh[j])
             rpf[rec] = prefill
             ran[rec] = n
             ractx[rec] = ctx
@@ -238,9 +283,12 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs):
                             fin[:n_fin], fin_rec, first_rec, preemptions, i)
                 break
             # the next boundary: a finish, or the cache unable to hold the next iteration's tokens
-            while hsize > 0 and hep[0] != epoch[hreq[0]]:
-                hsize = _heap_pop(hit, hseq, hreq, hep, hsize)
-            target = min(hit[0], it + (capacity - ctx) // n)
+            while True:
+                key = _peek(run, rlo, rhi, heap, hsize)
+                if pushed_ep[key & _SEQ_MASK] == epoch[pushed_req[key & _SEQ_MASK]]:
+                    break
+                rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+            target = min(key >> _SEQ_BITS, it + (capacity - ctx) // n)
             k = target - it
             n_before = n
             ctx_before = ctx
@@ -433,7 +481,7 @@ def run_batch(engine, requests) -> np.ndarray:
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
     m = len(requests)
-    prompt, gen, budget = requests.prompt_len, requests.generated.copy(), requests.max_tokens
+    prompt, budget = requests.prompt_len, requests.max_tokens
     too_big = np.flatnonzero(prompt + budget > capacity)
     if len(too_big):
         j = int(too_big[0])
@@ -448,10 +496,19 @@ def run_batch(engine, requests) -> np.ndarray:
     inst[free] = np.arange(int(free.sum())) % n_inst
     order = np.lexsort((np.arange(m), requests.priority, inst))
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
-    (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
-     preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs)
+    room = _room(m, n_inst)
+    while True:
+        gen = requests.generated.copy()
+        (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
+         preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs, room)
+        if error != _OUT_OF_ROOM:
+            break
+        room *= 4
     if error >= 0:
         raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
+    if error < -1:
+        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
+                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
