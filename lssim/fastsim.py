@@ -29,8 +29,6 @@ with per-event hooks.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 from numba import njit
 
@@ -540,18 +538,16 @@ def run_batch(engine, requests) -> np.ndarray:
 def _answers(engine, requests) -> tuple:
     """Each request's (length, finish reason, reward, exact) from the Workload, asked once over arrays
     (lssim.workload.lookup_many); the engine's source counts move as SimEngine.submit moves them."""
-    from .workload import EXACT, lookup_many
+    from .workload import EXACT, SOURCES, lookup_coded
 
     own = requests.batch < 0  # a request of its own step, or of a loader batch (lssim.core.Request.batch)
     step = np.where(own, requests.step, requests.batch)
     sample = np.where(own, requests.sample_idx, requests.batch_sample)
-    length, reason, reward, source, _ = lookup_many(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
-    exact = source == EXACT
-    if exact.any():
-        engine.sources[EXACT] += int(exact.sum())
-    for name, c in Counter(source[~exact].tolist()).items():  # usually none: most answers are the recorded ones
-        engine.sources[name] += c
-    return np.asarray(length, np.int64), reason, np.asarray(reward, float), exact
+    length, reason, reward, source, _ = lookup_coded(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
+    for name, c in zip(SOURCES.tolist(), np.bincount(source, minlength=len(SOURCES)).tolist()):
+        if c:
+            engine.sources[name] += c
+    return np.asarray(length, np.int64), reason, np.asarray(reward, float), source == SOURCES.tolist().index(EXACT)
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:

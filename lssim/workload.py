@@ -418,11 +418,32 @@ def _splitmix01(words):
     for j in range(n):
         x = np.uint64(0x9E3779B97F4A7C15)
         for i in range(k):
-            x = (x ^ words[i, j]) * np.uint64(0xBF58476D1CE4E5B9)
-            x = (x ^ (x >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
-            x ^= x >> np.uint64(29)
-        out[j] = float(x >> np.uint64(11)) / 9007199254740992.0  # 2**53
+            x = _fold(x, words[i, j])
+        out[j] = _unit(x)
     return out
+
+
+@njit(cache=True)
+def _fold(x, word):
+    """One word into the splitmix64 state (wrapping uint64)."""
+    x = (x ^ word) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(29))
+
+
+@njit(cache=True)
+def _unit(x):
+    return float(x >> np.uint64(11)) / 9007199254740992.0  # 2**53
+
+
+@njit(cache=True)
+def _hash01_words(seed, a, b, c, n_words):
+    """_hash01(seed, a, b) (n_words 2) or _hash01(seed, a, b, c) (3) of int64 words, bit for bit hash01_many's."""
+    x = _fold(np.uint64(0x9E3779B97F4A7C15), np.uint64(seed))
+    x = _fold(_fold(x, np.uint64(a)), np.uint64(b))
+    if n_words == 3:
+        x = _fold(x, np.uint64(c))
+    return _unit(x)
 
 
 class _ArrayIndex:
@@ -511,6 +532,39 @@ def _answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, 
     return length, reward, reason, cut, scalar
 
 
+@njit(cache=True)
+def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_key, group_key, group_start, group_count, n_pids, seed,
+                    step, code, pid, sample):
+    """The row answering each query of a known prompt at a step the trace did not record it at (lookup_many's
+    resampling): its nearest recorded step (`_nearest_many`; the earlier on a tie), that group, and the sample
+    drawn there (`Workload._resample`'s rotation, or a draw past the group's size). A group's members are consecutive
+    queries of one (step, prompt): searched and hashed once for all of them."""
+    n = len(step)
+    rows = np.empty(n, np.int64)
+    start = count = rotate = 0
+    for j in range(n):
+        s, c = step[j], code[j]
+        if j == 0 or s != step[j - 1] or c != code[j - 1] or pid[j] != pid[j - 1]:
+            lo, hi = prompt_lo[c], prompt_hi[c]
+            i = np.searchsorted(prompt_key, c * _SPREAD + s)
+            after, before = prompt_step[min(i, hi - 1)], prompt_step[max(i - 1, lo)]
+            near = after if after == s or after - s < s - before else before
+            if i == lo:
+                near = prompt_step[lo]
+            elif i == hi:
+                near = prompt_step[max(hi - 1, lo)]
+            key = near * n_pids + c
+            g = min(np.searchsorted(group_key, key), len(group_key) - 1)
+            start = group_start[g]
+            count = group_count[g] if group_key[g] == key else 0
+            rotate = np.int64(np.floor(_hash01_words(seed, s, pid[j], 0, 2) * count))
+        if sample[j] < count:
+            rows[j] = start + (sample[j] + rotate) % max(count, 1)
+        else:
+            rows[j] = start + np.int64(np.floor(_hash01_words(seed, s, pid[j], sample[j], 3) * count))
+    return rows
+
+
 def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray, keys: np.ndarray,
                   query: np.ndarray) -> np.ndarray:
     """`Workload._nearest` of each step within sorted_steps[lo:hi] (the earlier one on a tie). `keys` are the
@@ -523,7 +577,8 @@ def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step
     return np.where(i == lo, first, np.where(i == hi, last, pick))
 
 
-_RESAMPLED_EXACT = np.array([RESAMPLED, EXACT], dtype=object)  # indexed by a bool mask's bytes (False, True)
+SOURCES = np.array([RESAMPLED, EXACT, GLOBAL, TRUNCATED], dtype=object)  # lookup_coded's source numbers (0: resampled)
+_SOURCE_NUMBER = {name: i for i, name in enumerate(SOURCES.tolist())}
 _SPREAD = np.int64(1) << 31  # (prompt code, step) as one int: code * _SPREAD + step (steps are below 2**31)
 
 
@@ -531,20 +586,22 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     """`wl.lookup` for arrays of queries: (length, finish_reason, reward, source, row), each an array (reasons and
     sources as object arrays of the same strings). The cases the Workload answers from one row are computed over
     arrays; the rest (a response recorded cut short and asked with a larger budget) are asked one by one."""
+    length, reason, reward, source, row = lookup_coded(wl, step, prompt_id, sample_idx, budget)
+    return length, reason, reward, SOURCES[source], row
+
+
+def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
+    """`lookup_many` with each source as its number in SOURCES (an int8 array): the engine counts them."""
     index = wl._array_index  # built on the first call (Workload.__getattr__)
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
     code, known, hit, exact, row = _probe(index.pids, index.group_key, index.group_start, index.group_count, step, pid, sample)
-    source = _RESAMPLED_EXACT[exact.view(np.int8)]  # object arrays by indexing: no str made per answer
+    source = exact.astype(np.int8)  # SOURCES: 1 exact, 0 resampled
     other = known & ~exact
     if other.any():
-        s, c = step[other], code[other]
-        near = _nearest_many(index.prompt_step, index.prompt_lo[c], index.prompt_hi[c], s, index.prompt_key, c * _SPREAD + s)
-        _, g_start, g_count = index.group(near, c)
-        smp, p = sample[other], pid[other]
-        rotate = np.floor(hash01_many(wl.seed, s, p) * g_count).astype(np.int64)
-        drawn = np.floor(hash01_many(wl.seed, s, p, smp) * g_count).astype(np.int64)
-        row[other] = g_start + np.where(smp < g_count, (smp + rotate) % np.maximum(g_count, 1), drawn)
+        row[other] = _resampled_rows(index.prompt_step, index.prompt_lo, index.prompt_hi, index.prompt_key, index.group_key,
+                                     index.group_start, index.group_count, index.n_pids, wl.seed, step[other],
+                                     code[other], pid[other], sample[other])
     unknown = ~known
     if unknown.any():
         s = step[unknown]
@@ -552,13 +609,13 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
         at = np.searchsorted(index.steps, near)
         lo, hi = index.step_lo[at], index.step_hi[at]
         row[unknown] = lo + np.floor(hash01_many(wl.seed, s, pid[unknown], sample[unknown]) * (hi - lo)).astype(np.int64)
-        source[unknown] = GLOBAL
+        source[unknown] = _SOURCE_NUMBER[GLOBAL]
     out = _from_rows(wl, index, row, budget, source, exact, (step, pid, sample))
     if wl._holes:  # a (step, prompt) with a hole: its samples by number, asked one by one
         for j in np.flatnonzero(known & hit).tolist():
             if (int(step[j]), int(pid[j])) in wl._holes:
                 a = wl.lookup(int(step[j]), int(pid[j]), int(sample[j]), int(budget[j]))
-                for column, value in zip(out, (a.length, a.finish_reason, a.reward, a.source, a.row)):
+                for column, value in zip(out, (a.length, a.finish_reason, a.reward, _SOURCE_NUMBER[a.source], a.row)):
                     column[j] = value
     return out
 
@@ -569,10 +626,10 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
                                                        row, budget, exact, float(wl._low))
     reason = index.answer_reasons[reason]
     source = source.copy()
-    source[cut & exact] = TRUNCATED
+    source[cut & exact] = _SOURCE_NUMBER[TRUNCATED]
     for j in np.flatnonzero(scalar).tolist():  # recorded cut short, asked with more budget: the scalar model
         a = wl.lookup(int(keys[0][j]), int(keys[1][j]), int(keys[2][j]), int(budget[j]))
-        length[j], reason[j], reward[j], source[j], row[j] = a.length, a.finish_reason, a.reward, a.source, a.row
+        length[j], reason[j], reward[j], source[j], row[j] = a.length, a.finish_reason, a.reward, _SOURCE_NUMBER[a.source], a.row
     return length, reason, reward, source, row
 
 
