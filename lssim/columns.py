@@ -103,7 +103,7 @@ class RequestColumns:
             return parts[0]
         if not parts:
             return RequestColumns.planned(rid=np.zeros(0, np.int64), prompt_len=np.zeros(0, np.int64))
-        out = {f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(RequestColumns) if f.name != "resumes"}
+        out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
         resumes = None
         if any(p.resumes is not None for p in parts):
             resumes = [x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))]
@@ -111,7 +111,7 @@ class RequestColumns:
 
     def take(self, rows) -> "RequestColumns":
         """The given rows (indices, a slice or a boolean mask), in that order."""
-        out = {f.name: getattr(self, f.name)[rows] for f in fields(RequestColumns) if f.name != "resumes"}
+        out = {name: getattr(self, name)[rows] for name in _ARRAYS}
         resumes = None
         if self.resumes is not None:
             picked = np.arange(len(self))[rows]
@@ -165,6 +165,9 @@ class RequestColumns:
             starts = [(int(self.first_version[i]), 0)] + resumes
             ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
             yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+_ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
 
 
 def _objects(values: list) -> np.ndarray:

@@ -222,6 +222,8 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
     tokens, bound = _tokens_and_bound(books, lower_bound)
     reasons, trained, step = books.ended.finish_reason, books.trained, s.step
     stopped, truncated = reasons == STOP, reasons == LENGTH
+    natural = stopped | truncated
+    others = reasons if not natural.all() else reasons[:0]  # (most steps end every response so: no more to compare)
     # Off-policy share of what trains now: tokens generated under weights older than this step's.
     off_policy = int(trained.off_policy_tokens(step).sum())
     trained_tokens = int(trained.generated.sum())
@@ -238,14 +240,14 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "carried_in": len(s.carried_in) + len(s.kept_in),
         "finished": int(stopped.sum()),
         "truncated": int(truncated.sum()),
-        "policy_stopped": int((reasons == POLICY_STOP).sum()),
-        "dropped": int((reasons == ABORT).sum()),
+        "policy_stopped": int((others == POLICY_STOP).sum()),
+        "dropped": int((others == ABORT).sum()),
         "carried_out": len(s.carried_out),
         "groups_trained": len(end.trained),
         "effective_groups": int(books.trained_signal.sum()),
         "lower_bound_seconds": bound,
         "lower_bound_efficiency": _per_second(bound, rollout_s),
-        "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[stopped | truncated] - s.started),
+        "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[natural] - s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
         "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
         "mean_reward": _nanmean(trained.reward) if len(end.trained) else float("nan"),
