@@ -116,6 +116,12 @@ def check_lengths(seq_lens, prompt_lens=None) -> tuple[np.ndarray, np.ndarray]:
     return seq, prompt
 
 
+def _split_bounds(n: int, k: int) -> list[int]:
+    """Where np.array_split cuts n items into k parts (the first n % k one longer), as k + 1 offsets."""
+    q, r = divmod(n, k)
+    return [i * q + min(i, r) for i in range(k + 1)]
+
+
 def _check_devices(n_devices) -> int:
     if isinstance(n_devices, bool) or not isinstance(n_devices, numbers.Integral) or n_devices < 1:
         raise ValueError(f"n_devices must be an int >= 1, got {n_devices!r}")
@@ -382,9 +388,8 @@ class AnalyticTrainCost:
                 micro = packed_micro_batches(-(-len(seq) // min(n, len(seq))), -(-int(seq.sum()) // min(n, len(seq))),
                                              int(seq.max()), self.logprob_max_token_len_per_gpu)
                 reference += micro * 2.0 * self.spec.params / n / self._host_bytes_per_s()
-        k = min(self.mini_batches, len(seq))
-        slices = [(s, f) for s, f in zip(np.array_split(seq, k), np.array_split(flops, k) if flops is not None else [None] * k)
-                  if len(s)]
+        bounds = _split_bounds(len(seq), min(self.mini_batches, len(seq)))
+        slices = [(seq[a:b], None if flops is None else flops[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         update = self.phase_overhead_s + sum(
             self._pass_seconds(s, n, backward=True, max_token_len=self.max_token_len_per_gpu, flops=f) for s, f in slices)
         update += len(slices) * self.optimizer_step_seconds(n)
