@@ -341,7 +341,12 @@ _PLAN_FIELDS = operator.attrgetter("n_samples", "prompt_id", "batch", "max_token
 
 def _int_column(values: tuple, none: int) -> np.ndarray:
     """A tuple of ints (None read as `none`) as an int64 array."""
-    return np.array(values if None not in values else [none if v is None else v for v in values], np.int64)
+    try:
+        return np.array(values, np.int64)  # the usual column: no None (looking for one costs more than converting)
+    except TypeError:
+        if values.count(None) == len(values):  # a field nobody set (instance, batch)
+            return np.full(len(values), none, np.int64)
+        return np.array([none if v is None else v for v in values], np.int64)
 
 
 def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
