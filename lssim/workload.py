@@ -644,4 +644,4 @@ class OracleLengths:
         return self.workload.length(step, prompt_id, sample_idx, max_tokens)  # response(...).length, short-cut where exact
 
     def many(self, step, prompt_id, sample_idx, max_tokens) -> np.ndarray:
-        return np.asarray(lookup_many(self.workload, step, prompt_id, sample_idx, max_tokens)[0], np.int64)
+        return np.asarray(lookup_coded(self.workload, step, prompt_id, sample_idx, max_tokens)[0], np.int64)
