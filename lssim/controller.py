@@ -108,7 +108,8 @@ class Controller:
         self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
         self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
         self._batch_samples: dict[int, dict[int, int]] = {}  # loader batch -> prompt -> samples of it generated so far
-        self._responses = ResponseTable()
+        # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
+        self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
         self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
         self._step_rows: list[dict] = []
         self.groups_trained = 0
@@ -149,10 +150,11 @@ class Controller:
             if self.groups_trained >= self.config.total_groups and not self._carried and not self._kept:
                 break
             self.run_step(step)
-        return self.result(response_columns)
+        return self.result(response_columns, final=True)
 
-    def result(self, response_columns: Sequence[str] | None = None) -> RunResult:
-        responses = self._responses.frame(response_columns)
+    def result(self, response_columns: Sequence[str] | None = None, *, final: bool = False) -> RunResult:
+        """The run so far; `final`: the run is over, and the responses frame may share the table's memory."""
+        responses = self._responses.frame(response_columns, share=final)
         steps = pd.DataFrame(self._step_rows)
         return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
 

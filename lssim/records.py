@@ -120,33 +120,51 @@ class StepEnd:
 
 
 class ResponseTable:
-    """The response rows of a run, a step's columns at a time (concatenated once, in `frame`), with the rows of
-    members whose groups are still open, to settle when the groups complete."""
+    """The response rows of a run, a step's columns at a time, with the rows of members whose groups are still open,
+    to settle when the groups complete. Numeric columns are written as they come into rows of one preallocated block
+    per dtype (`capacity`: the rows a run is expected to make; it doubles when outgrown): a block is large enough for
+    the kernel to back it with huge pages, and the final frame is a view of it, not a copy made at the end."""
 
-    def __init__(self):
-        self._chunks: list[dict[str, np.ndarray]] = []
+    def __init__(self, capacity: int = 0):
+        self._capacity = max(0, int(capacity))
+        self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows] written
+        self._strings: dict[str, list[np.ndarray]] = {name: [] for name in _STRING_COLUMNS}  # object chunks
+        self._added = False
         self._rows = 0
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
         self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
 
-    def frame(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """The rows as one frame, built once: every column of RESPONSE_COLUMNS, or those of `columns`."""
+    def __setstate__(self, state: dict) -> None:
+        chunks = state.pop("_chunks", None)  # a checkpoint written before the blocks: its step chunks, added again
+        if chunks is None:
+            self.__dict__.update(state)
+            return
+        self.__init__()
+        self._pending, self._settled = state["_pending"], state["_settled"]
+        for chunk in chunks:
+            self._store(chunk)
+
+    def frame(self, columns: Sequence[str] | None = None, *, share: bool = False) -> pd.DataFrame:
+        """The rows as one frame: every column of RESPONSE_COLUMNS, or those of `columns`. `share`: the numeric
+        columns are views of the table's own blocks (the run is over: nothing is added or settled after); by default
+        they are copies, so a frame taken between steps (the real backend writes one each step) stays as taken."""
         wanted = set(RESPONSE_COLUMNS if columns is None else columns)
         names = [c for c in RESPONSE_COLUMNS if c in wanted]
         unknown = wanted - set(RESPONSE_COLUMNS)
         if unknown:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
-        if not self._chunks:
+        if not self._added:
             return pd.DataFrame({name: [] for name in names})
-        cols = _concatenated(self._chunks, [n for n in names if n not in _STRING_COLUMNS])
-        cols.update((name, _strings([c[name] for c in self._chunks])) for name in names if name in _STRING_COLUMNS)
+        numeric = {name: self._columns[name][:self._rows] for name in names if name not in _STRING_COLUMNS}
+        cols = numeric if share else _in_blocks(numeric)
+        cols.update((name, _strings(self._strings[name])) for name in names if name in _STRING_COLUMNS)
         cols = {name: cols[name] for name in names}
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
             for name, value in (("trained", True), ("train_step", steps), ("off_policy_tokens", off)):
                 if name in cols:
                     cols[name][rows] = value
-        return pd.DataFrame(cols, copy=False)  # the columns are new arrays: no copy into consolidated blocks
+        return pd.DataFrame(cols, copy=False)  # the columns are arrays of their own: no copy into consolidated blocks
 
     def settle(self, end: StepEnd, step: int) -> None:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
@@ -169,7 +187,7 @@ class ResponseTable:
             for i in np.flatnonzero(np.isin(e.group_id, list(open_groups))).tolist():
                 self._pending[int(e.rid[i])] = self._rows + i
         trained_now = np.isin(e.rid, trained_rids)
-        self._chunks.append({
+        self._store({
             "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,
             "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
             "reward": e.reward, "finish_reason": e.finish_reason, "stop_reason": e.stop_reason,
@@ -179,25 +197,61 @@ class ResponseTable:
             "trained": trained_now, "train_step": np.where(trained_now, step, -1),
             "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,
         })
-        self._rows += n
+
+    def _store(self, chunk: dict[str, np.ndarray]) -> None:
+        """A step's rows written after the others: numeric columns into their blocks (grown, or a column widened to
+        what np.concatenate would have made of it, where needed), string columns kept as chunks."""
+        n = len(chunk["step"])
+        end = self._rows + n
+        numeric = {name: np.asarray(v) for name, v in chunk.items() if name not in _STRING_COLUMNS}
+        if not self._columns or end > self._capacity:
+            self._capacity = max(end, self._capacity if not self._columns else 2 * self._capacity)
+            old, self._columns = self._columns, _blocks({name: v.dtype for name, v in numeric.items()}, self._capacity)
+            for name, column in old.items():
+                self._columns[name] = _widened(self._columns[name], column.dtype, self._rows)
+                self._columns[name][:self._rows] = column[:self._rows]
+        for name, values in numeric.items():
+            column = self._columns[name]
+            if values.dtype != column.dtype:
+                column = self._columns[name] = _widened(column, np.result_type(column, values), self._rows)
+            column[self._rows:end] = values
+        for name in _STRING_COLUMNS:
+            self._strings[name].append(chunk[name])
+        self._added = True
+        self._rows = end
 
 
 _STRING_COLUMNS = ("finish_reason", "stop_reason")
 
 
-def _concatenated(chunks: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, np.ndarray]:
-    """Each column's chunks as one array, the columns of one dtype as rows of one block: one large allocation is
-    backed by huge pages (numpy advises the kernel to for allocations of 4 MB and more), where a column of its own
-    pays a page fault every 4 kB (a million-row frame was built in about a fifth of the time)."""
-    total = sum(len(c[names[0]]) for c in chunks) if names else 0
+def _blocks(dtypes: dict[str, np.dtype], capacity: int) -> dict[str, np.ndarray]:
+    """A column per name, the columns of one dtype as rows of one block (one large allocation is backed by huge
+    pages: numpy advises the kernel to for 4 MB and more, where a column of its own would fault every 4 kB)."""
     by_dtype: dict[np.dtype, list[str]] = {}
-    for name in names:
-        by_dtype.setdefault(np.result_type(*[c[name] for c in chunks]), []).append(name)
+    for name, dtype in dtypes.items():
+        by_dtype.setdefault(np.dtype(dtype), []).append(name)
     out = {}
     for dtype, group in by_dtype.items():
-        block = np.empty((len(group), total), dtype)
-        for row, name in zip(block, group):
-            out[name] = np.concatenate([c[name] for c in chunks], out=row)
+        out.update(zip(group, np.empty((len(group), capacity), dtype)))
+    return out
+
+
+def _widened(column: np.ndarray, dtype: np.dtype, rows: int) -> np.ndarray:
+    """`column` as `dtype` (its first `rows` kept) where that is wider than its own; else `column` itself."""
+    dtype = np.result_type(column.dtype, dtype)
+    if dtype == column.dtype:
+        return column
+    out = np.empty(len(column), dtype)
+    out[:rows] = column[:rows]
+    return out
+
+
+def _in_blocks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copies of the columns, in blocks by dtype (`_blocks`)."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    out = _blocks({name: c.dtype for name, c in columns.items()}, n)
+    for name, c in columns.items():
+        out[name][:] = c
     return out
 
 

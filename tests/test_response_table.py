@@ -1,0 +1,86 @@
+"""lssim.records.ResponseTable: rows written step by step into preallocated blocks give the frame that concatenating
+the steps' columns gives (dtypes included), whatever the first capacity; a frame taken between steps stays as taken;
+a checkpoint pickled before the blocks still loads."""
+
+import pickle
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lssim.records import _STRING_COLUMNS, RESPONSE_COLUMNS, ResponseTable, _strings
+
+FLOATS = {"reward", "submit_time", "first_token_time", "finish_time", "natural_reward"}
+BOOLS = {"exact", "trained"}
+
+
+def chunk(rng: np.random.Generator, n: int, widen: str | None = None) -> dict[str, np.ndarray]:
+    """One step's columns as ResponseTable.add makes them; `widen`: that int column arrives as float this time."""
+    out = {}
+    for name in RESPONSE_COLUMNS:
+        if name in _STRING_COLUMNS:
+            out[name] = np.array(["stop", "length", ""], object)[rng.integers(0, 3, n)]
+        elif name in FLOATS or name == widen:
+            out[name] = rng.random(n) * 100
+        elif name in BOOLS:
+            out[name] = rng.random(n) < 0.5
+        else:
+            out[name] = rng.integers(-1, 1000, n)
+    return out
+
+
+def concatenated(chunks) -> pd.DataFrame:
+    """The frame as the table built it before its blocks: each column's chunks concatenated at the end."""
+    return pd.DataFrame({name: _strings([c[name] for c in chunks]) if name in _STRING_COLUMNS else
+                         np.concatenate([c[name] for c in chunks]) for name in RESPONSE_COLUMNS})
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=8), capacity=st.sampled_from([0, 1, 50, 10_000]),
+       widen_at=st.integers(-1, 7), seed=st.integers(0, 2**31))
+def test_rows_in_blocks_are_the_concatenated_steps(sizes, capacity, widen_at, seed):
+    rng = np.random.default_rng(seed)
+    chunks = [chunk(rng, n, "sample_idx" if i == widen_at else None) for i, n in enumerate(sizes)]
+    table = ResponseTable(capacity)
+    for c in chunks:
+        table._store(c)
+    want = concatenated(chunks)
+    pd.testing.assert_frame_equal(table.frame(), want, check_exact=True)
+    pd.testing.assert_frame_equal(table.frame(share=True), want, check_exact=True)
+    assert table.frame(["reward", "step"]).columns.tolist() == ["step", "reward"]
+
+
+def test_a_frame_taken_between_steps_stays_as_taken_and_a_final_one_shares():
+    rng = np.random.default_rng(0)
+    table = ResponseTable(10)
+    table._store(chunk(rng, 8))
+    before = table.frame()
+    kept = before.copy()
+    table._settled.append((3, 1, 7))  # a member of an open group settled later
+    table._store(chunk(rng, 30))  # outgrows the blocks
+    pd.testing.assert_frame_equal(before, kept, check_exact=True)
+    after = table.frame(share=True)
+    assert len(after) == 38 and after["train_step"].iloc[3] == 1 and after["off_policy_tokens"].iloc[3] == 7
+    assert np.shares_memory(after["reward"].to_numpy(), table._columns["reward"])
+    assert not np.shares_memory(table.frame()["reward"].to_numpy(), table._columns["reward"])
+
+
+def test_a_checkpoint_pickled_before_the_blocks_loads():
+    """A ResponseTable pickled by the earlier layout (a list of step chunks) is read back into blocks."""
+    rng = np.random.default_rng(1)
+    chunks = [chunk(rng, n) for n in (5, 0, 12)]
+    old = ResponseTable.__new__(ResponseTable)
+    old.__dict__.update(_chunks=chunks, _rows=17, _pending={4: 2}, _settled=[(1, 2, 3)])
+    table = pickle.loads(pickle.dumps(old))
+    want = concatenated(chunks)
+    want.loc[1, ["trained", "train_step", "off_policy_tokens"]] = [True, 2, 3]
+    pd.testing.assert_frame_equal(table.frame(), want, check_exact=True)
+    assert table._pending == {4: 2}
+    table._store(chunk(rng, 3))  # and goes on taking rows
+    assert len(table.frame()) == 20
+
+
+def test_an_empty_table_gives_the_empty_frame():
+    frame = ResponseTable(100).frame()
+    assert frame.columns.tolist() == list(RESPONSE_COLUMNS) and len(frame) == 0
