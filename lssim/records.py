@@ -89,7 +89,8 @@ class StepState:
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
         trained, sizes = end.trained_members
-        return StepBooks(ended, ran, running, trained, with_signal(trained.reward, sizes))
+        reasons = ended.finish_reason
+        return StepBooks(ended, ran, running, trained, with_signal(trained.reward, sizes), reasons == STOP, reasons == LENGTH)
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,6 +102,8 @@ class StepBooks:
     running: np.ndarray | None  # of `ran`: generating since before the step (async); None: none was
     trained: RequestColumns  # the members of the groups the step trained, group after group
     trained_signal: np.ndarray  # per trained group: do its rewards differ
+    stopped: np.ndarray  # of `ended`: ended by itself (finish_reason "stop")
+    truncated: np.ndarray  # of `ended`: cut at its budget ("length")
 
 
 @dataclass(slots=True, frozen=True)
@@ -190,7 +193,7 @@ class ResponseTable:
         self._store({
             "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,
             "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
-            "reward": e.reward, "finish_reason": e.finish_reason, "stop_reason": e.stop_reason,
+            "reward": e.reward, "finish_reason": _finish_reasons(books), "stop_reason": _coded_if_one(e.stop_reason),
             "policy_version_first": e.first_version, "policy_version_last": e.last_version,
             "tokens_before_resume": e.tokens_before_resume, "instance": e.instance, "submit_time": e.submit_time - started,
             "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
@@ -255,17 +258,49 @@ def _in_blocks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _strings(chunks: list[np.ndarray]):
-    """Object arrays of str as one pandas string column: through Arrow, what pandas would infer from the objects
-    (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes seconds)."""
+@dataclass(slots=True, frozen=True)
+class _Coded:
+    """A step's string column as numbers into a few words (Arrow turns it into strings without reading a Python
+    str per row, which costs ~40 ns each)."""
+
+    codes: np.ndarray  # int8, into words
+    words: tuple[str, ...]
+
+    def objects(self) -> np.ndarray:
+        return np.array(self.words, dtype=object)[self.codes]
+
+
+_NATURAL = (LENGTH, STOP)  # _finish_reasons' words: a response that ended by itself or at its budget
+
+
+def _finish_reasons(books: StepBooks):
+    """The ended responses' finish reasons, as numbers where every one ended by itself or at its budget (the books
+    have compared them already), else the objects."""
+    if (books.stopped | books.truncated).all():
+        return _Coded(books.stopped.view(np.int8), _NATURAL)
+    return books.ended.finish_reason
+
+
+def _coded_if_one(values: np.ndarray):
+    """A column of one str throughout (stop_reason: "" unless a policy stopped something) as numbers, else as is."""
+    if len(values) and isinstance(values[0], str) and (values == values[0]).all():
+        return _Coded(np.zeros(len(values), np.int8), (values[0],))
+    return values
+
+
+def _strings(chunks: list):
+    """Object arrays of str (or `_Coded` ones) as one pandas string column: through Arrow, what pandas would infer
+    from the objects (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes
+    seconds)."""
     inferred = pd.Series(["x"]).dtype
     try:
         import pyarrow as pa
     except ImportError:
         pa = None
     if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
-        return np.concatenate(chunks)
-    arrow = pa.chunked_array([pa.array(c, type=pa.large_string()) for c in chunks], type=pa.large_string())
+        return np.concatenate([c.objects() if isinstance(c, _Coded) else c for c in chunks])
+    arrow = pa.chunked_array([pa.array(c.words, type=pa.large_string()).take(pa.array(c.codes)) if isinstance(c, _Coded)
+                              else pa.array(c, type=pa.large_string()) for c in chunks], type=pa.large_string())
     return pd.array(arrow, dtype=inferred)
 
 
@@ -275,7 +310,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
     rollout_s = end.rollout_end - s.started
     tokens, bound = _tokens_and_bound(books, lower_bound)
     reasons, trained, step = books.ended.finish_reason, books.trained, s.step
-    stopped, truncated = reasons == STOP, reasons == LENGTH
+    stopped, truncated = books.stopped, books.truncated
     natural = stopped | truncated
     others = reasons if not natural.all() else reasons[:0]  # (most steps end every response so: no more to compare)
     # Off-policy share of what trains now: tokens generated under weights older than this step's.

@@ -84,3 +84,25 @@ def test_a_checkpoint_pickled_before_the_blocks_loads():
 def test_an_empty_table_gives_the_empty_frame():
     frame = ResponseTable(100).frame()
     assert frame.columns.tolist() == list(RESPONSE_COLUMNS) and len(frame) == 0
+
+
+def test_string_columns_kept_as_numbers_give_the_same_strings():
+    """A step whose responses all ended by themselves or at their budget keeps finish_reason as numbers, and a
+    stop_reason of one str throughout as numbers too (records._finish_reasons, _coded_if_one); mixed with steps
+    kept as objects, the frame has the strings the objects give."""
+    from lssim.records import _coded_if_one, _Coded
+
+    rng = np.random.default_rng(2)
+    chunks = [chunk(rng, n) for n in (6, 4, 0, 9)]
+    table = ResponseTable(0)
+    for i, c in enumerate(chunks):
+        c = dict(c)
+        if i % 2 == 0:
+            stopped = rng.random(len(c["step"])) < 0.5
+            c["finish_reason"] = _Coded(stopped.view(np.int8), ("length", "stop"))
+            chunks[i]["finish_reason"] = np.where(stopped, "stop", "length").astype(object)
+            chunks[i]["stop_reason"] = np.full(len(c["step"]), "", object)
+            c["stop_reason"] = _coded_if_one(chunks[i]["stop_reason"])
+            assert isinstance(c["stop_reason"], _Coded) or not len(c["step"])
+        table._store(c)
+    pd.testing.assert_frame_equal(table.frame(), concatenated(chunks), check_exact=True)
