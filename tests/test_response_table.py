@@ -106,3 +106,12 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
             assert isinstance(c["stop_reason"], _Coded) or not len(c["step"])
         table._store(c)
     pd.testing.assert_frame_equal(table.frame(), concatenated(chunks), check_exact=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(-5, 50), max_size=30), values=st.lists(st.integers(-8, 60), max_size=30))
+def test_in_sorted_is_isin(keys, values):
+    from lssim.records import _in_sorted
+
+    keys, values = np.sort(np.array(keys, np.int64)), np.array(values, np.int64)
+    assert _in_sorted(values, keys).tolist() == np.isin(values, keys).tolist()
