@@ -228,11 +228,17 @@ _STRING_COLUMNS = ("finish_reason", "stop_reason")
 
 
 def _in_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
-    """np.isin(values, sorted_keys) for keys already sorted: one search instead of sorting both."""
+    """np.isin(values, sorted_keys) for keys already sorted. Rids are numbered in order, so a step's keys span a
+    short range: a mask over it answers each value in one lookup (a search per value costs more than sorting both)."""
     if not len(sorted_keys):
         return np.zeros(len(values), bool)
-    at = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
-    return sorted_keys[at] == values
+    lo, hi = int(sorted_keys[0]), int(sorted_keys[-1])
+    if hi - lo > 8 * (len(sorted_keys) + len(values)):  # spread out: np.isin's sort
+        return np.isin(values, sorted_keys)
+    mask = np.zeros(hi - lo + 1, bool)
+    mask[sorted_keys - lo] = True
+    inside = (values >= lo) & (values <= hi)
+    return np.where(inside, mask[np.clip(values - lo, 0, hi - lo)], False)
 
 
 def _blocks(dtypes: dict[str, np.dtype], capacity: int) -> dict[str, np.ndarray]:

@@ -109,9 +109,11 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
 
 
 @settings(max_examples=200, deadline=None)
-@given(keys=st.lists(st.integers(-5, 50), max_size=30), values=st.lists(st.integers(-8, 60), max_size=30))
-def test_in_sorted_is_isin(keys, values):
+@given(keys=st.lists(st.integers(-5, 50), max_size=30), values=st.lists(st.integers(-8, 60), max_size=30),
+       far=st.booleans())
+def test_in_sorted_is_isin(keys, values, far):
+    """Keys in a short range (a mask over it) and spread out (`far`: np.isin's sort)."""
     from lssim.records import _in_sorted
 
-    keys, values = np.sort(np.array(keys, np.int64)), np.array(values, np.int64)
+    keys, values = np.sort(np.array(keys + [10**9] * far, np.int64)), np.array(values + [10**9] * far, np.int64)
     assert _in_sorted(values, keys).tolist() == np.isin(values, keys).tolist()
