@@ -73,10 +73,19 @@ class StepState:
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
-        order = np.lexsort((self.batch.rid, self.batch.group_id))  # members in the order they were made, as on the
-        # event route (a priority hook may have reordered the rows; the trainer packs members in this order)
-        _, sizes = np.unique(self.batch.group_id[order], return_counts=True)
-        return GroupBatch(self.batch, order, sizes)
+        # Members in the order they were made, as on the event route (a priority hook may have reordered the rows; the
+        # trainer packs members in this order): by (group, rid). Rids are made group after group, so rid order is
+        # that order; a batch made otherwise is sorted by both.
+        rid, group = self.batch.rid, self.batch.group_id
+        order = np.argsort(rid, kind="stable")
+        ordered = group[order]
+        if len(ordered) > 1 and (ordered[1:] < ordered[:-1]).any():
+            order = np.lexsort((rid, group))
+            ordered = group[order]
+        if not len(ordered):
+            return GroupBatch(self.batch, order, np.zeros(0, np.int64))
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        return GroupBatch(self.batch, order, np.diff(np.r_[starts, len(ordered)]))
 
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""

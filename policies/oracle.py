@@ -80,7 +80,9 @@ class Oracle(Policy):
         asked, self._asked = self._asked, None
         if asked is not None and len(asked[0]) == len(requests):
             rids, predicted, generated = asked
-            at = np.searchsorted(rids, requests.rid)
-            if (rids[at] == requests.rid).all() and (generated[at] == requests.generated).all():
-                return predicted[at]
+            by_rid = np.argsort(requests.rid)  # (one sort: cheaper than a search per request)
+            if (requests.rid[by_rid] == rids).all() and (requests.generated[by_rid] == generated).all():
+                out = np.empty_like(predicted)
+                out[by_rid] = predicted
+                return out
         return self._predict_many(requests)

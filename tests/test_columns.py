@@ -82,3 +82,24 @@ def test_groups_over_columns_gather_as_groups_of_requests(sizes, seed):
         assert prompt_ids(groups).tolist() == [100 + g for g in range(len(sizes))]
         assert with_signal(members.reward, got_sizes).tolist() == [g.has_signal for g in objects]
     assert [g.requests[0].rid for g in batch] == starts.tolist()  # made on demand, rows of the columns
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5), max_size=12), made_in_order=st.booleans(), seed=st.integers(0, 2**31))
+def test_a_batch_steps_groups_are_its_members_by_group_then_rid(sizes, made_in_order, seed):
+    """StepState.batch_groups: rows ordered by (group, rid) and each group's size, whatever order the rows are in
+    (a priority hook reorders them), for rids made group after group (plan_requests) or not."""
+    from lssim.core import RolloutState
+    from lssim.records import StepState
+
+    rng = np.random.default_rng(seed)
+    group = np.repeat(np.arange(len(sizes)) * 3 + 7, sizes)
+    rid = np.arange(len(group)) + 100 if made_in_order else rng.permutation(len(group)) * 2 + 5
+    shuffle = rng.permutation(len(group))
+    cols = RequestColumns.planned(rid=rid[shuffle], group_id=group[shuffle], prompt_len=np.ones(len(group), np.int64))
+    state = StepState(step=0, started=0.0, busy_at_start=(0.0, 0.0), rollout=RolloutState(step=0, started=0.0, now=0.0),
+                      carried_in=[], batch=cols)
+    groups = state.batch_groups()
+    want = np.lexsort((cols.rid, cols.group_id))
+    assert groups.rows.tolist() == want.tolist()
+    assert groups.sizes.tolist() == np.unique(cols.group_id, return_counts=True)[1].tolist()
