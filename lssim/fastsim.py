@@ -113,7 +113,9 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
     (kind, instance, n, ctx, k of the span before the boundary, departures there and the departures already at
     that boundary, n after them, the prefill admitted after it and the n and ctx then, the first and count of its
     finishes in `fin`), `fin` (request indices in the order the boundaries end them), each request's finishing
-    record and first admitting record, the preemptions, and an error instance (-1: none)."""
+    record and first admitting record, the preemptions, and an error: -1 none; i >= 0 instance i is idle with
+    requests it cannot admit; -2 - i instance i outgrew the heap keys; _OUT_OF_ROOM more than `cap` records or
+    admissions (`gen` is then partly updated: the caller runs it again on a fresh copy, with more room)."""
     n_inst = len(inst_start) - 1
     n_req = len(prompt)
     kind = np.empty(cap, np.int64)
