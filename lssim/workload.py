@@ -469,23 +469,14 @@ class _ArrayIndex:
         # an answer's reason by number (_answer_rows): cut at its budget, ended by itself, or as the trace recorded it
         self.answer_reasons = np.array([LENGTH, STOP, *self.reason_names.tolist()], dtype=object)
 
-    def code_of(self, pid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        code = np.minimum(np.searchsorted(self.pids, pid), max(self.n_pids - 1, 0))
-        return code, self.pids[code] == pid
-
-    def group(self, step: np.ndarray, code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(hit, start, count) of each (step, prompt code)."""
-        key = step * self.n_pids + code
-        i = np.minimum(np.searchsorted(self.group_key, key), len(self.group_key) - 1)
-        hit = self.group_key[i] == key
-        return hit, self.group_start[i], np.where(hit, self.group_count[i], 0)
 
 
 @njit(cache=True)
 def _probe(pids, group_key, group_start, group_count, step, pid, sample):
-    """Each query's prompt code (`_ArrayIndex.code_of`), whether its prompt is known, whether the trace recorded the
-    (step, prompt) (`_ArrayIndex.group`), whether it recorded the sample too, and that row (0 where not): one pass.
-    A group's members are consecutive queries of one (step, prompt): searched once for all of them."""
+    """Each query's prompt code (its place among the trace's sorted prompt ids, the last where it is not one),
+    whether its prompt is known, whether the trace recorded the (step, prompt) (its key step * n_pids + code among the
+    groups'), whether it recorded the sample too, and that row (0 where not): one pass. A group's members are
+    consecutive queries of one (step, prompt): searched once for all of them."""
     n = len(pid)
     code = np.empty(n, np.int64)
     known = np.empty(n, np.bool_)
@@ -493,14 +484,15 @@ def _probe(pids, group_key, group_start, group_count, step, pid, sample):
     exact = np.empty(n, np.bool_)
     row = np.zeros(n, np.int64)
     last_code, last_group = max(len(pids) - 1, 0), len(group_key) - 1
-    c = i = 0
+    c = i = key = 0
     for j in range(n):
         if j == 0 or pid[j] != pid[j - 1] or step[j] != step[j - 1]:
             c = min(np.searchsorted(pids, pid[j]), last_code)
-            i = min(np.searchsorted(group_key, step[j] * len(pids) + c), last_group)
+            key = step[j] * len(pids) + c
+            i = min(np.searchsorted(group_key, key), last_group)
         code[j] = c
         known[j] = pids[c] == pid[j]
-        hit[j] = group_key[i] == step[j] * len(pids) + c
+        hit[j] = group_key[i] == key
         exact[j] = known[j] and hit[j] and sample[j] < group_count[i]
         if exact[j]:
             row[j] = group_start[i] + sample[j]
@@ -546,13 +538,7 @@ def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_key, group_key, gr
         s, c = step[j], code[j]
         if j == 0 or s != step[j - 1] or c != code[j - 1] or pid[j] != pid[j - 1]:
             lo, hi = prompt_lo[c], prompt_hi[c]
-            i = np.searchsorted(prompt_key, c * _SPREAD + s)
-            after, before = prompt_step[min(i, hi - 1)], prompt_step[max(i - 1, lo)]
-            near = after if after == s or after - s < s - before else before
-            if i == lo:
-                near = prompt_step[lo]
-            elif i == hi:
-                near = prompt_step[max(hi - 1, lo)]
+            near = _nearest_at(prompt_step, lo, hi, np.searchsorted(prompt_key, c * _SPREAD + s), s)
             key = near * n_pids + c
             g = min(np.searchsorted(group_key, key), len(group_key) - 1)
             start = group_start[g]
@@ -565,16 +551,27 @@ def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_key, group_key, gr
     return rows
 
 
-def _nearest_many(sorted_steps: np.ndarray, lo: np.ndarray, hi: np.ndarray, step: np.ndarray, keys: np.ndarray,
-                  query: np.ndarray) -> np.ndarray:
-    """`Workload._nearest` of each step within sorted_steps[lo:hi] (the earlier one on a tie). `keys` are the
-    sorted (range, step) pairs as one int and `query` each step's pair: one search finds its place in its range."""
-    i = np.searchsorted(keys, query)  # = bisect_left within the row's own range (other ranges' keys sort outside)
-    first, last = sorted_steps[lo], sorted_steps[np.maximum(hi - 1, lo)]
-    after = sorted_steps[np.minimum(i, hi - 1)]
-    before = sorted_steps[np.maximum(i - 1, lo)]
-    pick = np.where((after == step) | (after - step < step - before), after, before)
-    return np.where(i == lo, first, np.where(i == hi, last, pick))
+@njit(cache=True)
+def _nearest_at(sorted_steps, lo, hi, i, step):
+    """`Workload._nearest`: the step of sorted_steps[lo:hi] nearest to `step` (the earlier one on a tie), `i` being
+    `step`'s place there (bisect_left)."""
+    if i == lo:
+        return sorted_steps[lo]
+    if i == hi:
+        return sorted_steps[max(hi - 1, lo)]
+    after, before = sorted_steps[i], sorted_steps[i - 1]
+    return after if after == step or after - step < step - before else before
+
+
+@njit(cache=True)
+def _nearest_many(sorted_steps, lo, hi, step, keys, query):
+    """`_nearest_at` of each step within its sorted_steps[lo:hi]. `keys` are the sorted (range, step) pairs as one int
+    and `query` each step's pair: one search finds its place in its range (other ranges' keys sort outside it)."""
+    at = np.searchsorted(keys, query)
+    out = np.empty(len(step), np.int64)
+    for j in range(len(step)):
+        out[j] = _nearest_at(sorted_steps, lo[j], hi[j], at[j], step[j])
+    return out
 
 
 SOURCES = np.array([RESAMPLED, EXACT, GLOBAL, TRUNCATED], dtype=object)  # lookup_coded's source numbers (0: resampled)
