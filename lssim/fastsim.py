@@ -83,9 +83,10 @@ def _room(n_requests: int, n_instances: int) -> int:
 
 
 @njit(cache=True)
-def _out_of_room(fin_rec, first_rec):
+def _no_schedule(fin_rec, first_rec, error):
+    """`_structure`'s return when it gives up with `error` (no records)."""
     e = np.zeros(0, np.int64)
-    return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, _OUT_OF_ROOM
+    return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, error
 
 
 @njit(cache=True)
@@ -171,7 +172,7 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
         first = True
         while True:
             if n_rec + 1 >= cap:  # out of room: the caller calls again with more (no array grows in this loop: it
-                return _out_of_room(fin_rec, first_rec)  # is several times faster when none is reassigned in it)
+                return _no_schedule(fin_rec, first_rec, _OUT_OF_ROOM)  # is several times faster when none is reassigned in it)
             rec = n_rec
             n_rec += 1
             rinst[rec] = i
@@ -258,10 +259,9 @@ def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
                 ssize += 1
                 finish_it = it + max(0, length[r] - gen[r])
                 if seq > _SEQ_MASK or finish_it >= _MAX_IT:
-                    return (kind[:0], rinst[:0], rn[:0], rctx[:0], rk[:0], rleft[:0], rbefore[:0], rnafter[:0], rpf[:0],
-                            ran[:0], ractx[:0], rfin0[:0], rfinc[:0], fin[:0], fin_rec, first_rec, preemptions, -2 - i)
+                    return _no_schedule(fin_rec, first_rec, -2 - i)
                 if seq == cap:
-                    return _out_of_room(fin_rec, first_rec)
+                    return _no_schedule(fin_rec, first_rec, _OUT_OF_ROOM)
                 pushed_req[seq] = r
                 pushed_ep[seq] = epoch[r]
                 fresh[n_fresh] = finish_it << _SEQ_BITS | seq
