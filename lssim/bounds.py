@@ -56,6 +56,11 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
     prefill, and the iteration they were in may have begun before the step, so their first token of the step
     is taken as free (looser for them, still a bound)."""
 
+    def priced(solo: float, step_tokens, context_reads, prefilled) -> float:
+        """The bound from its two terms: the solo time, and the work spread over the instances."""
+        work = (cost.work_time(float(step_tokens), float(context_reads), max_num_seqs) + cost.prefill_time(int(prefilled))) / n_instances
+        return max(solo, work)
+
     def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray, running: np.ndarray | None = None) -> float:
         if running is None or not np.any(running):  # the usual step (no response kept generating): one pass
             n_ran, c_rows, t_rows, step_tokens, context_reads, prefilled = _bound_terms(
@@ -63,17 +68,14 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
             if not n_ran:
                 return 0.0
             solo = max(solo_decode_time(cost, int(c), int(t)) for c, t in zip(c_rows.tolist(), t_rows.tolist()))
-            work = (cost.work_time(float(step_tokens), float(context_reads), max_num_seqs) + cost.prefill_time(int(prefilled))) / n_instances
-            return max(solo, work)
+            return priced(solo, step_tokens, context_reads, prefilled)
+        # an async step that kept responses generating
         ran = tokens > 0
         if not ran.any():
             return 0.0
-        if ran.all():  # the usual step: every response ran, nothing to select
-            ctx0, tokens = ctx0.astype(np.int64, copy=False), tokens.astype(np.int64, copy=False)
-        else:
-            ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
-        kept = None if running is None else np.asarray(running, dtype=bool)[ran]
-        if kept is None or not kept.any():
+        ctx0, tokens = ctx0[ran].astype(np.int64), tokens[ran].astype(np.int64)
+        kept = np.asarray(running, dtype=bool)[ran]
+        if not kept.any():  # those kept generated nothing in the step
             parts, prefilled = ((False, ctx0, tokens),), ctx0
         else:
             ctx0, tokens = ctx0 + kept, tokens - kept
@@ -86,8 +88,7 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
                                      for c, t in zip(c_rows.tolist(), t_rows.tolist())))
         # token j of a response resumed at context c is decoded at context c + j (integers: the sum is exact)
         context_reads = float((tokens * ctx0 + tokens * (tokens - 1) // 2).sum())
-        work = (cost.work_time(float(tokens.sum()), context_reads, max_num_seqs) + cost.prefill_time(int(prefilled.sum()))) / n_instances
-        return max(solo, work)
+        return priced(solo, tokens.sum(), context_reads, prefilled.sum())
 
     return lower_bound
 
