@@ -141,7 +141,6 @@ class ResponseTable:
         self._capacity = max(0, int(capacity))
         self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows] written
         self._strings: dict[str, list[np.ndarray]] = {name: [] for name in _STRING_COLUMNS}  # object chunks
-        self._added = False
         self._rows = 0
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
         self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
@@ -165,7 +164,7 @@ class ResponseTable:
         unknown = wanted - set(RESPONSE_COLUMNS)
         if unknown:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
-        if not self._added:
+        if not self._columns:  # nothing added (a step with no rows still makes the blocks)
             return pd.DataFrame({name: [] for name in names})
         numeric = {name: self._columns[name][:self._rows] for name in names if name not in _STRING_COLUMNS}
         cols = numeric if share else _in_blocks(numeric)
@@ -229,7 +228,6 @@ class ResponseTable:
             column[self._rows:end] = values
         for name in _STRING_COLUMNS:
             self._strings[name].append(chunk[name])
-        self._added = True
         self._rows = end
 
 
