@@ -1,5 +1,5 @@
-"""N engine instances on one host: how much slower each runs beside the others, measured, and the cost model the
-simulated twin of such a world prices its steps with.
+"""N engine instances on one host, or an engine started with speculation: how much slower each runs than the
+one-instance profile, measured, and the cost model the simulated twin of such a world prices its steps with.
 
     fit = profile_layout(engine, "runs/v/profile.json", cpus="0|1")   # an engine of 2 instances, measured now
     layout_profile("runs/v/profile.json", 2, cpus="0|1")             # -> runs/v/profile_layout2.json (checked)
@@ -13,6 +13,13 @@ module's cells): with vLLM's automatic binding both instances' threads sit on CP
 0.9-1.1x when one runs alone. The simulator's instances are independent, so the twin of an N-instance world
 runs them on a shared clock (lssim.shared_host): while b are busy each is slowed by s_b, measured here.
 
+An engine started with speculation (a validation world where a policy drafts: vLLM fixes speculation at start) is
+another engine even while it does not draft: vLLM turns async scheduling off for it, so its scheduling no longer
+overlaps the model's forward pass. Its plain runs (drafting off) and the steps a policy leaves undrafted are priced
+with its own layout, measured the same way with drafting off (one instance: the one factor). A speculating step's
+cost over a plain step of the same engine is lssim.cost.SpeculativeCost's, fitted on that engine
+(real_backend/measure_speculation.py), so it applies on top.
+
 How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
 from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in
 a rollout step, and each instance's batch makespan is one row; more cells run one instance alone. Under
@@ -22,9 +29,10 @@ Reported beside: one factor for the profile (fitted to the cells' makespans with
 what a step waits for), per instance and per batch size, the file of which is a plain ProfiledCostModel that
 `lssim replay --profile` can use. About 40 s on this CPU.
 
-Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (a ProfiledCostModel: the profile's
-coefficients times the one factor; "measured_by" says how: the command, the layout, the base profile and its
-coefficients, host_slowdown s_1..s_N and both fits' errors) and <stem>_layout<N>_batches.parquet (the cells).
+Files, beside the one-instance profile <stem>.json: <stem>_layout<N>.json (<stem>_layout<N>_speculating.json for an
+engine started with speculation; a ProfiledCostModel: the profile's coefficients times the one factor;
+"measured_by" says how: the command, the layout, the base profile and its coefficients, host_slowdown s_1..s_N and
+both fits' errors) and <stem>_layout<N>[_speculating]_batches.parquet (the cells).
 """
 
 from __future__ import annotations
@@ -45,31 +53,39 @@ LAYOUT_PROMPT_LENS = (8, 64)
 ALONE_BATCH_SIZES = (8, 32)  # cells where one instance runs alone: s_1 of the host slow-down
 
 
-def layout_path(profile, n_instances: int) -> Path:
-    """Where the measured layout of `n_instances` instances lies beside the one-instance `profile`."""
-    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}.json")
+def _name(n_instances: int, speculating: bool) -> str:
+    return f"layout{n_instances}" + ("_speculating" if speculating else "")
 
 
-def layout_batches_path(profile, n_instances: int) -> Path:
-    return Path(profile).with_name(f"{Path(profile).stem}_layout{n_instances}_batches.parquet")
+def layout_path(profile, n_instances: int, speculating: bool = False) -> Path:
+    """Where the measured layout of `n_instances` instances (of an engine started with speculation, if
+    `speculating`) lies beside the one-instance `profile`."""
+    return Path(profile).with_name(f"{Path(profile).stem}_{_name(n_instances, speculating)}.json")
 
 
-def layout_profile(profile, n_instances: int, cpus: str | None = None) -> str:
-    """The profile the simulated twin of an engine of `n_instances` instances (threads bound as `cpus` says) prices
-    its steps with: `profile` itself for one instance, else its measured layout (layout_path). ValueError, naming
-    the file and the command that makes it, when the layout was not measured, was measured for other CPUs, or
-    against other coefficients than `profile` has now."""
+def layout_batches_path(profile, n_instances: int, speculating: bool = False) -> Path:
+    return Path(profile).with_name(f"{Path(profile).stem}_{_name(n_instances, speculating)}_batches.parquet")
+
+
+def layout_profile(profile, n_instances: int, cpus: str | None = None, speculating: bool = False) -> str:
+    """The profile the simulated twin of an engine of `n_instances` instances (threads bound as `cpus` says; started
+    with speculation if `speculating`) prices its steps with: `profile` itself for one plain instance, else its
+    measured layout (layout_path). ValueError, naming the file and the command that makes it, when the layout was
+    not measured, was measured for other CPUs, or against other coefficients than `profile` has now."""
     from lssim.cost import ProfiledCostModel
 
-    if n_instances <= 1:
+    if n_instances <= 1 and not speculating:
         return str(profile)
-    path = layout_path(profile, n_instances)
+    path = layout_path(profile, n_instances, speculating)
     make = (f"measure it with `lssim validate --reprofile` (it measures every layout it runs) or "
-            f"`lssim profile --out {profile} --instances {n_instances}{f' --cpus {cpus}' if cpus else ''}`")
+            f"`lssim profile --out {profile} --instances {n_instances}{f' --cpus {cpus}' if cpus else ''}"
+            f"{' --speculating' if speculating else ''}`")
     if not path.is_file():
-        raise ValueError(f"{path}: no measured slow-down of {n_instances} engine instances sharing this host beside the "
-                         f"one-instance profile {profile} (the simulator's instances are independent, the real ones share "
-                         f"the CPUs); {make}")
+        what = (f"{n_instances} engine instance(s) started with speculation (vLLM runs them without async scheduling, "
+                f"drafting or not)" if speculating else
+                f"{n_instances} engine instances sharing this host (the simulator's instances are independent, the real "
+                f"ones share the CPUs)")
+        raise ValueError(f"{path}: no measured slow-down of {what} beside the one-instance profile {profile}; {make}")
     ProfiledCostModel.from_json(path)  # a bad file fails here, naming itself
     import json
 
@@ -83,30 +99,34 @@ def layout_profile(profile, n_instances: int, cpus: str | None = None) -> str:
     return str(path)
 
 
-def measured_layouts(profile) -> list[tuple[Path, str | None]]:
-    """(cells parquet, cpus) of every layout measured beside `profile`."""
+def measured_layouts(profile) -> list[tuple[Path, str | None, bool]]:
+    """(cells parquet, cpus, speculating) of every layout measured beside `profile`."""
     import json
     import re
 
     found = []
     for cells in sorted(Path(profile).parent.glob(f"{Path(profile).stem}_layout*_batches.parquet")):
-        m = re.fullmatch(rf"{re.escape(Path(profile).stem)}_layout(\d+)_batches\.parquet", cells.name)
-        if m and layout_path(profile, int(m.group(1))).is_file():
-            meta = json.loads(layout_path(profile, int(m.group(1))).read_text()).get("measured_by", {})
-            found.append((cells, meta.get("layout", {}).get("cpus")))
+        m = re.fullmatch(rf"{re.escape(Path(profile).stem)}_layout(\d+)(_speculating)?_batches\.parquet", cells.name)
+        if m and layout_path(profile, int(m.group(1)), bool(m.group(2))).is_file():
+            path = layout_path(profile, int(m.group(1)), bool(m.group(2)))
+            meta = json.loads(path.read_text()).get("measured_by", {})
+            found.append((cells, meta.get("layout", {}).get("cpus"), bool(m.group(2))))
     return found
 
 
-def twin_cost(profile, n_instances: int, cpus: str | None = None) -> tuple[str, tuple[float, ...] | None, str]:
-    """What the simulated twin of an engine of `n_instances` instances (threads bound as `cpus`) prices with:
-    (cost model JSON, host slow-down per number of busy instances or None, a description). One instance: the
-    profile alone. Several: the profile with the layout's measured host slow-down (lssim.shared_host), or for a
-    layout file without one, the layout's scaled profile (one factor); errors as layout_profile's."""
+def twin_cost(profile, n_instances: int, cpus: str | None = None,
+              speculating: bool = False) -> tuple[str, tuple[float, ...] | None, str]:
+    """What the simulated twin of an engine of `n_instances` instances (threads bound as `cpus`; started with
+    speculation if `speculating`) prices with: (cost model JSON, host slow-down per number of busy instances or
+    None, a description). One plain instance: the profile alone. One instance started with speculation: its
+    layout's scaled profile (one factor). Several: the profile with the layout's measured host slow-down
+    (lssim.shared_host), or for a layout file without one, the layout's scaled profile; errors as
+    layout_profile's."""
     import json
 
-    path = layout_profile(profile, n_instances, cpus)
+    path = layout_profile(profile, n_instances, cpus, speculating)
     if n_instances <= 1:
-        return str(profile), None, str(profile)
+        return path, None, path
     slowdown = json.loads(Path(path).read_text())["measured_by"]["layout"].get("host_slowdown")
     if slowdown is None:
         return path, None, path
@@ -141,17 +161,16 @@ def _run_cell(engine, requests: list[Request]) -> dict[int, float]:
 
 def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PROMPT_LENS, length: int = 256,
                    repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES) -> pd.DataFrame:
-    """Measure an engine of several instances (nothing in flight). Rows: n_seqs (on that instance), prompt_len,
-    spread, cut (1.0: the whole batch), lengths, seconds (its batch's makespan), repeat, instance, busy (instances
-    loaded in the cell: all of them, or 1 for the cells of `alone_sizes` run on each instance alone), cell (the
-    rows of one cell share it)."""
+    """Measure an engine (nothing in flight) of several instances, or of one started with speculation (call it with
+    drafting off). Rows: n_seqs (on that instance), prompt_len, spread, cut (1.0: the whole batch), lengths, seconds
+    (its batch's makespan), repeat, instance, busy (instances loaded in the cell: all of them, or 1 for the cells
+    of `alone_sizes` run on each of several instances alone), cell (the rows of one cell share it)."""
     n_inst = int(engine.n_instances)
-    if n_inst < 2:
-        raise ValueError(f"measure_layout needs an engine of several instances, this one has {n_inst}")
     rng = np.random.default_rng(seed)
     vocab = int(getattr(engine, "vocab_size", 16))
     cells = [(rep, p, n, tuple(range(n_inst))) for rep in range(repeats) for p in prompt_lens for n in batch_sizes]
-    cells += [(rep, min(prompt_lens), n, (i,)) for rep in range(repeats) for n in alone_sizes for i in range(n_inst)]
+    if n_inst > 1:
+        cells += [(rep, min(prompt_lens), n, (i,)) for rep in range(repeats) for n in alone_sizes for i in range(n_inst)]
     cells = [cells[i] for i in rng.permutation(len(cells))]  # drift must not pass for a trend in n, P or busy
     # One cell first, not recorded: an engine's first batches of a new shape pay for kernels and allocations.
     cells = [(-1, max(prompt_lens), max(batch_sizes), tuple(range(n_inst)))] + cells
@@ -253,42 +272,61 @@ def scaled_model(base, factor: float, name: str):
     return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, name=name)
 
 
+def speculating(engine) -> bool:
+    """Whether `engine` was started with speculation (then its layout is its own: layout_path(speculating=True))."""
+    return getattr(engine, "speculation", None) is not None
+
+
+@contextlib.contextmanager
+def drafting_off(engine):
+    """No drafts while measuring an engine started with speculation (a plain step of that engine); nothing for others.
+    A run sets its own limit when it starts (VLLMEngine.set_speculation)."""
+    if speculating(engine):
+        engine.set_draft_limit(0)
+    yield
+
+
 def profile_layout(engine, profile, cpus: str | None, meta: dict | None = None, **measure_kw) -> dict:
-    """Measure `engine` (several instances, threads bound as `cpus`) against the one-instance `profile` and write
-    what write_layout writes. Returns fit_layout's dict."""
+    """Measure `engine` (several instances, threads bound as `cpus`, or one started with speculation, measured with
+    drafting off) against the one-instance `profile` and write what write_layout writes. Returns fit_layout's dict."""
     import sys
 
     t0 = time.monotonic()
-    batches = measure_layout(engine, **measure_kw)
-    fit = write_layout(profile, cpus, batches, {"seconds": round(time.monotonic() - t0, 1), **(meta or {})})
+    with drafting_off(engine):
+        batches = measure_layout(engine, **measure_kw)
+    spec = speculating(engine)
+    fit = write_layout(profile, cpus, batches, {"seconds": round(time.monotonic() - t0, 1), **(meta or {})}, speculating=spec)
     n, alone = fit["n_instances"], fit["alone_factor"]
-    print(f"layout of {n} instances (cpus {cpus}): slow-down {' / '.join(f'{v:.2f}' for v in fit['host_slowdown'])} with "
-          f"1..{n} busy (makespan error {fit['host_slowdown_error']['median_ape_pct']:.1f}% median); one factor "
-          f"{fit['factor']:.2f}x with all busy{f', {alone:.2f}x alone' if alone is not None else ''} -> "
-          f"{layout_path(profile, n)}", file=sys.stderr)
+    print(f"layout of {n} instance(s){' started with speculation, drafting off' if spec else ''} (cpus {cpus}): slow-down "
+          f"{' / '.join(f'{v:.2f}' for v in fit['host_slowdown'])} with 1..{n} busy (makespan error "
+          f"{fit['host_slowdown_error']['median_ape_pct']:.1f}% median); one factor {fit['factor']:.2f}x with all busy"
+          f"{f', {alone:.2f}x alone' if alone is not None else ''} -> {layout_path(profile, n, spec)}", file=sys.stderr)
     return fit
 
 
-def write_layout(profile, cpus: str | None, batches: pd.DataFrame, meta: dict | None = None) -> dict:
+def write_layout(profile, cpus: str | None, batches: pd.DataFrame, meta: dict | None = None,
+                 speculating: bool = False) -> dict:
     """Fit the layout measured in `batches` (measure_layout's rows) against the one-instance `profile`; write
-    layout_path(profile, N) (the profile's coefficients times the factor, with how it was measured) and the cells
-    beside it, each atomically. Returns fit_layout's dict."""
+    layout_path(profile, N, speculating) (the profile's coefficients times the factor, with how it was measured) and
+    the cells beside it, each atomically. Returns fit_layout's dict."""
     from lssim.cost import ProfiledCostModel
     from lssim.results import atomic_write
 
     base = ProfiledCostModel.from_json(profile)
     fit = fit_layout(base, batches)
     n = fit["n_instances"]
-    model = scaled_model(base, fit["factor"], name=f"{base.name} x {fit['factor']:.3f} ({n} instances, cpus {cpus})")
+    engine = f"{n} instance(s){', started with speculation' if speculating else ''}"
+    model = scaled_model(base, fit["factor"], name=f"{base.name} x {fit['factor']:.3f} ({engine}, cpus {cpus})")
     model.fit_stats = fit["fit_error"]
-    info = {"layout": {"n_instances": n, "cpus": cpus, "base_profile": str(profile), "base_coefficients": base.coefficients,
-                       **{k: v for k, v in fit.items() if k != "n_instances"}, "cells": layout_batches_path(profile, n).name},
+    info = {"layout": {"n_instances": n, "cpus": cpus, "speculating": speculating, "base_profile": str(profile),
+                       "base_coefficients": base.coefficients, **{k: v for k, v in fit.items() if k != "n_instances"},
+                       "cells": layout_batches_path(profile, n, speculating).name},
             "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **(meta or {})}
-    atomic_write(layout_batches_path(profile, n), lambda p: batches.to_parquet(p, index=False))
-    atomic_write(layout_path(profile, n), lambda p: model.to_json(p, meta=info))
+    atomic_write(layout_batches_path(profile, n, speculating), lambda p: batches.to_parquet(p, index=False))
+    atomic_write(layout_path(profile, n, speculating), lambda p: model.to_json(p, meta=info))
     return fit
 
 
 __all__ = ["layout_path", "layout_profile", "measure_layout", "fit_layout", "scaled_model", "profile_layout", "write_layout",
-           "measured_layouts", "twin_cost",
+           "measured_layouts", "twin_cost", "speculating", "drafting_off",
            "fit_host_slowdown"]

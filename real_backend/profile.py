@@ -173,10 +173,10 @@ def run(args) -> int:
         raise ValueError(f"--out {args.out}: the profile is a .json file")
     if not out.parent.exists():
         raise ValueError(f"--out {args.out}: folder {out.parent} does not exist")
-    if args.instances > 1:
+    if args.instances > 1 or args.speculating:
         return _run_layout(args, out)
     if args.cpus is not None:
-        raise ValueError("--cpus binds the instances of a layout: give it with --instances N (N >= 2)")
+        raise ValueError("--cpus binds the instances of a layout: give it with --instances N (N >= 2) or --speculating")
     batch_sizes, prompt_lens = _int_list(args.batch_sizes, "--batch-sizes"), _int_list(args.prompt_lens, "--prompt-lens")
     setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, max_num_seqs=max(batch_sizes),
                       kv_cache_gib=args.kv_cache_gib)
@@ -203,8 +203,9 @@ def run(args) -> int:
 
 
 def _run_layout(args, out) -> int:
-    """`lssim profile --out PROFILE --instances N [--cpus C]`: an engine of N instances measured against the existing
-    one-instance PROFILE (real_backend.layout), written beside it as <stem>_layout<N>.json."""
+    """`lssim profile --out PROFILE --instances N [--cpus C] [--speculating]`: an engine of N instances (started with
+    the n-gram speculation spec_tail asks for, drafting off, with --speculating) measured against the existing
+    one-instance PROFILE (real_backend.layout), written beside it as <stem>_layout<N>[_speculating].json."""
     import sys
 
     from lssim.controller import RunConfig
@@ -220,7 +221,10 @@ def _run_layout(args, out) -> int:
     ProfiledCostModel.from_json(out)
     setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                       n_instances=args.instances, cpus=args.cpus)
-    prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
+    if args.speculating:
+        setup.temperature = 0.0  # what prepare asks of a speculating engine on the CPU build (greedy only)
+    prompts, _ = prepare(setup, "spec_tail" if args.speculating else "baseline",
+                         RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
     engine = start_engine(setup, prompts, seed=0)
     try:
         profile_layout(engine, out, args.cpus, length=args.length, repeats=args.repeats,
@@ -283,6 +287,10 @@ def add_arguments(p) -> None:
                    help="N >= 2: measure how much slower N engine instances run beside each other on this host, against "
                         "the one-instance profile --out names, into <stem>_layout<N>.json beside it (real_backend/layout.py; "
                         "what the simulated twin of an N-instance world prices); --length and --repeats apply")
+    p.add_argument("--speculating", action="store_true",
+                   help="measure an engine started with n-gram speculation (what spec_tail and tlt run on), drafting "
+                        "off, against the profile --out names, into <stem>_layout<N>_speculating.json (vLLM runs such an "
+                        "engine without async scheduling: its plain steps are slower than the profile's)")
     p.add_argument("--cpus", metavar="C|C|...", help="with --instances: the CPUs each instance's threads are bound to, "
                    "'|' between instances (e.g. 0|1; default: vLLM's own binding)")
     p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "

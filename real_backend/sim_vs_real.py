@@ -43,8 +43,8 @@ def sim_setup(run, profile: str):
     """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
     (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
     how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
-    priced on a shared clock by lssim.shared_host; ValueError naming the command that measures it when there is
-    none)."""
+    priced on a shared clock by lssim.shared_host); for an engine started with speculation, the layout measured on
+    such an engine (drafting off); ValueError naming the command that measures it when there is none."""
     from lssim.replay import SimSetup
 
     real = run.meta.get("setup", {})
@@ -62,10 +62,12 @@ def _instances(run) -> int:
 
 
 def _twin_cost(run, profile: str) -> tuple:
-    """real_backend.layout.twin_cost for the run's engine: (cost model JSON, host slow-down or None, description)."""
+    """real_backend.layout.twin_cost for the run's engine: (cost model JSON, host slow-down or None, description).
+    Whether the engine was started with speculation is in meta.json's "engine" (runs recorded before it was: plain)."""
     from .layout import twin_cost
 
-    return twin_cost(profile, _instances(run), run.meta.get("setup", {}).get("cpus"))
+    started_with = run.meta.get("engine", {}).get("speculation")
+    return twin_cost(profile, _instances(run), run.meta.get("setup", {}).get("cpus"), speculating=bool(started_with))
 
 
 def run_prompts(run):
@@ -228,8 +230,8 @@ def _layouts_for(stage, profile) -> None:
     worlds of several instances are replayed with each stage too (real_backend.layout)."""
     from .layout import measured_layouts, write_layout
 
-    for cells, cpus in measured_layouts(profile):
-        write_layout(stage, cpus, pd.read_parquet(cells), {"stage of": str(profile)})
+    for cells, cpus, speculating in measured_layouts(profile):
+        write_layout(stage, cpus, pd.read_parquet(cells), {"stage of": str(profile)}, speculating=speculating)
 
 
 def _stage_row(label: str, steps: pd.DataFrame, summary: pd.DataFrame, model: str) -> dict:
@@ -268,7 +270,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
             for k, run in enumerate(repeats):  # repeat k against the baseline's repeat k (same engine minutes)
                 acted_rows.append({"policy": name, "repeat": k, **acted(run, base[k % len(base)])})
         new = f"baseline@{world}"
-        # the cost model the world's twin priced with: the profile, or its measured layout (several instances)
+        # the cost model the world's twin priced with: the profile, or its measured layout (several instances, or
+        # an engine started with speculation)
         cost_model = _twin_cost(next(iter(runs.values()))[0], profile)[2]
         for key, frame in frames.items():
             if key in ("summary", "counterfactual"):
@@ -496,19 +499,22 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
 
 def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bool, length: int = 256) -> None:
     """--reprofile on this engine: the one-instance profile (first engine only; on instance 0, the others idle), then
-    for several instances their layout against it (real_backend.layout)."""
+    for several instances, or an engine started with speculation, its layout against it (real_backend.layout; the
+    speculating engine with drafting off)."""
+    from .layout import drafting_off, layout_path, profile_layout, speculating
+
     meta = {"command": " ".join(sys.argv), "model": setup.model_dir}
     out.mkdir(parents=True, exist_ok=True)
     if profile_first:
         from .profile import profile_engine
 
         print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
-        profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
-    if engine.n_instances > 1:
-        from .layout import layout_path, profile_layout
-
-        print(f"measuring {engine.n_instances} instances beside each other (cpus {setup.cpus}) into "
-              f"{layout_path(profile_to, engine.n_instances)} ...", file=sys.stderr)
+        with drafting_off(engine):
+            profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
+    if engine.n_instances > 1 or speculating(engine):
+        what = "instances beside each other" if engine.n_instances > 1 else "instance started with speculation"
+        print(f"measuring {engine.n_instances} {what} (cpus {setup.cpus}) into "
+              f"{layout_path(profile_to, engine.n_instances, speculating(engine))} ...", file=sys.stderr)
         profile_layout(engine, profile_to, setup.cpus, meta=meta, length=length)
 
 

@@ -248,7 +248,10 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
         "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
         "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
-                   "vllm": _vllm_version(), "n_instances": engine.n_instances},
+                   "vllm": _vllm_version(), "n_instances": engine.n_instances,
+                   # what vLLM was started with, whatever this run asks of it (a plain run on an engine started with
+                   # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
+                   "speculation": _as_dict(getattr(engine, "speculation", None))},
         "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
     if not mode.collocated:
         recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
@@ -383,6 +386,11 @@ def _old_meta(out: Path) -> dict:
         return json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _as_dict(spec: Speculation | None) -> dict | None:
+    """An engine's start-up speculation as meta.json keeps it (the settings vLLM fixed at start)."""
+    return None if spec is None else {"method": spec.method, "gamma": spec.gamma, "max_batch": spec.max_batch}
 
 
 def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:

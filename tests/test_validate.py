@@ -614,6 +614,82 @@ def test_a_missing_or_stale_layout_is_an_error_naming_the_command(tmp_path):
         sim_setup(run, str(base))
 
 
+class _SpeculatingEngine:
+    """An engine of one instance started with speculation, `factor` x slower than `model` whatever it runs: what
+    profile_layout needs of VLLMEngine (submit, next_events, abort_all, set_draft_limit)."""
+
+    def __init__(self, model, factor: float):
+        from lssim.core import Speculation
+
+        self.model, self.factor, self.n_instances, self.vocab_size = model, factor, 1, 16
+        self.speculation, self.draft_limits = Speculation(method="ngram", gamma=4), []
+        self.prompt_tokens = self.reward_fn = None
+        self.sampling_kwargs, self.clock, self.batch = {}, 0.0, []
+
+    def set_draft_limit(self, max_batch: int) -> None:
+        self.draft_limits.append(max_batch)
+
+    def now(self) -> float:
+        return self.clock
+
+    def submit(self, requests) -> None:
+        assert all(len(self.prompt_tokens(r.rid)) == r.prompt_len for r in requests)
+        self.batch = list(requests)
+
+    def next_events(self):
+        from types import SimpleNamespace
+
+        done = self.clock + self.factor * self.model.makespan([r.max_tokens for r in self.batch], self.batch[0].prompt_len)
+        events = [SimpleNamespace(kind="finished", request=r, time=done) for r in self.batch]
+        self.clock, self.batch = done, []
+        return events
+
+    def abort_all(self) -> None:
+        self.batch = []
+
+
+def _one_instance_run(profile: str, speculation: dict | None, seed: int = 5) -> RecordedRun:
+    """A one-instance 'real' run recorded from the simulator on `profile`; meta says what its engine started with."""
+    from real_backend.recorder import to_trace
+
+    source = load_trace(REAL_TRACE)
+    config = RunConfig(steps=3, groups_per_step=8, group_size=4, max_tokens=256, seed=seed)
+    setup = SimSetup(model="tiny-ref", n_instances=1, max_num_seqs=256, kv_capacity_tokens=262_144, profile=profile)
+    result = simulate(Workload(source, seed=seed), "baseline", setup, config=config, prompts=Workload(source, seed=seed))
+    meta = {"setup": {"n_instances": 1, "cpus": None, "max_num_seqs": 256, "max_model_len": 1024},
+            "engine": {"n_instances": 1, "speculation": speculation}}
+    return RecordedRun(name="baseline", trace=to_trace(result.responses, result.steps), steps=result.steps,
+                       responses=result.responses, config=config, meta=meta)
+
+
+def test_an_engine_started_with_speculation_is_measured_drafting_off_and_its_twin_prices_with_it(tmp_path):
+    """vLLM runs an engine started with speculation without async scheduling, drafting or not: profile_layout
+    measures such an engine of one instance with drafts off, and the twin of a run on it (meta.json's engine says
+    what it started with) prices every step with that layout; a run on a plain engine keeps the profile."""
+    from real_backend.layout import layout_path, layout_profile, profile_layout
+    from real_backend.sim_vs_real import sim_setup
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    engine = _SpeculatingEngine(MODEL, factor=1.25)
+    fit = profile_layout(engine, base, None, repeats=1)
+    assert engine.draft_limits == [0]  # measured as its plain runs run: no drafts
+    assert fit["n_instances"] == 1 and fit["factor"] == pytest.approx(1.25, rel=1e-9) and fit["alone_factor"] is None
+    assert layout_path(base, 1, speculating=True).is_file() and not layout_path(base, 1).exists()
+    assert layout_profile(base, 1) == str(base)
+    plain_run = _one_instance_run(str(base), None)
+    assert sim_setup(plain_run, str(base)).profile == str(base)
+    spec_run = _one_instance_run(str(base), {"method": "ngram", "gamma": 4, "max_batch": 256})
+    twin = sim_setup(spec_run, str(base))
+    assert twin.profile == str(layout_path(base, 1, speculating=True)) and twin.host_slowdown is None
+    plain = plain_run.steps["rollout_seconds"].to_numpy()
+    assert np.allclose(_replay(spec_run, twin).steps["rollout_seconds"], 1.25 * plain, rtol=1e-6)
+    layout_path(base, 1, speculating=True).unlink()
+    with pytest.raises(ValueError, match=re.escape(f"lssim profile --out {base} --instances 1 --speculating")) as e:
+        sim_setup(spec_run, str(base))
+    assert "started with speculation" in str(e.value)
+
+
 @pytest.mark.parametrize("cpus, n, message", [
     ("0|1", 2, None), ("0-1,4|2-3", 2, None), ("0", 2, "lists 1 instance(s), the engine has n_instances=2"),
     ("0|0", 2, "a CPU is in two instances' lists"), ("a|1", 2, "'a' is not a CPU id"), ("", 1, "must be a string"),
