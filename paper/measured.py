@@ -30,6 +30,7 @@ from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POI
 from .render import plain, table
 
 VALIDATION = Path("real_backend") / "validation"
+SPECULATING_LAYOUT = "profile_layout1_speculating.json"  # the speculation world's engine, drafting off
 TRAINER_PROFILE = Path("real_backend") / "profile_trainer_cpu.json"
 SPECULATION = Path("real_backend") / "speculation_cpu.json"
 VALIDATE = "lssim validate --full --reprofile --repeats 3 --json --out runs/validate"
@@ -221,6 +222,11 @@ def speculation_numbers(root: Path) -> dict:
                "spec.all_same_tokens": "yes" if all(cell["same_tokens"] for cell in by_batch.values()) else "no"}
     except KeyError as e:
         raise ValueError(f"{path}: no field {e} (written by an older measure_speculation?)") from None
+    layout = root / VALIDATION / SPECULATING_LAYOUT
+    if not layout.is_file():
+        raise FileNotFoundError(f"{layout}: missing; `lssim validate --full --reprofile` measures the engine started with "
+                                f"speculation there")
+    out["spec.engine_layout_factor"] = json.loads(layout.read_text())["measured_by"]["layout"]["factor"]
     sizes = sorted(by_batch)
     paying = [n for n in sizes if by_batch[n]["speedup"] > 1]
     out.update({"spec.batch_min": sizes[0], "spec.batch_max": sizes[-1],
