@@ -68,21 +68,19 @@ class HADB(Policy):
                 for pid in prompts]
 
     def _new_epoch(self, ctx) -> None:
-        pool = ctx.pool.prompt_id.tolist()
-        order = ctx.rng.permutation(len(pool))
-        known = [pool[i] for i in order if pool[i] in self.score]
-        unknown = [pool[i] for i in order if pool[i] not in self.score]
+        pool = np.asarray(ctx.pool.prompt_id)[ctx.rng.permutation(len(ctx.pool.prompt_id))]
+        scores = np.array([self.score.get(p, np.nan) for p in pool.tolist()])  # NaN: never seen
+        seen = ~np.isnan(scores)
+        known, scores, unknown = pool[seen], scores[seen], pool[~seen].tolist()
         n = ctx.groups_per_step
         chunks: list[tuple[str, list[int]]] = []
         self._long = set()
-        if known:
-            scores = np.array([self.score[p] for p in known])
+        if len(known):
             lo, hi = np.quantile(scores, [self.short_quantile, self.long_quantile])
-            short = [p for p, s in zip(known, scores) if s <= lo]
-            long = [p for p, s in zip(known, scores) if s > hi]
-            medium = [p for p, s in zip(known, scores) if lo < s <= hi]
+            long = known[scores > hi].tolist()
             self._long = set(long)
-            for name, members, factor in (("short", short, self.short_batch_factor), ("medium", medium, 1.0),
+            for name, members, factor in (("short", known[scores <= lo].tolist(), self.short_batch_factor),
+                                          ("medium", known[(lo < scores) & (scores <= hi)].tolist(), 1.0),
                                           ("long", long, self.long_batch_factor)):
                 size = max(1, round(n * factor))
                 chunks += [(name, members[i:i + size]) for i in range(0, len(members), size)]
