@@ -24,7 +24,7 @@ from typing import Callable, Container, Sequence
 import numpy as np
 import pandas as pd
 
-from .columns import GroupBatch, RequestColumns, prompt_ids, with_signal
+from .columns import GroupBatch, RequestColumns, prompt_ids, rid_order, with_signal
 from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from .policy import StepOutcome
 
@@ -77,7 +77,7 @@ class StepState:
         # trainer packs members in this order): by (group, rid). Rids are made group after group, so rid order is
         # that order; a batch made otherwise is sorted by both.
         rid, group = self.batch.rid, self.batch.group_id
-        order = np.argsort(rid, kind="stable")
+        order = rid_order(rid)
         ordered = group[order]
         if len(ordered) > 1 and (ordered[1:] < ordered[:-1]).any():
             order = np.lexsort((rid, group))

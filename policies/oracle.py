@@ -10,6 +10,7 @@ what any scheduling policy can reach.
 import numpy as np
 
 from lssim.assign import least_work
+from lssim.columns import rid_order
 from lssim.policy import Policy, PolicyNeeds
 
 
@@ -62,7 +63,7 @@ class Oracle(Policy):
 
     def priorities(self, requests):
         predicted = self._predict_many(requests)
-        by_rid = np.argsort(requests.rid)
+        by_rid = rid_order(requests.rid)
         self._asked = (requests.rid[by_rid], predicted[by_rid], requests.generated[by_rid])  # placements asks them again
         return -predicted
 
@@ -80,7 +81,7 @@ class Oracle(Policy):
         asked, self._asked = self._asked, None
         if asked is not None and len(asked[0]) == len(requests):
             rids, predicted, generated = asked
-            by_rid = np.argsort(requests.rid)  # (one sort: cheaper than a search per request)
+            by_rid = rid_order(requests.rid)  # (one sort: cheaper than a search per request)
             if (requests.rid[by_rid] == rids).all() and (requests.generated[by_rid] == generated).all():
                 out = np.empty_like(predicted)
                 out[by_rid] = predicted

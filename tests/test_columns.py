@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.columns import GroupBatch, RequestColumns, count_on, gather, prompt_ids, with_signal
+from lssim.columns import GroupBatch, RequestColumns, count_on, gather, prompt_ids, rid_order, with_signal
 from lssim.core import Group, Request, off_policy_tokens, token_lags
 
 
@@ -103,3 +103,20 @@ def test_a_batch_steps_groups_are_its_members_by_group_then_rid(sizes, made_in_o
     want = np.lexsort((cols.rid, cols.group_id))
     assert groups.rows.tolist() == want.tolist()
     assert groups.sizes.tolist() == np.unique(cols.group_id, return_counts=True)[1].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 60), first=st.integers(-5, 10**12), shape=st.sampled_from(["sorted", "permuted", "gap", "repeat"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_rid_order_is_a_stable_argsort(n, first, shape, seed):
+    """rid_order's scatter (rids that cover one range, in any order) and its fall-backs give np.argsort's stable
+    order, for rids sorted, permuted, with a gap, or repeated."""
+    rng = np.random.default_rng(seed)
+    rid = first + np.arange(n, dtype=np.int64)
+    if shape != "sorted":
+        rid = rng.permutation(rid)
+    if shape == "gap" and n:
+        rid[rng.integers(n)] += n  # one range no more: sorted the usual way
+    if shape == "repeat" and n > 1:
+        rid[rng.integers(n)] = rid[rng.integers(n)]  # a hole and a repeat: every place no longer filled once
+    np.testing.assert_array_equal(rid_order(rid), np.argsort(rid, kind="stable"))
