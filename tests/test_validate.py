@@ -712,3 +712,11 @@ def test_the_placed_world_binds_each_instance_to_its_cpus(tmp_path):
     with pytest.raises(ValueError, match=re.escape("lists 1 instance(s), the engine has n_instances=2")) as e:
         load_workloads(path)
     assert str(path) in str(e.value)
+
+
+def test_measure_spec_engine_refuses_no_rounds(capsys):
+    from real_backend.measure_spec_engine import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--rounds", "0"])
+    assert e.value.code == 2 and "--rounds must be >= 1" in capsys.readouterr().err
