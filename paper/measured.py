@@ -3,7 +3,7 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
 
 - vLLM on this CPU against the simulator, per world: real_backend/validation/ (summary.csv, stages.csv,
   counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
-  `lssim validate --full --reprofile --repeats 3 --json --out runs/validate` (lssim/fidelity.py,
+  `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/fidelity.py,
   real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
@@ -33,7 +33,7 @@ VALIDATION = Path("real_backend") / "validation"
 SPECULATING_LAYOUT = "profile_layout1_speculating.json"  # the speculation world's engine, drafting off
 TRAINER_PROFILE = Path("real_backend") / "profile_trainer_cpu.json"
 SPECULATION = Path("real_backend") / "speculation_cpu.json"
-VALIDATE = "lssim validate --full --reprofile --repeats 3 --json --out runs/validate"
+VALIDATE = "lssim validate --full --reprofile --repeats 5 --json --out runs/validate"
 
 
 def _read(root: Path, name: str) -> pd.DataFrame:
