@@ -107,10 +107,13 @@ def measured_layouts(profile) -> list[tuple[Path, str | None, bool]]:
     found = []
     for cells in sorted(Path(profile).parent.glob(f"{Path(profile).stem}_layout*_batches.parquet")):
         m = re.fullmatch(rf"{re.escape(Path(profile).stem)}_layout(\d+)(_speculating)?_batches\.parquet", cells.name)
-        if m and layout_path(profile, int(m.group(1)), bool(m.group(2))).is_file():
-            path = layout_path(profile, int(m.group(1)), bool(m.group(2)))
+        if not m:
+            continue
+        spec = m.group(2) is not None
+        path = layout_path(profile, int(m.group(1)), spec)
+        if path.is_file():
             meta = json.loads(path.read_text()).get("measured_by", {})
-            found.append((cells, meta.get("layout", {}).get("cpus"), bool(m.group(2))))
+            found.append((cells, meta.get("layout", {}).get("cpus"), spec))
     return found
 
 

@@ -666,7 +666,7 @@ def test_an_engine_started_with_speculation_is_measured_drafting_off_and_its_twi
     """vLLM runs an engine started with speculation without async scheduling, drafting or not: profile_layout
     measures such an engine of one instance with drafts off, and the twin of a run on it (meta.json's engine says
     what it started with) prices every step with that layout; a run on a plain engine keeps the profile."""
-    from real_backend.layout import layout_path, layout_profile, profile_layout
+    from real_backend.layout import layout_batches_path, layout_path, layout_profile, measured_layouts, profile_layout
     from real_backend.sim_vs_real import sim_setup
 
     base = tmp_path / "profile.json"
@@ -676,6 +676,7 @@ def test_an_engine_started_with_speculation_is_measured_drafting_off_and_its_twi
     assert engine.draft_limits == [0]  # measured as its plain runs run: no drafts
     assert fit["n_instances"] == 1 and fit["factor"] == pytest.approx(1.25, rel=1e-9) and fit["alone_factor"] is None
     assert layout_path(base, 1, speculating=True).is_file() and not layout_path(base, 1).exists()
+    assert measured_layouts(base) == [(layout_batches_path(base, 1, speculating=True), None, True)]  # refitted per stage
     assert layout_profile(base, 1) == str(base)
     plain_run = _one_instance_run(str(base), None)
     assert sim_setup(plain_run, str(base)).profile == str(base)
