@@ -15,7 +15,7 @@ from dataclasses import fields
 
 import pandas as pd
 
-from .core import Group, GroupSpec, Request
+from .core import Group, GroupSpec, GroupSpecs, Request
 from .policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome, TrainMask
 
 
@@ -64,7 +64,7 @@ class _Checked(Policy):
 
     def plan(self, ctx, proposal):
         plan = self.inner.plan(ctx, list(proposal))
-        if not isinstance(plan, list) or not all(isinstance(g, GroupSpec) for g in plan):
+        if not isinstance(plan, (list, GroupSpecs)) or not all(isinstance(g, GroupSpec) for g in plan):
             self._fail("plan", f"must return a list of GroupSpec, got {type(plan).__name__}")
         pool = set(ctx.pool.prompt_id.tolist())
         for g in plan:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .core import Group, Request
+from .core import Group, GroupSpecs, Request
 
 # What a request is created with, and what the engine and the controller fill in (lssim.core.Request's fields).
 _INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
@@ -303,10 +303,16 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`,
     prompt lengths from `prompt_lens(prompt_ids)`. Also returns the rids a recorded group says were not trained
     (GroupSpec.member_trained)."""
-    by_field = list(zip(*map(_PLAN_FIELDS, plan))) if plan else [()] * 8  # one pass over the groups
-    n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
-                                                        for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))
-    member_max_tokens, member_trained = by_field[6], by_field[7]
+    if isinstance(plan, GroupSpecs) and plan.untouched:  # a loader batch passed on as columns: read them
+        n, pids, batches, max_tokens = plan.n_samples, plan.prompt_id, plan.batch, plan.max_tokens
+        priority, instance = np.zeros(len(plan), np.int64), np.full(len(plan), -1, np.int64)
+        member_max_tokens = {i: m[0] for i, m in plan.members.items() if m[0] is not None}
+        member_trained = {i: m[1] for i, m in plan.members.items() if m[1] is not None}
+    else:
+        by_field = list(zip(*map(_PLAN_FIELDS, plan))) if plan else [()] * 8  # one pass over the groups
+        n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
+                                                            for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))
+        member_max_tokens, member_trained = _not_none(by_field[6]), _not_none(by_field[7])
     first = count_on(samples_planned, pids, n)
     first_in_batch = first.copy()
     for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
@@ -316,8 +322,8 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     offsets = np.cumsum(n) - n
     within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
     budget = np.repeat(max_tokens, n)
-    for i in _not_none(member_max_tokens):
-        budget[offsets[i]:offsets[i] + n[i]] = np.minimum(member_max_tokens[i], max_tokens[i])
+    for i, members in member_max_tokens.items():
+        budget[offsets[i]:offsets[i] + n[i]] = np.minimum(members, max_tokens[i])
     cols = RequestColumns.planned(
         rid=np.arange(first_rid, first_rid + total), group_id=np.repeat(np.arange(first_group, first_group + len(plan)), n),
         step=np.full(total, step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
@@ -325,8 +331,7 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
         priority=np.repeat(priority, n), instance=np.repeat(instance, n),
         seed=rng.integers(2**31, size=total), first_version=np.full(total, version),
         batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
-    left_out = [first_rid + int(offsets[i]) + k for i in _not_none(member_trained)
-                for k, t in enumerate(member_trained[i]) if not t]
+    left_out = [first_rid + int(offsets[i]) + k for i, members in member_trained.items() for k, t in enumerate(members) if not t]
     return cols, left_out
 
 
@@ -345,9 +350,10 @@ def rid_order(rid: np.ndarray) -> np.ndarray:
     return np.argsort(rid, kind="stable")
 
 
-def _not_none(values: tuple) -> list[int]:
-    """Where `values` is not None (most plans have no per-member fields: then no loop over the groups)."""
-    return [] if values.count(None) == len(values) else [i for i, v in enumerate(values) if v is not None]
+def _not_none(values: tuple) -> dict:
+    """Each place where `values` is not None, with its value (most plans have no per-member fields: then no loop over
+    the groups)."""
+    return {} if values.count(None) == len(values) else {i: v for i, v in enumerate(values) if v is not None}
 
 
 _PLAN_FIELDS = operator.attrgetter("n_samples", "prompt_id", "batch", "max_tokens", "priority", "instance",

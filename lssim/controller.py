@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, PromptPool, Request, RolloutState, StepContext, Trainer,
+from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, GroupSpecs, PromptPool, Request, RolloutState, StepContext, Trainer,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
@@ -198,13 +198,13 @@ class Controller:
             s.context_at_start[r.rid] = r.prompt_len + r.generated
         return s
 
-    def _proposal(self, s: StepState) -> tuple[StepContext, list[GroupSpec]]:
+    def _proposal(self, s: StepState) -> tuple[StepContext, Sequence[GroupSpec]]:
         """What the policy plans from: its view of the step, and the data loader's default groups for it."""
         cfg, step = self.config, s.step
         groups_left = cfg.total_groups - self.groups_trained
         ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
                           groups_left=groups_left, carried_groups=len(s.members), pool=self.prompts.pool,
-                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self._take(int(n)),
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: list(self._take(int(n))),
                           reward_scale=cfg.reward_scale)
         self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
         default = self._proposal_size(step, ctx.carried_groups, groups_left)
@@ -408,26 +408,33 @@ class Controller:
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
-    def _take(self, n: int) -> list[GroupSpec]:
+    def _take(self, n: int) -> Sequence[GroupSpec]:
         """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
-        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream."""
-        out: list[GroupSpec] = []
-        k, i = self._cursor
-        while len(out) < n:
+        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
+        A slice of one batch given as columns (lssim.core.GroupSpecs) stays columns; anything else is a list."""
+        pieces: list[Sequence[GroupSpec]] = []
+        k, i, got = *self._cursor, 0
+        while got < n:
             batch = self._batch(k)
             if not batch:
                 break
             if i >= len(batch):
                 k, i = k + 1, 0
                 continue
-            taken = batch[i:i + n - len(out)]
-            for g in taken:
-                if g.batch is None:
-                    g.batch = k
-            out.extend(taken)
+            taken = batch[i:i + n - got]
+            if isinstance(taken, GroupSpecs):
+                taken = taken.from_batch(k)
+            else:
+                for g in taken:
+                    if g.batch is None:
+                        g.batch = k
+            pieces.append(taken)
+            got += len(taken)
             i += len(taken)
         self._cursor = (k, i)
-        return out
+        if len(pieces) == 1:
+            return pieces[0]
+        return [g for piece in pieces for g in piece]
 
     def _batch(self, k: int) -> list[GroupSpec]:
         batch = self._batches.get(k)
@@ -504,16 +511,20 @@ class Controller:
         """The batch route: the step's requests in priority order on their instances (the policy's priority and place
         hooks asked as on the event route), run to their end by the engine in one call, the books closed at once
         as `_end` closes them one by one."""
+        queue = None  # the rows stay in plan order; the engine is told the order they are queued in
         if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
             fresh.priority[:] = self.policy.priorities(fresh)
-            fresh = fresh.take(np.argsort(fresh.priority, kind="stable"))
-        if len(fresh) and self._asks["place"]:
-            fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
+            queue = np.argsort(fresh.priority, kind="stable")
+        if len(fresh) and self._asks["place"]:  # placed in the order they are queued, as `_order` places them
+            if queue is None:
+                fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
+            else:
+                fresh.instance[queue] = self.policy.placements(fresh.take(queue), self.engine.loads())
         state = s.rollout
         s.batch = fresh
         s.groups_done = groups = s.batch_groups()
         state.groups_submitted = len(groups)
-        s.batch_ended = self.engine.run_batch(fresh) if len(fresh) else np.zeros(0, np.int64)
+        s.batch_ended = self.engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
         state.responses_done += len(fresh)
         state.groups_done += len(groups)
         state.groups_effective += int(with_signal(fresh.reward[groups.rows], groups.sizes).sum())

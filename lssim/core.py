@@ -67,6 +67,82 @@ class GroupSpec:
             raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): member_max_tokens must be >= 1")
 
 
+class GroupSpecs(Sequence):
+    """A data loader's batch of groups as columns: a read-only sequence of GroupSpec, each made when first read.
+
+    A trace's Workload gives its recorded batches so (`Workload.default_groups`): the controller slices them and
+    lssim.columns.plan_requests reads the columns, so a step whose policy passes the proposal on (or a slice of it)
+    makes no GroupSpec at all. Read a member and it is a GroupSpec kept for the next reader, so changing one still
+    counts (the plan is then read from the objects). Concatenation gives a list, as policies expect of
+    `proposal + ctx.draw(n)`."""
+
+    __slots__ = ("prompt_id", "n_samples", "max_tokens", "batch", "members", "_made")
+
+    def __init__(self, prompt_id: np.ndarray, n_samples: np.ndarray, max_tokens: np.ndarray, batch: np.ndarray | None = None,
+                 members: dict[int, tuple] | None = None):
+        self.prompt_id, self.n_samples, self.max_tokens = prompt_id, n_samples, max_tokens
+        self.batch = np.full(len(prompt_id), -1, np.int64) if batch is None else batch  # -1: None
+        self.members = members or {}  # group -> (member_max_tokens, member_trained), where its members differ
+        self._made: dict[int, GroupSpec] = {}
+
+    @property
+    def untouched(self) -> bool:
+        """No member was read: the columns are the whole truth."""
+        return not self._made
+
+    def from_batch(self, k: int) -> "GroupSpecs":
+        """The same groups, each of loader batch `k` unless it says otherwise (Controller._take)."""
+        if self._made:  # read already: the objects carry it, as a plain list of specs would
+            for g in self:
+                if g.batch is None:
+                    g.batch = k
+            return self
+        return GroupSpecs(self.prompt_id, self.n_samples, self.max_tokens, np.where(self.batch < 0, k, self.batch),
+                          self.members)
+
+    def __len__(self) -> int:
+        return len(self.prompt_id)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            if self._made:
+                return [self[j] for j in range(*i.indices(len(self)))]
+            members = self.members
+            if members:
+                start, stop, stride = i.indices(len(self))
+                kept = range(start, stop, stride)
+                members = {kept.index(j): m for j, m in members.items() if j in kept}
+            return GroupSpecs(self.prompt_id[i], self.n_samples[i], self.max_tokens[i], self.batch[i], members)
+        n = len(self)
+        j = i + n if -n <= i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"group {i} of {n}")
+        made = self._made.get(j)
+        if made is None:
+            member_max, member_trained = self.members.get(j, (None, None))
+            batch = int(self.batch[j])
+            made = self._made[j] = GroupSpec(int(self.prompt_id[j]), int(self.n_samples[j]), int(self.max_tokens[j]), 0,
+                                             None, member_max, member_trained, None if batch < 0 else batch)
+        return made
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self)))
+
+    def __add__(self, other):
+        return list(self) + list(other)
+
+    def __radd__(self, other):
+        return list(other) + list(self)
+
+    def __eq__(self, other):
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # a sequence compared by its contents, as a list is
+
+    def __repr__(self) -> str:
+        return f"GroupSpecs({list(self)!r})"
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One response in flight. Policies must treat it as read-only (`check_policy` verifies this)."""
@@ -418,11 +494,12 @@ class Engine(Protocol):
         take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
         return False
 
-    def run_batch(self, requests) -> np.ndarray:
+    def run_batch(self, requests, queue=None) -> np.ndarray:
         """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
         (lssim.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
         fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
-        clock moves to the last finish, and the rows come back in the order the event route would end them."""
+        clock moves to the last finish, and the rows come back in the order the event route would end them.
+        `queue`: the rows in submission order, where that is not row order (None: row order)."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
 
 

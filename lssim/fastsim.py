@@ -472,10 +472,12 @@ def _price_each(fn, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def run_batch(engine, requests) -> np.ndarray:
+def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     """Run `requests` (lssim.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
     the columns are filled as the event engine fills its Request objects, and the rows come back in the order its
-    heap would end them. The engine's clock, utilization and counters move as they would have."""
+    heap would end them. The engine's clock, utilization and counters move as they would have. `queue`: the rows
+    in the order they were submitted (a priority hook's order), where that is not row order: the rows stay where
+    they are (a copy of every column in queue order would cost more than the run)."""
     instances, cfg = engine.instances, engine.config
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
@@ -493,8 +495,16 @@ def run_batch(engine, requests) -> np.ndarray:
     pinned = requests.instance
     free = pinned < 0
     inst = np.where(free, 0, pinned % n_inst)
-    inst[free] = np.arange(int(free.sum())) % n_inst
-    order = np.lexsort((np.arange(m), requests.priority, inst))
+    if queue is None:
+        inst[free] = np.arange(int(free.sum())) % n_inst
+        submitted, touched = np.arange(m), _touched_rank(inst, n_inst)
+    else:
+        free_queued = queue[free[queue]]
+        inst[free_queued] = np.arange(len(free_queued)) % n_inst
+        submitted = np.empty(m, np.int64)
+        submitted[queue] = np.arange(m)  # each row's place in the submission
+        touched = _touched_rank(inst[queue], n_inst)
+    order = np.lexsort((submitted, requests.priority, inst))
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     room = _room(m, n_inst)
     while True:
@@ -519,7 +529,7 @@ def run_batch(engine, requests) -> np.ndarray:
     event_t, after, first_token, t, busy, seqs, owed = _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
                                                               first_decode, departure, t0, busy0, seqs0)
     _note_speculation(engine, rn, rk)
-    popped = _merge(kind, rinst, event_t, _touched_rank(inst, n_inst), n_inst)
+    popped = _merge(kind, rinst, event_t, touched, n_inst)
     for i, x in enumerate(instances):
         x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
         x.version += 1

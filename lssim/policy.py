@@ -11,7 +11,7 @@ real vLLM because the controller (lssim.controller) asks it the same questions i
 Hooks, in the order the controller calls them during a step, and the rule that composes them
 (`Compose([a, b])`, written `a+b` on the command line):
 
-    plan(ctx, proposal) -> list[GroupSpec]     chained left to right: each revises the last one's plan
+    plan(ctx, proposal) -> [GroupSpec]         chained left to right: each revises the last one's plan
     priority(request) -> int | None            the first policy with an opinion sets it (lower runs first)
     place(request, loads) -> int | None        the first policy with an opinion places the request
     progress_interval (tokens) / on_progress   stop wins over carry, carry over requeue, requeue over none
@@ -55,6 +55,7 @@ in `april+vade` APRIL asks for twice the groups and VADE chooses which prompts f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -277,7 +278,9 @@ class Policy:
         """What this policy needs of the world (PolicyNeeds); the default needs nothing."""
         return NO_NEEDS
 
-    def plan(self, ctx: StepContext, proposal: list[GroupSpec]) -> list[GroupSpec]:
+    def plan(self, ctx: StepContext, proposal: Sequence[GroupSpec]) -> Sequence[GroupSpec]:
+        # The proposal is a read-only sequence (a loader batch as columns, lssim.core.GroupSpecs, or a list): return
+        # it, a slice of it, or a list of your own; `proposal + ctx.draw(n)` is a list.
         return proposal
 
     def priority(self, request: Request) -> int | None:

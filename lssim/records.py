@@ -320,9 +320,26 @@ def _strings(chunks: list):
         pa = None
     if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
         return np.concatenate([c.objects() if isinstance(c, _Coded) else c for c in chunks])
-    arrow = pa.chunked_array([pa.array(c.words, type=pa.large_string()).take(pa.array(c.codes)) if isinstance(c, _Coded)
-                              else pa.array(c, type=pa.large_string()) for c in chunks], type=pa.large_string())
+    arrow = pa.chunked_array(_arrow_chunks(pa, chunks), type=pa.large_string())
     return pd.array(arrow, dtype=inferred)
+
+
+def _arrow_chunks(pa, chunks: list) -> list:
+    """The chunks as Arrow string arrays; each run of coded chunks (most runs: every step's) as one take from the
+    words of all of them (a take per step costs more than the rows)."""
+    out, run = [], []
+    for c in [*chunks, None]:
+        if isinstance(c, _Coded):
+            run.append(c)
+            continue
+        if run:
+            vocabulary: dict[str, int] = {}
+            codes = [np.array([vocabulary.setdefault(w, len(vocabulary)) for w in r.words], np.int32)[r.codes] for r in run]
+            out.append(pa.array(list(vocabulary), type=pa.large_string()).take(pa.array(np.concatenate(codes))))
+            run = []
+        if c is not None:
+            out.append(pa.array(c, type=pa.large_string()))
+    return out
 
 
 def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBound | None, n_instances: int) -> dict:
@@ -393,8 +410,20 @@ def _long_tail_ratio(finish: np.ndarray) -> float:
     from the step's start)."""
     if not len(finish):
         return float("nan")
-    median = np.median(finish)
+    median = _median(finish)
     return float(finish.max() / median) if median > 0 else float("nan")
+
+
+def _median(values: np.ndarray) -> float:
+    """np.median, to the bit, by one partition (np.median's checks and copies cost more than the partition here)."""
+    n = len(values)
+    if n < 2 or np.isnan(values).any():
+        return float(np.median(values))
+    half = n // 2
+    if n % 2:
+        return float(np.partition(values, half)[half])
+    part = np.partition(values, (half - 1, half))
+    return float((part[half - 1] + part[half]) / 2)
 
 
 def step_outcome(s: StepState, books: StepBooks, end: StepEnd) -> StepOutcome:

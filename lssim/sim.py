@@ -120,13 +120,13 @@ class SimEngine:
         self._batch = bool(on) and self.batch_route
         return self._batch
 
-    def run_batch(self, requests) -> np.ndarray:
+    def run_batch(self, requests, queue=None) -> np.ndarray:
         """A whole rollout of `requests` (lssim.columns.RequestColumns) on the idle engine; see lssim.fastsim."""
         if not self._batch:
             raise RuntimeError("run_batch before set_batch_rollout(True)")
         from .fastsim import run_batch
 
-        return run_batch(self, requests)
+        return run_batch(self, requests, queue)
 
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
-from .core import LENGTH, STOP, GroupSpec, PromptPool
+from .core import LENGTH, STOP, GroupSpecs, PromptPool
 from .rewards import RewardScale
 from .trace_checks import is_sorted
 
@@ -153,21 +153,24 @@ class Workload:
         self._b_plain = (np.minimum.reduceat(budgets, start) == self._b_cap) & np.logical_and.reduceat(trained, start)
         self._step_first_group = np.searchsorted(steps[start], np.arange(len(self.steps) + 1))
         self._step_groups = np.diff(self._step_first_group)
-        self._specs: dict[int, list[tuple]] = {}
 
-    def _recorded_specs(self, step: int) -> list[tuple]:
-        """The GroupSpec arguments of the recorded step `step`'s groups (made once, then kept)."""
-        specs = self._specs.get(step)
+    def _recorded_specs(self, step: int) -> tuple:
+        """The recorded step `step`'s groups as GroupSpecs columns (prompt ids, sizes, budgets, and the per-member
+        fields of the groups whose members differ), made once, then kept (read-only)."""
+        made = self.__dict__.setdefault("_spec_columns", {})  # (a workload pickled before it has none)
+        specs = made.get(step)
         if specs is None:
             a, b = int(self._step_first_group[step]), int(self._step_first_group[step + 1])
-            pid, count, cap = self._b_pid[a:b].tolist(), self._b_count[a:b].tolist(), self._b_cap[a:b].tolist()
-            specs = [(p, n, c, 0, None, None, None) for p, n, c in zip(pid, count, cap)]
+            columns = [np.array(c[a:b], np.int64) for c in (self._b_pid, self._b_count, self._b_cap)]
+            for c in columns:
+                c.flags.writeable = False
+            members = {}
             for j in np.flatnonzero(~self._b_plain[a:b]).tolist():  # members that differ: per-member budgets, flags
                 lo = int(self._b_start[a + j])
-                hi = lo + count[j]
-                specs[j] = _recorded_spec(pid[j], tuple(self._rows["max"][lo:hi].tolist()),
-                                          tuple(self._rows["trained"][lo:hi].tolist()))
-            self._specs[step] = specs
+                hi = lo + int(columns[1][j])
+                members[j] = _recorded_spec(int(columns[0][j]), tuple(self._rows["max"][lo:hi].tolist()),
+                                            tuple(self._rows["trained"][lo:hi].tolist()))[5:]
+            specs = made[step] = (*columns, members)
         return specs
 
     # -- the scalar index: each part built on its first ask -----------------------------------------
@@ -181,7 +184,7 @@ class Workload:
 
     def __getstate__(self) -> dict:
         # What is built on first use is left behind (and built again there): `length` is a closure, not picklable.
-        return {k: v for k, v in self.__dict__.items() if k not in _LAZY}
+        return {k: v for k, v in self.__dict__.items() if k not in _LAZY and k != "_last_lookup"}
 
     def _group_dict(self) -> dict[tuple[int, int], tuple[int, int]]:
         """(step, prompt) -> (first row, rows) of its responses at that step."""
@@ -218,13 +221,14 @@ class Workload:
             raise KeyError(f"prompt_id {int(ids[~found][0])} is not in the trace's prompt pool")
         return self._pool_sorted_lens[at]
 
-    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
+    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> GroupSpecs:
         """The batch the trace recorded at its `step`-th step, whole and as recorded (past the trace's end, it
         starts over): every group with its own size, every member with its own budget and whether the recorded
         run trained it. The run shape's `n_groups`, `group_size` and `max_tokens` are for sources that record
         nothing (a dataset's loader); a recorded batch keeps its own. The controller proposes a step's batch
         whole (Controller._proposal_size), so under the baseline each step replays exactly as recorded."""
-        return [GroupSpec(*g) for g in self._recorded_specs(step % len(self.steps))]
+        pid, count, cap, members = self._recorded_specs(step % len(self.steps))
+        return GroupSpecs(pid, count, cap, members=dict(members))
 
     def groups_in(self, n_steps: int) -> int:
         """Groups the trace recorded in its first `n_steps` steps (starting over past its end): what a run over
@@ -588,10 +592,24 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
 
 
 def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
-    """`lookup_many` with each source as its number in SOURCES (an int8 array): the engine counts them."""
-    index = wl._array_index  # built on the first call (Workload.__getattr__)
+    """`lookup_many` with each source as its number in SOURCES (an int8 array): the engine counts them. The answer
+    arrays are read-only: the last question's answer is kept, and the same question asked again (the oracle asks
+    what the engine asks next) is answered from it."""
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
+    asked = (step, pid, sample, budget)
+    last = wl.__dict__.get("_last_lookup")
+    if last is not None and all(np.array_equal(a, b) for a, b in zip(last[0], asked)):
+        return last[1]
+    out = _lookup_coded(wl, *asked)
+    for column in out:
+        column.flags.writeable = False
+    wl.__dict__["_last_lookup"] = (tuple(a.copy() for a in asked), out)
+    return out
+
+
+def _lookup_coded(wl: Workload, step, pid, sample, budget) -> tuple:
+    index = wl._array_index  # built on the first call (Workload.__getattr__)
     code, known, hit, exact, row = _probe(index.pids, index.group_key, index.group_start, index.group_count, step, pid, sample)
     source = exact.astype(np.int8)  # SOURCES: 1 exact, 0 resampled
     other = known & ~exact

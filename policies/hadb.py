@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from lssim.core import GroupSpec
+from lssim.core import GroupSpecs
 from lssim.policy import Policy
 from lssim.rewards import RewardScale
 
@@ -47,40 +47,68 @@ class HADB(Policy):
         self.short_batch_factor, self.long_batch_factor = short_batch_factor, long_batch_factor
         self.ema, self.zero_reward_groups, self.long_zero_budget = ema, zero_reward_groups, long_zero_budget
         self.warmup_fraction = warmup_fraction
-        self.score: dict[int, float] = {}  # prompt -> EMA of log(response length)
-        self.zero_streak: dict[int, int] = {}  # prompt -> consecutive all-zero-reward groups
-        self._chunks: list[tuple[str, list[int]]] = []  # this epoch's remaining steps: (bucket, prompts)
-        self._long: set[int] = set()
+        # The scoreboard, one slot per prompt (ids sorted): EMA of log(response length) (NaN: never seen), and the
+        # consecutive all-zero-reward groups. Arrays, so a step's scores are updated and read without a loop.
+        self._ids = np.zeros(0, np.int64)
+        self._score = np.zeros(0)
+        self._streak = np.zeros(0, np.int64)
+        self._long = np.zeros(0, bool)  # this epoch's long bucket
+        self._chunks: list[tuple[str, np.ndarray]] = []  # this epoch's remaining steps: (bucket, prompts)
         self._scale = RewardScale()  # the run's, from each step's context
+
+    @property
+    def score(self) -> dict[int, float]:
+        """prompt -> EMA of log(response length), for the prompts seen."""
+        seen = ~np.isnan(self._score)
+        return dict(zip(self._ids[seen].tolist(), self._score[seen].tolist()))
+
+    @property
+    def zero_streak(self) -> dict[int, int]:
+        """prompt -> consecutive groups with no correct response, for the prompts seen."""
+        seen = ~np.isnan(self._score)
+        return dict(zip(self._ids[seen].tolist(), self._streak[seen].tolist()))
+
+    def _slots(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """Each prompt's slot on the scoreboard, made for prompts it has none for yet."""
+        at = np.searchsorted(self._ids, prompt_ids)
+        inside = at < len(self._ids)
+        if not inside.all() or (self._ids[at[inside]] != prompt_ids[inside]).any():
+            ids = np.union1d(self._ids, prompt_ids)
+            old = np.searchsorted(ids, self._ids)
+            score, streak, long = np.full(len(ids), np.nan), np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
+            score[old], streak[old], long[old] = self._score, self._streak, self._long
+            self._ids, self._score, self._streak, self._long = ids, score, streak, long
+            at = np.searchsorted(ids, prompt_ids)
+        return at
 
     # -- deciding ----------------------------------------------------------------------------------
     def plan(self, ctx, proposal):
         self._scale = ctx.reward_scale
-        if not self._chunks and len(self.score) < self.warmup_fraction * len(ctx.pool):
+        if not self._chunks and np.count_nonzero(~np.isnan(self._score)) < self.warmup_fraction * len(ctx.pool):
             return proposal
         if not self._chunks:
             self._new_epoch(ctx)
         bucket, prompts = self._chunks.pop()
         prompts = prompts[: max(0, ctx.groups_left - ctx.carried_groups)]
-        budget_cut = int(ctx.max_tokens * self.long_zero_budget)
-        return [GroupSpec(pid, ctx.group_size,
-                          budget_cut if pid in self._long and self.zero_streak.get(pid, 0) >= self.zero_reward_groups else ctx.max_tokens)
-                for pid in prompts]
+        slots = self._slots(prompts)
+        hopeless = self._long[slots] & (self._streak[slots] >= self.zero_reward_groups)
+        budgets = np.where(hopeless, max(1, int(ctx.max_tokens * self.long_zero_budget)), ctx.max_tokens)
+        return GroupSpecs(prompts, np.full(len(prompts), ctx.group_size, np.int64), budgets.astype(np.int64))
 
     def _new_epoch(self, ctx) -> None:
-        pool = np.asarray(ctx.pool.prompt_id)[ctx.rng.permutation(len(ctx.pool.prompt_id))]
-        scores = np.array([self.score.get(p, np.nan) for p in pool.tolist()])  # NaN: never seen
+        pool = np.asarray(ctx.pool.prompt_id, np.int64)[ctx.rng.permutation(len(ctx.pool.prompt_id))]
+        scores = self._score[self._slots(pool)]  # NaN: never seen
         seen = ~np.isnan(scores)
-        known, scores, unknown = pool[seen], scores[seen], pool[~seen].tolist()
+        known, scores, unknown = pool[seen], scores[seen], pool[~seen]
         n = ctx.groups_per_step
-        chunks: list[tuple[str, list[int]]] = []
-        self._long = set()
+        chunks: list[tuple[str, np.ndarray]] = []
+        self._long[:] = False
         if len(known):
             lo, hi = np.quantile(scores, [self.short_quantile, self.long_quantile])
-            long = known[scores > hi].tolist()
-            self._long = set(long)
-            for name, members, factor in (("short", known[scores <= lo].tolist(), self.short_batch_factor),
-                                          ("medium", known[(lo < scores) & (scores <= hi)].tolist(), 1.0),
+            long = known[scores > hi]
+            self._long[self._slots(long)] = True
+            for name, members, factor in (("short", known[scores <= lo], self.short_batch_factor),
+                                          ("medium", known[(lo < scores) & (scores <= hi)], 1.0),
                                           ("long", long, self.long_batch_factor)):
                 size = max(1, round(n * factor))
                 chunks += [(name, members[i:i + size]) for i in range(0, len(members), size)]
@@ -100,13 +128,15 @@ class HADB(Policy):
         rewards = outcome.reward[order]
         starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
         mean_log = np.add.reduceat(logs, starts) / np.diff(np.r_[starts, len(pids)])
-        any_reward = np.maximum.reduceat(self._scale.correct(rewards), starts)
-        for pid, m, hit in zip(pids[starts].tolist(), mean_log.tolist(), any_reward.tolist()):
-            old = self.score.get(pid)
-            self.score[pid] = m if old is None else self.ema * m + (1 - self.ema) * old
-            self.zero_streak[pid] = 0 if hit else self.zero_streak.get(pid, 0) + 1
+        any_reward = np.maximum.reduceat(self._scale.correct(rewards), starts).astype(bool)
+        slots = self._slots(pids[starts])
+        old = self._score[slots]
+        self._score[slots] = np.where(np.isnan(old), mean_log, self.ema * mean_log + (1 - self.ema) * old)
+        self._streak[slots] = np.where(any_reward, 0, self._streak[slots] + 1)
 
     def predicted_length(self, prompt_id: int) -> float | None:
         """The scoreboard's length estimate for a prompt (None if never seen); other policies may use it."""
-        s = self.score.get(prompt_id)
-        return None if s is None else math.exp(s)
+        at = int(np.searchsorted(self._ids, prompt_id))
+        if at == len(self._ids) or self._ids[at] != prompt_id or np.isnan(self._score[at]):
+            return None
+        return math.exp(self._score[at])
