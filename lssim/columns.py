@@ -335,6 +335,22 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     return cols, left_out
 
 
+def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal consecutive values starts, and its length (np.r_'s concatenation costs more than the
+    comparison on a step's rows)."""
+    n = len(values)
+    new = np.empty(n, bool)
+    if n:
+        new[0] = True
+        np.not_equal(values[1:], values[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    sizes = np.empty(len(starts), np.int64)
+    if len(starts):
+        np.subtract(starts[1:], starts[:-1], out=sizes[:-1])
+        sizes[-1] = n - starts[-1]
+    return starts, sizes
+
+
 def rid_order(rid: np.ndarray) -> np.ndarray:
     """np.argsort(rid, kind="stable") for rids, quicker where they are distinct and cover one range (a step's are,
     in whatever order a priority hook left them): one scatter instead of a sort."""

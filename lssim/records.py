@@ -24,7 +24,7 @@ from typing import Callable, Container, Sequence
 import numpy as np
 import pandas as pd
 
-from .columns import GroupBatch, RequestColumns, prompt_ids, rid_order, with_signal
+from .columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
 from .core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from .policy import StepOutcome
 
@@ -82,10 +82,7 @@ class StepState:
         if len(ordered) > 1 and (ordered[1:] < ordered[:-1]).any():
             order = np.lexsort((rid, group))
             ordered = group[order]
-        if not len(ordered):
-            return GroupBatch(self.batch, order, np.zeros(0, np.int64))
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        return GroupBatch(self.batch, order, np.diff(np.r_[starts, len(ordered)]))
+        return GroupBatch(self.batch, order, runs(ordered)[1])
 
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""

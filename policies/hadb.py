@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from lssim.columns import runs
 from lssim.core import GroupSpecs
 from lssim.policy import Policy
 from lssim.rewards import RewardScale
@@ -126,8 +127,8 @@ class HADB(Policy):
         pids = outcome.prompt_id[order]
         logs = np.log(np.maximum(outcome.response_len[order], 1))
         rewards = outcome.reward[order]
-        starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
-        mean_log = np.add.reduceat(logs, starts) / np.diff(np.r_[starts, len(pids)])
+        starts, sizes = runs(pids)
+        mean_log = np.add.reduceat(logs, starts) / sizes
         any_reward = np.maximum.reduceat(self._scale.correct(rewards), starts).astype(bool)
         slots = self._slots(pids[starts])
         old = self._score[slots]
