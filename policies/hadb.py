@@ -98,7 +98,8 @@ class HADB(Policy):
 
     def _new_epoch(self, ctx) -> None:
         pool = np.asarray(ctx.pool.prompt_id, np.int64)[ctx.rng.permutation(len(ctx.pool.prompt_id))]
-        scores = self._score[self._slots(pool)]  # NaN: never seen
+        slots = self._slots(pool)  # (first: it may grow the scoreboard)
+        scores = self._score[slots]  # NaN: never seen
         seen = ~np.isnan(scores)
         known, scores, unknown = pool[seen], scores[seen], pool[~seen]
         n = ctx.groups_per_step
@@ -107,7 +108,8 @@ class HADB(Policy):
         if len(known):
             lo, hi = np.quantile(scores, [self.short_quantile, self.long_quantile])
             long = known[scores > hi]
-            self._long[self._slots(long)] = True
+            long_slots = self._slots(long)
+            self._long[long_slots] = True
             for name, members, factor in (("short", known[scores <= lo], self.short_batch_factor),
                                           ("medium", known[(lo < scores) & (scores <= hi)], 1.0),
                                           ("long", long, self.long_batch_factor)):

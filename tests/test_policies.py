@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lssim.checks import PolicyCheckError, check_policy
 from lssim.core import GroupSpec, PromptPool, StepContext
@@ -181,3 +183,26 @@ def test_select_may_train_on_a_subset_of_a_group():
 
     summary = check_policy(FirstTwo())
     assert summary["groups_trained"] > 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), prompts=st.integers(3, 12), steps=st.integers(3, 9), group=st.integers(1, 5),
+       warmup=st.sampled_from([0.1, 0.5, 0.9]), short=st.sampled_from([1.0, 2.0, 3.0]))
+def test_hadb_scoreboard_as_arrays_plans_as_the_dict_one_did(seed, prompts, steps, group, warmup, short):
+    """The array scoreboard (one slot per prompt, grown as prompts appear) against hadb as it was (dicts): the same
+    frames on small pools where epochs start before every prompt was seen."""
+    import pandas as pd
+
+    from hadb_reference import HADBReference
+    from lssim.replay import SimSetup, simulate
+    from lssim.synth import get_preset, synthesize
+    from lssim.workload import Workload
+
+    trace = synthesize(get_preset("math7b").replace(steps=steps, prompts_per_step=prompts, group_size=group, max_tokens=512,
+                                                    length_median=120.0, seed=seed))
+    kw = dict(warmup_fraction=warmup, short_batch_factor=short, zero_reward_groups=1)
+    got = simulate(Workload(trace), make_policy(f"hadb(warmup_fraction={warmup}, short_batch_factor={short}, zero_reward_groups=1)"),
+                   SimSetup(), steps=steps * 2)
+    want = simulate(Workload(trace), HADBReference(**kw), SimSetup(), steps=steps * 2)
+    pd.testing.assert_frame_equal(got.responses, want.responses, check_exact=True)
+    pd.testing.assert_frame_equal(got.steps, want.steps, check_exact=True)
