@@ -354,6 +354,16 @@ def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, sizes
 
 
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable") for integers; where they span fewer than 2**16 values (priorities that are
+    lengths, instance numbers), through numpy's radix sort of 16-bit keys, several times quicker than its merge sort."""
+    if len(values) > 1:
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((values - lo).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
+
+
 def rid_order(rid: np.ndarray) -> np.ndarray:
     """np.argsort(rid, kind="stable") for rids, quicker where they are distinct and cover one range (a step's are,
     in whatever order a priority hook left them): one scatter instead of a sort."""
@@ -398,7 +408,7 @@ def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndar
         return np.zeros(len(keys), np.int64)
     first = (np.fromiter(map(counts.get, listed, itertools.repeat(0)), np.int64, len(keys)) if counts
              else np.zeros(len(keys), np.int64))
-    order = np.argsort(keys, kind="stable")
+    order = stable_argsort(keys)
     sorted_keys, sorted_n = keys[order], n[order]
     repeats = sorted_keys[1:] == sorted_keys[:-1]
     if repeats.any():  # (a step usually asks each prompt once: then each entry starts where `counts` left it)

@@ -21,7 +21,7 @@ from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .columns import RequestColumns, gather, plan_requests, with_signal
+from .columns import RequestColumns, gather, plan_requests, stable_argsort, with_signal
 from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
 
@@ -514,7 +514,7 @@ class Controller:
         queue = None  # the rows stay in plan order; the engine is told the order they are queued in
         if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
             fresh.priority[:] = self.policy.priorities(fresh)
-            queue = np.argsort(fresh.priority, kind="stable")
+            queue = stable_argsort(fresh.priority)
         if len(fresh) and self._asks["place"]:  # placed in the order they are queued, as `_order` places them
             if queue is None:
                 fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())

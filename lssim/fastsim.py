@@ -32,6 +32,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .columns import stable_argsort
+
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 
 
@@ -497,14 +499,18 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     inst = np.where(free, 0, pinned % n_inst)
     if queue is None:
         inst[free] = np.arange(int(free.sum())) % n_inst
-        submitted, touched = np.arange(m), _touched_rank(inst, n_inst)
+        order, touched = np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
     else:
         free_queued = queue[free[queue]]
         inst[free_queued] = np.arange(len(free_queued)) % n_inst
-        submitted = np.empty(m, np.int64)
-        submitted[queue] = np.arange(m)  # each row's place in the submission
         touched = _touched_rank(inst[queue], n_inst)
-    order = np.lexsort((submitted, requests.priority, inst))
+        queued = requests.priority[queue]
+        if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
+            order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
+        else:
+            submitted = np.empty(m, np.int64)
+            submitted[queue] = np.arange(m)  # each row's place in the submission
+            order = np.lexsort((submitted, requests.priority, inst))
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     room = _room(m, n_inst)
     while True:

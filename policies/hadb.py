@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from lssim.columns import runs
+from lssim.columns import runs, stable_argsort
 from lssim.core import GroupSpecs
 from lssim.policy import Policy
 from lssim.rewards import RewardScale
@@ -125,7 +125,7 @@ class HADB(Policy):
     def end_step(self, outcome):
         if len(outcome.prompt_id) == 0:
             return
-        order = np.argsort(outcome.prompt_id, kind="stable")
+        order = stable_argsort(outcome.prompt_id)
         pids = outcome.prompt_id[order]
         logs = np.log(np.maximum(outcome.response_len[order], 1))
         rewards = outcome.reward[order]
