@@ -21,7 +21,7 @@ from .core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec,
                    note_resume)
 from .modes import ExecutionMode, ModeConfig
 from .policy import CARRY, Policy
-from .columns import RequestColumns, gather, plan_requests, stable_argsort, with_signal
+from .columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
 from .records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from .rewards import RewardScale
 
@@ -519,7 +519,7 @@ class Controller:
             if queue is None:
                 fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
             else:
-                fresh.instance[queue] = self.policy.placements(fresh.take(queue), self.engine.loads())
+                fresh.instance[queue] = self.policy.placements(TakenRows(fresh, queue), self.engine.loads())
         state = s.rollout
         s.batch = fresh
         s.groups_done = groups = s.batch_groups()
