@@ -184,7 +184,7 @@ class Workload:
 
     def __getstate__(self) -> dict:
         # What is built on first use is left behind (and built again there): `length` is a closure, not picklable.
-        return {k: v for k, v in self.__dict__.items() if k not in _LAZY and k != "_last_lookup"}
+        return {k: v for k, v in self.__dict__.items() if k not in _LAZY and k != "_kept_lookup"}
 
     def _group_dict(self) -> dict[tuple[int, int], tuple[int, int]]:
         """(step, prompt) -> (first row, rows) of its responses at that step."""
@@ -591,20 +591,21 @@ def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     return length, reason, reward, SOURCES[source], row
 
 
-def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
-    """`lookup_many` with each source as its number in SOURCES (an int8 array): the engine counts them. The answer
-    arrays are read-only: the last question's answer is kept, and the same question asked again (the oracle asks
-    what the engine asks next) is answered from it."""
+def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget, keep: bool = False) -> tuple:
+    """`lookup_many` with each source as its number in SOURCES (an int8 array): the engine counts them. `keep`: the
+    answer is kept (read-only) for the next call, which it answers if that asks the same (the oracle's predictions,
+    then the engine's answers to the same requests: one lookup)."""
     step, pid = np.asarray(step, np.int64), np.asarray(prompt_id, np.int64)
     sample, budget = np.asarray(sample_idx, np.int64), np.asarray(budget, np.int64)
     asked = (step, pid, sample, budget)
-    last = wl.__dict__.get("_last_lookup")
-    if last is not None and all(np.array_equal(a, b) for a, b in zip(last[0], asked)):
-        return last[1]
+    kept = wl.__dict__.pop("_kept_lookup", None)  # kept for one call only
+    if kept is not None and all(np.array_equal(a, b) for a, b in zip(kept[0], asked)):
+        return kept[1]
     out = _lookup_coded(wl, *asked)
-    for column in out:
-        column.flags.writeable = False
-    wl.__dict__["_last_lookup"] = (tuple(a.copy() for a in asked), out)
+    if keep:
+        for column in out:
+            column.flags.writeable = False
+        wl.__dict__["_kept_lookup"] = (tuple(a.copy() for a in asked), out)
     return out
 
 
@@ -659,4 +660,5 @@ class OracleLengths:
         return self.workload.length(step, prompt_id, sample_idx, max_tokens)  # response(...).length, short-cut where exact
 
     def many(self, step, prompt_id, sample_idx, max_tokens) -> np.ndarray:
-        return np.asarray(lookup_coded(self.workload, step, prompt_id, sample_idx, max_tokens)[0], np.int64)
+        # kept: the engine asks the same of the Workload when it runs these requests
+        return np.asarray(lookup_coded(self.workload, step, prompt_id, sample_idx, max_tokens, keep=True)[0], np.int64)

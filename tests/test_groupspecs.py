@@ -62,13 +62,15 @@ def _asdict(g):
     return {name: getattr(g, name) for name in GroupSpec.__slots__}
 
 
-def test_a_question_asked_again_is_answered_from_the_last_answer_and_a_new_one_is_not():
+def test_a_question_kept_is_answered_from_its_answer_once_and_a_new_one_is_not():
     wl = Workload(synthesize(get_preset("math7b").replace(steps=2, prompts_per_step=8)))
     step, pid = np.zeros(4, np.int64), np.asarray(wl.default_groups(0, 8, 8, 0).prompt_id[:4])
     sample, budget = np.arange(4), np.full(4, 4096)
-    first = lookup_coded(wl, step, pid, sample, budget)
-    assert lookup_coded(wl, step.copy(), pid.copy(), sample.copy(), budget.copy()) is first
+    first = lookup_coded(wl, step, pid, sample, budget, keep=True)
     assert not first[0].flags.writeable  # nobody changes an answer that is kept
-    shorter = lookup_coded(wl, step, pid, sample, np.full(4, 8))
-    assert shorter is not first and (shorter[0] <= 8).all()
-    assert lookup_coded(wl, step, pid, sample, budget)[0].tolist() == first[0].tolist()
+    assert lookup_coded(wl, step.copy(), pid.copy(), sample.copy(), budget.copy()) is first
+    again = lookup_coded(wl, step, pid, sample, budget)  # kept for one call only
+    assert again is not first and again[0].tolist() == first[0].tolist()
+    lookup_coded(wl, step, pid, sample, budget, keep=True)
+    shorter = lookup_coded(wl, step, pid, sample, np.full(4, 8))  # another question: asked of the index
+    assert (shorter[0] <= 8).all() and "_kept_lookup" not in wl.__dict__
