@@ -5,7 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.columns import GroupBatch, RequestColumns, count_on, gather, prompt_ids, rid_order, with_signal
+from lssim.columns import (GroupBatch, RequestColumns, TakenRows, count_on, gather, prompt_ids, rid_order, runs, stable_argsort,
+                           with_signal)
 from lssim.core import Group, Request, off_policy_tokens, token_lags
 
 
@@ -120,3 +121,22 @@ def test_rid_order_is_a_stable_argsort(n, first, shape, seed):
     if shape == "repeat" and n > 1:
         rid[rng.integers(n)] = rid[rng.integers(n)]  # a hole and a repeat: every place no longer filled once
     np.testing.assert_array_equal(rid_order(rid), np.argsort(rid, kind="stable"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-2**40, 2**40), max_size=60), st.sampled_from([1, 3, 70_000, 2**41]))
+def test_stable_argsort_and_runs_are_numpys(values, span):
+    v = np.array(values, np.int64) % span  # small ranges take the radix sort, large ones numpy's own
+    assert stable_argsort(v).tolist() == np.argsort(v, kind="stable").tolist()
+    ordered = np.sort(v)
+    starts, sizes = runs(ordered)
+    want = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(v) else np.zeros(0, np.int64)
+    assert starts.tolist() == want.tolist() and sizes.tolist() == np.diff(np.r_[want, len(v)]).astype(int).tolist()
+
+
+def test_taken_rows_read_as_the_take_they_stand_for():
+    cols = RequestColumns.planned(rid=np.arange(5), group_id=np.arange(5), prompt_id=np.arange(10, 15), prompt_len=np.full(5, 3))
+    rows = np.array([4, 0, 2])
+    view, taken = TakenRows(cols, rows), cols.take(rows)
+    assert len(view) == 3 and view.rid.tolist() == [4, 0, 2] and view.prompt_id.tolist() == taken.prompt_id.tolist()
+    assert [r.rid for r in view.to_requests()] == [4, 0, 2]  # a method takes every column first
