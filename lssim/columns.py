@@ -333,7 +333,7 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     (GroupSpec.member_trained)."""
     if isinstance(plan, GroupSpecs) and plan.untouched:  # a loader batch passed on as columns: read them
         n, pids, batches, max_tokens = plan.n_samples, plan.prompt_id, plan.batch, plan.max_tokens
-        priority, instance = np.zeros(len(plan), np.int64), np.full(len(plan), -1, np.int64)
+        priority = instance = None  # a loader's groups: every request at the defaults (priority 0, any instance)
         member_max_tokens = {i: m[0] for i, m in plan.members.items() if m[0] is not None}
         member_trained = {i: m[1] for i, m in plan.members.items() if m[1] is not None}
     else:
@@ -352,11 +352,11 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     budget = np.repeat(max_tokens, n)
     for i, members in member_max_tokens.items():
         budget[offsets[i]:offsets[i] + n[i]] = np.minimum(members, max_tokens[i])
+    placed = {} if priority is None else {"priority": np.repeat(priority, n), "instance": np.repeat(instance, n)}
     cols = RequestColumns.planned(
         rid=np.arange(first_rid, first_rid + total), group_id=np.repeat(np.arange(first_group, first_group + len(plan)), n),
         step=np.full(total, step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
-        prompt_len=np.repeat(np.asarray(prompt_lens(pids), np.int64), n), max_tokens=budget,
-        priority=np.repeat(priority, n), instance=np.repeat(instance, n),
+        prompt_len=np.repeat(np.asarray(prompt_lens(pids), np.int64), n), max_tokens=budget, **placed,
         seed=rng.integers(2**31, size=total), first_version=np.full(total, version),
         batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
     left_out = [first_rid + int(offsets[i]) + k for i, members in member_trained.items() for k, t in enumerate(members) if not t]

@@ -527,7 +527,8 @@ class Controller:
         s.batch_ended = self.engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
         state.responses_done += len(fresh)
         state.groups_done += len(groups)
-        state.groups_effective += int(with_signal(fresh.reward[groups.rows], groups.sizes).sum())
+        s.batch_signal = with_signal(fresh.reward[groups.rows], groups.sizes)
+        state.groups_effective += int(s.batch_signal.sum())
         state.now = self.engine.now()
 
     def _submit(self, requests: list[Request]) -> None:

@@ -70,6 +70,7 @@ class StepState:
     batch: RequestColumns | None = None  # the batch route: the step's requests as columns (no Request objects)
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
+    batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
@@ -96,7 +97,9 @@ class StepState:
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
         trained, sizes = end.trained_members
         reasons = ended.finish_reason
-        return StepBooks(ended, ran, running, trained, with_signal(trained.reward, sizes), reasons == STOP, reasons == LENGTH)
+        # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
+        signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
+        return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
 
 
 @dataclass(slots=True, frozen=True)
