@@ -54,7 +54,7 @@ class HADB(Policy):
         self._score = np.zeros(0)
         self._streak = np.zeros(0, np.int64)
         self._long = np.zeros(0, bool)  # this epoch's long bucket
-        self._chunks: list[tuple[str, np.ndarray]] = []  # this epoch's remaining steps: (bucket, prompts)
+        self._chunks: list[tuple] = []  # this epoch's remaining steps: (bucket, prompts, their slots, board size)
         self._scale = RewardScale()  # the run's, from each step's context
 
     @property
@@ -89,9 +89,11 @@ class HADB(Policy):
             return proposal
         if not self._chunks:
             self._new_epoch(ctx)
-        bucket, prompts = self._chunks.pop()
-        prompts = prompts[: max(0, ctx.groups_left - ctx.carried_groups)]
-        slots = self._slots(prompts)
+        bucket, prompts, slots, board = self._chunks.pop()
+        take = max(0, ctx.groups_left - ctx.carried_groups)
+        prompts, slots = prompts[:take], slots[:take]
+        if board != len(self._ids):  # the scoreboard grew since the epoch began: the slots moved
+            slots = self._slots(prompts)
         hopeless = self._long[slots] & (self._streak[slots] >= self.zero_reward_groups)
         budgets = np.where(hopeless, max(1, int(ctx.max_tokens * self.long_zero_budget)), ctx.max_tokens)
         return GroupSpecs(prompts, np.full(len(prompts), ctx.group_size, np.int64), budgets.astype(np.int64))
@@ -101,25 +103,27 @@ class HADB(Policy):
         slots = self._slots(pool)  # (first: it may grow the scoreboard)
         scores = self._score[slots]  # NaN: never seen
         seen = ~np.isnan(scores)
-        known, scores, unknown = pool[seen], scores[seen], pool[~seen]
+        known, known_slots, scores = pool[seen], slots[seen], scores[seen]
         n = ctx.groups_per_step
-        chunks: list[tuple[str, np.ndarray]] = []
+        chunks: list[tuple[str, np.ndarray, np.ndarray]] = []  # (bucket, prompts, their slots)
         self._long[:] = False
         if len(known):
             lo, hi = np.quantile(scores, [self.short_quantile, self.long_quantile])
-            long = known[scores > hi]
-            long_slots = self._slots(long)
-            self._long[long_slots] = True
-            for name, members, factor in (("short", known[scores <= lo], self.short_batch_factor),
-                                          ("medium", known[(lo < scores) & (scores <= hi)], 1.0),
-                                          ("long", long, self.long_batch_factor)):
+            self._long[known_slots[scores > hi]] = True
+            for name, mask, factor in (("short", scores <= lo, self.short_batch_factor),
+                                       ("medium", (lo < scores) & (scores <= hi), 1.0),
+                                       ("long", scores > hi, self.long_batch_factor)):
+                members, member_slots = known[mask], known_slots[mask]
                 size = max(1, round(n * factor))
-                chunks += [(name, members[i:i + size]) for i in range(0, len(members), size)]
-        chunks += [("unknown", unknown[i:i + n]) for i in range(0, len(unknown), n)]
+                chunks += [(name, members[i:i + size], member_slots[i:i + size]) for i in range(0, len(members), size)]
+        unknown, unknown_slots = pool[~seen], slots[~seen]
+        chunks += [("unknown", unknown[i:i + n], unknown_slots[i:i + n]) for i in range(0, len(unknown), n)]
         # Unknown prompts go first (they teach the scoreboard); the known chunks in a seeded random order.
         known_chunks = [c for c in chunks if c[0] != "unknown"]
         shuffled = [known_chunks[i] for i in ctx.rng.permutation(len(known_chunks))]
-        self._chunks = list(reversed([c for c in chunks if c[0] == "unknown"] + shuffled))  # popped from the end
+        ordered = reversed([c for c in chunks if c[0] == "unknown"] + shuffled)  # popped from the end
+        board = len(self._ids)  # the scoreboard's size the slots hold for (the whole pool is on it now)
+        self._chunks = [(name, members, member_slots, board) for name, members, member_slots in ordered]
 
     # -- remembering -------------------------------------------------------------------------------
     def end_step(self, outcome):
