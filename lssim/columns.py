@@ -341,11 +341,16 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
         n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
                                                             for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))
         member_max_tokens, member_trained = _not_none(by_field[6]), _not_none(by_field[7])
+    fresh_step = not samples_planned
     first = count_on(samples_planned, pids, n)
     first_in_batch = first.copy()
-    for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
-        of = batches == b  # this prompt (the simulator answers from there)
-        first_in_batch[of] = count_on(batch_samples.setdefault(b, {}), pids[of], n[of])
+    one_batch = len(batches) and batches[0] >= 0 and (batches == batches[0]).all()
+    if one_batch and fresh_step and not batch_samples.get(int(batches[0])):  # the usual step: its own batch, new: the
+        batch_samples[int(batches[0])] = dict(samples_planned)  # batch's counts are the step's (count_on gives both)
+    else:
+        for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
+            of = batches == b  # this prompt (the simulator answers from there)
+            first_in_batch[of] = count_on(batch_samples.setdefault(b, {}), pids[of], n[of])
     total = int(n.sum())
     offsets = np.cumsum(n) - n
     within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
