@@ -459,12 +459,14 @@ class _ArrayIndex:
         code = np.searchsorted(self.pids, wl._g_pid)
         combined = wl._g_step * self.n_pids + code  # (step, prompt code) -> one sortable int
         order = np.argsort(combined, kind="stable")  # already ascending: groups are in (step, prompt) order
-        self.group_key, self.group_start, self.group_count = combined[order], wl._g_start[order], wl._g_count[order]
+        self.group_start, self.group_count = wl._g_start[order], wl._g_count[order]  # groups in (step, prompt code) order
         by_prompt = np.lexsort((wl._g_step, code))  # each prompt's recorded steps, sorted
         self.prompt_code, self.prompt_step = code[by_prompt], wl._g_step[by_prompt]
-        self.prompt_key = self.prompt_code * _SPREAD + self.prompt_step
         self.prompt_lo = np.searchsorted(self.prompt_code, np.arange(self.n_pids))
         self.prompt_hi = np.searchsorted(self.prompt_code, np.arange(self.n_pids), side="right")
+        place = np.empty_like(order)
+        place[order] = np.arange(len(order))
+        self.prompt_group = place[by_prompt]  # each (prompt, step) entry's group (its place in that order)
         self.steps = np.array(wl.steps, dtype=np.int64)
         self.step_lo, self.step_hi = wl._step_bounds[:-1], wl._step_bounds[1:]
         rows = wl._rows
@@ -476,30 +478,37 @@ class _ArrayIndex:
 
 
 @njit(cache=True)
-def _probe(pids, group_key, group_start, group_count, step, pid, sample):
+def _probe(pids, prompt_lo, prompt_hi, prompt_step, prompt_group, group_start, group_count, step, pid, sample):
     """Each query's prompt code (its place among the trace's sorted prompt ids, the last where it is not one),
-    whether its prompt is known, whether the trace recorded the (step, prompt) (its key step * n_pids + code among the
-    groups'), whether it recorded the sample too, and that row (0 where not): one pass. A group's members are
-    consecutive queries of one (step, prompt): searched once for all of them."""
+    whether its prompt is known, whether the trace recorded the (step, prompt), whether it recorded the sample too, and
+    that row (0 where not): one pass. The (step, prompt) is searched among the prompt's own recorded steps (a few,
+    where a search of every group misses the cache), once for all the consecutive queries of one group."""
     n = len(pid)
     code = np.empty(n, np.int64)
     known = np.empty(n, np.bool_)
-    hit = np.empty(n, np.bool_)
+    hit = np.zeros(n, np.bool_)
     exact = np.empty(n, np.bool_)
     row = np.zeros(n, np.int64)
-    last_code, last_group = max(len(pids) - 1, 0), len(group_key) - 1
-    c = i = key = 0
+    last_code = max(len(pids) - 1, 0)
+    c = g = 0
+    is_known = found = False
     for j in range(n):
         if j == 0 or pid[j] != pid[j - 1] or step[j] != step[j - 1]:
             c = min(np.searchsorted(pids, pid[j]), last_code)
-            key = step[j] * len(pids) + c
-            i = min(np.searchsorted(group_key, key), last_group)
+            is_known = len(pids) > 0 and pids[c] == pid[j]
+            found = False
+            if is_known:
+                lo, hi = prompt_lo[c], prompt_hi[c]
+                at = lo + np.searchsorted(prompt_step[lo:hi], step[j])
+                found = at < hi and prompt_step[at] == step[j]
+                if found:
+                    g = prompt_group[at]
         code[j] = c
-        known[j] = pids[c] == pid[j]
-        hit[j] = group_key[i] == key
-        exact[j] = known[j] and hit[j] and sample[j] < group_count[i]
+        known[j] = is_known
+        hit[j] = found
+        exact[j] = found and sample[j] < group_count[g]
         if exact[j]:
-            row[j] = group_start[i] + sample[j]
+            row[j] = group_start[g] + sample[j]
     return code, known, hit, exact, row
 
 
@@ -529,12 +538,11 @@ def _answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, 
 
 
 @njit(cache=True)
-def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_key, group_key, group_start, group_count, n_pids, seed,
-                    step, code, pid, sample):
+def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_group, group_start, group_count, seed, step, code, pid, sample):
     """The row answering each query of a known prompt at a step the trace did not record it at (lookup_many's
     resampling): its nearest recorded step (`_nearest_many`; the earlier on a tie), that group, and the sample
     drawn there (`Workload._resample`'s rotation, or a draw past the group's size). A group's members are consecutive
-    queries of one (step, prompt): searched and hashed once for all of them."""
+    queries of one (step, prompt): searched (among the prompt's own recorded steps) and hashed once for all of them."""
     n = len(step)
     rows = np.empty(n, np.int64)
     start = count = rotate = 0
@@ -542,17 +550,24 @@ def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_key, group_key, gr
         s, c = step[j], code[j]
         if j == 0 or s != step[j - 1] or c != code[j - 1] or pid[j] != pid[j - 1]:
             lo, hi = prompt_lo[c], prompt_hi[c]
-            near = _nearest_at(prompt_step, lo, hi, np.searchsorted(prompt_key, c * _SPREAD + s), s)
-            key = near * n_pids + c
-            g = min(np.searchsorted(group_key, key), len(group_key) - 1)
-            start = group_start[g]
-            count = group_count[g] if group_key[g] == key else 0
+            g = prompt_group[_nearest_place(prompt_step, lo, hi, lo + np.searchsorted(prompt_step[lo:hi], s), s)]
+            start, count = group_start[g], group_count[g]
             rotate = np.int64(np.floor(_hash01_words(seed, s, pid[j], 0, 2) * count))
         if sample[j] < count:
             rows[j] = start + (sample[j] + rotate) % max(count, 1)
         else:
             rows[j] = start + np.int64(np.floor(_hash01_words(seed, s, pid[j], sample[j], 3) * count))
     return rows
+
+
+@njit(cache=True)
+def _nearest_place(sorted_steps, lo, hi, i, step):
+    """Where `_nearest_at`'s step is in sorted_steps[lo:hi]."""
+    if i == lo:
+        return lo
+    if i == hi:
+        return max(hi - 1, lo)
+    return i if sorted_steps[i] == step or sorted_steps[i] - step < step - sorted_steps[i - 1] else i - 1
 
 
 @njit(cache=True)
@@ -580,7 +595,6 @@ def _nearest_many(sorted_steps, lo, hi, step, keys, query):
 
 SOURCES = np.array([RESAMPLED, EXACT, GLOBAL, TRUNCATED], dtype=object)  # lookup_coded's source numbers (0: resampled)
 _SOURCE_NUMBER = {name: i for i, name in enumerate(SOURCES.tolist())}
-_SPREAD = np.int64(1) << 31  # (prompt code, step) as one int: code * _SPREAD + step (steps are below 2**31)
 
 
 def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
@@ -611,13 +625,13 @@ def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget, keep: bool =
 
 def _lookup_coded(wl: Workload, step, pid, sample, budget) -> tuple:
     index = wl._array_index  # built on the first call (Workload.__getattr__)
-    code, known, hit, exact, row = _probe(index.pids, index.group_key, index.group_start, index.group_count, step, pid, sample)
+    code, known, hit, exact, row = _probe(index.pids, index.prompt_lo, index.prompt_hi, index.prompt_step, index.prompt_group,
+                                          index.group_start, index.group_count, step, pid, sample)
     source = exact.astype(np.int8)  # SOURCES: 1 exact, 0 resampled
     other = known & ~exact
     if other.any():
-        row[other] = _resampled_rows(index.prompt_step, index.prompt_lo, index.prompt_hi, index.prompt_key, index.group_key,
-                                     index.group_start, index.group_count, index.n_pids, wl.seed, step[other],
-                                     code[other], pid[other], sample[other])
+        row[other] = _resampled_rows(index.prompt_step, index.prompt_lo, index.prompt_hi, index.prompt_group, index.group_start,
+                                     index.group_count, wl.seed, step[other], code[other], pid[other], sample[other])
     unknown = ~known
     if unknown.any():
         s = step[unknown]
