@@ -240,6 +240,9 @@ def _in_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     if not len(sorted_keys):
         return np.zeros(len(values), bool)
     lo, hi = int(sorted_keys[0]), int(sorted_keys[-1])
+    if hi - lo + 1 == len(sorted_keys) and len(values) and lo <= values.min() and values.max() <= hi \
+            and (sorted_keys[1:] > sorted_keys[:-1]).all():  # the keys are the whole range (a step that trained all)
+        return np.ones(len(values), bool)
     if hi - lo > 8 * (len(sorted_keys) + len(values)):  # spread out: np.isin's sort
         return np.isin(values, sorted_keys)
     mask = np.zeros(hi - lo + 1, bool)
