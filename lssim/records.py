@@ -379,7 +379,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "lower_bound_efficiency": _per_second(bound, rollout_s),
         "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[natural] - s.started),
         "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
-        "exact_fraction": float(np.mean(books.ended.exact)) if len(books.ended) else float("nan"),
+        "exact_fraction": np.count_nonzero(books.ended.exact) / len(books.ended) if len(books.ended) else float("nan"),
         "mean_reward": _nanmean(trained.reward) if len(end.trained) else float("nan"),
         "busy_fraction": _per_second(busy, n_instances * rollout_s),  # of the instances' time
         "mean_running": _per_second(seq_seconds, n_instances * rollout_s),  # sequences per instance
