@@ -406,7 +406,7 @@ def rid_order(rid: np.ndarray) -> np.ndarray:
         order[pos] = np.arange(n)
         if (order >= 0).all():  # every place filled once: a permutation of the range
             return order
-    return np.argsort(rid, kind="stable")
+    return stable_argsort(rid)
 
 
 def _not_none(values: tuple) -> dict:
@@ -442,9 +442,9 @@ def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndar
     sorted_keys, sorted_n = keys[order], n[order]
     repeats = sorted_keys[1:] == sorted_keys[:-1]
     if repeats.any():  # (a step usually asks each prompt once: then each entry starts where `counts` left it)
-        runs = np.flatnonzero(np.r_[True, ~repeats])
+        starts, sizes = runs(sorted_keys)
         ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
-        ahead -= np.repeat(ahead[runs], np.diff(np.r_[runs, len(keys)]))  # ... of the same key only
+        ahead -= np.repeat(ahead[starts], sizes)  # ... of the same key only
         first[order] += ahead
     counts.update(zip(listed, (first + n).tolist()))  # a key's last entry holds its total (dict keeps the last)
     return first

@@ -562,7 +562,8 @@ def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_group, group_start
 
 @njit(cache=True)
 def _nearest_place(sorted_steps, lo, hi, i, step):
-    """Where `_nearest_at`'s step is in sorted_steps[lo:hi]."""
+    """Where in sorted_steps[lo:hi] the step nearest to `step` is (the earlier one on a tie), `i` being `step`'s place
+    there (bisect_left): `_nearest_at`'s answer, as a place (the resampling reads that entry's group)."""
     if i == lo:
         return lo
     if i == hi:
@@ -574,12 +575,7 @@ def _nearest_place(sorted_steps, lo, hi, i, step):
 def _nearest_at(sorted_steps, lo, hi, i, step):
     """`Workload._nearest`: the step of sorted_steps[lo:hi] nearest to `step` (the earlier one on a tie), `i` being
     `step`'s place there (bisect_left)."""
-    if i == lo:
-        return sorted_steps[lo]
-    if i == hi:
-        return sorted_steps[max(hi - 1, lo)]
-    after, before = sorted_steps[i], sorted_steps[i - 1]
-    return after if after == step or after - step < step - before else before
+    return sorted_steps[_nearest_place(sorted_steps, lo, hi, i, step)]
 
 
 @njit(cache=True)
