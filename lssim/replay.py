@@ -43,7 +43,8 @@ class SimSetup:
     n_instances: int = 8
     max_num_seqs: int = 256
     kv_capacity_tokens: int | None = None  # default: what fits on the instance's GPUs after the weights
-    profile: str | None = None  # a profiled cost model (JSON from `lssim profile`); replaces the roofline
+    # A profiled cost model (JSON from `lssim profile`, or the ProfiledCostModel itself); replaces the roofline.
+    profile: "str | ProfiledCostModel | None" = None
     cost: str = "roofline"  # or "operators": kernel by kernel from measured GPU kernels (lssim.cost.operators)
     # The training phase (lssim.training.TrainCostModel): None prices it analytically for this model and hardware
     # (AnalyticTrainCost); a str is a training-cost JSON (a trainer profile from `python -m real_backend.profile_trainer`).
@@ -95,6 +96,8 @@ class SimSetup:
         return self.train
 
     def cost_model(self):
+        if isinstance(self.profile, ProfiledCostModel):
+            return self.profile
         if self.profile:
             return ProfiledCostModel.from_json(self.profile)
         if self.cost == "operators":

@@ -39,21 +39,42 @@ DEFAULT_PROFILE = Path(__file__).with_name("profile_cpu.json")
 DEFAULT_WORKLOADS = Path(__file__).with_name("validation_workloads.toml")
 
 
-def sim_setup(run, profile: str):
+def sim_setup(run, profile: str, probe: bool = True):
     """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
     (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
     how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
     priced on a shared clock by lssim.shared_host); for an engine started with speculation, the layout measured on
-    such an engine (drafting off); ValueError naming the command that measures it when there is none."""
+    such an engine (drafting off); ValueError naming the command that measures it when there is none.
+    With `probe`, the cost model is scaled by the run's speed level (speed_level): the machine's speed during the
+    run over its speed while that cost model was measured, both from the speed probe."""
     from lssim.replay import SimSetup
 
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
     n_instances = _instances(run)
     model, slowdown, _ = _twin_cost(run, profile)
+    factor = speed_level(run, profile) if probe else None
+    if factor is not None:
+        from lssim.cost import ProfiledCostModel
+
+        from .layout import scaled_model
+
+        base = ProfiledCostModel.from_json(model)
+        model = scaled_model(base, factor, name=f"{base.name} x {factor:.3f} (speed probe)")
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
     return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
                     kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown)
+
+
+def speed_level(run, profile: str) -> float | None:
+    """The run's speed probes (meta.json) over the reference probe of the cost model its twin is calibrated on (the
+    profile, or the layout of its engine: real_backend.layout.layout_profile); None when either has none."""
+    from .layout import layout_profile
+    from .speed_probe import speed_factor
+
+    started_with = run.meta.get("engine", {}).get("speculation")
+    calibrated_on = layout_profile(profile, _instances(run), run.meta.get("setup", {}).get("cpus"), speculating=bool(started_with))
+    return speed_factor(run.meta, calibrated_on)
 
 
 def _instances(run) -> int:
@@ -128,11 +149,12 @@ def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
                           r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)
 
 
-def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str, pd.DataFrame]:
+def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool = True) -> dict[str, pd.DataFrame]:
     """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
-    noise (with repeats) and counterfactual."""
+    noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup); the
+    per-repeat steps say which (speed_level, NaN where a run or the profile has no probe)."""
     from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
                                 speedup_by_repeat, with_real_cuts)
 
@@ -142,13 +164,14 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
         measured_groups, predicted_groups = [], []
         cuts = ends_rollouts(repeats[0].name)
         for k, run in enumerate(repeats):
-            sim = replay_run(run, sim_setup(run, profile), run_prompts(run))
+            sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run))
             first_sim.setdefault(name, sim)
             s, r = compare(run, sim, name)
-            step_frames.append(s.assign(repeat=k))
+            level = speed_level(run, profile) if probe else None
+            step_frames.append(s.assign(repeat=k, speed_level=np.nan if level is None else level))
             response_frames.append(r.assign(repeat=k))
             if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
-                cut_sim = replay_run(run, sim_setup(run, profile), run_prompts(run), policy=with_real_cuts(run))
+                cut_sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), policy=with_real_cuts(run))
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
@@ -175,7 +198,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
             if name == "baseline":
                 continue
             run = repeats[0]
-            sim = replay_run(run, sim_setup(run, profile), run_prompts(run), trace=base.trace)
+            sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), trace=base.trace)
             per_group = sim.steps["rollout_seconds"].sum() / max(1, sim.steps["groups_trained"].sum())
             both = run.responses[["step", "prompt_id", "sample_idx", "response_len", "finish_reason"]].merge(
                 sim.responses[["step", "prompt_id", "sample_idx", "response_len", "exact"]], on=["step", "prompt_id", "sample_idx"],
@@ -192,11 +215,14 @@ def validate(runs: dict, profile: str, counterfactual: bool = True) -> dict[str,
     return out
 
 
-def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataFrame],
+           unprobed: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The error after each modelling step: the cost models refitted from the measurements `lssim profile` wrote
     beside `profile` (per-iteration decode only, + time to first token), each saved to `workdir` and replayed;
-    then the profile itself (`profiled`: the frames `validate` already made with it), and the profile with the
-    speed level taken from the baseline's runs. Without the measurements, the profile's stages alone."""
+    then the profile itself, without the speed probe (`unprobed`) and with it (`profiled`: the frames `validate`
+    already made, each run at its probed speed level), and the profile with the speed level taken from the
+    baseline's runs. Without the measurements, the profile's stages alone; without probes (`unprobed` None),
+    `profiled` is the profile alone."""
     from .profile import fit, measurement_files
 
     files = measurement_files(profile)
@@ -211,9 +237,12 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
         path = workdir / f"stage{len(rows) + 1}.json"
         model.to_json(path, meta={"stage": label, "from": str(profile)})
         _layouts_for(path, profile)
-        frames = validate(runs, str(path), counterfactual=False)
+        frames = validate(runs, str(path), counterfactual=False, probe=False)
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
-    rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
+    alone = unprobed if unprobed is not None else profiled
+    rows.append(_stage_row("fitted to batch makespans (+ departures)", alone["steps"], alone["summary"], str(profile)))
+    if unprobed is not None:
+        rows.append(_stage_row("+ speed probe around each run (the twin)", profiled["steps"], profiled["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
         from lssim.fidelity import anchor_on_baseline, median_over_repeats
 
@@ -258,8 +287,12 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     acted_rows = []
     for world, runs in by_world.items():
         frames = validate(runs, profile, counterfactual=counterfactual)
+        unprobed = None
+        if frames["steps_by_repeat"]["speed_level"].notna().any():  # the twin used probes: the profile alone beside
+            unprobed = validate(runs, profile, counterfactual=False, probe=False)
+            frames["unprobed"] = unprobed["steps"]
         if stages_dir is not None:
-            frames["stages"] = stages(runs, profile, stages_dir / world, frames).assign(world=world).reset_index()
+            frames["stages"] = stages(runs, profile, stages_dir / world, frames, unprobed).assign(world=world).reset_index()
         base = runs.get("baseline", [])
         if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
             scaled = anchor_on_baseline(frames["steps_by_repeat"])
@@ -285,7 +318,7 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
     out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"),
-                                    out.get("speedups"))
+                                    out.get("speedups"), out["steps_by_repeat"], out.get("unprobed"))
     return out
 
 
@@ -452,6 +485,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     from lssim.controller import RunConfig
     from lssim.tables import format_step
 
+    from .speed_probe import measure_probe, record_run_probes
     from .world import RealSetup, prepare, run_real, start_engine
 
     first = worlds[0][0]
@@ -479,6 +513,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             run_real(engine_setup, policy, warm, scratch, engine=engine, prompts=prompts)
         if profile_to:
             _measure_engine(engine, engine_setup, out, profile_to, profile_first, length=config.max_tokens)
+        probe = measure_probe(engine)  # the machine's speed level before and after every run (real_backend.speed_probe)
         for k in range(args.repeats):
             for world, specs in worlds:
                 setup, config = _world_setup(world, args, greedy), _world_config(world, args)
@@ -491,6 +526,8 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
                                    "world": world.name, "repeat": k})
+                    before, probe = probe, measure_probe(engine)
+                    record_run_probes(folder, [before, probe])
                     runs.append(load_recorded(folder))
     finally:
         engine.close()
@@ -502,27 +539,32 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
     for several instances, or an engine started with speculation, its layout against it (real_backend.layout; the
     speculating engine with drafting off)."""
     from .layout import drafting_off, layout_path, profile_layout, speculating
+    from .speed_probe import measure_probe, write_reference
 
     meta = {"command": " ".join(sys.argv), "model": setup.model_dir}
     out.mkdir(parents=True, exist_ok=True)
+    probe = measure_probe(engine)  # each measurement's speed level: the probes around it (real_backend.speed_probe)
     if profile_first:
         from .profile import profile_engine
 
         print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
         with drafting_off(engine):
             profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
+        before, probe = probe, measure_probe(engine)
+        write_reference(profile_to, [before, probe])
     if engine.n_instances > 1 or speculating(engine):
         what = "instances beside each other" if engine.n_instances > 1 else "instance started with speculation"
-        print(f"measuring {engine.n_instances} {what} (cpus {setup.cpus}) into "
-              f"{layout_path(profile_to, engine.n_instances, speculating(engine))} ...", file=sys.stderr)
+        layout = layout_path(profile_to, engine.n_instances, speculating(engine))
+        print(f"measuring {engine.n_instances} {what} (cpus {setup.cpus}) into {layout} ...", file=sys.stderr)
         profile_layout(engine, profile_to, setup.cpus, meta=meta, length=length)
+        write_reference(layout, [probe, measure_probe(engine)])
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "unprobed"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):
@@ -546,7 +588,8 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
-            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "anchored_median_ape_pct",
+            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "speed_level", "unprobed_median_ape_pct",
+            "unprobed_p90_ape_pct", "anchored_median_ape_pct",
             "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct", "meets_goal",
             "meets_goal_anchored"]
     s = frames["summary"]

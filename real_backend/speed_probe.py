@@ -1,0 +1,117 @@
+"""The machine's speed level, measured around every validation run: a fixed probe on the real engine.
+
+    seconds = measure_probe(engine)                  # ~2 s: two fixed batches on instance 0, the others idle
+    write_reference(profile_json, [before, after])   # taken while the profile (or a layout) was measured
+    speed_factor(run.meta, profile_json)             # the run's probes over the reference: the twin's level
+
+Why: this 2-core VM runs the same engine 0.9-1.5x as fast from one minute to the next (other tenants, clock and
+memory contention). Every step of one validation run sits at one level (within about 10%), and the level moves
+between runs, so a profile measured a few minutes earlier misprices whole runs by 4-20% (measured on the 5-repeat
+validation: each baseline repeat's measured / predicted ratio ranges 1.00-1.44 in one world). The probe measures
+that level without looking at the run: the same work (two lockstep batches of fixed length, fresh prompts each
+time so the prefix cache never answers) before and after each run, and once around the measurement the twin's cost
+model comes from. The run's level is the mean of its two probes over the reference; the twin scales its cost
+model by it (real_backend.sim_vs_real.sim_setup). Only the engine's speed is taken from the probe, never anything
+the policy did.
+
+Files: the reference lies in the measured cost model's JSON (the profile, or the layout the twin prices with) as
+measured_by.speed_probe; each run's probes in its meta.json as speed_probe. A profile or run without one (measured
+before this existed, or a profile not measured in this session) leaves the twin unscaled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lssim.core import Request
+
+# (requests, prompt tokens, tokens each): decode at a small and a typical validation batch, ~2 s in all here.
+PROBE_CELLS = ((8, 64, 256), (32, 64, 256))
+_SEEDS = itertools.count(1)  # every probe draws fresh prompts
+
+
+def measure_probe(engine, seed: int | None = None) -> float:
+    """Seconds the probe's cells take on `engine`'s instance 0 (nothing else in flight), summed; an engine started
+    with speculation is measured with drafting off (the next run sets its own limit)."""
+    from .layout import _profiling, _run_cell, drafting_off
+
+    rng = np.random.default_rng(next(_SEEDS) if seed is None else seed)
+    vocab = int(getattr(engine, "vocab_size", 16))
+    prompts: dict[int, list[int]] = {}
+    total, rid = 0.0, 0
+    with drafting_off(engine), _profiling(engine, prompts):
+        for n, prompt_len, tokens in PROBE_CELLS:
+            requests = []
+            for _ in range(n):
+                # Fresh random prompts: a repeated one would be answered from vLLM's prefix cache.
+                prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
+                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
+                                        max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=0))
+                rid += 1
+            total += max(_run_cell(engine, requests).values())
+            for r in requests:
+                prompts.pop(r.rid, None)
+    return total
+
+
+def probe_record(seconds: list[float]) -> dict:
+    """What is stored for a reference or a run: each probe's seconds, their mean, and the cells."""
+    seconds = [float(s) for s in seconds]
+    if not seconds or not all(np.isfinite(s) and s > 0 for s in seconds):
+        raise ValueError(f"speed probe: seconds must be finite and > 0, got {seconds!r}")
+    return {"seconds": seconds, "mean_s": float(np.mean(seconds)), "cells": [list(c) for c in PROBE_CELLS]}
+
+
+def write_reference(model_json, seconds: list[float]) -> None:
+    """Put the probes taken around the measurement of `model_json` (a cost model JSON) into its measured_by."""
+    from lssim.results import atomic_write
+
+    path = Path(model_json)
+    payload = json.loads(path.read_text())
+    payload.setdefault("measured_by", {})["speed_probe"] = probe_record(seconds)
+    atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2) + "\n"))
+
+
+def record_run_probes(folder, seconds: list[float]) -> None:
+    """Put the probes taken before and after a recorded run into its meta.json (speed_probe)."""
+    from lssim.results import atomic_write
+
+    path = Path(folder) / "meta.json"
+    payload = json.loads(path.read_text())
+    payload["speed_probe"] = probe_record(seconds)
+    atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2, default=str) + "\n"))
+
+
+def reference(model_json) -> dict | None:
+    """The reference probe of a cost model JSON, or None (measured without one)."""
+    probe = json.loads(Path(model_json).read_text()).get("measured_by", {}).get("speed_probe")
+    return _checked(probe, f"{model_json}: measured_by.speed_probe") if probe is not None else None
+
+
+def speed_factor(meta: dict, model_json) -> float | None:
+    """How much slower the engine ran during the run (its meta.json's probes) than while `model_json` was measured
+    (its reference): the mean probe over the reference's. None when either has no probe or they probed other cells."""
+    ref = reference(model_json)
+    run = meta.get("speed_probe")
+    if ref is None or run is None:
+        return None
+    run = _checked(run, "meta.json: speed_probe")
+    if run["cells"] != ref["cells"]:
+        return None
+    return run["mean_s"] / ref["mean_s"]
+
+
+def _checked(probe, where: str) -> dict:
+    if not isinstance(probe, dict) or "cells" not in probe or "seconds" not in probe:
+        raise ValueError(f"{where}: expected {{seconds, mean_s, cells}}, got {probe!r}")
+    try:
+        return probe_record(probe["seconds"]) | {"cells": probe["cells"]}
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+__all__ = ["PROBE_CELLS", "measure_probe", "probe_record", "write_reference", "record_run_probes", "reference", "speed_factor"]

@@ -1,0 +1,187 @@
+"""The speed probe (real_backend.speed_probe): the machine's speed level measured around every validation run and
+around the measurement of the cost model, and the twin scaled by their ratio. Engines here are fakes that run
+`factor` x a known cost model; runs are recorded from the simulator, so the scaled twin must predict exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lssim.controller import RunConfig
+from lssim.cost import ProfiledCostModel
+from lssim.fidelity import RecordedRun, replay_run
+from lssim.replay import SimSetup, simulate
+from lssim.trace import load_trace
+from lssim.workload import Workload
+
+REAL_TRACE = "traces/real_cpu_baseline.parquet"
+MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
+
+
+class _Engine:
+    """What measure_probe needs of VLLMEngine: every batch takes `factor` x MODEL's makespan."""
+
+    def __init__(self, factor: float = 1.0, speculating: bool = False):
+        self.factor, self.n_instances, self.vocab_size = factor, 1, 16
+        self.speculation = object() if speculating else None
+        self.draft_limits, self.prompts_seen = [], []
+        self.prompt_tokens = self.reward_fn = None
+        self.sampling_kwargs, self.clock, self.batch = {}, 0.0, []
+
+    def set_draft_limit(self, n: int) -> None:
+        self.draft_limits.append(n)
+
+    def now(self) -> float:
+        return self.clock
+
+    def submit(self, requests) -> None:
+        assert all(r.instance == 0 for r in requests) and self.sampling_kwargs.get("ignore_eos")
+        self.prompts_seen += [tuple(self.prompt_tokens(r.rid)) for r in requests]
+        self.batch = list(requests)
+
+    def next_events(self):
+        done = self.clock + self.factor * MODEL.makespan([r.max_tokens for r in self.batch], self.batch[0].prompt_len)
+        events = [SimpleNamespace(kind="finished", request=r, time=done) for r in self.batch]
+        self.clock, self.batch = done, []
+        return events
+
+    def abort_all(self) -> None:
+        self.batch = []
+
+
+def _probe_seconds(factor: float = 1.0) -> float:
+    from real_backend.speed_probe import PROBE_CELLS
+
+    return factor * sum(MODEL.makespan([tokens] * n, p) for n, p, tokens in PROBE_CELLS)
+
+
+def _run(profile: str, probes: list[float] | None, n_instances: int = 1, policy: str = "baseline") -> RecordedRun:
+    """A 'real' run recorded from the simulator on `profile`, with the probes taken around it in its meta."""
+    from real_backend.recorder import to_trace
+    from real_backend.speed_probe import probe_record
+
+    source = load_trace(REAL_TRACE)
+    config = RunConfig(steps=3, groups_per_step=8, group_size=4, max_tokens=256, seed=5)
+    setup = SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=256, kv_capacity_tokens=262_144, profile=profile)
+    result = simulate(Workload(source, seed=5), policy, setup, config=config, prompts=Workload(source, seed=5))
+    meta = {"setup": {"n_instances": n_instances, "cpus": "0|1" if n_instances > 1 else None, "max_num_seqs": 256,
+                      "max_model_len": 1024}, "engine": {"n_instances": n_instances}}
+    if probes is not None:
+        meta["speed_probe"] = probe_record(probes)
+    return RecordedRun(name=policy, trace=to_trace(result.responses, result.steps), steps=result.steps,
+                       responses=result.responses, config=config, meta=meta)
+
+
+def _replay(run, setup):
+    return replay_run(run, setup, Workload(load_trace(REAL_TRACE), seed=run.config.seed))
+
+
+def test_the_probe_times_fixed_work_on_fresh_prompts_with_drafting_off():
+    from real_backend.speed_probe import measure_probe
+
+    engine = _Engine(factor=1.3, speculating=True)
+    first, second = measure_probe(engine), measure_probe(engine)
+    assert first == pytest.approx(_probe_seconds(1.3), rel=1e-12) and second == pytest.approx(first, rel=1e-12)
+    assert engine.draft_limits == [0, 0]  # a speculating engine's plain steps, as its plain runs run
+    assert len(set(engine.prompts_seen)) == len(engine.prompts_seen)  # no prompt twice: the prefix cache never answers
+    assert engine.prompt_tokens is None and not engine.sampling_kwargs  # the engine is given back as it was
+
+
+def test_the_twin_runs_at_the_probed_speed_level_and_without_probes_as_before(tmp_path):
+    """A run whose probes read 1.2x the reference taken around the profile: every predicted step is 1.2x the profile
+    alone. probe=False, a profile without a reference, a run without probes, or probes of other cells: unscaled."""
+    from real_backend.sim_vs_real import sim_setup, speed_level
+    from real_backend.speed_probe import write_reference
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    ref = _probe_seconds()
+    run = _run(str(base), [1.1 * ref, 1.3 * ref])  # the run's level: the mean of its two probes
+    assert sim_setup(run, str(base)).profile == str(base) and speed_level(run, str(base)) is None  # no reference yet
+    plain = _replay(run, sim_setup(run, str(base))).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(plain, run.steps["rollout_seconds"], rtol=1e-9)
+    write_reference(base, [ref, ref])
+    assert ProfiledCostModel.from_json(base).coefficients == MODEL.coefficients  # the profile itself is untouched
+    assert speed_level(run, str(base)) == pytest.approx(1.2)
+    twin = sim_setup(run, str(base))
+    assert isinstance(twin.profile, ProfiledCostModel) and "speed probe" in twin.profile.name
+    assert np.allclose(_replay(run, twin).steps["rollout_seconds"], 1.2 * plain, rtol=1e-6)
+    assert sim_setup(run, str(base), probe=False).profile == str(base)
+    assert sim_setup(_run(str(base), None), str(base)).profile == str(base)
+    other_cells = dataclasses.replace(run, meta={**run.meta, "speed_probe": {**run.meta["speed_probe"], "cells": [[1, 1, 1]]}})
+    assert speed_level(other_cells, str(base)) is None
+
+
+def test_a_shared_host_world_scales_by_its_layouts_reference(tmp_path):
+    """Two instances: the level is taken against the reference probed around the layout's measurement (the host
+    slow-down holds the level of those minutes), and the slow-down is kept."""
+    from real_backend.layout import layout_path, write_layout
+    from real_backend.sim_vs_real import sim_setup, speed_level
+    from real_backend.speed_probe import write_reference
+
+    from tests.test_validate import _shared_cells
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    write_layout(base, "0|1", _shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
+    ref = _probe_seconds()
+    write_reference(base, [2 * ref])  # the profile's minutes: not what a two-instance twin is calibrated on
+    write_reference(layout_path(base, 2), [ref, ref])
+    run = _run(str(base), [0.9 * ref], n_instances=2, policy="seer(chunk=32)")
+    assert speed_level(run, str(base)) == pytest.approx(0.9)
+    twin = sim_setup(run, str(base))
+    assert twin.host_slowdown == pytest.approx((1.0, 1.5))
+    unscaled = _replay(run, sim_setup(run, str(base), probe=False)).steps["rollout_seconds"].to_numpy()
+    assert np.allclose(_replay(run, twin).steps["rollout_seconds"], 0.9 * unscaled, rtol=1e-6)
+
+
+@pytest.mark.parametrize("probe, message", [
+    ({"seconds": [0.0], "cells": [[8, 64, 256]]}, "must be finite and > 0"),
+    ({"seconds": [1.0]}, "expected {seconds, mean_s, cells}"),
+    ("fast", "expected {seconds, mean_s, cells}"),
+])
+def test_a_bad_reference_is_an_error_naming_the_file(tmp_path, probe, message):
+    from real_backend.sim_vs_real import sim_setup
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    payload = json.loads(base.read_text())
+    payload["measured_by"]["speed_probe"] = probe
+    base.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=re.escape(f"{base}: measured_by.speed_probe")) as e:
+        sim_setup(_run(str(base), [1.0]), str(base))
+    assert message in str(e.value)
+
+
+def test_validation_reports_the_level_the_profile_alone_and_a_stage_for_the_probe(tmp_path, monkeypatch):
+    """validate_worlds on a world whose runs were probed: the summary has each policy's median speed level and
+    its errors with the profile alone, the JSON both, stages.csv a row for the probe; the twin with the probe
+    predicts these runs (recorded at the level the probes say) exactly."""
+    from lssim.fidelity import fidelity_markdown, policy_results
+    from real_backend import sim_vs_real
+    from real_backend.speed_probe import write_reference
+
+    monkeypatch.setattr(sim_vs_real, "run_prompts", lambda run: Workload(load_trace(REAL_TRACE), seed=run.config.seed))
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    slow = tmp_path / "slow.json"  # the machine 1.25x slower during the runs than while profiling
+    ProfiledCostModel(**{k: 1.25 * v for k, v in MODEL.coefficients.items()}).to_json(slow, meta={})
+    ref = _probe_seconds()
+    write_reference(base, [ref])
+    runs = {"baseline": [_run(str(slow), [1.25 * ref])], "lpt": [_run(str(slow), [1.25 * ref], policy="lpt")]}
+    frames = sim_vs_real.validate_worlds({"w": runs}, str(base), counterfactual=False, stages_dir=tmp_path / "models")
+    summary = frames["summary"]
+    assert summary["speed_level"].to_numpy() == pytest.approx([1.25, 1.25])
+    assert summary["makespan_median_ape_pct"].max() < 1e-6  # the probe's level is the run's
+    assert summary["unprobed_median_ape_pct"].to_numpy() == pytest.approx([20.0, 20.0])  # 1/1.25: 20% short
+    entry = json.loads(json.dumps(policy_results(summary)))["policies"]["lpt"]
+    assert entry["speed_level"] == pytest.approx(1.25) and entry["step_error_median_profile_alone"] == pytest.approx(20.0)
+    stages = frames["stages"].loc["w"]
+    assert stages.loc["fitted to batch makespans (+ departures)", "median_ape_pct"] == pytest.approx(20.0)
+    assert stages.loc["+ speed probe around each run (the twin)", "median_ape_pct"] < 1e-6
+    assert "profile alone (no probe)" in fidelity_markdown(summary)
