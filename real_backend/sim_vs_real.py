@@ -513,7 +513,8 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             run_real(engine_setup, policy, warm, scratch, engine=engine, prompts=prompts)
         if profile_to:
             _measure_engine(engine, engine_setup, out, profile_to, profile_first, length=config.max_tokens)
-        probe = measure_probe(engine)  # the machine's speed level before and after every run (real_backend.speed_probe)
+        probes = [measure_probe(engine)]  # the machine's speed level between every two runs (real_backend.speed_probe)
+        probed: list[Path] = []
         for k in range(args.repeats):
             for world, specs in worlds:
                 setup, config = _world_setup(world, args, greedy), _world_config(world, args)
@@ -526,12 +527,14 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
                                    "world": world.name, "repeat": k})
-                    before, probe = probe, measure_probe(engine)
-                    record_run_probes(folder, [before, probe])
-                    runs.append(load_recorded(folder))
+                    probes.append(measure_probe(engine))
+                    probed.append(folder)
+                    for i in range(max(0, len(probed) - 2), len(probed)):  # the one before gets its whole window now
+                        record_run_probes(probed[i], probes, i)
+                    runs.append(folder)
     finally:
         engine.close()
-    return runs
+    return [load_recorded(folder) for folder in runs]
 
 
 def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bool, length: int = 256) -> None:
@@ -543,21 +546,22 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
 
     meta = {"command": " ".join(sys.argv), "model": setup.model_dir}
     out.mkdir(parents=True, exist_ok=True)
-    probe = measure_probe(engine)  # each measurement's speed level: the probes around it (real_backend.speed_probe)
+    # Each measurement's speed level: two probes before it and two after (real_backend.speed_probe).
+    probes = [measure_probe(engine), measure_probe(engine)]
     if profile_first:
         from .profile import profile_engine
 
         print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
         with drafting_off(engine):
             profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
-        before, probe = probe, measure_probe(engine)
-        write_reference(profile_to, [before, probe])
+        probes = probes[-2:] + [measure_probe(engine), measure_probe(engine)]
+        write_reference(profile_to, probes)
     if engine.n_instances > 1 or speculating(engine):
         what = "instances beside each other" if engine.n_instances > 1 else "instance started with speculation"
         layout = layout_path(profile_to, engine.n_instances, speculating(engine))
         print(f"measuring {engine.n_instances} {what} (cpus {setup.cpus}) into {layout} ...", file=sys.stderr)
         profile_layout(engine, profile_to, setup.cpus, meta=meta, length=length)
-        write_reference(layout, [probe, measure_probe(engine)])
+        write_reference(layout, probes[-2:] + [measure_probe(engine), measure_probe(engine)])
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:

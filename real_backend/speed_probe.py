@@ -1,17 +1,19 @@
 """The machine's speed level, measured around every validation run: a fixed probe on the real engine.
 
-    seconds = measure_probe(engine)                  # ~2 s: two fixed batches on instance 0, the others idle
-    write_reference(profile_json, [before, after])   # taken while the profile (or a layout) was measured
-    speed_factor(run.meta, profile_json)             # the run's probes over the reference: the twin's level
+    seconds = measure_probe(engine)                  # ~3 s: two fixed batches on instance 0, the others idle
+    write_reference(profile_json, [p1, p2, p3, p4])  # two before and two after the profile (or a layout) was measured
+    record_run_probes(run_folder, probes, i)         # the engine's probes in order; the run sat after probes[i]
+    speed_factor(run.meta, profile_json)             # the run's level over the reference's: the twin's scale
 
 Why: this 2-core VM runs the same engine 0.9-1.5x as fast from one minute to the next (other tenants, clock and
 memory contention). Every step of one validation run sits at one level (within about 10%), and the level moves
 between runs, so a profile measured a few minutes earlier misprices whole runs by 4-20% (measured on the 5-repeat
 validation: each baseline repeat's measured / predicted ratio ranges 1.00-1.44 in one world). The probe measures
 that level without looking at the run: the same work (two lockstep batches of fixed length, fresh prompts each
-time so the prefix cache never answers) before and after each run, and once around the measurement the twin's cost
-model comes from. The run's level is the mean of its two probes over the reference; the twin scales its cost
-model by it (real_backend.sim_vs_real.sim_setup). Only the engine's speed is taken from the probe, never anything
+time so the prefix cache never answers) between every two runs, and twice before and after the measurement the
+twin's cost model comes from. A run's level is the median of the four probes nearest it (one now and then reads
+~15% slow on its own) over the median of the reference's; the twin scales its cost model by it
+(real_backend.sim_vs_real.sim_setup). Only the engine's speed is taken from the probe, never anything
 the policy did.
 
 Files: the reference lies in the measured cost model's JSON (the profile, or the layout the twin prices with) as
@@ -58,12 +60,22 @@ def measure_probe(engine, seed: int | None = None) -> float:
     return total
 
 
-def probe_record(seconds: list[float]) -> dict:
-    """What is stored for a reference or a run: each probe's seconds, their mean, and the cells."""
+def probe_record(seconds: list[float], window: list[float] | None = None) -> dict:
+    """What is stored for a reference or a run: its probes' seconds, the probes its level is taken from (`window`,
+    default its own) and that level, their median, and the cells."""
     seconds = [float(s) for s in seconds]
-    if not seconds or not all(np.isfinite(s) and s > 0 for s in seconds):
-        raise ValueError(f"speed probe: seconds must be finite and > 0, got {seconds!r}")
-    return {"seconds": seconds, "mean_s": float(np.mean(seconds)), "cells": [list(c) for c in PROBE_CELLS]}
+    window = seconds if window is None else [float(s) for s in window]
+    if not seconds or not window or not all(np.isfinite(s) and s > 0 for s in seconds + window):
+        raise ValueError(f"speed probe: seconds must be finite and > 0, got {seconds!r} (window {window!r})")
+    return {"seconds": seconds, "window": window, "level_s": float(np.median(window)),
+            "cells": [list(c) for c in PROBE_CELLS]}
+
+
+def run_window(probes: list[float], i: int) -> list[float]:
+    """The probes a run's level is taken from: the run sat between probes[i] and probes[i + 1] (the engine's probes in
+    the order taken), and one more on each side where there is one. A probe now and then reads ~15% slow for no
+    reason the runs share (5 of 40 in one validation); the median of four is not moved by one."""
+    return probes[max(0, i - 1):i + 3]
 
 
 def write_reference(model_json, seconds: list[float]) -> None:
@@ -76,13 +88,14 @@ def write_reference(model_json, seconds: list[float]) -> None:
     atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2) + "\n"))
 
 
-def record_run_probes(folder, seconds: list[float]) -> None:
-    """Put the probes taken before and after a recorded run into its meta.json (speed_probe)."""
+def record_run_probes(folder, probes: list[float], i: int) -> None:
+    """Put the probes around a recorded run into its meta.json (speed_probe): the engine's probes so far, the run
+    between probes[i] and probes[i + 1]. Called again once later probes exist, to widen its window."""
     from lssim.results import atomic_write
 
     path = Path(folder) / "meta.json"
     payload = json.loads(path.read_text())
-    payload["speed_probe"] = probe_record(seconds)
+    payload["speed_probe"] = probe_record(probes[i:i + 2], run_window(probes, i))
     atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2, default=str) + "\n"))
 
 
@@ -94,7 +107,8 @@ def reference(model_json) -> dict | None:
 
 def speed_factor(meta: dict, model_json) -> float | None:
     """How much slower the engine ran during the run (its meta.json's probes) than while `model_json` was measured
-    (its reference): the mean probe over the reference's. None when either has no probe or they probed other cells."""
+    (its reference): the median of the run's window of probes over the reference's median. None when either has no
+    probe or they probed other cells."""
     ref = reference(model_json)
     run = meta.get("speed_probe")
     if ref is None or run is None:
@@ -102,16 +116,17 @@ def speed_factor(meta: dict, model_json) -> float | None:
     run = _checked(run, "meta.json: speed_probe")
     if run["cells"] != ref["cells"]:
         return None
-    return run["mean_s"] / ref["mean_s"]
+    return run["level_s"] / ref["level_s"]
 
 
 def _checked(probe, where: str) -> dict:
     if not isinstance(probe, dict) or "cells" not in probe or "seconds" not in probe:
-        raise ValueError(f"{where}: expected {{seconds, mean_s, cells}}, got {probe!r}")
+        raise ValueError(f"{where}: expected {{seconds, window, level_s, cells}}, got {probe!r}")
     try:
-        return probe_record(probe["seconds"]) | {"cells": probe["cells"]}
+        return probe_record(probe["seconds"], probe.get("window")) | {"cells": probe["cells"]}
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
 
-__all__ = ["PROBE_CELLS", "measure_probe", "probe_record", "write_reference", "record_run_probes", "reference", "speed_factor"]
+__all__ = ["PROBE_CELLS", "measure_probe", "probe_record", "run_window", "write_reference", "record_run_probes", "reference",
+           "speed_factor"]

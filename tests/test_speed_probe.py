@@ -92,6 +92,28 @@ def test_the_probe_times_fixed_work_on_fresh_prompts_with_drafting_off():
     assert engine.prompt_tokens is None and not engine.sampling_kwargs  # the engine is given back as it was
 
 
+def test_a_runs_level_is_the_median_of_the_four_probes_nearest_it(tmp_path):
+    """Probes between every two runs, in order; each run's window is the probes on its two sides and one more each
+    way, so one probe that reads slow on its own moves no run's level; the window widens as later probes come."""
+    from real_backend.speed_probe import record_run_probes, run_window
+
+    probes = [2.0, 2.0, 2.3, 2.0, 2.0, 2.0]  # the third reads 15% slow: runs 1 and 2 sit beside it
+    assert run_window(probes, 0) == [2.0, 2.0, 2.3] and run_window(probes, 1) == [2.0, 2.0, 2.3, 2.0]
+    assert run_window(probes, 4) == [2.0, 2.0, 2.0]
+    folders = []
+    for i in range(5):
+        folders.append(tmp_path / f"run{i}")
+        folders[-1].mkdir()
+        (folders[-1] / "meta.json").write_text(json.dumps({"status": "finished"}))
+    for n in range(1, 6):  # as recording goes: after run n-1, probes[:n+1] exist; runs n-2 and n-1 are (re)written
+        for i in range(max(0, n - 2), n):
+            record_run_probes(folders[i], probes[:n + 1], i)
+    for i, folder in enumerate(folders):
+        meta = json.loads((folder / "meta.json").read_text())
+        assert meta["status"] == "finished" and meta["speed_probe"]["seconds"] == probes[i:i + 2]
+        assert meta["speed_probe"]["window"] == run_window(probes, i) and meta["speed_probe"]["level_s"] == 2.0
+
+
 def test_the_twin_runs_at_the_probed_speed_level_and_without_probes_as_before(tmp_path):
     """A run whose probes read 1.2x the reference taken around the profile: every predicted step is 1.2x the profile
     alone. probe=False, a profile without a reference, a run without probes, or probes of other cells: unscaled."""
@@ -142,8 +164,8 @@ def test_a_shared_host_world_scales_by_its_layouts_reference(tmp_path):
 
 @pytest.mark.parametrize("probe, message", [
     ({"seconds": [0.0], "cells": [[8, 64, 256]]}, "must be finite and > 0"),
-    ({"seconds": [1.0]}, "expected {seconds, mean_s, cells}"),
-    ("fast", "expected {seconds, mean_s, cells}"),
+    ({"seconds": [1.0]}, "expected {seconds, window, level_s, cells}"),
+    ("fast", "expected {seconds, window, level_s, cells}"),
 ])
 def test_a_bad_reference_is_an_error_naming_the_file(tmp_path, probe, message):
     from real_backend.sim_vs_real import sim_setup

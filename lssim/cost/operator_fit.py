@@ -313,3 +313,30 @@ def vidur_neighbourhood_errors(sums: pd.DataFrame, tokens=VIDUR_TABLE_TOKENS) ->
         out.append({"tokens": int(t), "points": int(near.sum()), "median_signed_pct": float(np.median(signed[near])),
                     "max_ape_pct": float(np.abs(signed[near]).max()), "within_10": int((np.abs(signed[near]) <= 10).sum())})
     return pd.DataFrame(out)
+
+
+INTERPOLATION_TILE = 128  # rows a GEMM tile spans on the H100 (the staircase's steps sit at its multiples)
+
+
+def vidur_interpolation_errors(data_dir=DATA_DIR, tile: int = INTERPOLATION_TILE) -> pd.DataFrame:
+    """What a model made of the measurements themselves reaches (Vidur's own approach: a table of the profiled
+    points): every profiled token count of every Vidur model and tp, left out in turn and predicted from the
+    others, each kernel interpolated linearly between its nearest measured counts, taken from t's own tile step
+    (ceil(t / tile)) when a count there was measured, so that no interpolation crosses a step it need not. The
+    first and last counts are skipped (extrapolation). Columns: model, tp, tokens, measured_s, predicted_s (a
+    layer's nine kernels), ape_pct."""
+    long = load_vidur(data_dir)
+    rows = []
+    for (model, tp), g in long.groupby(["model", "tp"]):
+        table = g.pivot_table(index="tokens", columns="op", values="seconds").sort_index()
+        counts = table.index.to_numpy(float)
+        for i in range(1, len(counts) - 1):
+            others = np.delete(np.arange(len(counts)), i)
+            xs, t = counts[others], counts[i]
+            same_step = np.ceil(xs / tile) == np.ceil(t / tile)
+            use = others[same_step] if same_step.any() else others
+            predicted = sum(np.interp(t, counts[use], table[op].to_numpy()[use]) for op in table.columns)
+            measured = table.iloc[i].sum()
+            rows.append({"model": model, "tp": int(tp), "tokens": int(t), "measured_s": measured, "predicted_s": predicted,
+                         "ape_pct": abs(predicted / measured - 1) * 100})
+    return pd.DataFrame(rows)
