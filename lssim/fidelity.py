@@ -365,7 +365,7 @@ def _speculated(run: RecordedRun, responses: pd.DataFrame) -> np.ndarray:
 def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,
                    anchored: pd.DataFrame | None = None, real_cuts: pd.DataFrame | None = None,
                    speedups: pd.DataFrame | None = None, steps_by_repeat: pd.DataFrame | None = None,
-                   unprobed: pd.DataFrame | None = None) -> pd.DataFrame:
+                   probed: pd.DataFrame | None = None) -> pd.DataFrame:
     """The fidelity table (`fidelity_table`, one row per policy) with, per policy, how much it acted on the real
     engine (`acted` rows, one per repeat: the median over repeats, and the fewest in one repeat), the real
     engine's run-to-run spread of its step times (`median_over_repeats`' spread: each repeat's step against the
@@ -376,16 +376,16 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     rollouts when the real engine's cut points are replayed rather than predicted. With `speedups`
     (`speedup_by_repeat`), the range of the measured speedup over the repeats and its spread in points. With
     `steps_by_repeat` holding speed_level (each run's probed speed over the cost model's, real_backend.speed_probe),
-    its median over the repeats; with `unprobed` (per-step medians of the twin without the probe), its errors: the
-    profile alone."""
+    its median over the repeats; with `probed` (per-step medians of the twin at each run's probed level), its
+    errors."""
     out = summary.copy()
     if steps_by_repeat is not None and "speed_level" in steps_by_repeat:
         levels = steps_by_repeat.drop_duplicates(["policy", "repeat"]).groupby("policy")["speed_level"]
         out["speed_level"] = out.index.map(levels.median())
-    if unprobed is not None and len(unprobed):
-        by = unprobed.groupby("policy")["ape_pct"]
-        out["unprobed_median_ape_pct"] = out.index.map(by.median())
-        out["unprobed_p90_ape_pct"] = out.index.map(by.quantile(0.9))
+    if probed is not None and len(probed):
+        by = probed.groupby("policy")["ape_pct"]
+        out["probed_median_ape_pct"] = out.index.map(by.median())
+        out["probed_p90_ape_pct"] = out.index.map(by.quantile(0.9))
     if speedups is not None and len(speedups):
         by = speedups.groupby("policy")["speedup_measured"]
         out["speedup_repeat_min"], out["speedup_repeat_max"] = out.index.map(by.min()), out.index.map(by.max())
@@ -449,8 +449,8 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "step_error_p90_anchored": number(row.get("anchored_p90_ape_pct")),
                  "speed_factor": number(row.get("speed_factor")),
                  "speed_level": number(row.get("speed_level")),
-                 "step_error_median_profile_alone": number(row.get("unprobed_median_ape_pct")),
-                 "step_error_p90_profile_alone": number(row.get("unprobed_p90_ape_pct")),
+                 "step_error_median_probed": number(row.get("probed_median_ape_pct")),
+                 "step_error_p90_probed": number(row.get("probed_p90_ape_pct")),
                  "step_error_median_real_cuts": number(row.get("real_cuts_median_ape_pct")),
                  "step_error_p90_real_cuts": number(row.get("real_cuts_p90_ape_pct")),
                  "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
@@ -468,9 +468,9 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
         v = r.get(col, np.nan)
         return "" if pd.isna(v) else f"{v:.1f}"
 
-    probed = "unprobed_median_ape_pct" in summary and summary["unprobed_median_ape_pct"].notna().any()
+    probed = "probed_median_ape_pct" in summary and summary["probed_median_ape_pct"].notna().any()
     lines = ["| policy | world | acted (of responses) | step error median / p90 % | "
-             + ("profile alone (no probe) median / p90 % | " if probed else "")
+             + ("at the probed speed level median / p90 % | " if probed else "")
              + "with the world's speed level median / p90 % | repeat spread median / p90 % | speedup real (repeats) / sim "
              "| speedup error (points) | goal |",
              "|" + "---|" * (10 if probed else 9)]
@@ -480,17 +480,17 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
         goal = "yes" if r.get("meets_goal") else ("with the level" if r.get("meets_goal_anchored") else "no")
         cells = [f"`{name}`", str(r.get("world", "")), acted_text,
                  f"{pct(r, 'makespan_median_ape_pct')} / {pct(r, 'makespan_p90_ape_pct')}",
-                 *([f"{pct(r, 'unprobed_median_ape_pct')} / {pct(r, 'unprobed_p90_ape_pct')}"] if probed else []), anchored,
+                 *([f"{pct(r, 'probed_median_ape_pct')} / {pct(r, 'probed_p90_ape_pct')}"] if probed else []), anchored,
                  f"{pct(r, 'repeat_spread_median_pct')} / {pct(r, 'repeat_spread_p90_pct')}",
                  f"{r.get('speedup_measured', np.nan):.3f}{_repeat_range(r)} / {r.get('speedup_predicted', np.nan):.3f}",
                  f"{r.get('speedup_error_points', np.nan):+.1f}", goal]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Goal: per-step makespan error median <= {TARGET_MEDIAN_PCT:.0f}%, p90 <= {TARGET_P90_PCT:.0f}%, speedup "
-                  f"within {TARGET_SPEEDUP_POINTS:.0f} points. Step error: the profiled cost model's prediction against vLLM"
-                  + (", scaled by each run's speed level (a fixed probe on the engine before and after the run over the "
-                     "same probe around the profile's measurement: real_backend/speed_probe.py); profile alone: without "
-                     "that level" if probed else "") + "; "
-                  f"with the world's speed level: every prediction scaled by the median measured/predicted ratio of the "
+                  f"within {TARGET_SPEEDUP_POINTS:.0f} points. Step error: the profiled cost model's prediction against vLLM; "
+                  + ("at the probed speed level: the same, scaled by each run's speed level (the median of the four "
+                     "probes nearest the run, a fixed batch timed on the engine between every two runs, over the same "
+                     "probe around the profile's measurement: real_backend/speed_probe.py); " if probed else "")
+                  + f"with the world's speed level: every prediction scaled by the median measured/predicted ratio of the "
                   f"world's baseline steps (the machine's speed in those minutes; the baseline is then calibrated, not "
                   f"predicted). Repeat spread: each repeat's step time against the median of its repeats on the real "
                   f"engine (same policy, same seed), the noise no model can predict; (repeats): the range of the real "

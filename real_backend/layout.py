@@ -163,11 +163,12 @@ def _run_cell(engine, requests: list[Request]) -> dict[int, float]:
 
 
 def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PROMPT_LENS, length: int = 256,
-                   repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES) -> pd.DataFrame:
+                   repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES, between_cells=None) -> pd.DataFrame:
     """Measure an engine (nothing in flight) of several instances, or of one started with speculation (call it with
     drafting off). Rows: n_seqs (on that instance), prompt_len, spread, cut (1.0: the whole batch), lengths, seconds
     (its batch's makespan), repeat, instance, busy (instances loaded in the cell: all of them, or 1 for the cells
-    of `alone_sizes` run on each of several instances alone), cell (the rows of one cell share it)."""
+    of `alone_sizes` run on each of several instances alone), cell (the rows of one cell share it).
+    `between_cells(i)` is called after cell i, with nothing in flight (as profile.measure's)."""
     n_inst = int(engine.n_instances)
     rng = np.random.default_rng(seed)
     vocab = int(getattr(engine, "vocab_size", 16))
@@ -196,6 +197,8 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
                              "seconds": seconds, "repeat": rep, "instance": inst, "busy": len(loaded), "cell": cell})
             for r in requests:
                 prompts.pop(r.rid, None)
+            if between_cells is not None and cell + 1 < len(cells):
+                between_cells(cell)  # a speed probe sets its own prompts and puts these back (_profiling)
     return pd.DataFrame(rows)
 
 

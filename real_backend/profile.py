@@ -68,13 +68,14 @@ def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
 
 def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
             window: int = 16, repeats: int = 2, seed: int = 0, progress=None,
-            instance: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+            instance: int | None = None, between_cells=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Measure `engine` (a VLLMEngine with nothing in flight); on an engine of several instances, pass `instance`
     (every request runs there, the others idle: one instance's own speed). Returns (decode, prefill, batches) frames:
     decode rows n_seqs, ctx_tokens, seconds (one iteration, averaged over a window and the batch), with the
     cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds; batches rows
     n_seqs, prompt_len, spread, cut, lengths, seconds (submission to the last token of the batch cut at the
-    `cut` quantile of its lengths: 1.0 is the whole batch), repeat."""
+    `cut` quantile of its lengths: 1.0 is the whole batch), repeat. `between_cells(i)` is called after cell i, with
+    nothing in flight (real_backend.speed_probe times the machine's speed there)."""
     if length < 2 * window:
         raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
     rng = np.random.default_rng(seed)
@@ -90,7 +91,9 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
     cells = [cells[i] for i in rng.permutation(len(cells))]
     rid = 0
     try:
-        for rep, p, n, spread in (progress(cells) if progress else cells):
+        for cell, (rep, p, n, spread) in enumerate(progress(cells) if progress else cells):
+            if cell and between_cells is not None:
+                between_cells(cell - 1)
             lengths = [length] * n if spread == "lockstep" else longtail_lengths(rng, n, length)
             requests = []
             for i in range(n):
@@ -188,12 +191,18 @@ def run(args) -> int:
     t0 = time.monotonic()
     engine = start_engine(setup, prompts, seed=0)
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    try:
-        model = profile_engine(engine, out, batch_sizes=batch_sizes, prompt_lens=prompt_lens, length=args.length,
-                               window=args.window, repeats=args.repeats,
-                               meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir)})
+    from .speed_probe import probed_measurement, write_reference
+
+    models = []
+    try:  # with speed probes around it: runs validated against this profile can be scaled to their own level
+        probes = probed_measurement(engine, lambda **kw: models.append(profile_engine(
+            engine, out, batch_sizes=batch_sizes, prompt_lens=prompt_lens, length=args.length, window=args.window,
+            repeats=args.repeats, meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]),
+                                        "model": _relative(setup.model_dir)}, **kw)), every=12)
+        write_reference(out, probes)
     finally:
         engine.close()
+    model = models[0]
     err, it = model.fit_stats, model.fit_stats["iteration"]
     print(f"{model!r}\nfit error per batch makespan: median {err['median_ape_pct']:.1f}%, p90 {err['p90_ape_pct']:.1f}%, "
           f"max {err['max_ape_pct']:.1f}% over {err['n_points']} batches; per iteration (lockstep windows): median "
@@ -225,11 +234,16 @@ def _run_layout(args, out) -> int:
         setup.temperature = 0.0  # what prepare asks of a speculating engine on the CPU build (greedy only)
     prompts, _ = prepare(setup, "spec_tail" if args.speculating else "baseline",
                          RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
+    from .layout import layout_path
+    from .speed_probe import probed_measurement, write_reference
+
     engine = start_engine(setup, prompts, seed=0)
     try:
-        profile_layout(engine, out, args.cpus, length=args.length, repeats=args.repeats,
-                       meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir),
-                             "machine": _machine()})
+        probes = probed_measurement(engine, lambda **kw: profile_layout(
+            engine, out, args.cpus, length=args.length, repeats=args.repeats,
+            meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir),
+                  "machine": _machine()}, **kw), every=4)
+        write_reference(layout_path(out, args.instances, args.speculating), probes)
     finally:
         engine.close()
     return 0
@@ -244,7 +258,8 @@ def measurement_files(profile) -> dict:
 
 
 def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_LENS, length: int = 256,
-                   window: int = 16, repeats: int = 2, meta: dict | None = None, instance: int | None = None):
+                   window: int = 16, repeats: int = 2, meta: dict | None = None, instance: int | None = None,
+                   between_cells=None):
     """Measure a running engine (on an engine of several instances: on `instance`, the others idle), fit the model,
     write it to `out` (JSON) with the measurements beside it as <stem>_decode/_prefill/_batches.parquet (each
     atomically). Returns the ProfiledCostModel."""
@@ -256,7 +271,8 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
 
     out = Path(out)
     decode, prefill, batches = measure(engine, batch_sizes, prompt_lens, length, window, repeats, instance=instance,
-                                       progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr))
+                                       progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr),
+                                       between_cells=between_cells)
     model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
     for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
         atomic_write(measurement_files(out)[kind], lambda p, f=frame: f.to_parquet(p, index=False))

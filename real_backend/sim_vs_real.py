@@ -153,8 +153,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
     """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
-    noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup); the
-    per-repeat steps say which (speed_level, NaN where a run or the profile has no probe)."""
+    noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup). The
+    per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe)."""
     from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
                                 speedup_by_repeat, with_real_cuts)
 
@@ -167,7 +167,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
             sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run))
             first_sim.setdefault(name, sim)
             s, r = compare(run, sim, name)
-            level = speed_level(run, profile) if probe else None
+            level = speed_level(run, profile)
             step_frames.append(s.assign(repeat=k, speed_level=np.nan if level is None else level))
             response_frames.append(r.assign(repeat=k))
             if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
@@ -216,13 +216,12 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
 
 
 def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataFrame],
-           unprobed: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+           probed: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The error after each modelling step: the cost models refitted from the measurements `lssim profile` wrote
     beside `profile` (per-iteration decode only, + time to first token), each saved to `workdir` and replayed;
-    then the profile itself, without the speed probe (`unprobed`) and with it (`profiled`: the frames `validate`
-    already made, each run at its probed speed level), and the profile with the speed level taken from the
-    baseline's runs. Without the measurements, the profile's stages alone; without probes (`unprobed` None),
-    `profiled` is the profile alone."""
+    then the profile itself (`profiled`: the frames `validate` already made with it), the profile at each run's
+    probed speed level (`probed`, where the runs were probed), and the profile with the speed level taken from
+    the baseline's runs. Without the measurements, the profile's stages alone."""
     from .profile import fit, measurement_files
 
     files = measurement_files(profile)
@@ -239,10 +238,9 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
         _layouts_for(path, profile)
         frames = validate(runs, str(path), counterfactual=False, probe=False)
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
-    alone = unprobed if unprobed is not None else profiled
-    rows.append(_stage_row("fitted to batch makespans (+ departures)", alone["steps"], alone["summary"], str(profile)))
-    if unprobed is not None:
-        rows.append(_stage_row("+ speed probe around each run (the twin)", profiled["steps"], profiled["summary"], str(profile)))
+    rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
+    if probed is not None:
+        rows.append(_stage_row("+ speed level from probes around each run", probed["steps"], probed["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
         from lssim.fidelity import anchor_on_baseline, median_over_repeats
 
@@ -286,13 +284,13 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
     for world, runs in by_world.items():
-        frames = validate(runs, profile, counterfactual=counterfactual)
-        unprobed = None
-        if frames["steps_by_repeat"]["speed_level"].notna().any():  # the twin used probes: the profile alone beside
-            unprobed = validate(runs, profile, counterfactual=False, probe=False)
-            frames["unprobed"] = unprobed["steps"]
+        frames = validate(runs, profile, counterfactual=counterfactual, probe=False)
+        probed = None
+        if frames["steps_by_repeat"]["speed_level"].notna().all():  # every run probed: the twin at each run's level
+            probed = validate(runs, profile, counterfactual=False, probe=True)
+            frames["probed"] = probed["steps"]
         if stages_dir is not None:
-            frames["stages"] = stages(runs, profile, stages_dir / world, frames, unprobed).assign(world=world).reset_index()
+            frames["stages"] = stages(runs, profile, stages_dir / world, frames, probed).assign(world=world).reset_index()
         base = runs.get("baseline", [])
         if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
             scaled = anchor_on_baseline(frames["steps_by_repeat"])
@@ -318,7 +316,7 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
     out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"),
-                                    out.get("speedups"), out["steps_by_repeat"], out.get("unprobed"))
+                                    out.get("speedups"), out["steps_by_repeat"], out.get("probed"))
     return out
 
 
@@ -542,33 +540,34 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
     for several instances, or an engine started with speculation, its layout against it (real_backend.layout; the
     speculating engine with drafting off)."""
     from .layout import drafting_off, layout_path, profile_layout, speculating
-    from .speed_probe import measure_probe, write_reference
+    from .speed_probe import probed_measurement, write_reference
 
     meta = {"command": " ".join(sys.argv), "model": setup.model_dir}
     out.mkdir(parents=True, exist_ok=True)
-    # Each measurement's speed level: two probes before it and two after (real_backend.speed_probe).
-    probes = [measure_probe(engine), measure_probe(engine)]
+    probes = None  # each measurement's speed level: probes before, during and after it (real_backend.speed_probe)
     if profile_first:
         from .profile import profile_engine
 
         print(f"profiling the engine into {profile_to} ...", file=sys.stderr)
         with drafting_off(engine):
-            profile_engine(engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None)
-        probes = probes[-2:] + [measure_probe(engine), measure_probe(engine)]
+            probes = probed_measurement(engine, lambda **kw: profile_engine(
+                engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None, **kw), every=12)
         write_reference(profile_to, probes)
     if engine.n_instances > 1 or speculating(engine):
         what = "instances beside each other" if engine.n_instances > 1 else "instance started with speculation"
         layout = layout_path(profile_to, engine.n_instances, speculating(engine))
         print(f"measuring {engine.n_instances} {what} (cpus {setup.cpus}) into {layout} ...", file=sys.stderr)
-        profile_layout(engine, profile_to, setup.cpus, meta=meta, length=length)
-        write_reference(layout, probes[-2:] + [measure_probe(engine), measure_probe(engine)])
+        probes = probed_measurement(engine, lambda **kw: profile_layout(engine, profile_to, setup.cpus, meta=meta,
+                                                                        length=length, **kw),
+                                    every=4, probes=probes[-2:] if probes else None)
+        write_reference(layout, probes)
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.fidelity import fidelity_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "unprobed"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):
@@ -592,8 +591,8 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
-            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "speed_level", "unprobed_median_ape_pct",
-            "unprobed_p90_ape_pct", "anchored_median_ape_pct",
+            "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "speed_level", "probed_median_ape_pct",
+            "probed_p90_ape_pct", "anchored_median_ape_pct",
             "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct", "meets_goal",
             "meets_goal_anchored"]
     s = frames["summary"]

@@ -1,7 +1,8 @@
 """The machine's speed level, measured around every validation run: a fixed probe on the real engine.
 
     seconds = measure_probe(engine)                  # ~3 s: two fixed batches on instance 0, the others idle
-    write_reference(profile_json, [p1, p2, p3, p4])  # two before and two after the profile (or a layout) was measured
+    probes = probed_measurement(engine, measure, every=12)   # probes before, during and after a measurement
+    write_reference(profile_json, probes)            # ... into the cost model JSON it made
     record_run_probes(run_folder, probes, i)         # the engine's probes in order; the run sat after probes[i]
     speed_factor(run.meta, profile_json)             # the run's level over the reference's: the twin's scale
 
@@ -10,8 +11,8 @@ memory contention). Every step of one validation run sits at one level (within a
 between runs, so a profile measured a few minutes earlier misprices whole runs by 4-20% (measured on the 5-repeat
 validation: each baseline repeat's measured / predicted ratio ranges 1.00-1.44 in one world). The probe measures
 that level without looking at the run: the same work (two lockstep batches of fixed length, fresh prompts each
-time so the prefix cache never answers) between every two runs, and twice before and after the measurement the
-twin's cost model comes from. A run's level is the median of the four probes nearest it (one now and then reads
+time so the prefix cache never answers) between every two runs, and before, during (every few cells) and after the
+measurement the twin's cost model comes from. A run's level is the median of the four probes nearest it (one now and then reads
 ~15% slow on its own) over the median of the reference's; the twin scales its cost model by it
 (real_backend.sim_vs_real.sim_setup). Only the engine's speed is taken from the probe, never anything
 the policy did.
@@ -58,6 +59,16 @@ def measure_probe(engine, seed: int | None = None) -> float:
             for r in requests:
                 prompts.pop(r.rid, None)
     return total
+
+
+def probed_measurement(engine, measure, every: int, probes: list[float] | None = None) -> list[float]:
+    """Run `measure(between_cells=...)` (profile.profile_engine's or layout.profile_layout's measurement, bound to
+    `engine`) with probes before it (two, or `probes` already taken), after every `every`-th of its cells, and two
+    after it: the level of the whole measurement, not of the seconds at its ends (those were 8% off it in one run).
+    Returns every probe, in order."""
+    probes = list(probes) if probes else [measure_probe(engine), measure_probe(engine)]
+    measure(between_cells=lambda cell: probes.append(measure_probe(engine)) if cell % every == every - 1 else None)
+    return probes + [measure_probe(engine), measure_probe(engine)]
 
 
 def probe_record(seconds: list[float], window: list[float] | None = None) -> dict:
@@ -128,5 +139,5 @@ def _checked(probe, where: str) -> dict:
         raise ValueError(f"{where}: {e}") from None
 
 
-__all__ = ["PROBE_CELLS", "measure_probe", "probe_record", "run_window", "write_reference", "record_run_probes", "reference",
+__all__ = ["PROBE_CELLS", "measure_probe", "probed_measurement", "probe_record", "run_window", "write_reference", "record_run_probes", "reference",
            "speed_factor"]

@@ -239,3 +239,21 @@ def test_neighbourhood_errors_cover_the_counts_around_each_point():
         assert near.loc[t, "within_10"] == (signed.abs() <= 10).sum()
     # the shipped model is within 10% of the median of every neighbourhood, though not of every power of two
     assert near["median_signed_pct"].abs().max() < 10
+
+
+def test_interpolating_the_measurements_stays_inside_each_tile_step(tmp_path):
+    """A layer whose every kernel costs ceil(tokens / 128) units (a pure staircase): each count left out is predicted
+    exactly from the counts of its own step, where interpolating across the step (512 from 504 and 520) would be
+    12.5% off. On the shipped data every interior count of every model and tp is scored once."""
+    from lssim.cost.operator_fit import VIDUR_OPS, load_vidur, vidur_interpolation_errors
+
+    (tmp_path / "vidur_h100_models.csv").write_text((DATA_DIR / "vidur_h100_models.csv").read_text())
+    tokens = np.arange(8, 1025, 8)
+    ops = pd.DataFrame({"model": "Llama-2-7b-hf", "tp": 1, "tokens": tokens,
+                        **{op: np.ceil(tokens / 128) * 1e-3 for op in VIDUR_OPS}})
+    ops.to_csv(tmp_path / "vidur_h100_ops.csv", index=False)
+    errors = vidur_interpolation_errors(tmp_path)
+    assert len(errors) == len(tokens) - 2 and errors["ape_pct"].max() < 1e-9
+    shipped = vidur_interpolation_errors()
+    counts = load_vidur().groupby(["model", "tp"])["tokens"].nunique()
+    assert len(shipped) == int((counts - 2).sum()) and (shipped["ape_pct"] >= 0).all()

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.cost.operator_fit import (VIDUR_HELD_OUT, VIDUR_OPS, heldout_table, vidur_form_floor,
-                                     vidur_neighbourhood_errors, vidur_steps)
+                                     vidur_interpolation_errors, vidur_neighbourhood_errors, vidur_steps)
 from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES
 
 TABLE_CSV = DATA_DIR / "gpu_cost_heldout.csv"
@@ -105,6 +105,13 @@ def steps_summary(sums: pd.DataFrame) -> list[str]:
     floor = vidur_form_floor()
     lines.append(f"the per-kernel form fitted to the held-out model's own {len(floor)} table points (a bound, never "
                  f"shipped): APE max {floor['ape_pct'].max():.1f}%, median {floor['ape_pct'].median():.1f}%")
+    table = vidur_interpolation_errors()
+    lines.append("the measurements as their own model (each profiled count left out and interpolated from the others "
+                 "within its 128-row tile step: Vidur's approach), per model and tp: APE median / max, within 10%:")
+    for (model, tp), g in table.groupby(["model", "tp"]):
+        worst = g.loc[g["ape_pct"].idxmax()]
+        lines.append(f"  {model:<26} tp={tp}: {g['ape_pct'].median():4.1f}% / {g['ape_pct'].max():5.1f}% (at "
+                     f"{int(worst.tokens)} tokens), {int((g['ape_pct'] <= 10).sum())}/{len(g)}")
     return lines
 
 
