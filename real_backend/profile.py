@@ -243,7 +243,7 @@ def _run_layout(args, out) -> int:
             engine, out, args.cpus, length=args.length, repeats=args.repeats,
             meta={"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "model": _relative(setup.model_dir),
                   "machine": _machine()}, **kw), every=4)
-        write_reference(layout_path(out, args.instances, args.speculating), probes)
+        write_reference(layout_path(out, args.instances, args.speculating), probes, engine.n_instances)
     finally:
         engine.close()
     return 0

@@ -528,7 +528,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                     probes.append(measure_probe(engine))
                     probed.append(folder)
                     for i in range(max(0, len(probed) - 2), len(probed)):  # the one before gets its whole window now
-                        record_run_probes(probed[i], probes, i)
+                        record_run_probes(probed[i], probes, i, engine.n_instances)
                     runs.append(folder)
     finally:
         engine.close()
@@ -552,7 +552,7 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
         with drafting_off(engine):
             probes = probed_measurement(engine, lambda **kw: profile_engine(
                 engine, profile_to, meta=meta, instance=0 if engine.n_instances > 1 else None, **kw), every=12)
-        write_reference(profile_to, probes)
+        write_reference(profile_to, probes, engine.n_instances)
     if engine.n_instances > 1 or speculating(engine):
         what = "instances beside each other" if engine.n_instances > 1 else "instance started with speculation"
         layout = layout_path(profile_to, engine.n_instances, speculating(engine))
@@ -560,7 +560,7 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
         probes = probed_measurement(engine, lambda **kw: profile_layout(engine, profile_to, setup.cpus, meta=meta,
                                                                         length=length, **kw),
                                     every=4, probes=probes[-2:] if probes else None)
-        write_reference(layout, probes)
+        write_reference(layout, probes, engine.n_instances)
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:

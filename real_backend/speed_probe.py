@@ -1,6 +1,6 @@
 """The machine's speed level, measured around every validation run: a fixed probe on the real engine.
 
-    seconds = measure_probe(engine)                  # ~3 s: two fixed batches on instance 0, the others idle
+    seconds = measure_probe(engine)                  # ~3 s: two fixed batches on every instance at once
     probes = probed_measurement(engine, measure, every=12)   # probes before, during and after a measurement
     write_reference(profile_json, probes)            # ... into the cost model JSON it made
     record_run_probes(run_folder, probes, i)         # the engine's probes in order; the run sat after probes[i]
@@ -38,8 +38,10 @@ _SEEDS = itertools.count(1)  # every probe draws fresh prompts
 
 
 def measure_probe(engine, seed: int | None = None) -> float:
-    """Seconds the probe's cells take on `engine`'s instance 0 (nothing else in flight), summed; an engine started
-    with speculation is measured with drafting off (the next run sets its own limit)."""
+    """Seconds the probe's cells take on `engine` (nothing else in flight), summed over the cells; on an engine of
+    several instances every instance gets the cell's batch at once, as a run's step loads them all (a probe of one
+    instance alone did not follow the two-instance runs' speed, 2026-11-24). An engine started with speculation is
+    measured with drafting off (the next run sets its own limit)."""
     from .layout import _profiling, _run_cell, drafting_off
 
     rng = np.random.default_rng(next(_SEEDS) if seed is None else seed)
@@ -49,12 +51,13 @@ def measure_probe(engine, seed: int | None = None) -> float:
     with drafting_off(engine), _profiling(engine, prompts):
         for n, prompt_len, tokens in PROBE_CELLS:
             requests = []
-            for _ in range(n):
-                # Fresh random prompts: a repeated one would be answered from vLLM's prefix cache.
-                prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
-                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
-                                        max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=0))
-                rid += 1
+            for instance in range(int(engine.n_instances)):
+                for _ in range(n):
+                    # Fresh random prompts: a repeated one would be answered from vLLM's prefix cache.
+                    prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
+                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
+                                            max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=instance))
+                    rid += 1
             total += max(_run_cell(engine, requests).values())
             for r in requests:
                 prompts.pop(r.rid, None)
@@ -71,15 +74,15 @@ def probed_measurement(engine, measure, every: int, probes: list[float] | None =
     return probes + [measure_probe(engine), measure_probe(engine)]
 
 
-def probe_record(seconds: list[float], window: list[float] | None = None) -> dict:
+def probe_record(seconds: list[float], window: list[float] | None = None, instances: int = 1) -> dict:
     """What is stored for a reference or a run: its probes' seconds, the probes its level is taken from (`window`,
-    default its own) and that level, their median, and the cells."""
+    default its own) and that level, their median, the cells, and the engine's instances (all loaded)."""
     seconds = [float(s) for s in seconds]
     window = seconds if window is None else [float(s) for s in window]
     if not seconds or not window or not all(np.isfinite(s) and s > 0 for s in seconds + window):
         raise ValueError(f"speed probe: seconds must be finite and > 0, got {seconds!r} (window {window!r})")
     return {"seconds": seconds, "window": window, "level_s": float(np.median(window)),
-            "cells": [list(c) for c in PROBE_CELLS]}
+            "cells": [list(c) for c in PROBE_CELLS], "instances": int(instances)}
 
 
 def run_window(probes: list[float], i: int) -> list[float]:
@@ -89,24 +92,26 @@ def run_window(probes: list[float], i: int) -> list[float]:
     return probes[max(0, i - 1):i + 3]
 
 
-def write_reference(model_json, seconds: list[float]) -> None:
-    """Put the probes taken around the measurement of `model_json` (a cost model JSON) into its measured_by."""
+def write_reference(model_json, seconds: list[float], instances: int = 1) -> None:
+    """Put the probes taken around the measurement of `model_json` (a cost model JSON) into its measured_by, taken
+    on an engine of `instances` instances."""
     from lssim.results import atomic_write
 
     path = Path(model_json)
     payload = json.loads(path.read_text())
-    payload.setdefault("measured_by", {})["speed_probe"] = probe_record(seconds)
+    payload.setdefault("measured_by", {})["speed_probe"] = probe_record(seconds, instances=instances)
     atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2) + "\n"))
 
 
-def record_run_probes(folder, probes: list[float], i: int) -> None:
-    """Put the probes around a recorded run into its meta.json (speed_probe): the engine's probes so far, the run
-    between probes[i] and probes[i + 1]. Called again once later probes exist, to widen its window."""
+def record_run_probes(folder, probes: list[float], i: int, instances: int = 1) -> None:
+    """Put the probes around a recorded run into its meta.json (speed_probe): the engine's probes so far (an engine of
+    `instances` instances), the run between probes[i] and probes[i + 1]. Called again once later probes exist, to
+    widen its window."""
     from lssim.results import atomic_write
 
     path = Path(folder) / "meta.json"
     payload = json.loads(path.read_text())
-    payload["speed_probe"] = probe_record(probes[i:i + 2], run_window(probes, i))
+    payload["speed_probe"] = probe_record(probes[i:i + 2], run_window(probes, i), instances)
     atomic_write(path, lambda p: Path(p).write_text(json.dumps(payload, indent=2, default=str) + "\n"))
 
 
@@ -119,13 +124,13 @@ def reference(model_json) -> dict | None:
 def speed_factor(meta: dict, model_json) -> float | None:
     """How much slower the engine ran during the run (its meta.json's probes) than while `model_json` was measured
     (its reference): the median of the run's window of probes over the reference's median. None when either has no
-    probe or they probed other cells."""
+    probe or they probed other cells or engines of other sizes."""
     ref = reference(model_json)
     run = meta.get("speed_probe")
     if ref is None or run is None:
         return None
     run = _checked(run, "meta.json: speed_probe")
-    if run["cells"] != ref["cells"]:
+    if run["cells"] != ref["cells"] or run["instances"] != ref["instances"]:
         return None
     return run["level_s"] / ref["level_s"]
 
@@ -134,10 +139,11 @@ def _checked(probe, where: str) -> dict:
     if not isinstance(probe, dict) or "cells" not in probe or "seconds" not in probe:
         raise ValueError(f"{where}: expected {{seconds, window, level_s, cells}}, got {probe!r}")
     try:
-        return probe_record(probe["seconds"], probe.get("window")) | {"cells": probe["cells"]}
+        return probe_record(probe["seconds"], probe.get("window"), probe.get("instances", 1)) | {"cells": probe["cells"]}
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
 
-__all__ = ["PROBE_CELLS", "measure_probe", "probed_measurement", "probe_record", "run_window", "write_reference", "record_run_probes", "reference",
+__all__ = ["PROBE_CELLS", "measure_probe", "probed_measurement", "probe_record", "run_window", "write_reference",
+           "record_run_probes", "reference",
            "speed_factor"]

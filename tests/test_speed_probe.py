@@ -24,10 +24,11 @@ MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
 
 
 class _Engine:
-    """What measure_probe needs of VLLMEngine: every batch takes `factor` x MODEL's makespan."""
+    """What measure_probe needs of VLLMEngine: every batch takes `factor` x MODEL's makespan (of one instance's
+    requests: instances run side by side)."""
 
-    def __init__(self, factor: float = 1.0, speculating: bool = False):
-        self.factor, self.n_instances, self.vocab_size = factor, 1, 16
+    def __init__(self, factor: float = 1.0, speculating: bool = False, n_instances: int = 1):
+        self.factor, self.n_instances, self.vocab_size = factor, n_instances, 16
         self.speculation = object() if speculating else None
         self.draft_limits, self.prompts_seen = [], []
         self.prompt_tokens = self.reward_fn = None
@@ -40,12 +41,14 @@ class _Engine:
         return self.clock
 
     def submit(self, requests) -> None:
-        assert all(r.instance == 0 for r in requests) and self.sampling_kwargs.get("ignore_eos")
+        assert self.sampling_kwargs.get("ignore_eos")
         self.prompts_seen += [tuple(self.prompt_tokens(r.rid)) for r in requests]
+        self.instances_loaded = sorted({r.instance for r in requests})
         self.batch = list(requests)
 
     def next_events(self):
-        done = self.clock + self.factor * MODEL.makespan([r.max_tokens for r in self.batch], self.batch[0].prompt_len)
+        one = [r for r in self.batch if r.instance == self.batch[0].instance]
+        done = self.clock + self.factor * MODEL.makespan([r.max_tokens for r in one], one[0].prompt_len)
         events = [SimpleNamespace(kind="finished", request=r, time=done) for r in self.batch]
         self.clock, self.batch = done, []
         return events
@@ -72,7 +75,7 @@ def _run(profile: str, probes: list[float] | None, n_instances: int = 1, policy:
     meta = {"setup": {"n_instances": n_instances, "cpus": "0|1" if n_instances > 1 else None, "max_num_seqs": 256,
                       "max_model_len": 1024}, "engine": {"n_instances": n_instances}}
     if probes is not None:
-        meta["speed_probe"] = probe_record(probes)
+        meta["speed_probe"] = probe_record(probes, instances=n_instances)
     return RecordedRun(name=policy, trace=to_trace(result.responses, result.steps), steps=result.steps,
                        responses=result.responses, config=config, meta=meta)
 
@@ -90,6 +93,8 @@ def test_the_probe_times_fixed_work_on_fresh_prompts_with_drafting_off():
     assert engine.draft_limits == [0, 0]  # a speculating engine's plain steps, as its plain runs run
     assert len(set(engine.prompts_seen)) == len(engine.prompts_seen)  # no prompt twice: the prefix cache never answers
     assert engine.prompt_tokens is None and not engine.sampling_kwargs  # the engine is given back as it was
+    two = _Engine(factor=1.3, n_instances=2)
+    assert measure_probe(two) == pytest.approx(first, rel=1e-12) and two.instances_loaded == [0, 1]  # every one busy
 
 
 def test_a_runs_level_is_the_median_of_the_four_probes_nearest_it(tmp_path):
@@ -153,8 +158,10 @@ def test_a_shared_host_world_scales_by_its_layouts_reference(tmp_path):
     write_layout(base, "0|1", _shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
     ref = _probe_seconds()
     write_reference(base, [2 * ref])  # the profile's minutes: not what a two-instance twin is calibrated on
-    write_reference(layout_path(base, 2), [ref, ref])
+    write_reference(layout_path(base, 2), [ref, ref], instances=1)
     run = _run(str(base), [0.9 * ref], n_instances=2, policy="seer(chunk=32)")
+    assert speed_level(run, str(base)) is None  # probed on an engine of another size: not comparable
+    write_reference(layout_path(base, 2), [ref, ref], instances=2)
     assert speed_level(run, str(base)) == pytest.approx(0.9)
     twin = sim_setup(run, str(base))
     assert twin.host_slowdown == pytest.approx((1.0, 1.5))
