@@ -210,9 +210,28 @@ def test_gemm_sweep_times_every_gemm_of_a_layer_on_cpu():
     assert list(table["tokens"]) == [1, 8] * len(gemms)  # sorted
     assert set(zip(table["op"], table["k"], table["n"])) == set(gemms)
     assert (table["seconds"] > 0).all() and (table["kernel"].str.len() > 0).all()
+    assert set(table["source"]) == {"tiny-ref"} and set(table["tp"]) == {1}
     np.testing.assert_allclose(table["tflops"], 2 * table["tokens"] * table["k"] * table["n"] / table["seconds"] / 1e12)
     with pytest.raises(ValueError, match="positive"):
         sweep("tiny-ref", tokens=(0, 8), device="cpu")
+
+
+def test_gemm_sweep_times_a_product_once_for_every_shape_that_shares_it():
+    from lssim.cost.gpu_gemm_sweep import GemmShape, sweep_shapes, vidur_shapes
+
+    shapes = [GemmShape("a", 1, "up", 64, 96, (1, 8)), GemmShape("b", 2, "up", 64, 96, (8, 16)),
+              GemmShape("a", 1, "down", 96, 64, (4,))]
+    progress = []
+    table = sweep_shapes(shapes, device="cpu", dtype="float32", warmup=0, iters=1, log=lambda *_: None,
+                         on_rows=lambda t: progress.append(len(t)))
+    assert progress == [4, 5]  # after each k x n product, the table so far
+    assert table[["source", "tp", "tokens"]].values.tolist()[:4] == [["a", 1, 1], ["a", 1, 8], ["b", 2, 8], ["b", 2, 16]]
+    shared = table[table["tokens"] == 8]
+    assert shared["seconds"].nunique() == 1  # one timing, reported for both shapes
+    vidur = vidur_shapes()
+    assert {s.source for s in vidur} == set(pd.read_csv(DATA_DIR / "vidur_h100_models.csv")["model"])
+    llama = {s.op: s for s in vidur if s.source == "Llama-2-7b-hf" and s.tp == 1}
+    assert (llama["mlp_up_proj"].k, llama["mlp_up_proj"].n) == (4096, 2 * 11008) and len(llama["mlp_up_proj"].tokens) == 259
 
 
 def test_kernel_switches_are_where_the_kernel_name_changes():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +32,38 @@ import pandas as pd
 from .operators import decoder_kernels
 
 SWEEP_TOKENS = (1, 2, 4) + tuple(range(8, 1024, 8)) + tuple(range(1024, 2048, 16)) + tuple(range(2048, 4097, 32))
-COLUMNS = ["op", "k", "n", "tokens", "seconds", "tflops", "kernel"]
+COLUMNS = ["source", "tp", "op", "k", "n", "tokens", "seconds", "tflops", "kernel"]
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One GEMM to time: ``tokens x k @ k x n`` at each token count; source and tp say whose layer it is."""
+
+    source: str
+    tp: int
+    op: str
+    k: int
+    n: int
+    tokens: tuple[int, ...]
+
+
+def model_shapes(model: str, tp: int = 1, tokens=SWEEP_TOKENS) -> list[GemmShape]:
+    """The GEMMs of a layer of lssim.cost.MODELS[model] on one of ``tp`` ranks."""
+    tokens = tuple(sorted({int(t) for t in tokens}))
+    if not tokens or tokens[0] < 1:
+        raise ValueError(f"tokens must be positive integers, got {tokens!r}")
+    return [GemmShape(model, tp, op, k, n, tokens) for op, k, n in decoder_kernels(model, tp=tp).gemms]
+
+
+def vidur_shapes(data_dir=None) -> list[GemmShape]:
+    """Every GEMM Microsoft Vidur profiled on the H100 (lssim/cost/data/vidur_h100_*.csv), at its own token
+    counts: our measurement of the same kernels, for the cost model to be checked on Vidur's."""
+    from .operator_fit import DATA_DIR, load_vidur
+
+    long = load_vidur(DATA_DIR if data_dir is None else data_dir)
+    gemms = long[long["k"] > 0]
+    return [GemmShape(model, int(tp), op, int(g["k"].iloc[0]), int(g["n"].iloc[0]), tuple(sorted(g["tokens"].astype(int))))
+            for (model, tp, op), g in gemms.groupby(["model", "tp", "op"], sort=False)]
 
 
 def _timed(fn, device, warmup: int, iters: int) -> float:
@@ -51,54 +83,85 @@ def _timed(fn, device, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def kernel_name(fn, device) -> str:
-    """The longest kernel one call of ``fn`` runs on ``device`` (on a CPU, the longest matmul operator)."""
+RANGE_PREFIX = "lssim_gemm_rows_"
+
+
+def kernel_names(calls: dict, device) -> dict:
+    """{key: the longest kernel that ``calls[key]()`` ran on ``device``} from one profiler session (on a CPU, the
+    longest matmul operator). Each call runs inside its own labelled range, synchronised, and a kernel belongs
+    to the range its start falls in; a call whose kernel is not found gets ''."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     on_gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with profile(activities=activities) as prof:
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize()
-    events = [e for e in prof.events() if (getattr(e.device_type, "name", "") == "CUDA") == on_gpu]
-    if not on_gpu:
-        events = [e for e in events if "mm" in e.name]
-    return max(events, key=lambda e: e.time_range.elapsed_us()).name if events else ""
+        for key, fn in calls.items():
+            with record_function(f"{RANGE_PREFIX}{key}"):
+                fn()
+                if on_gpu:
+                    torch.cuda.synchronize()
+    events = list(prof.events())
+    ranges = {e.name[len(RANGE_PREFIX):]: e.time_range for e in events
+              if e.name.startswith(RANGE_PREFIX) and getattr(e.device_type, "name", "") == "CPU"}
+    kernels = [e for e in events if not e.name.startswith(RANGE_PREFIX)
+               and (getattr(e.device_type, "name", "") == "CUDA") == on_gpu
+               and (on_gpu or "mm" in e.name) and not e.name.startswith(("Memcpy", "Memset"))]
+    names = {}
+    for key in calls:
+        r = ranges.get(str(key))
+        inside = [] if r is None else [e for e in kernels if r.start <= e.time_range.start <= r.end]
+        names[key] = max(inside, key=lambda e: e.time_range.elapsed_us()).name if inside else ""
+    return names
+
+
+def sweep_shapes(shapes, device: str = "cuda", dtype: str = "bfloat16", warmup: int = 3, iters: int = 15,
+                 seed: int = 0, log=print, on_rows=None) -> pd.DataFrame:
+    """One row per shape and token count: median seconds and kernel. A ``k x n`` product is timed once at the
+    union of the token counts its shapes ask for (Vidur's models share some), then reported for each shape.
+    ``on_rows(table so far)`` is called after every ``k x n`` (the CLI keeps a partial file with it)."""
+    import torch
+    import torch.nn.functional as F
+
+    dev, dt = torch.device(device), getattr(torch, dtype)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    by_product: dict[tuple[int, int], list[GemmShape]] = {}
+    for s in shapes:
+        if not s.tokens or min(s.tokens) < 1:
+            raise ValueError(f"tokens must be positive integers, got {s.tokens!r} for {s.source} {s.op}")
+        by_product.setdefault((s.k, s.n), []).append(s)
+    rows = []
+    for i, ((k, n), group) in enumerate(by_product.items()):
+        counts = sorted({t for s in group for t in s.tokens})
+        weight = torch.randn(n, k, device=dev, dtype=dt, generator=gen).mul_(0.02)
+        inputs = torch.randn(counts[-1], k, device=dev, dtype=dt, generator=gen)
+        calls = {m: (lambda x=inputs[:m]: F.linear(x, weight)) for m in counts}
+        seconds = {m: _timed(call, dev, warmup, iters) for m, call in calls.items()}
+        names = kernel_names(calls, dev)
+        for s in group:
+            rows += [{"source": s.source, "tp": s.tp, "op": s.op, "k": k, "n": n, "tokens": m, "seconds": seconds[m],
+                      "tflops": 2.0 * m * k * n / seconds[m] / 1e12, "kernel": names[m]} for m in s.tokens]
+        log(f"[{i + 1}/{len(by_product)}] {k} x {n} ({', '.join(sorted({f'{s.source} tp{s.tp} {s.op}' for s in group}))}): "
+            f"{len(counts)} token counts, {2.0 * counts[-1] * k * n / seconds[counts[-1]] / 1e12:.0f} TFLOP/s at {counts[-1]}")
+        del weight, inputs, calls
+        if on_rows is not None:
+            on_rows(pd.DataFrame(rows, columns=COLUMNS))
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def sweep(model: str, tokens=SWEEP_TOKENS, device: str = "cuda", dtype: str = "bfloat16", tp: int = 1,
           warmup: int = 3, iters: int = 15, seed: int = 0, log=print) -> pd.DataFrame:
     """One row per GEMM of a layer of ``model`` (one of ``tp`` ranks) and token count: time and kernel."""
-    import torch
-    import torch.nn.functional as F
-
-    tokens = sorted({int(t) for t in tokens})
-    if not tokens or tokens[0] < 1:
-        raise ValueError(f"tokens must be positive integers, got {tokens!r}")
-    dev, dt = torch.device(device), getattr(torch, dtype)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    rows = []
-    for op, k, n in decoder_kernels(model, tp=tp).gemms:
-        weight = torch.randn(n, k, device=dev, dtype=dt, generator=gen).mul_(0.02)
-        inputs = torch.randn(tokens[-1], k, device=dev, dtype=dt, generator=gen)
-        for m in tokens:
-            x = inputs[:m]
-            call = lambda: F.linear(x, weight)  # noqa: E731 - x is rebound per token count, used at once
-            seconds = _timed(call, dev, warmup, iters)
-            rows.append({"op": op, "k": k, "n": n, "tokens": m, "seconds": seconds,
-                         "tflops": 2.0 * m * k * n / seconds / 1e12, "kernel": kernel_name(call, dev)})
-        log(f"{op} ({k} x {n}): {len(tokens)} token counts, {rows[-1]['tflops']:.0f} TFLOP/s at {tokens[-1]}")
-        del weight, inputs
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return sweep_shapes(model_shapes(model, tp, tokens), device, dtype, warmup, iters, seed, log)
 
 
 def kernel_switches(table: pd.DataFrame) -> pd.DataFrame:
     """Where each GEMM's kernel changes from one token count to the next: op, tokens (the first count on the new
     kernel), previous_tokens, time_ratio (its time over the previous count's), kernel, previous_kernel."""
     out = []
-    for op, g in table.sort_values("tokens").groupby("op", sort=False):
+    keys = [c for c in ("source", "tp", "op") if c in table.columns]
+    for key, g in table.sort_values("tokens").groupby(keys, sort=False):
+        op = key[-1] if isinstance(key, tuple) else key
         prev = None
         for r in g.itertuples():
             if prev is not None and r.kernel != prev.kernel:
@@ -108,28 +171,41 @@ def kernel_switches(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["op", "tokens", "previous_tokens", "time_ratio", "kernel", "previous_kernel"])
 
 
+def _write(table: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    table.to_csv(tmp, index=False, float_format="%.6g")
+    tmp.replace(path)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="a key of lssim.cost.MODELS with a DecoderShape")
+    ap.add_argument("--model", action="append", default=[], help="a key of lssim.cost.MODELS with a DecoderShape (repeatable)")
+    ap.add_argument("--vidur", action="store_true", help="also every GEMM Vidur profiled on the H100, at its token counts")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: Vidur's grid to 4096)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts for --model (default: Vidur's grid to 4096)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--hardware", default="H100", help="the file name's prefix (lower-cased)")
-    ap.add_argument("--out", default="lssim/profiles")
+    ap.add_argument("--out", default="lssim/profiles", help="a folder, or a .csv file")
     args = ap.parse_args(argv)
+    if not args.model and not args.vidur:
+        ap.error("name --model and/or --vidur")
     tokens = SWEEP_TOKENS if args.tokens is None else tuple(int(x) for x in args.tokens.split(",") if x.strip())
-    table = sweep(args.model, tokens, args.device, args.dtype, args.tp, iters=args.iters)
+    shapes = [s for m in args.model for s in model_shapes(m, args.tp, tokens)] + (vidur_shapes() if args.vidur else [])
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.hardware.lower()}_{args.model}{'' if args.tp == 1 else f'_tp{args.tp}'}_gemm_sweep.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    table.to_csv(tmp, index=False, float_format="%.6g")
-    tmp.replace(path)  # nothing half-written if the sweep fails
+    if out.suffix == ".csv":
+        path = out
+    else:
+        label = args.model[0] if len(args.model) == 1 and not args.vidur else "vidur" if not args.model else "models"
+        path = out / f"{args.hardware.lower()}_{label}{'' if args.tp == 1 else f'_tp{args.tp}'}_gemm_sweep.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.stem + ".partial.csv")  # what a stopped sweep leaves, named as such
+    table = sweep_shapes(shapes, args.device, args.dtype, iters=args.iters, on_rows=lambda t: _write(t, partial))
+    _write(table, path)
+    partial.unlink(missing_ok=True)
     print(f"wrote {path} ({len(table)} rows)")
-    switches = kernel_switches(table)
-    for r in switches.itertuples():
+    for r in kernel_switches(table).itertuples():
         print(f"  {r.op}: {r.previous_tokens} -> {r.tokens} tokens x{r.time_ratio:.2f}: {r.previous_kernel} -> {r.kernel}")
 
 
