@@ -32,7 +32,7 @@ import pandas as pd
 from .operators import decoder_kernels
 
 SWEEP_TOKENS = (1, 2, 4) + tuple(range(8, 1024, 8)) + tuple(range(1024, 2048, 16)) + tuple(range(2048, 4097, 32))
-COLUMNS = ["source", "tp", "op", "k", "n", "tokens", "seconds", "tflops", "kernel"]
+COLUMNS = ["source", "tp", "op", "k", "n", "tokens", "seconds", "seconds_warm", "tflops", "kernel"]
 
 
 @dataclass(frozen=True)
@@ -66,60 +66,67 @@ def vidur_shapes(data_dir=None) -> list[GemmShape]:
             for (model, tp, op), g in gemms.groupby(["model", "tp", "op"], sort=False)]
 
 
-def _timed(fn, device, warmup: int, iters: int) -> float:
-    """Median seconds of ``fn()``: CUDA events around each call on a GPU (the benchmarks' `time_cuda`), perf_counter
-    on a CPU."""
-    if device.type == "cuda":
-        from lssim.benchmarks.roofline_gpu import time_cuda  # imported here: that module imports lssim.cost
-
-        return time_cuda(fn, warmup, iters)["seconds"]
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+RANGE_PREFIX = "lssim_gemm_"
+COLD_BYTES = 256e6  # weight copies cycled through per timing, five times the H100's 50 MB L2
 
 
-RANGE_PREFIX = "lssim_gemm_rows_"
-
-
-def kernel_names(calls: dict, device) -> dict:
-    """{key: the longest kernel that ``calls[key]()`` ran on ``device``} from one profiler session (on a CPU, the
-    longest matmul operator). Each call runs inside its own labelled range, synchronised, and a kernel belongs
-    to the range its start falls in; a call whose kernel is not found gets ''."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    on_gpu = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
-        for key, fn in calls.items():
-            with record_function(f"{RANGE_PREFIX}{key}"):
-                fn()
-                if on_gpu:
-                    torch.cuda.synchronize()
+def _ranges_and_kernels(prof, on_gpu: bool):
+    """The labelled CPU ranges of a profiler session, and its device kernels (on a CPU: its matmul operators)."""
     events = list(prof.events())
     ranges = {e.name[len(RANGE_PREFIX):]: e.time_range for e in events
               if e.name.startswith(RANGE_PREFIX) and getattr(e.device_type, "name", "") == "CPU"}
     kernels = [e for e in events if not e.name.startswith(RANGE_PREFIX)
                and (getattr(e.device_type, "name", "") == "CUDA") == on_gpu
                and (on_gpu or "mm" in e.name) and not e.name.startswith(("Memcpy", "Memset"))]
-    names = {}
+    return ranges, kernels
+
+
+def time_kernels(calls: dict, device, warmup: int = 3, iters: int = 15) -> dict:
+    """{key: (seconds, kernel)} for each of ``calls[key] = [fn, ...]``: the device time of one call, the median over
+    ``iters`` calls (cycling through the list) of the summed durations of the kernels it ran, read from the profiler
+    (CUPTI: no launch gaps, as in a CUDA graph, and as Vidur times kernels), and the name of its longest kernel. On
+    a CPU the matmul operators' durations. A key whose kernels are not found gets (nan, '')."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    on_gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for key, fns in calls.items():
+            for i in range(warmup):
+                fns[i % len(fns)]()
+            sync()
+            with record_function(f"{RANGE_PREFIX}{key}"):
+                for i in range(iters):
+                    fns[i % len(fns)]()
+                sync()
+    ranges, kernels = _ranges_and_kernels(prof, on_gpu)
+    out = {}
     for key in calls:
         r = ranges.get(str(key))
-        inside = [] if r is None else [e for e in kernels if r.start <= e.time_range.start <= r.end]
-        names[key] = max(inside, key=lambda e: e.time_range.elapsed_us()).name if inside else ""
-    return names
+        inside = [] if r is None else sorted((e for e in kernels if r.start <= e.time_range.start <= r.end),
+                                             key=lambda e: e.time_range.start)
+        if not inside:
+            out[key] = (float("nan"), "")
+            continue
+        us = [e.time_range.elapsed_us() for e in inside]
+        per_call = len(us) // iters
+        if per_call and len(us) == per_call * iters:  # one call's kernels each: the median call
+            seconds = statistics.median(sum(us[i:i + per_call]) for i in range(0, len(us), per_call)) * 1e-6
+        else:
+            seconds = sum(us) / iters * 1e-6
+        out[key] = (seconds, max(inside, key=lambda e: e.time_range.elapsed_us()).name)
+    return out
 
 
 def sweep_shapes(shapes, device: str = "cuda", dtype: str = "bfloat16", warmup: int = 3, iters: int = 15,
-                 seed: int = 0, log=print, on_rows=None) -> pd.DataFrame:
-    """One row per shape and token count: median seconds and kernel. A ``k x n`` product is timed once at the
-    union of the token counts its shapes ask for (Vidur's models share some), then reported for each shape.
-    ``on_rows(table so far)`` is called after every ``k x n`` (the CLI keeps a partial file with it)."""
+                 seed: int = 0, log=print, on_rows=None, cold_bytes: float = COLD_BYTES) -> pd.DataFrame:
+    """One row per shape and token count: the device time of one GEMM with its weight cold (``seconds``: the call
+    cycles through enough copies of the weight to overflow the L2 cache, as a forward pass through many layers
+    does), with the same weight every call (``seconds_warm``: what a profiler repeating one kernel sees), and the
+    kernel. A ``k x n`` product is timed once at the union of the token counts its shapes ask for (Vidur's models
+    share some), then reported for each shape. ``on_rows(table so far)`` is called after every ``k x n``."""
     import torch
     import torch.nn.functional as F
 
@@ -133,17 +140,20 @@ def sweep_shapes(shapes, device: str = "cuda", dtype: str = "bfloat16", warmup: 
     rows = []
     for i, ((k, n), group) in enumerate(by_product.items()):
         counts = sorted({t for s in group for t in s.tokens})
-        weight = torch.randn(n, k, device=dev, dtype=dt, generator=gen).mul_(0.02)
+        copies = max(1, int(-(-cold_bytes // (2 * k * n))))
+        weights = [torch.randn(n, k, device=dev, dtype=dt, generator=gen).mul_(0.02) for _ in range(copies)]
         inputs = torch.randn(counts[-1], k, device=dev, dtype=dt, generator=gen)
-        calls = {m: (lambda x=inputs[:m]: F.linear(x, weight)) for m in counts}
-        seconds = {m: _timed(call, dev, warmup, iters) for m, call in calls.items()}
-        names = kernel_names(calls, dev)
+        cold = time_kernels({m: [lambda x=inputs[:m], w=w: F.linear(x, w) for w in weights] for m in counts}, dev, warmup, iters)
+        warm = time_kernels({m: [lambda x=inputs[:m]: F.linear(x, weights[0])] for m in counts}, dev, warmup, iters)
         for s in group:
-            rows += [{"source": s.source, "tp": s.tp, "op": s.op, "k": k, "n": n, "tokens": m, "seconds": seconds[m],
-                      "tflops": 2.0 * m * k * n / seconds[m] / 1e12, "kernel": names[m]} for m in s.tokens]
+            rows += [{"source": s.source, "tp": s.tp, "op": s.op, "k": k, "n": n, "tokens": m, "seconds": cold[m][0],
+                      "seconds_warm": warm[m][0], "tflops": 2.0 * m * k * n / cold[m][0] / 1e12, "kernel": cold[m][1]}
+                     for m in s.tokens]
+        top = counts[-1]
         log(f"[{i + 1}/{len(by_product)}] {k} x {n} ({', '.join(sorted({f'{s.source} tp{s.tp} {s.op}' for s in group}))}): "
-            f"{len(counts)} token counts, {2.0 * counts[-1] * k * n / seconds[counts[-1]] / 1e12:.0f} TFLOP/s at {counts[-1]}")
-        del weight, inputs, calls
+            f"{len(counts)} token counts; at {counts[0]}: {cold[counts[0]][0] * 1e6:.1f} us cold, {warm[counts[0]][0] * 1e6:.1f} warm; "
+            f"at {top}: {2.0 * top * k * n / cold[top][0] / 1e12:.0f} TFLOP/s")
+        del weights, inputs
         if on_rows is not None:
             on_rows(pd.DataFrame(rows, columns=COLUMNS))
     return pd.DataFrame(rows, columns=COLUMNS)

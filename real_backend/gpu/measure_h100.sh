@@ -11,7 +11,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)" | tee -a "$OUT/device.txt"
 timeout "${SWEEP_S:-220}" python3 -m lssim.cost.gpu_gemm_sweep --vidur --model qwen2.5-7b --model qwen2.5-1.5b \
     --iters 10 --out "$OUT/h100_gemm_sweep.csv" 2>&1 | grep -v USDT > "$OUT/sweep.log"
-tail -5 "$OUT/sweep.log"
+tail -5 "$OUT/sweep.log"; grep -E "^\[(1|2|3|4|21|33|50)/" "$OUT/sweep.log"
+[ -n "${SKIP_STEPS:-}" ] && exit 0
 timeout "${WHOLE_S:-200}" python3 lssim/benchmarks/roofline_gpu.py --model qwen2.5-7b --no-fuse \
     --batch-sizes 16,24,128,136 --context-lens 512 \
     --prefills 1x512,1x520,1x1024,1x1040,1x2048,1x2080,1x1500,1x3000 --out "$OUT/steps" > "$OUT/steps.log" 2>&1
