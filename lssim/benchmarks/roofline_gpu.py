@@ -702,8 +702,8 @@ def report(name: str, hardware: str, variants: pd.DataFrame, prefill: pd.DataFra
         f"median APE {ext['median_ape_pct']:.1f}%, p90 {ext['p90_ape_pct']:.1f}%, max {ext['max_ape_pct']:.1f}%")
     membound = memory_bound_fit(decode, spec, arch, hardware)
     log(f"memory-bound points (n <= 16): t = {membound['intercept_s'] * 1e3:.3f} ms + {membound['per_ctx_token_s'] * 1e9:.3f} ns x ctx; "
-        f"weights ({membound['weight_bytes_read'] / 1e9:.2f} GB) at {membound['intercept_as_bandwidth'] / 1e12:.2f} TB/s "
-        f"({membound['intercept_as_fraction_of_peak'] * 100:.0f}% of peak) if the intercept were all weight read; "
+        f"weights ({membound['weight_bytes_read'] / 1e9:.2f} GB) at {(membound['intercept_as_bandwidth'] or 0) / 1e12:.2f} TB/s "
+        f"({(membound['intercept_as_fraction_of_peak'] or 0) * 100:.0f}% of peak) if the intercept were all weight read; "
         f"KV at {(membound['kv_bandwidth'] or 0) / 1e12:.2f} TB/s ({(membound['kv_fraction_of_peak'] or 0) * 100:.0f}% of peak)")
 
     pre = prefill.drop(columns=["model"]) if len(prefill) else None

@@ -28,12 +28,13 @@ import numpy as np
 import pandas as pd
 
 from .catalog import DecoderShape, ModelSpec
-from .operators import (DATA_DIR, KernelProfile, OperatorCostModel, decoder_kernels, elementwise_seconds,
+from .operators import (DATA_DIR, GemmTable, KernelProfile, OperatorCostModel, decoder_kernels, elementwise_seconds,
                         fitted_fields, gemm_seconds)
 from .roofline import RooflineCostModel
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 LSSIM_MODELS = ("qwen2.5-7b", "qwen2.5-1.5b")
+GEMM_SWEEP = PROFILES_DIR / "h100_gemm_sweep.csv"  # lssim.cost.gpu_gemm_sweep on the H100 (real_backend/gpu/measure_h100.sh)
 HELD_OUT_BATCH_SIZES = (4, 128)
 VIDUR_HELD_OUT = "Llama-2-7b-hf"
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
@@ -90,9 +91,10 @@ def lssim_points(profiles_dir=PROFILES_DIR, models=LSSIM_MODELS, hardware: str =
     return df
 
 
-def predict_points(profile: KernelProfile, points: pd.DataFrame) -> np.ndarray:
-    """Seconds the operator model with ``profile`` gives for each row of :func:`lssim_points`."""
-    models = {m: OperatorCostModel(m, profile) for m in points["model"].unique()}
+def predict_points(profile: KernelProfile, points: pd.DataFrame, gemms: GemmTable | None = None) -> np.ndarray:
+    """Seconds the operator model with ``profile`` (and measured GEMMs ``gemms``) gives for each row of
+    :func:`lssim_points`."""
+    models = {m: OperatorCostModel(m, profile, gemms=gemms) for m in points["model"].unique()}
     out = []
     for r in points.itertuples():
         model = models[r.model]
@@ -108,14 +110,15 @@ def predict_points(profile: KernelProfile, points: pd.DataFrame) -> np.ndarray:
 
 
 def fit_profile(points: pd.DataFrame, name: str = "H100-torch",
-                start: KernelProfile = START) -> KernelProfile:
-    """Every coefficient fitted to the rows of ``points`` that are not held out."""
+                start: KernelProfile = START, gemms: GemmTable | None = None) -> KernelProfile:
+    """Every coefficient fitted to the rows of ``points`` that are not held out; with ``gemms``, the GEMMs it
+    measured are priced from it and the rest of the profile is fitted around them."""
     train = points[~points["held_out"]]
     measured = train["seconds"].to_numpy(float)
-    profile = _fit(lambda p: np.log(predict_points(p, train) / measured), start, fitted_fields())
+    profile = _fit(lambda p: np.log(predict_points(p, train, gemms) / measured), start, fitted_fields())
     source = (f"fitted by lssim.cost.operator_fit.fit_profile to {len(train)} points of lssim/profiles "
               f"({', '.join(sorted(train['model'].unique()))}; H100 80GB HBM3, torch 2.11, CUDA graphs), "
-              f"{int(points['held_out'].sum())} held out")
+              f"{int(points['held_out'].sum())} held out" + ("" if gemms is None else f"; GEMMs from {gemms.source}"))
     return replace(profile, name=name, source=source)
 
 

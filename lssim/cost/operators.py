@@ -43,7 +43,7 @@ import numpy as np
 from .catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
 from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
-__all__ = ["KernelProfile", "LayerKernels", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
+__all__ = ["KernelProfile", "LayerKernels", "GemmTable", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
            "OperatorCostModel", "KERNEL_PROFILES", "load_kernel_profile"]
 
 DATA_DIR = Path(__file__).with_name("data")
@@ -175,17 +175,70 @@ def elementwise_seconds(p: KernelProfile, tokens, bytes_per_token):
     return p.elementwise_launch_s + tokens * bytes_per_token / p.elementwise_bandwidth
 
 
-def layer_seconds(p: KernelProfile, kernels: LayerKernels, tokens) -> dict:
-    """One layer's GEMMs and element-wise kernels over ``tokens`` tokens (attention apart), by kind."""
-    gemm = sum(gemm_seconds(p, tokens, k, n) for _, k, n in kernels.gemms)
+class GemmTable:
+    """Measured GEMM times, one curve per ``K x N`` product over the token count (lssim.cost.gpu_gemm_sweep's file:
+    columns k, n, tokens, seconds). A product measured here is priced by linear interpolation between the two
+    nearest measured token counts, and beyond the last one at its time per token (a GEMM that large is
+    compute-bound); a product not measured falls back to the profile's fitted curve. This is Vidur's approach (a
+    table per model and GPU) inside the kernel sum: the kernel library's steps in the token count (cuBLAS picks a
+    kernel per shape) are in the table, exact at every measured count, where a smooth curve cannot follow them."""
+
+    def __init__(self, table, source: str = "") -> None:
+        import pandas as pd
+
+        frame = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
+        missing = [c for c in ("k", "n", "tokens", "seconds") if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{source or table}: GEMM table without column(s) {missing}")
+        bad = frame[~(frame["seconds"] > 0) | ~(frame["tokens"] >= 1)]
+        if len(bad):
+            r = bad.index[0]
+            raise ValueError(f"{source or table}: row {r} has tokens {frame.at[r, 'tokens']!r} and seconds "
+                             f"{frame.at[r, 'seconds']!r} (need tokens >= 1, seconds > 0)")
+        self.source = str(source or (table if not isinstance(table, pd.DataFrame) else "a DataFrame"))
+        mean = frame.groupby(["k", "n", "tokens"], as_index=False)["seconds"].median()
+        self._curves = {(int(k), int(n)): (g["tokens"].to_numpy(float), g["seconds"].to_numpy(float))
+                        for (k, n), g in mean.sort_values("tokens").groupby(["k", "n"])}
+
+    def __contains__(self, product) -> bool:
+        return tuple(int(x) for x in product) in self._curves
+
+    def products(self) -> list[tuple[int, int]]:
+        return sorted(self._curves)
+
+    def seconds(self, p: KernelProfile, rows, k: int, n: int):
+        """One GEMM of ``rows`` tokens (a number or an array) through a ``k x n`` weight."""
+        curve = self._curves.get((int(k), int(n)))
+        if curve is None:
+            return gemm_seconds(p, rows, k, n)
+        counts, times = curve
+        rows = np.asarray(rows, dtype=float)
+        inside = np.interp(rows, counts, times)
+        beyond = times[-1] * rows / counts[-1]
+        out = np.where(rows > counts[-1], beyond, inside)
+        return float(out) if out.ndim == 0 else out
+
+    def __repr__(self) -> str:
+        return f"GemmTable({len(self._curves)} products, {self.source})"
+
+
+def _gemm(p: KernelProfile, gemms: "GemmTable | None"):
+    return (lambda rows, k, n: gemm_seconds(p, rows, k, n)) if gemms is None else (lambda rows, k, n: gemms.seconds(p, rows, k, n))
+
+
+def layer_seconds(p: KernelProfile, kernels: LayerKernels, tokens, gemms: GemmTable | None = None) -> dict:
+    """One layer's GEMMs and element-wise kernels over ``tokens`` tokens (attention apart), by kind; GEMMs from
+    ``gemms`` where it measured them."""
+    price = _gemm(p, gemms)
+    gemm = sum(price(tokens, k, n) for _, k, n in kernels.gemms)
     elementwise = sum(elementwise_seconds(p, tokens, b) for _, b in kernels.elementwise)
     return {"gemm": gemm, "elementwise": elementwise}
 
 
-def head_seconds(p: KernelProfile, kernels: LayerKernels, rows, tokens) -> dict:
+def head_seconds(p: KernelProfile, kernels: LayerKernels, rows, tokens, gemms: GemmTable | None = None) -> dict:
     """What a forward pass runs once: embedding gather and final norm over ``tokens`` tokens, the LM head and
     sampling over ``rows`` (the tokens that are sampled), the fixed per-pass time."""
-    return {"lm_head": gemm_seconds(p, rows, kernels.hidden, kernels.vocab),
+    return {"lm_head": _gemm(p, gemms)(rows, kernels.hidden, kernels.vocab),
             "sampling": p.sampling_launch_s + rows * kernels.vocab * SAMPLING_BYTES_PER_LOGIT / p.sampling_bandwidth,
             "pass_elementwise": sum(elementwise_seconds(p, tokens, b) for _, b in kernels.pass_elementwise),
             "forward": p.forward_s}
@@ -202,6 +255,9 @@ class OperatorCostModel:
     ``profile``: a KernelProfile, or a hardware key whose fitted profile ships with lssim (``"H100"``).
     ``iteration_overhead_s``: engine CPU time per decode iteration that the GPU does not hide (scheduling,
     input preparation); 0 by default, because the profile measured GPU time only (CUDA graphs).
+    ``gemms``: a :class:`GemmTable` (or its CSV file) of GEMMs measured on the same GPU and stack; the products it
+    holds are priced from it, the rest by the profile's curve. Use it with a profile fitted with the same table
+    (``lssim.cost.operator_fit.fit_profile(points, gemms=...)``), so the other kernels' coefficients match.
 
     ``prefill_time(tokens)`` is one forward pass over ``tokens`` prompt tokens without the quadratic part of
     causal attention (the tokens may be several prompts; it cannot know their lengths); it is a sum of
@@ -210,8 +266,10 @@ class OperatorCostModel:
     """
 
     def __init__(self, model: ModelSpec | str, profile: KernelProfile | str = "H100", tp: int = 1, *,
-                 shape: DecoderShape | None = None, iteration_overhead_s: float = 0.0) -> None:
+                 shape: DecoderShape | None = None, iteration_overhead_s: float = 0.0,
+                 gemms: GemmTable | str | Path | None = None) -> None:
         self.model = _lookup(model, MODELS, "model")
+        self.gemms = gemms if gemms is None or isinstance(gemms, GemmTable) else GemmTable(gemms)
         self.profile = load_kernel_profile(profile) if isinstance(profile, str) else profile
         if not isinstance(self.profile, KernelProfile):
             raise ValueError(f"profile must be a KernelProfile or a hardware key, got {type(profile).__name__}")
@@ -220,7 +278,7 @@ class OperatorCostModel:
         self.kernels = decoder_kernels(self.model, shape, tp)
         self.tp = tp
         self.iteration_overhead_s = float(iteration_overhead_s)
-        self.name = f"operators[{self.model.name or 'model'}@{self.profile.name}x{tp}]"
+        self.name = f"operators[{self.model.name or 'model'}@{self.profile.name}x{tp}{'' if self.gemms is None else '+gemm table'}]"
         p, kern = self.profile, self.kernels
         # decode: t(n, ctx) = A(n) + B*ctx ; A(n) cached per batch size
         self._b = kern.n_layers * kern.kv_bytes_per_token / p.attention_bandwidth
@@ -232,9 +290,9 @@ class OperatorCostModel:
     def _decode_fixed(self, n_seqs: int) -> float:
         """A(n): the part of a decode iteration of n sequences that does not grow with their context."""
         p, kern = self.profile, self.kernels
-        layer = layer_seconds(p, kern, n_seqs)
+        layer = layer_seconds(p, kern, n_seqs, self.gemms)
         per_layer = layer["gemm"] + layer["elementwise"] + p.attention_launch_s
-        a = float(kern.n_layers * per_layer + sum(head_seconds(p, kern, n_seqs, n_seqs).values())) + self.iteration_overhead_s
+        a = float(kern.n_layers * per_layer + sum(head_seconds(p, kern, n_seqs, n_seqs, self.gemms).values())) + self.iteration_overhead_s
         self._a[n_seqs] = a
         return a
 
@@ -288,18 +346,18 @@ class OperatorCostModel:
 
     def _prefill(self, tokens: int, rows: int, attention_flops: float) -> float:
         p, kern = self.profile, self.kernels
-        layer = layer_seconds(p, kern, tokens)
+        layer = layer_seconds(p, kern, tokens, self.gemms)
         attention = p.attention_launch_s + attention_flops / p.attention_flops
         per_layer = layer["gemm"] + layer["elementwise"] + attention
-        return float(kern.n_layers * per_layer + sum(head_seconds(p, kern, rows, tokens).values()))
+        return float(kern.n_layers * per_layer + sum(head_seconds(p, kern, rows, tokens, self.gemms).values()))
 
     # -- reports -------------------------------------------------------------------------------
 
     def iteration_breakdown(self, n_seqs: int, ctx_tokens: float) -> dict:
         """Seconds of one decode iteration by kind of kernel (they add up to ``decode_time(n, ctx, 1)``)."""
         p, kern = self.profile, self.kernels
-        layer = layer_seconds(p, kern, n_seqs)
-        head = head_seconds(p, kern, n_seqs, n_seqs)
+        layer = layer_seconds(p, kern, n_seqs, self.gemms)
+        head = head_seconds(p, kern, n_seqs, n_seqs, self.gemms)
         parts = {"gemm_s": kern.n_layers * layer["gemm"], "elementwise_s": kern.n_layers * layer["elementwise"],
                  "attention_s": kern.n_layers * p.attention_launch_s + self._b * ctx_tokens,
                  "lm_head_s": head["lm_head"], "sampling_s": head["sampling"],
@@ -311,6 +369,7 @@ class OperatorCostModel:
     def describe(self) -> dict:
         return {"kind": "operators", "name": self.name, "model": asdict(self.model), "tp": self.tp,
                 "kernels": asdict(self.kernels), "profile": asdict(self.profile),
+                "gemm_table": None if self.gemms is None else self.gemms.source,
                 "iteration_overhead_s": self.iteration_overhead_s}
 
     def __repr__(self) -> str:
