@@ -7,7 +7,8 @@
 
 What is held out and what the fits see: lssim.cost.operator_fit. The shipped H100 profile is the one fitted
 without the held-out points, so the table is the error of the model the simulator uses
-(``SimSetup(cost="operators")``).
+(``SimSetup(cost="operators")``); the "measured GEMMs" column is the model with the GEMMs measured by
+lssim.cost.gpu_gemm_sweep (lssim/profiles/h100_gemm_sweep.csv; ``OperatorCostModel(..., gemms="H100")``).
 
 ``--from-vidur`` reads data/profiling/compute/h100/<org>/<model>/mlp.csv from a checkout of
 https://github.com/microsoft/vidur (read at commit 7d47513) and writes, per model, tensor-parallel degree and
@@ -24,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.cost.operator_fit import (VIDUR_HELD_OUT, VIDUR_OPS, heldout_table, vidur_form_floor,
-                                     vidur_interpolation_errors, vidur_neighbourhood_errors, vidur_steps)
-from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES
+from lssim.cost.operator_fit import (GEMM_SWEEP, VIDUR_HELD_OUT, VIDUR_OPS, VIDUR_TABLE_TOKENS, cross_stack,
+                                     fit_gemm_curve, heldout_table, vidur_form_floor, vidur_interpolation_errors,
+                                     vidur_neighbourhood_errors, vidur_steps)
+from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES, GemmTable, gemm_seconds
 
 TABLE_CSV = DATA_DIR / "gpu_cost_heldout.csv"
 # Layers of each Vidur model (its config.json: num_hidden_layers), which mlp.csv does not record.
@@ -60,7 +62,8 @@ def derive_vidur(root: Path, out: Path = DATA_DIR, hardware: str = "h100") -> No
 
 
 def format_table(table: pd.DataFrame) -> str:
-    lines = ["| source | model | point | measured ms | predicted ms | APE | roofline ms (APE) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| source | model | point | measured ms | predicted ms | APE | measured GEMMs ms (APE) | roofline ms (APE) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
         if r.kind == "decode":
             point = f"decode n={r.n_seqs} L={r.ctx_len}"
@@ -69,8 +72,9 @@ def format_table(table: pd.DataFrame) -> str:
         else:
             point = f"{r.kind}, {r.tokens} tokens"
         roof = "" if np.isnan(r.roofline_s) else f"{r.roofline_s * 1e3:.2f} ({r.roofline_ape_pct:.1f}%)"
+        curve = "" if np.isnan(r.gemm_table_s) else f"{r.gemm_table_s * 1e3:.2f} ({r.gemm_table_ape_pct:.1f}%)"
         lines.append(f"| {r.source} | {r.model} | {point} | {r.measured_s * 1e3:.2f} | {r.predicted_s * 1e3:.2f} "
-                     f"| {r.ape_pct:.1f}% | {roof} |")
+                     f"| {r.ape_pct:.1f}% | {curve} | {roof} |")
     return "\n".join(lines)
 
 
@@ -78,7 +82,8 @@ def summary(table: pd.DataFrame, sums: pd.DataFrame) -> str:
     lines = []
     for (source, kind), g in table.groupby(["source", "kind"], sort=False):
         roof = "" if g["roofline_ape_pct"].isna().all() else \
-            f"; roofline median {g['roofline_ape_pct'].median():.1f}%, max {g['roofline_ape_pct'].max():.1f}%"
+            (f"; with the measured GEMMs median {g['gemm_table_ape_pct'].median():.1f}%, max {g['gemm_table_ape_pct'].max():.1f}%"
+             f"; roofline median {g['roofline_ape_pct'].median():.1f}%, max {g['roofline_ape_pct'].max():.1f}%")
         lines.append(f"{source} {kind}: {len(g)} held-out points, APE median {g['ape_pct'].median():.1f}%, "
                      f"max {g['ape_pct'].max():.1f}%, {int((g['ape_pct'] <= 10).sum())}/{len(g)} within 10%{roof}")
     ape = (sums["predicted_s"] / sums["measured_s"] - 1).abs() * 100
@@ -86,7 +91,27 @@ def summary(table: pd.DataFrame, sums: pd.DataFrame) -> str:
         lines.append(f"vidur {VIDUR_HELD_OUT} tp={tp}, every shipped token count ({len(a)}): APE median "
                      f"{a.median():.1f}%, p90 {np.percentile(a, 90):.1f}%, max {a.max():.1f}%, "
                      f"{int((a <= 10).sum())}/{len(a)} within 10%")
-    return "\n".join(lines + steps_summary(sums))
+    return "\n".join(lines + gemm_summary() + steps_summary(sums))
+
+
+def gemm_summary() -> list[str]:
+    """The measured GEMMs themselves: how the curve for unmeasured products fits them, and the other stack."""
+    gemms = GemmTable(GEMM_SWEEP)
+    curve = fit_gemm_curve(gemms)
+    f = gemms.frame
+    ape = np.abs(gemm_seconds(curve, *(f[c].to_numpy(float) for c in ("tokens", "k", "n"))) / f["seconds"] - 1) * 100
+    lines = [f"the GEMM sweep ({len(f)} kernels: {len(gemms.products())} products, 1-4096 tokens; lssim/profiles/"
+             f"{GEMM_SWEEP.name}): the curve fitted to all of them (what prices a product not measured) is off by "
+             f"median {np.median(ape):.1f}%, p90 {np.percentile(ape, 90):.1f}%, max {ape.max():.1f}%"]
+    cs = cross_stack()
+    lines.append("two stacks, the same H100 kernels timed the same way (a Vidur layer with our four GEMMs in place of "
+                 f"its own, over its own): ratio median {cs['ratio'].median():.3f}, range {cs['ratio'].min():.2f}-"
+                 f"{cs['ratio'].max():.2f}; within 10% of Vidur's layer at {int(((cs['ratio'] - 1).abs() <= 0.1).sum())}"
+                 f"/{len(cs)} points")
+    llama = cs[(cs["model"] == VIDUR_HELD_OUT) & (cs["tp"] == 1)].set_index("tokens")["ratio"]
+    lines.append(f"  {VIDUR_HELD_OUT} tp=1 at the table's counts: "
+                 + ", ".join(f"{t}: {llama[t]:.2f}" for t in VIDUR_TABLE_TOKENS if t in llama.index))
+    return lines
 
 
 def steps_summary(sums: pd.DataFrame) -> list[str]:

@@ -33,6 +33,7 @@ not modelled (as in the roofline).
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 from dataclasses import asdict, dataclass, fields
@@ -43,12 +44,14 @@ import numpy as np
 from .catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
 from .protocol import _INF, _ramp_count, _settle, no_time_to_run
 
-__all__ = ["KernelProfile", "LayerKernels", "GemmTable", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
+__all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
            "OperatorCostModel", "KERNEL_PROFILES", "load_kernel_profile"]
 
 DATA_DIR = Path(__file__).with_name("data")
 # Fitted profiles shipped with lssim, by hardware key (lssim.cost.HARDWARE).
 KERNEL_PROFILES: dict[str, Path] = {"H100": DATA_DIR / "h100_kernels.json"}
+# GEMMs measured on that hardware (lssim.cost.gpu_gemm_sweep), read with its profile (fitted around them).
+GEMM_TABLES: dict[str, Path] = {"H100": DATA_DIR.parents[1] / "profiles" / "h100_gemm_sweep.csv"}
 SAMPLING_BYTES_PER_LOGIT = 16  # fp32 logits written, read by softmax, noise written and read, argmax
 
 
@@ -111,6 +114,13 @@ class KernelProfile:
 def fitted_fields() -> tuple[str, ...]:
     """The profile's fitted coefficients, in order (every numeric field but the tile)."""
     return tuple(f.name for f in fields(KernelProfile) if f.name not in ("name", "gemm_tile_rows", "source"))
+
+
+@functools.lru_cache(maxsize=None)
+def load_gemm_table(hardware: str) -> "GemmTable | None":
+    """The measured GEMMs shipped for ``hardware``, or None (read once)."""
+    path = GEMM_TABLES.get(hardware)
+    return None if path is None else GemmTable(path, source=f"lssim/profiles/{path.name}")
 
 
 def load_kernel_profile(hardware: str) -> KernelProfile:
@@ -193,10 +203,14 @@ class GemmTable:
         bad = frame[~(frame["seconds"] > 0) | ~(frame["tokens"] >= 1)]
         if len(bad):
             r = bad.index[0]
-            raise ValueError(f"{source or table}: row {r} has tokens {frame.at[r, 'tokens']!r} and seconds "
-                             f"{frame.at[r, 'seconds']!r} (need tokens >= 1, seconds > 0)")
-        self.source = str(source or (table if not isinstance(table, pd.DataFrame) else "a DataFrame"))
+            raise ValueError(f"{source or table}: row {r} has tokens {frame.at[r, 'tokens']} and seconds "
+                             f"{frame.at[r, 'seconds']} (need tokens >= 1, seconds > 0)")
+        self.source = str(source or (Path(table).name if not isinstance(table, pd.DataFrame) else "a DataFrame"))
+        self.frame = frame
         mean = frame.groupby(["k", "n", "tokens"], as_index=False)["seconds"].median()
+        # The curves are kept as measured, not forced monotone: cuBLAS's choice of kernel makes some counts slower
+        # than larger ones (the H100 sweep has 34 such spikes of 30-90%, e.g. 3584 x 37888 at 448 tokens), and an
+        # envelope over them would lift every count after a spike or erase the steps.
         self._curves = {(int(k), int(n)): (g["tokens"].to_numpy(float), g["seconds"].to_numpy(float))
                         for (k, n), g in mean.sort_values("tokens").groupby(["k", "n"])}
 
@@ -257,7 +271,11 @@ class OperatorCostModel:
     input preparation); 0 by default, because the profile measured GPU time only (CUDA graphs).
     ``gemms``: a :class:`GemmTable` (or its CSV file) of GEMMs measured on the same GPU and stack; the products it
     holds are priced from it, the rest by the profile's curve. Use it with a profile fitted with the same table
-    (``lssim.cost.operator_fit.fit_profile(points, gemms=...)``), so the other kernels' coefficients match.
+    (``lssim.cost.operator_fit.fit_profile(points, gemms=...)``), so the other kernels' coefficients match; a
+    hardware key (``gemms="H100"``) names the table shipped for it (GEMM_TABLES). Not the default, and not for
+    the simulator: the table follows cuBLAS's steps and spikes, so its times are neither monotone in the batch
+    nor subadditive in the prefill, which the CostModel protocol and the lower bound rely on; it is the
+    predictor to read one iteration's time with.
 
     ``prefill_time(tokens)`` is one forward pass over ``tokens`` prompt tokens without the quadratic part of
     causal attention (the tokens may be several prompts; it cannot know their lengths); it is a sum of
@@ -269,6 +287,8 @@ class OperatorCostModel:
                  shape: DecoderShape | None = None, iteration_overhead_s: float = 0.0,
                  gemms: GemmTable | str | Path | None = None) -> None:
         self.model = _lookup(model, MODELS, "model")
+        if isinstance(gemms, str) and gemms in GEMM_TABLES:  # a hardware key: the GEMMs measured on it
+            gemms = load_gemm_table(gemms)
         self.gemms = gemms if gemms is None or isinstance(gemms, GemmTable) else GemmTable(gemms)
         self.profile = load_kernel_profile(profile) if isinstance(profile, str) else profile
         if not isinstance(self.profile, KernelProfile):
