@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.cost.operator_fit import VIDUR_HELD_OUT, heldout_table
+from lssim.cost.operator_fit import STEPS_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
 from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 from .render import plain, table
@@ -247,10 +247,19 @@ def trainer_numbers(root: Path) -> dict:
 def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     """The kernel-level cost model against the held-out GPU measurements, fitted afresh."""
     heldout, _, sums = heldout_table()
-    own = heldout["source"] == "lssim H100 torch"
+    own = heldout["source"].str.startswith("lssim H100 torch")  # the profiles' held-out points and the step points
     out = {"gpu.heldout_points": int(own.sum()), "gpu.within_10": int((heldout.loc[own, "ape_pct"] <= 10).sum()),
            "gpu.vidur_model": VIDUR_HELD_OUT}
-    for kind, g in heldout.groupby("kind"):
+    steps = heldout[heldout["source"] == STEPS_SOURCE]
+    out.update({"gpu.steps.points": len(steps), "gpu.steps.median": float(steps["ape_pct"].median()),
+                "gpu.steps.max": float(steps["ape_pct"].max()),
+                "gpu.steps.table_median": float(steps["gemm_table_ape_pct"].median()),
+                "gpu.steps.table_max": float(steps["gemm_table_ape_pct"].max())})
+    cs = cross_stack()
+    out.update({"gpu.cross_stack.min": float(cs["ratio"].min()), "gpu.cross_stack.max": float(cs["ratio"].max()),
+                "gpu.cross_stack.within_10": int(((cs["ratio"] - 1).abs() <= 0.1).sum()), "gpu.cross_stack.points": len(cs)})
+    first = heldout[heldout["source"] != STEPS_SOURCE]  # the profiles' held-out points and Vidur's, by kind
+    for kind, g in first.groupby("kind"):
         key = f"gpu.{kind.replace(' ', '_')}"  # decode, prefill (own profiles); decode_layers, prefill_layers (Vidur)
         out.update({f"{key}.median": float(g["ape_pct"].median()), f"{key}.max": float(g["ape_pct"].max()),
                     f"{key}.min": float(g["ape_pct"].min()), f"{key}.points": len(g),
