@@ -8,7 +8,8 @@ attention, gradient checkpointing on (verl's examples enable it), a micro-batch 
 ``tokens / seq_len`` sequences of ``seq_len`` each, the loss a token-mean cross-entropy over the logits (what the
 policy loss costs, its log-probs included). Per cell: ``fwd_bwd`` (what ``update_actor`` runs per micro-batch, the
 optimizer step apart: AdamW is memory-bound and priced by bytes) and ``fwd`` (``compute_log_prob``, no grad; its FLOPs
-a third of the forward-backward's). Times are CUDA-event medians of ``--iters`` after a warm-up.
+a third of the forward-backward's). Times are CUDA-event medians of ``--iters`` after a warm-up (roofline_gpu's
+``time_cuda``).
 
     PYTHONPATH=. python3 -m lssim.benchmarks.train_gpu --model qwen2.5-1.5b --model qwen2.5-7b --out DIR   # GPU
     python3 -m lssim.benchmarks.train_gpu --model tiny-ref --device cpu --dtype float32 --tokens 64 --seq-lens 16,32 --out /tmp
@@ -58,25 +59,19 @@ def build(model: str, device, dtype):
 
 
 def _time(fn, device, warmup: int, iters: int) -> float:
-    import torch
+    """Median seconds of ``fn()``: the benchmarks' CUDA-event timer on a GPU, perf_counter on a CPU."""
+    if device.type == "cuda":
+        from lssim.benchmarks.roofline_gpu import time_cuda
 
+        return time_cuda(fn, warmup, iters)["seconds"]
     for _ in range(warmup):
         fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
         fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) / 1e3 for s, e in events)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def measure(model: str, tokens: int, seq_lens, device: str = "cuda", dtype: str = "bfloat16", warmup: int = 1,
