@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.cost.operator_fit import STEPS_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
+from lssim.cost.operator_fit import STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
 from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 from .render import plain, table
@@ -255,10 +255,14 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
                 "gpu.steps.max": float(steps["ape_pct"].max()),
                 "gpu.steps.table_median": float(steps["gemm_table_ape_pct"].median()),
                 "gpu.steps.table_max": float(steps["gemm_table_ape_pct"].max())})
+    unseen = heldout[heldout["source"] == UNSEEN_SOURCE]
+    out.update({"gpu.unseen.points": len(unseen), "gpu.unseen.median": float(unseen["ape_pct"].median()),
+                "gpu.unseen.max": float(unseen["ape_pct"].max()),
+                "gpu.unseen.roofline_median": float(unseen["roofline_ape_pct"].median())})
     cs = cross_stack()
     out.update({"gpu.cross_stack.min": float(cs["ratio"].min()), "gpu.cross_stack.max": float(cs["ratio"].max()),
                 "gpu.cross_stack.within_10": int(((cs["ratio"] - 1).abs() <= 0.1).sum()), "gpu.cross_stack.points": len(cs)})
-    first = heldout[heldout["source"] != STEPS_SOURCE]  # the profiles' held-out points and Vidur's, by kind
+    first = heldout[~heldout["source"].isin([STEPS_SOURCE, UNSEEN_SOURCE])]  # the profiles' held-out points and Vidur's, by kind
     for kind, g in first.groupby("kind"):
         key = f"gpu.{kind.replace(' ', '_')}"  # decode, prefill (own profiles); decode_layers, prefill_layers (Vidur)
         out.update({f"{key}.median": float(g["ape_pct"].median()), f"{key}.max": float(g["ape_pct"].max()),

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lssim.cost import MODELS, SHAPES, CostModel, KernelProfile, OperatorCostModel
-from lssim.cost.operator_fit import (GEMM_SWEEP, STEPS_SOURCE, VIDUR_TABLE_TOKENS, cross_stack, fit_profile,
+from lssim.cost.operator_fit import (GEMM_SWEEP, STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_TABLE_TOKENS, cross_stack, fit_profile,
                                      heldout_table, lssim_points, points_from_log, step_points, vidur_form_floor,
                                      vidur_measured_layers, vidur_neighbourhood_errors, vidur_steps)
 from lssim.cost.operators import (DATA_DIR, KERNEL_PROFILES, GemmTable, decoder_kernels, gemm_seconds,
@@ -151,6 +151,10 @@ def test_held_out_table_is_reproduced_from_the_shipped_data():
     # the points measured after the fit, on both sides of cuBLAS's steps: within 10% too, with or without the sweep
     steps = table[table["source"] == STEPS_SOURCE]
     assert len(steps) == 24 and steps["ape_pct"].max() <= 10.0 and steps["gemm_table_ape_pct"].max() <= 10.0
+    # and two models of another family that no fit saw (Llama-2-7B, Llama-3-8B)
+    unseen = table[table["source"] == UNSEEN_SOURCE]
+    assert set(unseen["model"]) == {"llama2-7b", "llama3-8b"} and len(unseen) == 19
+    assert unseen["ape_pct"].max() <= 10.0 < unseen["roofline_ape_pct"].max()
 
 
 def test_the_measured_gemms_follow_the_step_the_curve_smooths_over():

@@ -79,6 +79,7 @@ ARCH: dict[str, Arch] = {
     "qwen2.5-7b": Arch(152_064, 18_944, False, True, 1e6),
     "qwen2.5-32b": Arch(152_064, 27_648, False, True, 1e6),
     "llama3-8b": Arch(128_256, 14_336, False, False, 5e5),
+    "llama2-7b": Arch(32_000, 11_008, False, False, 1e4),
 }
 
 BATCH_SIZES = (1, 4, 16, 64, 128, 256)

@@ -249,15 +249,15 @@ STEPS_SOURCE = "lssim H100 torch, between steps"
 
 
 def heldout_table(profiles_dir=PROFILES_DIR, data_dir=DATA_DIR, gemm_sweep=GEMM_SWEEP,
-                  step_logs=None) -> tuple[pd.DataFrame, KernelProfile, pd.DataFrame]:
+                  step_logs=None, unseen_logs=None) -> tuple[pd.DataFrame, KernelProfile, pd.DataFrame]:
     """(table of every held-out point reported, the fitted H100 profile, Vidur's held-out layer sums at every
     tp and token count). Deterministic: the test reproduces the shipped table from the shipped data.
 
     ``predicted_s`` is the shipped model (every GEMM on the fitted curve: ``SimSetup(cost="operators")``);
     ``gemm_table_s`` the model with the GEMMs measured by the sweep (``gemm_sweep``) and the other kernels fitted
     around them (``OperatorCostModel(..., gemms="H100")``). The lssim rows are the
-    profiles' held-out points and the points measured after the fit on both sides of cuBLAS's steps
-    (:func:`step_points`); the Vidur rows are the other stack's layers, priced by the curve fitted to Vidur's
+    profiles' held-out points, the points measured after the fit on both sides of cuBLAS's steps
+    (:func:`step_points`) and whole iterations of two models no fit saw (:func:`unseen_points`); the Vidur rows are the other stack's layers, priced by the curve fitted to Vidur's
     other models (the per-kernel form's check; see :func:`cross_stack`)."""
     points = lssim_points(profiles_dir)
     gemms = GemmTable(gemm_sweep, source=f"lssim/profiles/{Path(gemm_sweep).name}")
@@ -266,7 +266,9 @@ def heldout_table(profiles_dir=PROFILES_DIR, data_dir=DATA_DIR, gemm_sweep=GEMM_
     held = points[points["held_out"]]
     steps = step_points(step_logs)
     lssim_rows = pd.concat([lssim_table(profile, held, with_gemms, gemms),
-                            lssim_table(profile, steps, with_gemms, gemms).assign(source=STEPS_SOURCE)], ignore_index=True)
+                            lssim_table(profile, steps, with_gemms, gemms).assign(source=STEPS_SOURCE),
+                            lssim_table(profile, unseen_points(unseen_logs), with_gemms, gemms).assign(source=UNSEEN_SOURCE)],
+                           ignore_index=True)
     _, sums = vidur_check(data_dir)
     table = pd.concat([lssim_rows, vidur_table(sums)], ignore_index=True)
     for col in ("", "gemm_table_", "roofline_"):
@@ -425,6 +427,17 @@ def points_from_log(path, model: str) -> pd.DataFrame:
     if not rows:
         raise ValueError(f"{path}: no decode or prefill point lines from roofline_gpu.py")
     return pd.DataFrame(rows)
+
+
+UNSEEN_LOGS = {model: PROFILES_DIR / f"h100_{model}_heldout.log" for model in ("llama2-7b", "llama3-8b")}
+UNSEEN_SOURCE = "lssim H100 torch, models never fitted"
+
+
+def unseen_points(logs=None) -> pd.DataFrame:
+    """Whole iterations of two models no fit saw (another family: Llama-2-7B's 32 KV heads, Llama-3-8B's GQA and
+    128k vocabulary), measured on 2026-11-26 with the same script (decode at 1, 16, 128 sequences of 512 and 2048
+    tokens where the KV fits, prefills of 512, 1024, 2048 and 4 x 512 tokens)."""
+    return step_points(UNSEEN_LOGS if logs is None else logs)
 
 
 def step_points(logs=None) -> pd.DataFrame:
