@@ -53,7 +53,7 @@ def _need(frame: pd.DataFrame, columns: list[str], name: str) -> None:
 SUMMARY_COLUMNS = ["policy", "world", "steps", "makespan_median_ape_pct", "makespan_p90_ape_pct", "speedup_measured",
                    "speedup_predicted", "speedup_error_points", "finish_order_spearman", "acted", "responses",
                    "repeat_spread_median_pct", "repeat_spread_p90_pct", "meets_goal", "anchored_median_ape_pct",
-                   "anchored_p90_ape_pct", "speed_factor", "meets_goal_anchored"]
+                   "anchored_p90_ape_pct", "speed_factor", "meets_goal_anchored", "probed_median_ape_pct"]
 
 
 def read_summary(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -95,6 +95,9 @@ def validation_scalars(policies: pd.DataFrame, bases: pd.DataFrame, steps: pd.Da
             "real.anchored_median_ape": float(anchored["ape_pct"].median()),
             "real.anchored_p90_ape": float(np.percentile(anchored["ape_pct"], 90)),
             "real.speed_factor_min": float(factor.min()), "real.speed_factor_max": float(factor.max()),
+            "real.probed_policy_median_min": float(policies["probed_median_ape_pct"].min()),
+            "real.probed_policy_median_max": float(policies["probed_median_ape_pct"].max()),
+            "real.probed_better": int((policies["probed_median_ape_pct"] < policies["makespan_median_ape_pct"]).sum()),
             "real.speed_factor_worst_world": str(off.idxmax()) if len(off.dropna()) else "none",
             "real.acted_min": int(policies["acted"].fillna(0).min()),
             "real.unacted": _names(policies.index[~(policies["acted"].fillna(0) > 0)]),
