@@ -187,6 +187,33 @@ def refit(out: Path, cost_profile) -> dict:
     return summary
 
 
+def measure_fit(engine, prompt_pool: list[int], out, cost_profile, batch_sizes=DEFAULT_BATCH_SIZES, max_tokens: int = 256,
+                repeats: int = 2, seed: int = 0, progress=None) -> Path:
+    """The measurement and its fit on an engine already started with n-gram speculation (``lssim validate
+    --reprofile`` runs it beside the profile, so the speculation is priced as this engine does it in these minutes),
+    written to ``out`` as main() writes it. Batch sizes the engine cannot hold at once are left out."""
+    if engine.speculation is None:
+        raise ValueError("measure_fit needs an engine started with speculation")
+    sizes = [b for b in batch_sizes if b <= min(len(prompt_pool), engine.config.max_num_seqs)]
+    keep = engine._spec.keep_iterations
+    engine._spec.keep_iterations = True
+    try:
+        cells, steps = measure(engine, prompt_pool, sizes, max_tokens, repeats, seed, progress=progress or (lambda s: None))
+    finally:
+        engine._spec.keep_iterations = keep
+        engine.set_draft_limit(0)  # as layout.drafting_off leaves it: a run sets its own limit when it starts
+    out = Path(out)
+    gamma = int(engine.speculation.gamma)
+    summary = {"kind": "speculation_profile", "engine": "vllm (VLLMEngine), n-gram proposer", "gamma": gamma,
+               "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.0,
+               "command": " ".join(sys.argv) + " (real_backend.measure_speculation.measure_fit)",
+               "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **summarize(cells, steps)}
+    write(out, summary, cells, steps)
+    summary["fit"] = fit_profile(cells, steps, gamma, cost_profile)
+    write(out, summary)
+    return out
+
+
 def report(summary: dict) -> None:
     for b, r in summary["by_batch"].items():
         print(f"batch {int(b):3d}: on {r['seconds_on']:.2f} s, off {r['seconds_off']:.2f} s, speedup {r['speedup']:.3f}, "

@@ -509,16 +509,21 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
             warm = RunConfig(**{**asdict(config), "steps": 2, "total_groups": None})
             prompts, policy = prepare(engine_setup, "baseline", warm)
             run_real(engine_setup, policy, warm, scratch, engine=engine, prompts=prompts)
+        run_specs = {}  # spec -> what the run is given (the same, or with the speculation measured now)
         if profile_to:
             _measure_engine(engine, engine_setup, out, profile_to, profile_first, length=config.max_tokens)
+            if speculating:
+                fit = _measure_speculation(engine, prompts, profile_to, length=config.max_tokens)
+                run_specs = {spec: with_speculation_fit(spec, fit, profile_to) for _, specs in worlds for _, spec in specs}
         probes = [measure_probe(engine)]  # the machine's speed level between every two runs (real_backend.speed_probe)
         probed: list[Path] = []
         for k in range(args.repeats):
             for world, specs in worlds:
                 setup, config = _world_setup(world, args, greedy), _world_config(world, args)
                 for name, spec in specs:
-                    prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
                     folder = out_path(out, world.name, spec) / f"repeat{k}"
+                    spec = run_specs.get(spec, spec)
+                    prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
                     print(f"-- {spec} in world {world.name} (repeat {k + 1} of {args.repeats}): {config.steps} steps",
                           file=sys.stderr)
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
@@ -533,6 +538,56 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     finally:
         engine.close()
     return [load_recorded(folder) for folder in runs]
+
+
+def speculation_path(profile: str | Path) -> Path:
+    """Where --reprofile writes the speculation measured on the speculating engine: beside the profile."""
+    profile = Path(profile)
+    return profile.with_name(profile.stem + "_speculation.json")
+
+
+def _measure_speculation(engine, prompts, profile_to: str, length: int = 256) -> Path:
+    """--reprofile on an engine started with speculation: what drafting buys and costs on it now
+    (real_backend.measure_speculation.measure_fit), for the speculating policies' runs and twins."""
+    from .measure_speculation import measure_fit
+
+    path = speculation_path(profile_to)
+    print(f"measuring the engine's speculation into {path} ...", file=sys.stderr)
+    return measure_fit(engine, prompts.pool.prompt_id.tolist(), path, profile_to, max_tokens=length,
+                       progress=lambda line: print("   " + line, file=sys.stderr))
+
+
+def with_speculation_fit(spec: str, fit: str | Path, cost_profile: str | Path) -> str:
+    """``spec`` with every part that names a measured speculation profile (``profile=...``, as the validation
+    world's spec_tail does: "priced with the speculation measured on this engine") given ``fit`` instead, and its
+    ``cost_profile``, where it has one, ``cost_profile``; other parts unchanged. A policy left on its default profile
+    keeps it: for tlt the profile is also what it decides with, and on this engine's fresh measurement it decides
+    that speculation never pays (measured: it then drafts for none of 160 responses), so it would not act."""
+    import ast
+    import inspect
+    import re
+
+    from lssim.policy import make_policy
+
+    parts = []
+    for part in [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]:
+        policy = make_policy(part)
+        accepts = inspect.signature(type(policy).__init__).parameters
+        if policy.needs().speculation is None or "profile" not in accepts:
+            parts.append(part)
+            continue
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
+        kwargs = {}
+        if m.group(2):
+            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in ast.parse(f"f({m.group(2)})", mode="eval").body.keywords}
+        if kwargs.get("profile") is None:
+            parts.append(part)
+            continue
+        kwargs["profile"] = str(fit)
+        if "cost_profile" in accepts:
+            kwargs["cost_profile"] = str(cost_profile)
+        parts.append(f"{m.group(1)}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+    return "+".join(parts)
 
 
 def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bool, length: int = 256) -> None:

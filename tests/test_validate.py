@@ -721,3 +721,25 @@ def test_measure_spec_engine_refuses_no_rounds(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--rounds", "0"])
     assert e.value.code == 2 and "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_reprofile_gives_the_speculating_policies_the_speculation_measured_beside_the_profile():
+    """--reprofile on an engine started with speculation measures its speculation into <profile>_speculation.json and
+    hands it to every policy whose spec names a measured speculation profile (the world's spec_tail), with its cost
+    model where it takes one; a policy on its default profile (tlt: it decides with it) and the others run as named."""
+    from lssim.policy import make_policy
+    from real_backend.sim_vs_real import speculation_path, with_speculation_fit
+
+    fit = speculation_path("runs/v/profile.json")
+    assert fit.as_posix() == "runs/v/profile_speculation.json"
+    assert with_speculation_fit("spec_tail(profile='real_backend/speculation_cpu.json', max_batch=8)", fit,
+                                "runs/v/profile.json") == \
+        "spec_tail(profile='runs/v/profile_speculation.json', max_batch=8)"
+    assert with_speculation_fit("tlt(profile='real_backend/speculation_cpu.json')", fit, "runs/v/profile.json") == \
+        "tlt(profile='runs/v/profile_speculation.json', cost_profile='runs/v/profile.json')"
+    for unchanged in ("tlt", "spec_tail(max_batch=8)", "baseline", "hadb(warmup_fraction=0.5)", "breaker(check_every=64)"):
+        assert with_speculation_fit(unchanged, fit, "runs/v/profile.json") == unchanged
+    assert with_speculation_fit("hadb+spec_tail(profile='real_backend/speculation_cpu.json')", fit, "p.json") == \
+        "hadb+spec_tail(profile='runs/v/profile_speculation.json')"
+    built = make_policy(with_speculation_fit("spec_tail(profile='real_backend/speculation_cpu.json')", "real_backend/speculation_cpu.json", "p.json"))
+    assert built.profile == "real_backend/speculation_cpu.json"  # the rewritten spec builds
