@@ -459,26 +459,47 @@ class Compose(Policy):
         return " + ".join(repr(p) for p in self.policies)
 
 
+def parse_policy_spec(spec: str) -> list[tuple[str, dict]]:
+    """A policy spec's parts as (name, keyword arguments): `hadb(short_batch_factor=3)+april` ->
+    [("hadb", {"short_batch_factor": 3}), ("april", {})]. Values are Python literals."""
+    import ast
+    import re
+
+    parts = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]
+    if not parts:
+        raise ValueError(f"empty policy spec {spec!r}")
+    out = []
+    for part in parts:
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
+        if not m:
+            raise ValueError(f"cannot parse policy {part!r} (expected name or name(key=value, ...))")
+        name, args = m.group(1), m.group(2)
+        kwargs = {}
+        if args:
+            call = ast.parse(f"f({args})", mode="eval").body
+            if call.args:
+                raise ValueError(f"policy {name}: parameters must be named (key=value), got {args!r}")
+            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        out.append((name, kwargs))
+    return out
+
+
+def format_policy_spec(name: str, kwargs: dict) -> str:
+    """One part of a spec, as parse_policy_spec reads it back."""
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})" if kwargs else name
+
+
 def make_policy(spec: str) -> Policy:
     """Build a policy from its command-line spelling: `hadb`, `hadb+breaker`, `hadb(short_batch_factor=3)+april`.
 
     The name is the module in the top-level `policies` package; its one Policy subclass is used, so adding
     a policy is adding a file. Parameters are the class's keyword arguments; an unknown one is an error.
     """
-    import ast
     import importlib
     import inspect
-    import re
 
-    parts = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]
-    if not parts:
-        raise ValueError(f"empty policy spec {spec!r}")
     built = []
-    for part in parts:
-        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
-        if not m:
-            raise ValueError(f"cannot parse policy {part!r} (expected name or name(key=value, ...))")
-        name, args = m.group(1), m.group(2)
+    for name, kwargs in parse_policy_spec(spec):
         try:
             module = importlib.import_module(f"policies.{name}")
         except ModuleNotFoundError as e:
@@ -489,12 +510,6 @@ def make_policy(spec: str) -> Policy:
                    if issubclass(c, Policy) and c.__module__ == module.__name__]
         if len(classes) != 1:
             raise ValueError(f"policies/{name}.py must define exactly one Policy subclass, found {len(classes)}")
-        kwargs = {}
-        if args:
-            call = ast.parse(f"f({args})", mode="eval").body
-            if call.args:
-                raise ValueError(f"policy {name}: parameters must be named (key=value), got {args!r}")
-            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         try:
             built.append(classes[0](**kwargs))
         except TypeError as e:

@@ -563,31 +563,21 @@ def with_speculation_fit(spec: str, fit: str | Path, cost_profile: str | Path) -
     ``cost_profile``, where it has one, ``cost_profile``; other parts unchanged. A policy left on its default profile
     keeps it: for tlt the profile is also what it decides with, and on this engine's fresh measurement it decides
     that speculation never pays (measured: it then drafts for none of 160 responses), so it would not act."""
-    import ast
     import inspect
-    import re
 
-    from lssim.policy import make_policy
+    from lssim.policy import format_policy_spec, make_policy, parse_policy_spec
 
-    parts = []
-    for part in [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]:
-        policy = make_policy(part)
-        accepts = inspect.signature(type(policy).__init__).parameters
-        if policy.needs().speculation is None or "profile" not in accepts:
-            parts.append(part)
-            continue
-        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
-        kwargs = {}
-        if m.group(2):
-            kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in ast.parse(f"f({m.group(2)})", mode="eval").body.keywords}
-        if kwargs.get("profile") is None:
-            parts.append(part)
-            continue
-        kwargs["profile"] = str(fit)
-        if "cost_profile" in accepts:
-            kwargs["cost_profile"] = str(cost_profile)
-        parts.append(f"{m.group(1)}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
-    return "+".join(parts)
+    parts, changed = [], False
+    for name, kwargs in parse_policy_spec(spec):
+        part = format_policy_spec(name, kwargs)
+        policy = make_policy(part) if kwargs.get("profile") is not None else None
+        if policy is not None and policy.needs().speculation is not None:
+            kwargs = {**kwargs, "profile": str(fit)}
+            if "cost_profile" in inspect.signature(type(policy).__init__).parameters:
+                kwargs["cost_profile"] = str(cost_profile)
+            part, changed = format_policy_spec(name, kwargs), True
+        parts.append(part)
+    return "+".join(parts) if changed else spec  # unchanged: the spec as written
 
 
 def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bool, length: int = 256) -> None:

@@ -437,11 +437,15 @@ def unseen_points(logs=None) -> pd.DataFrame:
     """Whole iterations of two models no fit saw (another family: Llama-2-7B's 32 KV heads, Llama-3-8B's GQA and
     128k vocabulary), measured on 2026-11-26 with the same script (decode at 1, 16, 128 sequences of 512 and 2048
     tokens where the KV fits, prefills of 512, 1024, 2048 and 4 x 512 tokens)."""
-    return step_points(UNSEEN_LOGS if logs is None else logs)
+    return points_from_logs(UNSEEN_LOGS if logs is None else logs)
 
 
 def step_points(logs=None) -> pd.DataFrame:
     """The points measured on 2026-11-26 (real_backend/gpu/measure_h100.sh, FUSE=' '): decode at 16, 24, 128 and 136
     sequences of 512 tokens, prefills of 512/520, 1024/1040, 2048/2080, 1500 and 3000 tokens, each model."""
-    logs = STEP_LOGS if logs is None else logs
+    return points_from_logs(STEP_LOGS if logs is None else logs)
+
+
+def points_from_logs(logs: dict) -> pd.DataFrame:
+    """:func:`points_from_log` of every {model: log path}, in one frame."""
     return pd.concat([points_from_log(path, model) for model, path in logs.items()], ignore_index=True)

@@ -236,15 +236,15 @@ class GemmTable:
         return f"GemmTable({len(self._curves)} products, {self.source})"
 
 
-def _gemm(p: KernelProfile, gemms: "GemmTable | None"):
-    return (lambda rows, k, n: gemm_seconds(p, rows, k, n)) if gemms is None else (lambda rows, k, n: gemms.seconds(p, rows, k, n))
+def _gemm(p: KernelProfile, gemms: "GemmTable | None", rows, k, n):
+    """One GEMM: from the measured table where there is one (it falls back to the curve itself), else the curve."""
+    return gemm_seconds(p, rows, k, n) if gemms is None else gemms.seconds(p, rows, k, n)
 
 
 def layer_seconds(p: KernelProfile, kernels: LayerKernels, tokens, gemms: GemmTable | None = None) -> dict:
     """One layer's GEMMs and element-wise kernels over ``tokens`` tokens (attention apart), by kind; GEMMs from
     ``gemms`` where it measured them."""
-    price = _gemm(p, gemms)
-    gemm = sum(price(tokens, k, n) for _, k, n in kernels.gemms)
+    gemm = sum(_gemm(p, gemms, tokens, k, n) for _, k, n in kernels.gemms)
     elementwise = sum(elementwise_seconds(p, tokens, b) for _, b in kernels.elementwise)
     return {"gemm": gemm, "elementwise": elementwise}
 
@@ -252,7 +252,7 @@ def layer_seconds(p: KernelProfile, kernels: LayerKernels, tokens, gemms: GemmTa
 def head_seconds(p: KernelProfile, kernels: LayerKernels, rows, tokens, gemms: GemmTable | None = None) -> dict:
     """What a forward pass runs once: embedding gather and final norm over ``tokens`` tokens, the LM head and
     sampling over ``rows`` (the tokens that are sampled), the fixed per-pass time."""
-    return {"lm_head": _gemm(p, gemms)(rows, kernels.hidden, kernels.vocab),
+    return {"lm_head": _gemm(p, gemms, rows, kernels.hidden, kernels.vocab),
             "sampling": p.sampling_launch_s + rows * kernels.vocab * SAMPLING_BYTES_PER_LOGIT / p.sampling_bandwidth,
             "pass_elementwise": sum(elementwise_seconds(p, tokens, b) for _, b in kernels.pass_elementwise),
             "forward": p.forward_s}
