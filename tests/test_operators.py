@@ -151,6 +151,13 @@ def test_held_out_table_is_reproduced_from_the_shipped_data():
     # the points measured after the fit, on both sides of cuBLAS's steps: within 10% too, with or without the sweep
     steps = table[table["source"] == STEPS_SOURCE]
     assert len(steps) == 24 and steps["ape_pct"].max() <= 10.0 and steps["gemm_table_ape_pct"].max() <= 10.0
+    # OperatorCostModel(model, "H100", gemms="H100") is the model of the "measured GEMMs" column: the shipped
+    # profile fitted around the sweep, the sweep's GEMMs
+    for r in steps.itertuples():
+        shipped = OperatorCostModel(r.model, "H100", gemms="H100")
+        got = shipped.decode_time(r.n_seqs, r.n_seqs * r.ctx_len, 1) if r.kind == "decode" else \
+            shipped.prompt_prefill_time([r.prompt_len] * r.n_prompts)
+        assert got == pytest.approx(r.gemm_table_s, rel=1e-3)
     # and two models of another family that no fit saw (Llama-2-7B, Llama-3-8B)
     unseen = table[table["source"] == UNSEEN_SOURCE]
     assert set(unseen["model"]) == {"llama2-7b", "llama3-8b"} and len(unseen) == 19

@@ -1,8 +1,8 @@
 """The GPU cost model built from measured kernels (lssim.cost.operators) against every held-out measured point.
 
     python -m lssim.benchmarks.gpu_cost_model            # fit, print the held-out table (no GPU, ~10 s)
-    python -m lssim.benchmarks.gpu_cost_model --write    # ... and rewrite lssim/cost/data/h100_kernels.json
-                                                         #     and gpu_cost_heldout.csv from the same fit
+    python -m lssim.benchmarks.gpu_cost_model --write    # ... and rewrite lssim/cost/data/h100_kernels.json,
+                                                         #     h100_kernels_gemms.json and gpu_cost_heldout.csv
     python -m lssim.benchmarks.gpu_cost_model --from-vidur VIDUR_CHECKOUT   # rebuild vidur_h100_*.csv
 
 What is held out and what the fits see: lssim.cost.operator_fit. The shipped H100 profile is the one fitted
@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from lssim.cost.operator_fit import (GEMM_SWEEP, VIDUR_HELD_OUT, VIDUR_OPS, VIDUR_TABLE_TOKENS, cross_stack,
-                                     fit_gemm_curve, heldout_table, vidur_form_floor, vidur_interpolation_errors,
-                                     vidur_neighbourhood_errors, vidur_steps)
-from lssim.cost.operators import DATA_DIR, KERNEL_PROFILES, GemmTable, gemm_seconds
+                                     fit_gemm_curve, fit_with_gemms, heldout_table, lssim_points, vidur_form_floor,
+                                     vidur_interpolation_errors, vidur_neighbourhood_errors, vidur_steps)
+from lssim.cost.operators import DATA_DIR, GEMM_TABLE_PROFILES, KERNEL_PROFILES, GemmTable, gemm_seconds
 
 TABLE_CSV = DATA_DIR / "gpu_cost_heldout.csv"
 # Layers of each Vidur model (its config.json: num_hidden_layers), which mlp.csv does not record.
@@ -153,8 +153,9 @@ def main(argv=None) -> None:
     print(summary(table, sums))
     if args.write:
         profile.to_json(KERNEL_PROFILES["H100"])
+        fit_with_gemms(lssim_points())[0].to_json(GEMM_TABLE_PROFILES["H100"])
         table.to_csv(TABLE_CSV, index=False, float_format="%.6g")
-        print(f"\nwrote {KERNEL_PROFILES['H100']} and {TABLE_CSV}")
+        print(f"\nwrote {KERNEL_PROFILES['H100']}, {GEMM_TABLE_PROFILES['H100']} and {TABLE_CSV}")
 
 
 if __name__ == "__main__":

@@ -248,6 +248,13 @@ TABLE_COLUMNS = ["source", "model", "kind", "n_seqs", "ctx_len", "n_prompts", "p
 STEPS_SOURCE = "lssim H100 torch, between steps"
 
 
+def fit_with_gemms(points: pd.DataFrame, gemm_sweep=GEMM_SWEEP) -> tuple[KernelProfile, GemmTable]:
+    """(the profile fitted around the sweep's GEMMs, the sweep as a GemmTable): what ``OperatorCostModel(model,
+    "H100", gemms="H100")`` prices with (``lssim/cost/data/h100_kernels_gemms.json``)."""
+    gemms = GemmTable(gemm_sweep, source=f"lssim/profiles/{Path(gemm_sweep).name}")
+    return replace(fit_profile(points, gemms=gemms), name="H100-torch+gemm table"), gemms
+
+
 def heldout_table(profiles_dir=PROFILES_DIR, data_dir=DATA_DIR, gemm_sweep=GEMM_SWEEP,
                   step_logs=None, unseen_logs=None) -> tuple[pd.DataFrame, KernelProfile, pd.DataFrame]:
     """(table of every held-out point reported, the fitted H100 profile, Vidur's held-out layer sums at every
@@ -260,9 +267,8 @@ def heldout_table(profiles_dir=PROFILES_DIR, data_dir=DATA_DIR, gemm_sweep=GEMM_
     (:func:`step_points`) and whole iterations of two models no fit saw (:func:`unseen_points`); the Vidur rows are the other stack's layers, priced by the curve fitted to Vidur's
     other models (the per-kernel form's check; see :func:`cross_stack`)."""
     points = lssim_points(profiles_dir)
-    gemms = GemmTable(gemm_sweep, source=f"lssim/profiles/{Path(gemm_sweep).name}")
     profile = fit_profile(points)
-    with_gemms = fit_profile(points, gemms=gemms)
+    with_gemms, gemms = fit_with_gemms(points, gemm_sweep)
     held = points[points["held_out"]]
     steps = step_points(step_logs)
     lssim_rows = pd.concat([lssim_table(profile, held, with_gemms, gemms),

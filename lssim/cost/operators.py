@@ -50,8 +50,9 @@ __all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "dec
 DATA_DIR = Path(__file__).with_name("data")
 # Fitted profiles shipped with lssim, by hardware key (lssim.cost.HARDWARE).
 KERNEL_PROFILES: dict[str, Path] = {"H100": DATA_DIR / "h100_kernels.json"}
-# GEMMs measured on that hardware (lssim.cost.gpu_gemm_sweep), read with its profile (fitted around them).
+# GEMMs measured on that hardware (lssim.cost.gpu_gemm_sweep), and the profile fitted around them.
 GEMM_TABLES: dict[str, Path] = {"H100": DATA_DIR.parents[1] / "profiles" / "h100_gemm_sweep.csv"}
+GEMM_TABLE_PROFILES: dict[str, Path] = {"H100": DATA_DIR / "h100_kernels_gemms.json"}
 SAMPLING_BYTES_PER_LOGIT = 16  # fp32 logits written, read by softmax, noise written and read, argmax
 
 
@@ -272,7 +273,9 @@ class OperatorCostModel:
     ``gemms``: a :class:`GemmTable` (or its CSV file) of GEMMs measured on the same GPU and stack; the products it
     holds are priced from it, the rest by the profile's curve. Use it with a profile fitted with the same table
     (``lssim.cost.operator_fit.fit_profile(points, gemms=...)``), so the other kernels' coefficients match; a
-    hardware key (``gemms="H100"``) names the table shipped for it (GEMM_TABLES). Not the default, and not for
+    hardware key (``gemms="H100"``) names the table shipped for it (GEMM_TABLES), and with the same key as the
+    profile (``OperatorCostModel(model, "H100", gemms="H100")``) the profile shipped fitted around it
+    (GEMM_TABLE_PROFILES). Not the default, and not for
     the simulator: the table follows cuBLAS's steps and spikes, so its times are neither monotone in the batch
     nor subadditive in the prefill, which the CostModel protocol and the lower bound rely on; it is the
     predictor to read one iteration's time with.
@@ -288,6 +291,8 @@ class OperatorCostModel:
                  gemms: GemmTable | str | Path | None = None) -> None:
         self.model = _lookup(model, MODELS, "model")
         if isinstance(gemms, str) and gemms in GEMM_TABLES:  # a hardware key: the GEMMs measured on it
+            if isinstance(profile, str) and profile == gemms:  # ... with the profile fitted around them
+                profile = KernelProfile.from_json(GEMM_TABLE_PROFILES[gemms])
             gemms = load_gemm_table(gemms)
         self.gemms = gemms if gemms is None or isinstance(gemms, GemmTable) else GemmTable(gemms)
         self.profile = load_kernel_profile(profile) if isinstance(profile, str) else profile
