@@ -459,13 +459,13 @@ class Compose(Policy):
         return " + ".join(repr(p) for p in self.policies)
 
 
-def parse_policy_spec(spec: str) -> list[tuple[str, dict]]:
-    """A policy spec's parts as (name, keyword arguments): `hadb(short_batch_factor=3)+april` ->
-    [("hadb", {"short_batch_factor": 3}), ("april", {})]. Values are Python literals."""
-    import ast
+def split_policy_spec(spec: str) -> list[tuple[str, str | None]]:
+    """A spec's members as (name, the text between its parentheses or None), not yet read:
+    `hadb(short_batch_factor=3)+april` -> [("hadb", "short_batch_factor=3"), ("april", None)]. What
+    parse_policy_spec reads and lssim.sweep.expand_grid expands."""
     import re
 
-    parts = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]
+    parts = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]  # '+' outside parentheses
     if not parts:
         raise ValueError(f"empty policy spec {spec!r}")
     out = []
@@ -473,7 +473,17 @@ def parse_policy_spec(spec: str) -> list[tuple[str, dict]]:
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", part)
         if not m:
             raise ValueError(f"cannot parse policy {part!r} (expected name or name(key=value, ...))")
-        name, args = m.group(1), m.group(2)
+        out.append((m.group(1), m.group(2)))
+    return out
+
+
+def parse_policy_spec(spec: str) -> list[tuple[str, dict]]:
+    """A policy spec's parts as (name, keyword arguments): `hadb(short_batch_factor=3)+april` ->
+    [("hadb", {"short_batch_factor": 3}), ("april", {})]. Values are Python literals."""
+    import ast
+
+    out = []
+    for name, args in split_policy_spec(spec):
         kwargs = {}
         if args:
             call = ast.parse(f"f({args})", mode="eval").body

@@ -24,7 +24,7 @@ import re
 import pandas as pd
 
 from .parallel import SimJob, run_jobs
-from .policy import make_policy
+from .policy import make_policy, split_policy_spec
 from .ranking import rank
 from .replay import SimSetup
 
@@ -47,17 +47,15 @@ def expand_grid(spec: str) -> list[str]:
         expand_grid("hadb(short_batch_factor=1,2, ema=0.5)+april(over_provision=1.5,2)")  -> 2 x 2 specs
 
     Values are Python literals (numbers, strings in quotes, True/False, lists in brackets)."""
-    members = [p.strip() for p in re.split(r"\+(?![^()]*\))", spec) if p.strip()]
-    if not members:
-        raise ValueError(f"--grid: empty spec {spec!r}")
+    try:
+        members = split_policy_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"--grid {spec!r}: {e}; a grid lists values: name(key=v1,v2,...)") from None
     axes: list[list[str]] = []  # per member: its name, then one list of "key=value" choices per parameter
     shapes: list[tuple[str, int]] = []
-    for member in members:
-        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:\((.*)\))?", member)
-        if not m:
-            raise ValueError(f"--grid {spec!r}: cannot parse {member!r} (expected name or name(key=v1,v2,...))")
-        params = _grid_params(m.group(2) or "", spec)
-        shapes.append((m.group(1), len(params)))
+    for name, args in members:
+        params = _grid_params(args or "", spec)
+        shapes.append((name, len(params)))
         axes.extend([f"{key}={value}" for value in values] for key, values in params)
     out = []
     for point in itertools.product(*axes):

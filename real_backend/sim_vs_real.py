@@ -638,8 +638,9 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
             "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "speed_level", "probed_median_ape_pct",
             "probed_p90_ape_pct", "anchored_median_ape_pct",
-            "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct", "meets_goal",
-            "meets_goal_anchored"]
+            "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct",
+            "noise_floor_median_pct", "noise_floor_p90_pct", "repeats_for_goal", "meets_goal", "meets_goal_probed",
+            "meets_goal_anchored", "within_noise"]
     s = frames["summary"]
     text += s[[c for c in cols if c in s]].to_string(float_format=lambda v: f"{v:.2f}")
     text += f"\nwritten to {out}/ (summary.csv, fidelity.md, steps.parquet, acted.parquet, validation.png, ...)"

@@ -92,7 +92,10 @@ def test_grids_expand_cartesian_with_the_first_parameter_slowest():
     assert expand_grid("x(a='p,q','r', b=[1,2],[3])") == ["x(a='p,q',b=[1,2])", "x(a='p,q',b=[3])", "x(a='r',b=[1,2])", "x(a='r',b=[3])"]
     assert expand_grid("hadb") == ["hadb"]
     assert sweep_specs(["hadb", "april"], 1, ["hadb(ema=0.5)", "hadb"]) == ["baseline", "hadb", "april", "hadb(ema=0.5)"]
-    for bad, why in (("hadb(1,2)", "before any key"), ("hadb(a=1,a=2)", "given twice"), ("hadb(a=1,zz z)", "not a Python literal")):
+    # members are split as make_policy splits a spec (lssim.policy.split_policy_spec): '+' inside parentheses stays
+    assert expand_grid("x(a='p+q','r')+y") == ["x(a='p+q')+y", "x(a='r')+y"]
+    for bad, why in (("hadb(1,2)", "before any key"), ("hadb(a=1,a=2)", "given twice"), ("hadb(a=1,zz z)", "not a Python literal"),
+                     ("", "empty policy spec"), ("9hadb(a=1)", "cannot parse policy '9hadb")):
         with pytest.raises(ValueError, match=why):
             expand_grid(bad)
 

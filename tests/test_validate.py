@@ -95,6 +95,59 @@ def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
     assert sorted(spread["ape_pct"].round(6)) == pytest.approx(sorted([100 / 11, 100 / 11, 0.0]))
 
 
+def _repeats(rng, sigma: float, steps: int, repeats: int, policy: str = "p") -> pd.DataFrame:
+    """Measured step times of `repeats` runs: each step's truth times lognormal noise of `sigma`."""
+    truth = rng.uniform(1.0, 3.0, size=steps)
+    seconds = truth[:, None] * np.exp(rng.normal(0.0, sigma, size=(steps, repeats)))
+    return pd.DataFrame([{"policy": policy, "step": s, "repeat": k, "measured_seconds": seconds[s, k], "truth": truth[s]}
+                         for s in range(steps) for k in range(repeats)])
+
+
+def test_the_noise_floor_is_what_an_exact_model_scores_against_noisy_repeats():
+    from lssim.fidelity import noise_floor
+
+    rng = np.random.default_rng(7)
+    sigma, steps, k = 0.10, 10, 5
+    scored, floors = [], []
+    for _ in range(60):  # many validations of an exact model (it predicts each step's truth) on noisy repeats
+        rows = _repeats(rng, sigma, steps, k)
+        medians = rows.groupby("step").agg(measured=("measured_seconds", "median"), truth=("truth", "first"))
+        scored.append(float(((medians["truth"] - medians["measured"]).abs() / medians["measured"] * 100).median()))
+        floors.append(noise_floor(rows, draws=300, seed=1).loc["p", "noise_floor_median_pct"])
+    # From its repeats alone, the floor says what the exact model scores (within the spread of such estimates).
+    assert np.median(floors) == pytest.approx(np.median(scored), rel=0.35)
+    assert np.mean(np.array(scored) <= np.percentile(floors, 97)) >= 0.85
+
+
+@settings(max_examples=15, deadline=None)
+@given(sigma=st.floats(0.02, 0.3), seed=st.integers(0, 2**16))
+def test_the_noise_floor_falls_with_repeats_and_rises_with_noise(sigma, seed):
+    from lssim.fidelity import noise_floor
+
+    rng = np.random.default_rng(seed)
+    rows = pd.concat([_repeats(rng, sigma, 8, 5, "few"), _repeats(rng, sigma, 8, 20, "many"),
+                      _repeats(rng, 3 * sigma, 8, 5, "noisy")])
+    floor = noise_floor(rows, draws=400, seed=seed)
+    assert floor.loc["many", "noise_floor_median_pct"] < floor.loc["few", "noise_floor_median_pct"]
+    assert floor.loc["noisy", "noise_floor_median_pct"] > floor.loc["few", "noise_floor_median_pct"]
+    assert (floor["noise_bound_median_pct"] >= floor["noise_floor_median_pct"]).all()
+    assert (floor["noise_bound_p90_pct"] >= floor["noise_floor_p90_pct"]).all()
+    needed = floor["repeats_for_goal"]
+    assert needed.isna().all() or needed.dropna().between(2, 60).all()
+    if needed.notna().all():
+        assert needed["noisy"] >= needed["few"]  # more noise takes more repeats to test the goal
+
+
+def test_the_noise_floor_of_one_repeat_or_of_identical_repeats():
+    from lssim.fidelity import noise_floor
+
+    one = pd.DataFrame({"policy": "p", "step": [0, 1], "repeat": 0, "measured_seconds": [1.0, 2.0]})
+    assert noise_floor(one).loc["p"].isna().all()  # one repeat: no spread to speak of
+    same = pd.DataFrame({"policy": "p", "step": [0, 0, 1, 1], "repeat": [0, 1, 0, 1], "measured_seconds": [1.0, 1.0, 2.0, 2.0]})
+    floor = noise_floor(same).loc["p"]
+    assert floor["noise_floor_median_pct"] == 0 and floor["noise_bound_p90_pct"] == 0 and floor["repeats_for_goal"] == 2
+
+
 def test_anchor_on_baseline_takes_the_machines_speed_from_the_reference_and_drops_it():
     from lssim.fidelity import anchor_on_baseline
 
@@ -365,6 +418,27 @@ def test_policy_summary_json_and_markdown_report_acted_spread_and_the_goal():
     assert p["acted"] == 4 and p["acted_by"]["stopped"] == 4 and p["world"] == "w" and result["all_acted"] is False
     text = fidelity_markdown(summary)
     assert text.count("\n| `") == 3 and "4 of 8" in text and "(reference)" in text
+
+
+def test_policy_summary_reports_the_noise_floor_and_a_miss_within_it():
+    from lssim.fidelity import fidelity_markdown, noise_floor, policy_results, policy_summary
+
+    table, acted_rows, noise = _summary()
+    table.loc["q", "speedup_error_points"] = -1.0  # q's speedup within the goal: only its step error is in question
+    rng = np.random.default_rng(3)
+    by_repeat = pd.concat([_repeats(rng, 0.25, 2, 5, name) for name in ("baseline@w", "p", "q")])
+    summary = policy_summary(table, acted_rows, noise, steps_by_repeat=by_repeat)
+    floor = noise_floor(by_repeat)
+    assert summary.loc["q", "noise_floor_median_pct"] == pytest.approx(floor.loc["q", "noise_floor_median_pct"])
+    # q misses (20% off one of its two steps), but repeats 25% apart cannot tell that from an exact model
+    assert not summary.loc["q", "meets_goal"] and summary.loc["q", "within_noise"]
+    entry = json.loads(json.dumps(policy_results(summary), default=float))["policies"]["q"]
+    assert entry["within_noise"] is True and entry["noise_floor"]["floor_median"] > 0 and entry["repeats_for_goal"] > 5
+    text = fidelity_markdown(summary)
+    assert "an exact model's error" in text and "within noise" in text
+    quiet = policy_summary(table, acted_rows, noise, steps_by_repeat=pd.concat(
+        [_repeats(rng, 0.001, 2, 5, name) for name in ("baseline@w", "p", "q")]))
+    assert not quiet.loc["q", "within_noise"]  # on a quiet machine the same miss is the model's
 
 
 @pytest.mark.real
@@ -743,3 +817,15 @@ def test_reprofile_gives_the_speculating_policies_the_speculation_measured_besid
         "hadb+spec_tail(profile='runs/v/profile_speculation.json')"
     built = make_policy(with_speculation_fit("spec_tail(profile='real_backend/speculation_cpu.json')", "real_backend/speculation_cpu.json", "p.json"))
     assert built.profile == "real_backend/speculation_cpu.json"  # the rewritten spec builds
+
+
+def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_bad_folder(tmp_path, capsys):
+    from lssim.benchmarks.validation_noise import folder_table, main
+
+    table = folder_table("real_backend/validation/probe2")
+    assert {"seer", "hadb", "breaker"} <= set(table.index)
+    assert (table["noise_floor_median_pct"] > 0).all() and table["repeats_for_goal"].min() >= 2
+    assert main(["real_backend/validation/probe2"]) == 0
+    out = capsys.readouterr().out
+    assert "an exact model (noise floor)" in out and "at the probed level" in out
+    assert main([str(tmp_path)]) == 2 and "summary.csv" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""How much of the real-engine validation's error is the machine's noise, and does the speed probe help, pooled
+over every validation whose outputs are kept.
+
+    python -m lssim.benchmarks.validation_noise                       # the folders shipped in real_backend/validation
+    python -m lssim.benchmarks.validation_noise runs/v1 runs/v2       # any `lssim validate --out` folders
+
+Per folder and policy: the step error (median / p90 %) with the profile alone and at the probed speed level
+(summary.csv), and the noise floor, what an exact model would score against the same repeats
+(lssim.fidelity.noise_floor, from steps_by_repeat.parquet), with the repeats it would need to meet the goal. Then,
+over all rows: how often each prediction meets the goal, and its typical error. Nothing is replayed: it reads the
+folders' files, so it runs in seconds without vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS, noise_floor
+
+SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/probe",
+           "real_backend/validation/probe2", "real_backend/validation/noise")
+
+
+def folder_table(folder) -> pd.DataFrame:
+    """One row per policy of a validation folder: its errors, its noise floor and whether it meets the goal."""
+    folder = Path(folder)
+    for name in ("summary.csv", "steps_by_repeat.parquet"):
+        if not (folder / name).is_file():
+            raise ValueError(f"{folder}: no {name} (written by `lssim validate --out {folder}`)")
+    summary = pd.read_csv(folder / "summary.csv", index_col="policy")
+    floor = noise_floor(pd.read_parquet(folder / "steps_by_repeat.parquet"))
+    out = pd.DataFrame({"world": summary["world"],
+                        "median": summary["makespan_median_ape_pct"], "p90": summary["makespan_p90_ape_pct"],
+                        "probed_median": summary.get("probed_median_ape_pct", np.nan),
+                        "probed_p90": summary.get("probed_p90_ape_pct", np.nan),
+                        "speedup_error": summary.get("speedup_error_points", np.nan)}).join(floor)
+    speedup_ok = out["speedup_error"].abs().fillna(0) <= TARGET_SPEEDUP_POINTS
+    out["meets"] = (out["median"] <= TARGET_MEDIAN_PCT) & (out["p90"] <= TARGET_P90_PCT) & speedup_ok
+    out["meets_probed"] = (out["probed_median"] <= TARGET_MEDIAN_PCT) & (out["probed_p90"] <= TARGET_P90_PCT) & speedup_ok
+    out["exact_would_meet"] = ((out["noise_floor_median_pct"] <= TARGET_MEDIAN_PCT)
+                               & (out["noise_floor_p90_pct"] <= TARGET_P90_PCT))
+    return out.assign(folder=str(folder))
+
+
+def pooled(rows: pd.DataFrame) -> pd.DataFrame:
+    """Over all rows (policies and baselines of every folder): the typical error of each prediction and how often
+    it meets the goal, beside the exact model's."""
+    probed = rows.dropna(subset=["probed_median"])
+    return pd.DataFrame([
+        {"prediction": "profile alone", "rows": len(probed), "median of medians %": probed["median"].median(),
+         "mean of medians %": probed["median"].mean(), "median of p90s %": probed["p90"].median(),
+         "meets the goal": int(probed["meets"].sum())},
+        {"prediction": "at the probed level", "rows": len(probed), "median of medians %": probed["probed_median"].median(),
+         "mean of medians %": probed["probed_median"].mean(), "median of p90s %": probed["probed_p90"].median(),
+         "meets the goal": int(probed["meets_probed"].sum())},
+        {"prediction": "an exact model (noise floor)", "rows": len(probed),
+         "median of medians %": probed["noise_floor_median_pct"].median(),
+         "mean of medians %": probed["noise_floor_median_pct"].mean(),
+         "median of p90s %": probed["noise_floor_p90_pct"].median(),
+         "meets the goal": int(probed["exact_would_meet"].sum())},
+    ]).set_index("prediction")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lssim.benchmarks.validation_noise", description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="*", help="`lssim validate --out` folders (default: the shipped ones that exist)")
+    args = p.parse_args(argv)
+    folders = args.folders or [f for f in SHIPPED if Path(f, "summary.csv").is_file()]
+    try:
+        rows = pd.concat([folder_table(f) for f in folders])
+    except ValueError as e:
+        print(f"validation_noise: {e}", file=sys.stderr)
+        return 2
+    cols = ["world", "median", "p90", "probed_median", "probed_p90", "noise_floor_median_pct", "noise_floor_p90_pct",
+            "repeats_for_goal", "meets", "meets_probed"]
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        for folder, t in rows.groupby("folder", sort=False):
+            print(f"\n{folder}: step error median / p90 % (profile alone; at the probed level), an exact model's, the "
+                  f"repeats it needs for the goal")
+            print(t[cols].to_string(float_format=lambda v: f"{v:.1f}"))
+        print(f"\npooled over {len(folders)} validations (rows with a probed level):")
+        print(pooled(rows).to_string(float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
