@@ -344,6 +344,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out} is not empty (pass --overwrite to replace what is there)")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.max_repeats is not None and (args.runs or args.mode is not None):
+        raise ValueError("--max-repeats records repeats until the goal can be tested; with --runs or --mode it cannot")
+    if args.max_repeats is not None and args.max_repeats < args.repeats:
+        raise ValueError(f"--max-repeats ({args.max_repeats}) must be at least --repeats ({args.repeats})")
     if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
         return _validate_modes(args)
     if args.staleness != 1 or args.async_variant != "roll":
@@ -517,15 +521,17 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                 run_specs = {spec: with_speculation_fit(spec, fit, profile_to) for _, specs in worlds for _, spec in specs}
         probes = [measure_probe(engine)]  # the machine's speed level between every two runs (real_backend.speed_probe)
         probed: list[Path] = []
-        for k in range(args.repeats):
+        measured = []  # every recorded step's seconds: whether the repeats so far can test the goal (enough_repeats)
+        k = 0
+        while not enough_repeats(pd.DataFrame(measured), k, args.repeats, args.max_repeats or args.repeats):
             for world, specs in worlds:
                 setup, config = _world_setup(world, args, greedy), _world_config(world, args)
                 for name, spec in specs:
                     folder = out_path(out, world.name, spec) / f"repeat{k}"
                     spec = run_specs.get(spec, spec)
                     prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
-                    print(f"-- {spec} in world {world.name} (repeat {k + 1} of {args.repeats}): {config.steps} steps",
-                          file=sys.stderr)
+                    of = args.repeats if (args.max_repeats or args.repeats) == args.repeats else f"{args.repeats}-{args.max_repeats}"
+                    print(f"-- {spec} in world {world.name} (repeat {k + 1} of {of}): {config.steps} steps", file=sys.stderr)
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
@@ -535,9 +541,34 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                     for i in range(max(0, len(probed) - 2), len(probed)):  # the one before gets its whole window now
                         record_run_probes(probed[i], probes, i, engine.n_instances)
                     runs.append(folder)
+                    seconds = pd.read_parquet(folder / "steps.parquet", columns=["step", "rollout_seconds"])
+                    measured += [{"policy": f"{name}@{world.name}", "repeat": k, "step": int(step), "measured_seconds": float(t)}
+                                 for step, t in zip(seconds["step"], seconds["rollout_seconds"])]
+            k += 1
     finally:
         engine.close()
     return [load_recorded(folder) for folder in runs]
+
+
+def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int) -> bool:
+    """Whether `lssim validate` has recorded enough repeats: at least `minimum`, and beyond it (up to `maximum`, what
+    --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy, repeat,
+    step, measured_seconds of the runs so far), an exact model would typically meet it against these repeats
+    (lssim.fidelity.noise_floor). Prints the floor after each repeat beyond the minimum."""
+    from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, noise_floor
+
+    if done < minimum:
+        return False
+    if done >= maximum or measured.empty:
+        return True
+    floor = noise_floor(measured)
+    testable = (floor["noise_floor_median_pct"] <= TARGET_MEDIAN_PCT) & (floor["noise_floor_p90_pct"] <= TARGET_P90_PCT)
+    worst = floor["noise_floor_median_pct"].idxmax()
+    print(f"after {done} repeats an exact model would score {floor.loc[worst, 'noise_floor_median_pct']:.1f}% median / "
+          f"{floor.loc[worst, 'noise_floor_p90_pct']:.1f}% p90 on {worst} (the noisiest); the goal "
+          + ("can be tested now" if testable.all() else f"cannot be tested yet for {', '.join(floor.index[~testable])}: "
+             f"recording repeat {done + 1} (of at most {maximum})"), file=sys.stderr)
+    return bool(testable.all())
 
 
 def speculation_path(profile: str | Path) -> Path:
@@ -685,6 +716,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record each policy K times (same seeds) and compare per-step medians; the spread of the K runs is "
                         "the machine's timing noise (default: 5; with 3, this 2-core VM's noise alone put some policies "
                         "past the targets)")
+    p.add_argument("--max-repeats", type=int, metavar="N",
+                   help="after --repeats, keep recording repeats, up to N, until the goal can be tested: until an exact "
+                        "model would typically meet it against the repeats of every policy on the engine (the noise "
+                        "floor, lssim.fidelity.noise_floor; a noisy machine needs more). Default: exactly --repeats")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
                    "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
                    "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "

@@ -221,6 +221,8 @@ def test_load_run_names_what_is_missing(tmp_path):
     (["--policies", "no_such_policy"], "no_such_policy"),
     (["--runs", "a", "--reprofile"], "--reprofile"),
     (["--repeats", "0"], "--repeats"),
+    (["--repeats", "5", "--max-repeats", "3"], "--max-repeats (3) must be at least --repeats (5)"),
+    (["--runs", "a", "--max-repeats", "9"], "--max-repeats"),
 ])
 def test_validate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, profile, args, message):
     out = tmp_path / "out"
@@ -829,3 +831,19 @@ def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_ba
     out = capsys.readouterr().out
     assert "an exact model (noise floor)" in out and "at the probed level" in out
     assert main([str(tmp_path)]) == 2 and "summary.csv" in capsys.readouterr().err
+
+
+def test_validate_records_repeats_until_the_goal_can_be_tested(capsys):
+    from real_backend.sim_vs_real import enough_repeats
+
+    rng = np.random.default_rng(0)
+    quiet = pd.concat([_repeats(rng, 0.005, 5, 3, "a@w"), _repeats(rng, 0.005, 5, 3, "b@w")])
+    noisy = pd.concat([_repeats(rng, 0.005, 5, 3, "a@w"), _repeats(rng, 0.3, 5, 3, "b@w")])
+    assert not enough_repeats(quiet, 2, 3, 30)  # never fewer than --repeats
+    assert enough_repeats(quiet, 3, 3, 30)  # a quiet machine: the minimum tests the goal
+    assert not enough_repeats(noisy, 3, 3, 30)  # one noisy policy keeps the engine recording
+    assert "cannot be tested yet for b@w" in capsys.readouterr().err
+    assert enough_repeats(noisy, 30, 3, 30)  # up to --max-repeats, not beyond
+    assert enough_repeats(noisy, 3, 3, 3)  # without --max-repeats: exactly --repeats
+    many = pd.concat([_repeats(rng, 0.005, 5, 40, "a@w"), _repeats(rng, 0.08, 5, 40, "b@w")])
+    assert enough_repeats(many, 40, 3, 60)  # more repeats bring the floor under the goal
