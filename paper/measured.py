@@ -321,9 +321,33 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
                                         "rank measured": "d", "rank predicted": "d"})}
 
 
+NOISE_FOLDERS = ("", "full2", "probe", "probe2", "noise", "until")  # the validations kept under real_backend/validation/
+
+
+def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
+    """What an exact model would score against the headline run's repeats (lssim.fidelity.noise_floor on its
+    steps_by_repeat.parquet), and the pooled comparison over every kept validation
+    (`python -m lssim.benchmarks.validation_noise` prints the same)."""
+    from lssim.benchmarks.validation_noise import folder_table, pooled
+
+    floor = folder_table(root / VALIDATION).loc[policies.index]
+    folders = [root / VALIDATION / f for f in NOISE_FOLDERS if (root / VALIDATION / f / "summary.csv").is_file()]
+    pool = pooled(pd.concat([folder_table(f) for f in folders]))
+    out = {"real.floor_median": float(floor["noise_floor_median_pct"].median()),
+           "real.floor_p90": float(floor["noise_floor_p90_pct"].median()),
+           "real.exact_meeting_goal": int(floor["exact_would_meet"].sum()),
+           "real.repeats_for_goal_median": float(floor["repeats_for_goal"].median()),
+           "pooled.validations": len(folders), "pooled.rows": int(pool["rows"].iloc[0])}
+    for key, row in zip(("profile", "probed", "exact"), pool.itertuples()):
+        out[f"pooled.{key}_median"] = float(row[2])
+        out[f"pooled.{key}_meets"] = int(row[5])
+    return out
+
+
 def measured_all(root: Path) -> tuple[dict, dict]:
     """Every measured-data number (flat keys, tables under "tables") and the frames the figures draw."""
     numbers, tables, frames = fidelity_numbers(root)
+    numbers.update(noise_numbers(root, read_summary(root)[0]))
     modes, modes_tables = modes_numbers(root)
     numbers.update(modes)
     tables.update(modes_tables)
@@ -336,4 +360,4 @@ def measured_all(root: Path) -> tuple[dict, dict]:
     return numbers, {**frames, "gpu_heldout": heldout}
 
 
-__all__ = ["measured_all", "modes_numbers", "fidelity_numbers", "gpu_numbers", "trainer_numbers", "speculation_numbers", "read_summary"]
+__all__ = ["measured_all", "modes_numbers", "fidelity_numbers", "noise_numbers", "gpu_numbers", "trainer_numbers", "speculation_numbers", "read_summary"]
