@@ -238,11 +238,12 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
     The per-step median of k repeats is itself a noisy measurement. The noise is taken from the differences between
     repeats of a step (in log seconds, over sqrt(2), pooled over the policy's steps: 100-200 values with 5 repeats,
     so the stalls in the tail are in the pool) and resampled k at a time per step, `draws` times; an exact model's
-    error on a step is then the distance of the resampled median from the truth. Columns: noise_floor_median_pct / noise_floor_p90_pct (the
-    typical median and p90 over the steps of that error), noise_bound_median_pct / noise_bound_p90_pct (their 95th
-    percentiles: a model whose errors lie within both cannot be told from an exact one), and repeats_for_goal (the
-    fewest repeats at which an exact model's typical errors meet the goal; NaN beyond MAX_REPEATS_SEARCHED). One
-    repeat has no spread: NaN."""
+    error on a step is then the distance of the resampled median from the truth.
+
+    Columns: noise_floor_median_pct / noise_floor_p90_pct (the typical median and p90 over the steps of that
+    error), noise_bound_median_pct / noise_bound_p90_pct (their 95th percentiles: a model whose errors lie within
+    both cannot be told from an exact one), and repeats_for_goal (the fewest repeats at which an exact model's
+    typical errors meet the goal; NaN beyond MAX_REPEATS_SEARCHED). One repeat has no spread: NaN."""
     rng = np.random.default_rng(seed)
     rows = {}
     for name, s in steps_by_repeat.groupby("policy", sort=False):

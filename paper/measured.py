@@ -321,7 +321,7 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
                                         "rank measured": "d", "rank predicted": "d"})}
 
 
-NOISE_FOLDERS = ("", "full2", "probe", "probe2", "noise", "until")  # the validations kept under real_backend/validation/
+NOISE_FOLDERS = ("", "full2", "probe", "probe2", "noise", "until", "until2")  # the validations kept under real_backend/validation/
 
 
 def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:

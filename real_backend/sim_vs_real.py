@@ -530,7 +530,7 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                     folder = out_path(out, world.name, spec) / f"repeat{k}"
                     spec = run_specs.get(spec, spec)
                     prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
-                    of = args.repeats if (args.max_repeats or args.repeats) == args.repeats else f"{args.repeats}-{args.max_repeats}"
+                    of = f"{args.repeats}-{args.max_repeats}" if (args.max_repeats or 0) > args.repeats else args.repeats
                     print(f"-- {spec} in world {world.name} (repeat {k + 1} of {of}): {config.steps} steps", file=sys.stderr)
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),

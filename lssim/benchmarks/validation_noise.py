@@ -23,7 +23,8 @@ import pandas as pd
 from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS, noise_floor
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/probe",
-           "real_backend/validation/probe2", "real_backend/validation/noise", "real_backend/validation/until")
+           "real_backend/validation/probe2", "real_backend/validation/noise", "real_backend/validation/until",
+           "real_backend/validation/until2")
 
 
 def folder_table(folder) -> pd.DataFrame:
