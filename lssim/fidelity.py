@@ -280,6 +280,26 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
     return out
 
 
+FINISH_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def finish_profile(responses: pd.DataFrame, quantiles=FINISH_QUANTILES) -> pd.DataFrame:
+    """Where in a step the twin runs fast or slow: per policy, the median of measured over predicted finish time of
+    the responses whose measured finish lies in each quantile band of their step's finish times (`validate`'s
+    responses frame: both worlds ended them in the same step). A flat row is a speed level; a hump is a phase of the
+    step the cost model misprices (the first quarter, the bulk, the tail)."""
+    r = responses[(responses["end_step_measured"] == responses["end_step_predicted"])
+                  & (responses["finish_time_measured"] > 0) & (responses["finish_time_predicted"] > 0)]
+    keys = ["policy", "repeat", "step"] if "repeat" in r else ["policy", "step"]
+    r = r.assign(rank=r.groupby(keys)["finish_time_measured"].rank(pct=True),
+                 ratio=r["finish_time_measured"] / r["finish_time_predicted"])
+    bands = pd.cut(r["rank"], list(quantiles), include_lowest=True,
+                   labels=[f"{a:.0%}-{b:.0%}" for a, b in zip(quantiles[:-1], quantiles[1:])])
+    out = r.groupby(["policy", bands.rename("finish band")], observed=True, sort=False)["ratio"].median().unstack()
+    out.columns = out.columns.astype(str)
+    return out
+
+
 def anchor_on_baseline(steps: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
     """Per-repeat `compare` rows with every prediction scaled by the machine's speed during the recordings:
     the median, over the reference policy's steps (all repeats), of measured over predicted seconds. What is
@@ -635,7 +655,7 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
 
 
 if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder

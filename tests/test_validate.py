@@ -847,3 +847,25 @@ def test_validate_records_repeats_until_the_goal_can_be_tested(capsys):
     assert enough_repeats(noisy, 3, 3, 3)  # without --max-repeats: exactly --repeats
     many = pd.concat([_repeats(rng, 0.005, 5, 40, "a@w"), _repeats(rng, 0.08, 5, 40, "b@w")])
     assert enough_repeats(many, 40, 3, 60)  # more repeats bring the floor under the goal
+
+
+def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced_phase():
+    from lssim.fidelity import finish_profile
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for step in range(3):
+        predicted = np.sort(rng.uniform(0.1, 1.0, size=40))
+        hump = 1 + 0.3 * np.sin(np.pi * np.arange(40) / 39)  # the middle of the step late, its ends on time
+        for name, measured in (("level", 1.1 * predicted), ("hump", predicted * hump)):
+            rows += [{"policy": name, "step": step, "end_step_measured": step, "end_step_predicted": step,
+                      "finish_time_measured": m, "finish_time_predicted": p} for m, p in zip(measured, predicted)]
+    profile = finish_profile(pd.DataFrame(rows))
+    assert list(profile.columns) == ["0%-25%", "25%-50%", "50%-75%", "75%-90%", "90%-100%"]
+    assert profile.loc["level"].to_numpy() == pytest.approx(1.1)
+    hump = profile.loc["hump"]
+    assert hump["25%-50%"] > hump["0%-25%"] + 0.1 and hump["50%-75%"] > hump["90%-100%"] + 0.1
+    # a response the two worlds ended in different steps, or never, says nothing about where in a step
+    rows.append({"policy": "level", "step": 0, "end_step_measured": 0, "end_step_predicted": 1,
+                 "finish_time_measured": 99.0, "finish_time_predicted": 0.1})
+    assert finish_profile(pd.DataFrame(rows)).loc["level"].to_numpy() == pytest.approx(1.1)

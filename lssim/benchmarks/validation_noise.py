@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS, noise_floor
+from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS, finish_profile, noise_floor
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/probe",
            "real_backend/validation/probe2", "real_backend/validation/noise", "real_backend/validation/until",
@@ -86,6 +86,11 @@ def main(argv=None) -> int:
             print(t[cols].to_string(float_format=lambda v: f"{v:.1f}"))
         print(f"\npooled over {len(folders)} validations (rows with a probed level):")
         print(pooled(rows).to_string(float_format=lambda v: f"{v:.2f}"))
+        for folder in folders:  # where in a step the twin is off, where the responses were kept
+            if Path(folder, "responses.parquet").is_file():
+                print(f"\n{folder}: measured / predicted finish time, by where a response finished in its step "
+                      f"(lssim.fidelity.finish_profile)")
+                print(finish_profile(pd.read_parquet(Path(folder, "responses.parquet"))).to_string(float_format=lambda v: f"{v:.3f}"))
     return 0
 
 
