@@ -2,6 +2,7 @@
 
     python -m real_backend.measure_run_vs_cell --world placed     # two instances; ~2 minutes
     python -m real_backend.measure_run_vs_cell --world tail       # one instance
+    python -m real_backend.measure_run_vs_cell --before push,torch  # also after a weight push, torch work, both
 
 Each round records one baseline run of the world (real_backend.world.run_real: controller, rewards, trainer, weight
 pushes), then replays each of its rollout steps as a bare cell on the same engine (layout._run_cell: the same
@@ -9,10 +10,11 @@ prompts, each response forced to the length it had, on the instance it ran on, n
 controller, no trainer). Printed: the run's step makespan over the cell's, per step and by finish band (the
 median finish time of the responses in each band of the step's finish order).
 
-Measured 2026-11-26 (README, "Fidelity"): 1.00x in the one-instance tail world, flat over the bands; 1.48x in the
-two-instance placed world (1.36-1.51x by band). A weight push or 0.4 s of torch work right before a cell does not
-slow it (0.51-0.57 s against 0.52 s bare, the run's steps 0.72 s), and the run's controller thread waits in its
-queue 97% of a rollout (cProfile): something that runs beside two instances during an RL run, not before it.
+Measured 2026-11-26 (README, "Fidelity"): 1.02x in the one-instance tail world, flat over the bands; 1.41-1.73x in
+the two-instance placed world (three runs), more than 1.3x in every band. A weight push or 0.4 s of torch work right
+before a cell does not slow it (`--before push,torch`: 0.53-0.58 s against 0.54 s bare, the run's steps 0.89 s), and
+the run's controller thread waits for vLLM's events 98% of its rollouts (the first round's cProfile): something that
+runs beside two instances during an RL run, not before it.
 """
 
 from __future__ import annotations
@@ -58,7 +60,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m real_backend.measure_run_vs_cell", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed", help="a world of real_backend/validation_workloads.toml (default placed)")
     p.add_argument("--rounds", type=int, default=4, help="runs recorded, each replayed step by step (default 4)")
+    p.add_argument("--before", default="", metavar="push,torch",
+                   help="also replay each step after what a run does between steps: 'push' (the reference weights "
+                        "pushed into the engine, its prefix cache reset), 'torch' (0.4 s of torch work in this process, "
+                        "as a trainer's), or both; the bare cell is always replayed too")
     args = p.parse_args(argv)
+    befores = [""] + [b.strip() for b in args.before.split(",") if b.strip()]
+    if len(befores) > 2:
+        befores.append("+".join(befores[1:]))
+    unknown = {part for b in befores for part in b.split("+") if part} - {"push", "torch"}
+    if unknown:
+        p.error(f"--before: unknown {', '.join(sorted(unknown))} (push, torch)")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .validation_workloads import load_workloads
     from .world import RealSetup, prepare, run_real, start_engine
@@ -69,27 +81,72 @@ def main(argv=None) -> int:
     prompts, policy = prepare(setup, "baseline", config)
     engine = start_engine(setup, prompts, seed=0)
     engine.allow_plain_runs = True
+    state = None
+    if any("push" in b for b in befores):
+        from transformers import AutoModelForCausalLM
+
+        state = AutoModelForCausalLM.from_pretrained(setup.model_dir).state_dict()
     rows = []
     try:
         with tempfile.TemporaryDirectory() as scratch:
             run_real(setup, policy, config, f"{scratch}/warm", engine=engine, prompts=prompts)  # first steps are slower
             for k in range(args.rounds):
                 prompts, policy = prepare(setup, "baseline", config)
-                run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
+                if k == 0:  # where the controller's thread spends a rollout: waiting for vLLM's events, or working
+                    waited, rollout = profiled_run(lambda: run_real(setup, policy, config, f"{scratch}/run{k}",
+                                                                    engine=engine, prompts=prompts))
+                    print(f"round 0: the controller's thread waited for events {waited:.2f} s of its {rollout:.2f} s "
+                          f"of rollouts ({waited / rollout:.0%}; cProfile)", flush=True)
+                else:
+                    run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
                 for step, s in trace.groupby("step"):
                     run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
-                    cell = replay_step(engine, prompts, s, seed=1000 * k)
-                    rows.append({"round": k, "step": int(step), "run_s": float(run.max()), "cell_s": float(max(cell)),
-                                 **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
-                    print(f"round {k} step {step}: run {rows[-1]['run_s']:.3f} s, cell {rows[-1]['cell_s']:.3f} s", flush=True)
+                    for before in befores:
+                        if "push" in before:
+                            engine.update_weights(state)
+                        if "torch" in before:
+                            torch_work(0.4)
+                        cell = replay_step(engine, prompts, s, seed=1000 * k)
+                        rows.append({"round": k, "step": int(step), "before": before or "bare", "run_s": float(run.max()),
+                                     "cell_s": float(max(cell)),
+                                     **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
+                        print(f"round {k} step {step}: run {rows[-1]['run_s']:.3f} s, cell ({before or 'bare'}) "
+                              f"{rows[-1]['cell_s']:.3f} s", flush=True)
     finally:
         engine.close()
     df = pd.DataFrame(rows)
     bands = [f"{a:.0%}-{b:.0%}" for a, b in zip(BANDS[:-1], BANDS[1:])]
-    print(f"world {args.world}: run / cell makespan, median {float((df.run_s / df.cell_s).median()):.3f}; by finish band "
-          + ", ".join(f"{name} {float(df[f'band{b}'].median()):.3f}" for b, name in enumerate(bands)))
+    for before, d in df.groupby("before", sort=False):
+        print(f"world {args.world}, cell {before}: run / cell makespan, median {float((d.run_s / d.cell_s).median()):.3f} "
+              f"(cell {float(d.cell_s.median()):.3f} s, run {float(d.run_s.median()):.3f} s); by finish band "
+              + ", ".join(f"{name} {float(d[f'band{b}'].median()):.3f}" for b, name in enumerate(bands)))
     return 0
+
+
+def profiled_run(run) -> tuple[float, float]:
+    """Run `run()` under cProfile: (seconds the controller waited in VLLMEngine's event queue, seconds in its
+    rollouts)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, own time, cumulative, callers)
+    waited = sum(v[3] for (f, _, name), v in stats.items() if name == "_wait" and f.endswith("engine.py"))
+    rollout = sum(v[3] for (f, _, name), v in stats.items() if name == "_rollout" and f.endswith("controller.py"))
+    return waited, rollout
+
+
+def torch_work(seconds: float) -> None:
+    """CPU work in this process's torch threads, as a trainer's between two rollouts."""
+    import time
+
+    import torch
+
+    a, t0 = torch.randn(512, 512), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        a = torch.tanh(a @ a.T / 512)
 
 
 if __name__ == "__main__":
