@@ -3,6 +3,7 @@
     python -m real_backend.measure_run_vs_cell --world placed     # two instances; ~2 minutes
     python -m real_backend.measure_run_vs_cell --world tail       # one instance
     python -m real_backend.measure_run_vs_cell --before push,torch  # also after a weight push, torch work, both
+    python -m real_backend.measure_run_vs_cell --natural --no-train # also natural lengths; runs that do not train
 
 Each round records one baseline run of the world (real_backend.world.run_real: controller, rewards, trainer, weight
 pushes), then replays each of its rollout steps as a bare cell on the same engine (layout._run_cell: the same
@@ -11,10 +12,10 @@ controller, no trainer). Printed: the run's step makespan over the cell's, per s
 median finish time of the responses in each band of the step's finish order).
 
 Measured 2026-11-26 (README, "Fidelity"): 1.02x in the one-instance tail world, flat over the bands; 1.41-1.73x in
-the two-instance placed world (three runs), more than 1.3x in every band. A weight push or 0.4 s of torch work right
-before a cell does not slow it (`--before push,torch`: 0.53-0.58 s against 0.54 s bare, the run's steps 0.89 s), and
-the run's controller thread waits for vLLM's events 98% of its rollouts (the first round's cProfile): something that
-runs beside two instances during an RL run, not before it.
+the two-instance placed world (four runs), more than 1.3x in every band. Not the cause: a weight push or 0.4 s of
+torch work right before a cell (`--before push,torch`: 0.53-0.58 s against 0.54 s bare, the run's steps 0.89 s), the
+training between rollouts (`--no-train`: 1.63x), the kind of request (`--natural`: 0.544 s against 0.549 s forced),
+the controller's thread (it waits for vLLM's events 97-98% of its rollouts, the first round's cProfile).
 """
 
 from __future__ import annotations
@@ -38,19 +39,23 @@ def band_medians(finish) -> list[float]:
             for a, b in zip(BANDS[:-1], BANDS[1:])]
 
 
-def replay_step(engine, prompts, step: pd.DataFrame, seed: int) -> list[float]:
-    """One recorded step's responses (trace rows) as a bare cell: seconds from submission to each one's end."""
+def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = False, budget: int = 256) -> list[float]:
+    """One recorded step's responses (trace rows) as a bare cell: seconds from submission to each one's end. Each is
+    forced to its recorded length, or with `natural` generates until EOS or `budget` tokens (other lengths, the same
+    kind of request as a run's)."""
     from lssim.core import Request
 
     from .layout import _profiling, _run_cell
 
     cell_prompts: dict[int, list[int]] = {}
     with _profiling(engine, cell_prompts):
+        if natural:
+            engine.sampling_kwargs["ignore_eos"] = False
         requests = []
         for i, r in enumerate(step.itertuples()):
             cell_prompts[i] = prompts.prompt_tokens(int(r.prompt_id))
             requests.append(Request(rid=i, group_id=int(r.group_id), step=0, prompt_id=i, sample_idx=int(r.sample_idx),
-                                    prompt_len=int(r.prompt_len), max_tokens=max(1, int(r.response_len)),
+                                    prompt_len=int(r.prompt_len), max_tokens=budget if natural else max(1, int(r.response_len)),
                                     seed=seed + i, instance=int(r.instance)))
         finish = _run_cell(engine, requests)
     return [finish[i] for i in range(len(requests))]
@@ -64,6 +69,11 @@ def main(argv=None) -> int:
                    help="also replay each step after what a run does between steps: 'push' (the reference weights "
                         "pushed into the engine, its prefix cache reset), 'torch' (0.4 s of torch work in this process, "
                         "as a trainer's), or both; the bare cell is always replayed too")
+    p.add_argument("--natural", action="store_true",
+                   help="also replay each step with natural lengths (EOS, the world's budget), as a run's requests are")
+    p.add_argument("--no-train", action="store_true",
+                   help="the runs train once, then reuse that step's metrics (weights still pushed): no training between "
+                        "their rollouts")
     args = p.parse_args(argv)
     befores = [""] + [b.strip() for b in args.before.split(",") if b.strip()]
     if len(befores) > 2:
@@ -71,6 +81,9 @@ def main(argv=None) -> int:
     unknown = {part for b in befores for part in b.split("+") if part} - {"push", "torch"}
     if unknown:
         p.error(f"--before: unknown {', '.join(sorted(unknown))} (push, torch)")
+    if args.no_train:
+        train_once()
+    kinds = befores + (["natural"] if args.natural else [])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .validation_workloads import load_workloads
     from .world import RealSetup, prepare, run_real, start_engine
@@ -102,12 +115,13 @@ def main(argv=None) -> int:
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
                 for step, s in trace.groupby("step"):
                     run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
-                    for before in befores:
+                    for before in kinds:
                         if "push" in before:
                             engine.update_weights(state)
                         if "torch" in before:
                             torch_work(0.4)
-                        cell = replay_step(engine, prompts, s, seed=1000 * k)
+                        cell = replay_step(engine, prompts, s, seed=1000 * k, natural=before == "natural",
+                                           budget=config.max_tokens)
                         rows.append({"round": k, "step": int(step), "before": before or "bare", "run_s": float(run.max()),
                                      "cell_s": float(max(cell)),
                                      **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
@@ -136,6 +150,23 @@ def profiled_run(run) -> tuple[float, float]:
     waited = sum(v[3] for (f, _, name), v in stats.items() if name == "_wait" and f.endswith("engine.py"))
     rollout = sum(v[3] for (f, _, name), v in stats.items() if name == "_rollout" and f.endswith("controller.py"))
     return waited, rollout
+
+
+def train_once() -> None:
+    """From now on GRPOTrainer.update trains once and then returns a copy of that step's metrics (the weights are
+    still pushed): runs without training between their rollouts."""
+    import copy
+
+    from .trainer import GRPOTrainer
+
+    real, kept = GRPOTrainer.update, {}
+
+    def update(self, groups, step):
+        if "metrics" not in kept:
+            kept["metrics"] = real(self, groups, step)
+        return copy.deepcopy(kept["metrics"])
+
+    GRPOTrainer.update = update
 
 
 def torch_work(seconds: float) -> None:
