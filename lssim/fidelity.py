@@ -34,6 +34,11 @@ UNFINISHED_AT_END = "unfinished at run end"  # the stop_reason of their rows in 
 TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS = 3.0, 8.0, 5.0
 
 
+def step_errors_within_goal(median_pct, p90_pct):
+    """Whether per-step errors (a median and a p90, in %; numbers or columns) are within the goal."""
+    return (median_pct <= TARGET_MEDIAN_PCT) & (p90_pct <= TARGET_P90_PCT)
+
+
 @dataclass
 class RecordedRun:
     """A run recorded by the real backend (real_backend.recorder): its trace, step and response rows, and meta."""
@@ -268,7 +273,7 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
 
         def typically_meets_goal(repeats: int) -> bool:
             med, p90 = exact_errors(repeats)
-            return np.median(med) <= TARGET_MEDIAN_PCT and np.median(p90) <= TARGET_P90_PCT
+            return bool(step_errors_within_goal(np.median(med), np.median(p90)))
 
         med, p90 = exact_errors(k)
         needed = next((r for r in range(2, MAX_REPEATS_SEARCHED + 1) if typically_meets_goal(r)), np.nan)
@@ -473,11 +478,9 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     out["repeat_spread_median_pct"] = out.index.map(spread.median()) if spread is not None else np.nan
     out["repeat_spread_p90_pct"] = out.index.map(spread.quantile(0.9)) if spread is not None else np.nan
     speedup_ok = out["speedup_error_points"].abs() <= TARGET_SPEEDUP_POINTS if "speedup_error_points" in out else True
-    out["meets_goal"] = ((out["makespan_median_ape_pct"] <= TARGET_MEDIAN_PCT) & (out["makespan_p90_ape_pct"] <= TARGET_P90_PCT)
-                         & speedup_ok)
+    out["meets_goal"] = step_errors_within_goal(out["makespan_median_ape_pct"], out["makespan_p90_ape_pct"]) & speedup_ok
     if "probed_median_ape_pct" in out:
-        out["meets_goal_probed"] = ((out["probed_median_ape_pct"] <= TARGET_MEDIAN_PCT)
-                                    & (out["probed_p90_ape_pct"] <= TARGET_P90_PCT) & speedup_ok)
+        out["meets_goal_probed"] = step_errors_within_goal(out["probed_median_ape_pct"], out["probed_p90_ape_pct"]) & speedup_ok
     if steps_by_repeat is not None and len(steps_by_repeat) and steps_by_repeat["repeat"].nunique() > 1:
         floor = noise_floor(steps_by_repeat)
         for col in floor:
@@ -490,8 +493,8 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
         out["anchored_median_ape_pct"] = out.index.map(by["ape_pct"].median())
         out["anchored_p90_ape_pct"] = out.index.map(by["ape_pct"].quantile(0.9))
         out["speed_factor"] = out.index.map(by["speed_factor"].first())
-        out["meets_goal_anchored"] = ((out["anchored_median_ape_pct"] <= TARGET_MEDIAN_PCT)
-                                      & (out["anchored_p90_ape_pct"] <= TARGET_P90_PCT) & speedup_ok)
+        out["meets_goal_anchored"] = (step_errors_within_goal(out["anchored_median_ape_pct"], out["anchored_p90_ape_pct"])
+                                      & speedup_ok)
     if real_cuts is not None and len(real_cuts):
         by = real_cuts.groupby("policy")["ape_pct"]
         out["real_cuts_median_ape_pct"] = out.index.map(by.median())
@@ -655,7 +658,7 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
 
 
 if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder

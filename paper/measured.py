@@ -321,26 +321,23 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
                                         "rank measured": "d", "rank predicted": "d"})}
 
 
-NOISE_FOLDERS = ("", "full2", "probe", "probe2", "noise", "until", "until2")  # the validations kept under real_backend/validation/
-
-
 def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
     """What an exact model would score against the headline run's repeats (lssim.fidelity.noise_floor on its
     steps_by_repeat.parquet), and the pooled comparison over every kept validation
-    (`python -m lssim.benchmarks.validation_noise` prints the same)."""
-    from lssim.benchmarks.validation_noise import folder_table, pooled
+    (`python -m lssim.benchmarks.validation_noise` prints the same, over the same folders)."""
+    from lssim.benchmarks.validation_noise import SHIPPED, folder_table, pooled
 
-    floor = folder_table(root / VALIDATION).loc[policies.index]
-    folders = [root / VALIDATION / f for f in NOISE_FOLDERS if (root / VALIDATION / f / "summary.csv").is_file()]
-    pool = pooled(pd.concat([folder_table(f) for f in folders]))
+    tables = {Path(f): folder_table(root / f) for f in SHIPPED if (root / f / "summary.csv").is_file()}
+    floor = tables[VALIDATION].loc[policies.index]  # the headline validation is one of the kept ones
+    pool = pooled(pd.concat(tables.values()))
     out = {"real.floor_median": float(floor["noise_floor_median_pct"].median()),
            "real.floor_p90": float(floor["noise_floor_p90_pct"].median()),
            "real.exact_meeting_goal": int(floor["exact_would_meet"].sum()),
            "real.repeats_for_goal_median": float(floor["repeats_for_goal"].median()),
-           "pooled.validations": len(folders), "pooled.rows": int(pool["rows"].iloc[0])}
-    for key, row in zip(("profile", "probed", "exact"), pool.itertuples()):
-        out[f"pooled.{key}_median"] = float(row[2])
-        out[f"pooled.{key}_meets"] = int(row[5])
+           "pooled.validations": len(tables), "pooled.rows": int(pool["rows"].iloc[0])}
+    for key, (_, row) in zip(("profile", "probed", "exact"), pool.iterrows()):  # pooled's rows, in its order
+        out[f"pooled.{key}_median"] = float(row["median of medians %"])
+        out[f"pooled.{key}_meets"] = int(row["meets the goal"])
     return out
 
 

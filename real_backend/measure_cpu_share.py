@@ -51,26 +51,18 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .speed_probe import measure_probe
     from .validation_workloads import load_workloads
-    from .world import RealSetup, prepare, run_real, start_engine
+    from .world import prepare, run_real, world_engine
 
-    world = load_workloads().worlds[args.world]
-    setup = RealSetup(n_instances=world.n_instances, cpus=world.cpus, n_prompts=world.n_prompts)
-    config = world.config(seed=0)
-    prompts, _ = prepare(setup, "baseline", config)
-    engine = start_engine(setup, prompts, seed=0)
-    engine.allow_plain_runs = True
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            for k in range(args.rounds):
-                for spec in ("baseline", "seer(chunk=32)"):
-                    prompts, policy = prepare(setup, spec, config)
-                    wall, got = share(lambda: run_real(setup, policy, config, f"{scratch}/{k}-{spec}", engine=engine,
-                                                       prompts=prompts))
-                    print(f"run {spec:16s} {wall:5.1f} s  CPU per wall-second {got}", flush=True)
-                wall, got = share(lambda: [measure_probe(engine) for _ in range(2)])
-                print(f"probe x2             {wall:5.1f} s  CPU per wall-second {got}", flush=True)
-    finally:
-        engine.close()
+    with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine), \
+            tempfile.TemporaryDirectory() as scratch:
+        for k in range(args.rounds):
+            for spec in ("baseline", "seer(chunk=32)"):
+                prompts, policy = prepare(setup, spec, config)
+                wall, got = share(lambda: run_real(setup, policy, config, f"{scratch}/{k}-{spec}", engine=engine,
+                                                   prompts=prompts))
+                print(f"run {spec:16s} {wall:5.1f} s  CPU per wall-second {got}", flush=True)
+            wall, got = share(lambda: [measure_probe(engine) for _ in range(2)])
+            print(f"probe x2             {wall:5.1f} s  CPU per wall-second {got}", flush=True)
     return 0
 
 

@@ -86,22 +86,17 @@ def main(argv=None) -> int:
     kinds = befores + (["natural"] if args.natural else [])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .validation_workloads import load_workloads
-    from .world import RealSetup, prepare, run_real, start_engine
+    from .world import prepare, run_real, world_engine
 
-    world = load_workloads().worlds[args.world]
-    setup = RealSetup(n_instances=world.n_instances, cpus=world.cpus, n_prompts=world.n_prompts)
-    config = world.config(seed=0)
-    prompts, policy = prepare(setup, "baseline", config)
-    engine = start_engine(setup, prompts, seed=0)
-    engine.allow_plain_runs = True
-    state = None
-    if any("push" in b for b in befores):
-        from transformers import AutoModelForCausalLM
-
-        state = AutoModelForCausalLM.from_pretrained(setup.model_dir).state_dict()
     rows = []
-    try:
+    with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine):
+        state = None
+        if any("push" in b for b in befores):
+            from transformers import AutoModelForCausalLM
+
+            state = AutoModelForCausalLM.from_pretrained(setup.model_dir).state_dict()
         with tempfile.TemporaryDirectory() as scratch:
+            prompts, policy = prepare(setup, "baseline", config)
             run_real(setup, policy, config, f"{scratch}/warm", engine=engine, prompts=prompts)  # first steps are slower
             for k in range(args.rounds):
                 prompts, policy = prepare(setup, "baseline", config)
@@ -127,8 +122,6 @@ def main(argv=None) -> int:
                                      **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
                         print(f"round {k} step {step}: run {rows[-1]['run_s']:.3f} s, cell ({before or 'bare'}) "
                               f"{rows[-1]['cell_s']:.3f} s", flush=True)
-    finally:
-        engine.close()
     df = pd.DataFrame(rows)
     bands = [f"{a:.0%}-{b:.0%}" for a, b in zip(BANDS[:-1], BANDS[1:])]
     for before, d in df.groupby("before", sort=False):

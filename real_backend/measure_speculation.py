@@ -178,6 +178,14 @@ def write(out: Path, summary: dict, cells: pd.DataFrame | None = None, steps: pd
     atomic_write(out, lambda path: Path(path).write_text(json.dumps(summary, indent=1, default=float)))
 
 
+def write_fitted(out: Path, summary: dict, cells: pd.DataFrame, steps: pd.DataFrame, gamma: int, cost_profile) -> None:
+    """Write the measurement, then fit it and write `summary` again with its "fit": the measurement first, so a
+    fit that fails does not lose it (`--refit` later)."""
+    write(out, summary, cells, steps)
+    summary["fit"] = fit_profile(cells, steps, gamma, cost_profile)
+    write(out, summary)
+
+
 def refit(out: Path, cost_profile) -> dict:
     """Fit an existing measurement again (no engine): rewrite `out`'s "fit"."""
     summary = json.loads(out.read_text())
@@ -208,9 +216,7 @@ def measure_fit(engine, prompt_pool: list[int], out, cost_profile, batch_sizes=D
                "max_tokens": max_tokens, "repeats": repeats, "temperature": 0.0,
                "command": " ".join(sys.argv) + " (real_backend.measure_speculation.measure_fit)",
                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **summarize(cells, steps)}
-    write(out, summary, cells, steps)
-    summary["fit"] = fit_profile(cells, steps, gamma, cost_profile)
-    write(out, summary)
+    write_fitted(out, summary, cells, steps, gamma, cost_profile)
     return out
 
 
@@ -295,9 +301,7 @@ def main(argv=None) -> int:
                "command": "python -m real_backend.measure_speculation " + " ".join(argv if argv is not None else sys.argv[1:]),
                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **summarize(cells, steps)}
     summary["plain_engine"] = engine_off
-    write(out, summary, cells, steps)  # the measurement first: a fit that fails must not lose it (--refit later)
-    summary["fit"] = fit_profile(cells, steps, args.gamma, args.cost_profile)
-    write(out, summary)
+    write_fitted(out, summary, cells, steps, args.gamma, args.cost_profile)
     report(summary)
     print(f"written to {out} (+ {files(out)['cells'].name}, {files(out)['iterations'].name})")
     return 0

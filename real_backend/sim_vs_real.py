@@ -431,10 +431,7 @@ def out_path(out, world: str, spec: str) -> Path:
 
 
 def _world_setup(world, args, greedy: bool = False):
-    from .world import RealSetup
-
-    n_prompts = args.n_prompts if args.n_prompts is not None else world.n_prompts
-    setup = RealSetup(n_prompts=n_prompts, n_instances=world.n_instances, cpus=world.cpus)
+    setup = world.setup(args.n_prompts)
     if greedy:
         setup.temperature = 0.0
     return setup
@@ -532,18 +529,17 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
                     prompts, policy = prepare(setup, spec, config)  # fresh data loader and policy for every run
                     of = f"{args.repeats}-{args.max_repeats}" if (args.max_repeats or 0) > args.repeats else args.repeats
                     print(f"-- {spec} in world {world.name} (repeat {k + 1} of {of}): {config.steps} steps", file=sys.stderr)
-                    run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
-                             on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
-                             meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
-                                   "world": world.name, "repeat": k})
+                    result = run_real(setup, policy, config, folder, engine=engine, prompts=prompts,
+                                      on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
+                                      meta={"command": " ".join(sys.argv), "policy_spec": spec, "validation_name": name,
+                                            "world": world.name, "repeat": k})
                     probes.append(measure_probe(engine))
                     probed.append(folder)
                     for i in range(max(0, len(probed) - 2), len(probed)):  # the one before gets its whole window now
                         record_run_probes(probed[i], probes, i, engine.n_instances)
                     runs.append(folder)
-                    seconds = pd.read_parquet(folder / "steps.parquet", columns=["step", "rollout_seconds"])
                     measured += [{"policy": f"{name}@{world.name}", "repeat": k, "step": int(step), "measured_seconds": float(t)}
-                                 for step, t in zip(seconds["step"], seconds["rollout_seconds"])]
+                                 for step, t in zip(result.steps["step"], result.steps["rollout_seconds"])]
             k += 1
     finally:
         engine.close()
@@ -555,14 +551,14 @@ def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int
     --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy, repeat,
     step, measured_seconds of the runs so far), an exact model would typically meet it against these repeats
     (lssim.fidelity.noise_floor). Prints the floor after each repeat beyond the minimum."""
-    from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, noise_floor
+    from lssim.fidelity import noise_floor, step_errors_within_goal
 
     if done < minimum:
         return False
     if done >= maximum or measured.empty:
         return True
     floor = noise_floor(measured)
-    testable = (floor["noise_floor_median_pct"] <= TARGET_MEDIAN_PCT) & (floor["noise_floor_p90_pct"] <= TARGET_P90_PCT)
+    testable = step_errors_within_goal(floor["noise_floor_median_pct"], floor["noise_floor_p90_pct"])
     worst = floor["noise_floor_median_pct"].idxmax()
     print(f"after {done} repeats an exact model would score {floor.loc[worst, 'noise_floor_median_pct']:.1f}% median / "
           f"{floor.loc[worst, 'noise_floor_p90_pct']:.1f}% p90 on {worst} (the noisiest); the goal "

@@ -57,6 +57,14 @@ class World:
         shape.update({k: v for k, v in override.items() if v is not None})
         return RunConfig(seed=seed, **shape)
 
+    def setup(self, n_prompts: int | None = None):
+        """The RealSetup of this world's engine (real_backend.world): its instances and their CPUs, and its prompt
+        pool (`n_prompts`, if given, over the world's own)."""
+        from .world import RealSetup
+
+        return RealSetup(n_prompts=self.n_prompts if n_prompts is None else n_prompts, n_instances=self.n_instances,
+                         cpus=self.cpus)
+
     def engine_key(self) -> tuple:
         """Worlds with the same key share one engine (the run shape can change between runs; instances and
         their CPUs cannot)."""

@@ -15,6 +15,7 @@ weights into it first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -168,6 +169,20 @@ def start_engine(setup: RealSetup, prompts: TaskPrompts, seed: int = 0):
             os.environ.pop(key, None)
         else:
             os.environ[key] = before
+
+
+@contextlib.contextmanager
+def world_engine(world, seed: int = 0):
+    """A validation world's engine (real_backend.validation_workloads.World), started for the measurement scripts:
+    yields (setup, run config, baseline prompts, engine), plain runs allowed; closed on exit."""
+    setup, config = world.setup(), world.config(seed=seed)
+    prompts, _ = prepare(setup, "baseline", config)
+    engine = start_engine(setup, prompts, seed=seed)
+    engine.allow_plain_runs = True
+    try:
+        yield setup, config, prompts, engine
+    finally:
+        engine.close()
 
 
 def parse_cpus(cpus: str) -> list[list[int]]:
@@ -454,5 +469,5 @@ def out_dir_problem(out_dir, overwrite: bool) -> str | None:
     return None
 
 
-__all__ = ["RealSetup", "prepare", "start_engine", "run_real", "speculation_meta", "out_dir_problem", "parse_cpus",
+__all__ = ["RealSetup", "prepare", "start_engine", "world_engine", "run_real", "speculation_meta", "out_dir_problem", "parse_cpus",
            "cpu_layout_problem"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS, finish_profile, noise_floor
+from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, step_errors_within_goal
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/probe",
            "real_backend/validation/probe2", "real_backend/validation/noise", "real_backend/validation/until",
@@ -41,10 +41,9 @@ def folder_table(folder) -> pd.DataFrame:
                         "probed_p90": summary.get("probed_p90_ape_pct", np.nan),
                         "speedup_error": summary.get("speedup_error_points", np.nan)}).join(floor)
     speedup_ok = out["speedup_error"].abs().fillna(0) <= TARGET_SPEEDUP_POINTS
-    out["meets"] = (out["median"] <= TARGET_MEDIAN_PCT) & (out["p90"] <= TARGET_P90_PCT) & speedup_ok
-    out["meets_probed"] = (out["probed_median"] <= TARGET_MEDIAN_PCT) & (out["probed_p90"] <= TARGET_P90_PCT) & speedup_ok
-    out["exact_would_meet"] = ((out["noise_floor_median_pct"] <= TARGET_MEDIAN_PCT)
-                               & (out["noise_floor_p90_pct"] <= TARGET_P90_PCT))
+    out["meets"] = step_errors_within_goal(out["median"], out["p90"]) & speedup_ok
+    out["meets_probed"] = step_errors_within_goal(out["probed_median"], out["probed_p90"]) & speedup_ok
+    out["exact_would_meet"] = step_errors_within_goal(out["noise_floor_median_pct"], out["noise_floor_p90_pct"])
     return out.assign(folder=str(folder))
 
 
