@@ -21,7 +21,7 @@ from .core import Group, GroupSpecs, Request
 
 # What a request is created with, and what the engine and the controller fill in (lssim.core.Request's fields).
 _INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
-         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume")
+         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume", "ran_on")
 _FLOATS = ("reward", "submit_time", "first_token_time", "finish_time")
 
 
@@ -49,6 +49,7 @@ class RequestColumns:
     first_version: np.ndarray
     last_version: np.ndarray
     tokens_before_resume: np.ndarray
+    ran_on: np.ndarray  # the instance its latest submission ran on (Request.ran_on; -1 until submitted)
     reward: np.ndarray
     submit_time: np.ndarray
     first_token_time: np.ndarray
@@ -320,7 +321,7 @@ def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return out
 
 
-_UNSET_INTS = ("instance", "batch", "batch_sample", "first_version", "last_version")  # -1 until set
+_UNSET_INTS = ("instance", "batch", "batch_sample", "first_version", "last_version", "ran_on")  # -1 until set
 
 
 def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version: int, rng: np.random.Generator,

@@ -173,6 +173,9 @@ class Request:
     # a carried response resumed next step, or an async rollout interrupted by new weights. None: never.
     resumes: list[tuple[int, int]] | None = None
     tokens_before_resume: int = 0  # tokens generated under older weights (off-policy after a carry)
+    # the engine instance its latest submission ran on: `instance` where pinned, else the engine's dispatcher's
+    # choice (-1: not submitted yet). Kept apart from `instance` so a carried response is not pinned by it.
+    ran_on: int = -1
     exact: bool = True  # simulator: replayed exactly from the trace (False: modelled)
     tokens: list[int] | None = None  # real world: generated token ids so far
     signals: dict = field(default_factory=dict)  # early-exit signals (world-specific), read by policies

@@ -511,6 +511,7 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
             submitted = np.empty(m, np.int64)
             submitted[queue] = np.arange(m)  # each row's place in the submission
             order = np.lexsort((submitted, requests.priority, inst))
+    requests.ran_on[:] = inst
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     room = _room(m, n_inst)
     while True:

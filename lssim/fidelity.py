@@ -393,10 +393,9 @@ def acted(run: RecordedRun, baseline: RecordedRun) -> dict[str, int]:
         rebudgeted   a token budget other than the baseline's
         resubmitted  submitted again during its step after the step's first submission (requeued to another
                      chunk or instance, or a top-up)
-        placed       put on an engine instance by the policy where the baseline's was left to the engine's
-                     least-loaded dispatch (the records keep the policy's placement, not the dispatcher's choice,
-                     so this counts placement decisions, not only those that differ from the dispatcher's; a
-                     policy that put everything on one instance decided nothing and counts zero)
+        placed       ran on another engine instance than the baseline's same response (the records say where
+                     each ran: the policy's pin, or the engine's least-loaded choice); a placement that agrees
+                     with the baseline's dispatch changed nothing and counts zero, as does a run on one instance
         reselected   a (step, prompt, sample) the baseline did not draw: other prompts, other group sizes
         speculated   generated in a step in which the engine drafted for the policy (speculative decoding
                      changes how fast tokens come, not which: greedy, the tokens are the baseline's); from the

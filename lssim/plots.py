@@ -70,23 +70,30 @@ def step_bars(result, step: int) -> pd.DataFrame:
 
 
 def _rows(bars: pd.DataFrame) -> np.ndarray:
-    """A row per bar: its engine instance where the run recorded one, else the first slot free when it started
-    (interval colouring by start time: the rows are the concurrent sequences, not the instances)."""
-    if len(bars) and (bars["instance"] >= 0).all():
-        return bars["instance"].to_numpy()
-    order = np.argsort(bars["start"].to_numpy(), kind="stable")
+    """A row per bar: the first slot free when it started (interval colouring by start time: the rows are the
+    concurrent sequences), instance by instance where the run recorded them (instance 0's slots, then 1's, ...)."""
+    instance = bars["instance"].to_numpy() if len(bars) and (bars["instance"] >= 0).all() else np.zeros(len(bars), int)
+    rows, offset = np.zeros(len(bars), dtype=int), 0
+    for inst in np.unique(instance):
+        on = np.flatnonzero(instance == inst)
+        rows[on] = _slots(bars["start"].to_numpy()[on], bars["end"].to_numpy()[on]) + offset
+        offset = int(rows[on].max()) + 1
+    return rows
+
+
+def _slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    order = np.argsort(start, kind="stable")
     free_at: list[float] = []
-    rows = np.zeros(len(bars), dtype=int)
+    slots = np.zeros(len(start), dtype=int)
     for i in order:
-        start, end = bars["start"].iat[i], bars["end"].iat[i]
-        slot = next((k for k, t in enumerate(free_at) if t <= start + 1e-12), None)
+        slot = next((k for k, t in enumerate(free_at) if t <= start[i] + 1e-12), None)
         if slot is None:
             slot = len(free_at)
-            free_at.append(end)
+            free_at.append(end[i])
         else:
-            free_at[slot] = end
-        rows[i] = slot
-    return rows
+            free_at[slot] = end[i]
+        slots[i] = slot
+    return slots
 
 
 def _draw_timeline(ax, result, step: int, title: str) -> None:
@@ -97,7 +104,7 @@ def _draw_timeline(ax, result, step: int, title: str) -> None:
         _bars(ax, group, OUTCOME_COLORS.get(outcome, "black"), hatched=bool(group["approximate"].all()))
     ax.axvline(float(row["lower_bound_seconds"]), color="black", ls="--", lw=1.2, label="lower bound")
     ax.axvline(float(row["rollout_seconds"]), color="black", ls=":", lw=1, label="rollout end")
-    ax.set(xlabel="seconds from the step's start", ylabel="engine instance" if per_instance else "slot (concurrent sequence)",
+    ax.set(xlabel="seconds from the step's start", ylabel="slot, instance by instance" if per_instance else "slot (concurrent sequence)",
            title=title)
 
 

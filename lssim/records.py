@@ -203,7 +203,7 @@ class ResponseTable:
             "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
             "reward": e.reward, "finish_reason": _finish_reasons(books), "stop_reason": _coded_if_one(e.stop_reason),
             "policy_version_first": e.first_version, "policy_version_last": e.last_version,
-            "tokens_before_resume": e.tokens_before_resume, "instance": e.instance, "submit_time": e.submit_time - started,
+            "tokens_before_resume": e.tokens_before_resume, "instance": np.where(e.ran_on >= 0, e.ran_on, e.instance), "submit_time": e.submit_time - started,
             "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
             "trained": trained_now, "train_step": np.where(trained_now, step, -1),
             "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,

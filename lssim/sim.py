@@ -161,6 +161,7 @@ class SimEngine:
                 inst = instances[idx]
             else:
                 inst = instances[r.instance % self.n_instances]
+            r.ran_on = inst.idx
             if inst.idx not in touched:
                 self._catch_up(inst, now)
                 touched[inst.idx] = inst

@@ -273,6 +273,7 @@ class VLLMEngine:
             self._account(now)
             # the policy's placement, else the instance with the fewest requests in flight
             instance = r.instance % self.n_instances if r.instance is not None else self._in_flight.index(min(self._in_flight))
+            r.ran_on = instance
             self._live[key] = _Live(r, instance)
             self._in_flight[instance] += 1
             self._by_rid[r.rid] = key

@@ -249,7 +249,7 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "loop_start": responses.get("loop_start", pd.Series(-1, index=responses.index)).astype("int64"),
         "policy_version_first": responses["policy_version_first"].astype("int64"),
         "policy_version_last": responses["policy_version_last"].astype("int64"),
-        "instance": responses["instance"].astype("int64").clip(lower=0),  # one engine: instance 0
+        "instance": responses["instance"].astype("int64").clip(lower=0),  # the rank it ran on (-1, an engine that does not say: 0)
         "submit_time": responses["submit_time"].astype(float),
         "first_token_time": responses["first_token_time"].astype(float),
         "finish_time": responses["finish_time"].astype(float),

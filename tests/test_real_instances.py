@@ -48,6 +48,8 @@ def test_requests_run_where_placed_and_unplaced_ones_on_the_least_loaded(two_ins
         loads = engine.loads()
         assert [ld.running + ld.waiting for ld in loads] == [4, 2]
         assert [ld.pending_tokens for ld in loads] == [64, 32]
+        assert [r.ran_on for r in requests] == [0, 0, 0, 0, 1, 1]  # the dispatcher's choice is recorded too
+        assert requests[-1].instance is None  # ...apart from the pin (a carried response is not pinned by it)
         _drain(engine, requests)
         assert all(r.generated == 16 and r.finish_reason == "length" for r in requests)
         busy, _ = engine.utilization()
@@ -108,3 +110,17 @@ def test_a_placement_policy_runs_on_two_instances_and_replays(two_instances, tmp
     sim = simulate(Workload(trace, seed=0), "seer(chunk=16)", SimSetup(model="tiny-ref", n_instances=2, kv_capacity_tokens=200_000),
                    config=config, prompts=prompts)
     assert sim.steps["tokens"].sum() > 0 and len(sim.responses) == len(result.responses)
+
+
+def test_a_run_records_the_rank_each_response_ran_on(two_instances, tmp_path):
+    """The baseline places nothing: vLLM's ranks are the engine's least-loaded choice, and the trace says which
+    (a trace that said 0 for all made replays of it run every request on one instance)."""
+    from lssim.trace import load_trace
+    from real_backend.world import prepare, run_real
+
+    setup, _, engine = two_instances
+    config = RunConfig(steps=1, groups_per_step=2, group_size=4, max_tokens=16, seed=0)
+    prompts, policy = prepare(setup, "baseline", config)
+    run_real(setup, policy, config, tmp_path / "base", engine=engine, prompts=prompts)
+    trace = load_trace(tmp_path / "base" / "trace.parquet")
+    assert trace["instance"].value_counts().to_dict() == {0: 4, 1: 4}

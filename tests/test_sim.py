@@ -175,6 +175,20 @@ def test_no_step_is_shorter_than_its_lower_bound(trace, policy, instances, seqs,
 
 
 @FAST
+@given(trace=traces, instances=st.integers(1, 3), batch_route=st.booleans())
+def test_the_trace_says_which_instance_each_response_ran_on(trace, instances, batch_route):
+    """The baseline pins nothing: the engine's dispatcher chooses, and the trace records its choice (not -1)."""
+    wl = Workload(trace, seed=0)
+    engine = SimEngine(wl, COST, EngineConfig(instances, 8, 10**7), batch_route=batch_route)
+    cfg = RunConfig(steps=len(wl.steps), groups_per_step=wl.groups_per_step, group_size=wl.group_size,
+                    max_tokens=wl.max_tokens, seed=0)
+    r = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy("baseline"), cfg).run().responses
+    assert r["instance"].between(0, instances - 1).all()
+    first = r[r["step"] == r["step"].min()]
+    assert first["instance"].nunique() == min(instances, len(first))  # an idle cluster spreads its first requests
+
+
+@FAST
 @given(trace=traces, instances=st.integers(1, 3))
 def test_more_instances_never_make_the_oracle_slower(trace, instances):
     few, _ = run(trace, "oracle", n_instances=instances, max_num_seqs=4)

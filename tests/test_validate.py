@@ -370,7 +370,11 @@ def test_acted_counts_each_changed_response_once_and_the_baseline_zero():
     on_one = [r[:7] + (0,) for r in BASE_ROWS]   # every response placed, all on one instance: nothing decided
     assert acted(_run("p", on_one), base)["acted"] == 0
     spread = [r[:7] + (i % 2,) for i, r in enumerate(BASE_ROWS)]
-    assert acted(_run("p", spread), base)["placed"] == 8
+    assert acted(_run("p", spread), base)["placed"] == 8  # a baseline that does not say where it ran: all differ
+    dispatched = _run("baseline", spread)                  # the baseline's dispatcher alternated the instances
+    assert acted(_run("p", spread), dispatched)["placed"] == 0  # pinned where the dispatcher put them: no change
+    swapped = [r[:7] + (1 - r[7],) for r in spread]
+    assert acted(_run("p", swapped), dispatched)["placed"] == 8
 
 
 def test_acted_counts_the_responses_of_steps_the_engine_drafted_in():
