@@ -11,11 +11,10 @@ prompts, each response forced to the length it had, on the instance it ran on, n
 controller, no trainer). Printed: the run's step makespan over the cell's, per step and by finish band (the
 median finish time of the responses in each band of the step's finish order).
 
-Measured 2026-11-26 (README, "Fidelity"): 1.02x in the one-instance tail world, flat over the bands; 1.41-1.73x in
-the two-instance placed world (four runs), more than 1.3x in every band. Not the cause: a weight push or 0.4 s of
-torch work right before a cell (`--before push,torch`: 0.53-0.58 s against 0.54 s bare, the run's steps 0.89 s), the
-training between rollouts (`--no-train`: 1.63x), the kind of request (`--natural`: 0.544 s against 0.549 s forced),
-the controller's thread (it waits for vLLM's events 97-98% of its rollouts, the first round's cProfile).
+Measured 2026-11-26 (README, "Fidelity"): the run and the cell agree, 1.08x bare in the two-instance placed world
+(1.01x after a weight push or 0.4 s of torch work, 1.03x after both; `--rounds 3 --before push,torch --natural`), flat
+over the finish bands, and 1.02x with one instance (`--world tail`). An earlier version read 1.41-1.73x in the placed
+world: its traces said instance 0 for every response the dispatcher had placed, so its cells ran on one instance.
 """
 
 from __future__ import annotations
