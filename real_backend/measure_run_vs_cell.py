@@ -4,6 +4,7 @@
     python -m real_backend.measure_run_vs_cell --world tail       # one instance
     python -m real_backend.measure_run_vs_cell --before push,torch  # also after a weight push, torch work, both
     python -m real_backend.measure_run_vs_cell --natural --no-train # also natural lengths; runs that do not train
+    python -m real_backend.measure_run_vs_cell --iterations         # also each instance's iteration time by batch size
 
 Each round records one baseline run of the world (real_backend.world.run_real: controller, rewards, trainer, weight
 pushes), then replays each of its rollout steps as a bare cell on the same engine (layout._run_cell: the same
@@ -73,6 +74,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-train", action="store_true",
                    help="the runs train once, then reuse that step's metrics (weights still pushed): no training between "
                         "their rollouts")
+    p.add_argument("--iterations", action="store_true",
+                   help="also print each instance's iteration time by running sequences, runs against cells, and the "
+                        "one-instance profile's (--profile) price of it")
+    p.add_argument("--profile", default="real_backend/validation/until2/profile.json",
+                   help="the one-instance profile --iterations prices iterations with (default: the kept validation's)")
     args = p.parse_args(argv)
     befores = [""] + [b.strip() for b in args.before.split(",") if b.strip()]
     if len(befores) > 2:
@@ -89,6 +95,7 @@ def main(argv=None) -> int:
 
     rows = []
     with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine):
+        log = IterationLog(engine) if args.iterations else None
         state = None
         if any("push" in b for b in befores):
             from transformers import AutoModelForCausalLM
@@ -99,6 +106,8 @@ def main(argv=None) -> int:
             run_real(setup, policy, config, f"{scratch}/warm", engine=engine, prompts=prompts)  # first steps are slower
             for k in range(args.rounds):
                 prompts, policy = prepare(setup, "baseline", config)
+                if log is not None:
+                    log.tag = "run"
                 if k == 0:  # where the controller's thread spends a rollout: waiting for vLLM's events, or working
                     waited, rollout = profiled_run(lambda: run_real(setup, policy, config, f"{scratch}/run{k}",
                                                                     engine=engine, prompts=prompts))
@@ -107,9 +116,13 @@ def main(argv=None) -> int:
                 else:
                     run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
+                if log is not None:
+                    log.tag = "cell"
                 for step, s in trace.groupby("step"):
                     run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
                     for before in kinds:
+                        if log is not None:
+                            log.tag = "cell" if before == "" else None
                         if "push" in before:
                             engine.update_weights(state)
                         if "torch" in before:
@@ -127,7 +140,57 @@ def main(argv=None) -> int:
         print(f"world {args.world}, cell {before}: run / cell makespan, median {float((d.run_s / d.cell_s).median()):.3f} "
               f"(cell {float(d.cell_s.median()):.3f} s, run {float(d.run_s.median()):.3f} s); by finish band "
               + ", ".join(f"{name} {float(d[f'band{b}'].median()):.3f}" for b, name in enumerate(bands)))
+    if log is not None:
+        print_iterations(log.iterations(), args.profile)
     return 0
+
+
+class IterationLog:
+    """Every token batch the engine's driver takes from vLLM while `tag` is set: (tag, instance, time, requests).
+    Wraps VLLMEngine._process, so it costs the run nothing measurable. An instance's tokens of one engine iteration
+    reach the driver together (within 1 ms, measured against vLLM's engine-core timestamps): grouped into iterations
+    by `iterations`."""
+
+    GAP = 0.0005  # seconds: tokens of one instance closer than this came from one iteration
+
+    def __init__(self, engine):
+        self.tag, self.rows = None, []
+        process = engine._process
+
+        def logged(items):
+            if self.tag is not None:
+                for key, t, toks, *_ in items:
+                    live = engine._live.get(key) if isinstance(key, str) else None
+                    if live is not None and toks:
+                        self.rows.append((self.tag, live.instance, t))
+            return process(items)
+
+        engine._process = logged
+
+    def iterations(self) -> pd.DataFrame:
+        """One row per instance iteration: tag, instance, n_seqs (tokens it produced: the sequences it ran), seconds
+        (to the instance's next iteration; the last of each stretch dropped)."""
+        df = pd.DataFrame(self.rows, columns=["tag", "instance", "t"]).sort_values(["instance", "t"], kind="stable")
+        new = (df.groupby("instance")["t"].diff().fillna(np.inf) > self.GAP) | (df["tag"] != df["tag"].shift())
+        df["iteration"] = new.cumsum()
+        it = df.groupby("iteration").agg(tag=("tag", "first"), instance=("instance", "first"), t=("t", "first"),
+                                         n_seqs=("t", "size"))
+        it["seconds"] = it.groupby(["tag", "instance"])["t"].diff(-1).abs()
+        return it[it["seconds"] < 0.1].reset_index(drop=True)  # longer: the instance was idle (between steps)
+
+
+def print_iterations(it: pd.DataFrame, profile: str) -> None:
+    """Median iteration time by running sequences, runs against cells, with the profile's price of it (no context
+    term: the reference task's contexts are short)."""
+    from lssim.cost import ProfiledCostModel
+
+    base = ProfiledCostModel.from_json(profile)
+    buckets = pd.cut(it["n_seqs"], [0, 2, 4, 8, 12, 16, 32, 64, 256])
+    table = it.groupby([buckets, "tag"], observed=True)["seconds"].median().unstack("tag") * 1000
+    n_mid = it.groupby(buckets, observed=True)["n_seqs"].median()
+    table["profile"] = [base.decode_time(int(n), 0.0, 1) * 1000 for n in n_mid]
+    print("decode iteration, median ms by sequences running on the instance (profile: one instance alone, "
+          f"{profile}):\n{table.round(2).to_string()}")
 
 
 def profiled_run(run) -> tuple[float, float]:
