@@ -24,7 +24,7 @@ from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, s
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/probe",
            "real_backend/validation/probe2", "real_backend/validation/noise", "real_backend/validation/until",
-           "real_backend/validation/until2")
+           "real_backend/validation/until2", "real_backend/validation/placed", "real_backend/validation/lpt")
 
 
 def folder_table(folder) -> pd.DataFrame:
