@@ -146,12 +146,12 @@ def main(argv=None) -> int:
 
 
 class IterationLog:
-    """Every token batch the engine's driver takes from vLLM while `tag` is set: (tag, instance, time, requests).
+    """Every token the engine's driver takes from vLLM while `tag` is set: (tag, instance, time, request key).
     Wraps VLLMEngine._process, so it costs the run nothing measurable. An instance's tokens of one engine iteration
-    reach the driver together (within 1 ms, measured against vLLM's engine-core timestamps): grouped into iterations
-    by `iterations`."""
+    reach the driver together (within 1 ms, measured against vLLM's engine-core timestamps), one per running request:
+    `iterations` groups them."""
 
-    GAP = 0.0005  # seconds: tokens of one instance closer than this came from one iteration
+    GAP = 0.0005  # seconds: an instance's tokens closer than this, of distinct requests, came from one iteration
 
     def __init__(self, engine):
         self.tag, self.rows = None, []
@@ -162,21 +162,29 @@ class IterationLog:
                 for key, t, toks, *_ in items:
                     live = engine._live.get(key) if isinstance(key, str) else None
                     if live is not None and toks:
-                        self.rows.append((self.tag, live.instance, t))
+                        self.rows.append((self.tag, live.instance, t, key))
             return process(items)
 
         engine._process = logged
 
     def iterations(self) -> pd.DataFrame:
-        """One row per instance iteration: tag, instance, n_seqs (tokens it produced: the sequences it ran), seconds
-        (to the instance's next iteration; the last of each stretch dropped)."""
-        df = pd.DataFrame(self.rows, columns=["tag", "instance", "t"]).sort_values(["instance", "t"], kind="stable")
-        new = (df.groupby("instance")["t"].diff().fillna(np.inf) > self.GAP) | (df["tag"] != df["tag"].shift())
-        df["iteration"] = new.cumsum()
-        it = df.groupby("iteration").agg(tag=("tag", "first"), instance=("instance", "first"), t=("t", "first"),
-                                         n_seqs=("t", "size"))
-        it["seconds"] = it.groupby(["tag", "instance"])["t"].diff(-1).abs()
-        return it[it["seconds"] < 0.1].reset_index(drop=True)  # longer: the instance was idle (between steps)
+        """One row per instance iteration: tag, instance, t, n_seqs (its tokens: the sequences it ran), seconds (to
+        the instance's next iteration; gaps over 0.1 s, an idle instance between steps, dropped). A token more than
+        GAP after the previous one of its instance, of another tag, or of a request already in the group starts a
+        new iteration (a driver that fell behind hands over two iterations back to back)."""
+        groups = []
+        for inst in sorted({row[1] for row in self.rows}):
+            current, seen, last = None, set(), -np.inf
+            for tag, _, t, key in sorted((r for r in self.rows if r[1] == inst), key=lambda r: r[2]):
+                if current is None or t - last > self.GAP or tag != current["tag"] or key in seen:
+                    current, seen = {"tag": tag, "instance": inst, "t": t, "n_seqs": 0}, set()
+                    groups.append(current)
+                current["n_seqs"] += 1
+                seen.add(key)
+                last = t
+        it = pd.DataFrame(groups, columns=["tag", "instance", "t", "n_seqs"])
+        it["seconds"] = -it.groupby(["tag", "instance"])["t"].diff(-1)
+        return it[it["seconds"] < 0.1].reset_index(drop=True)
 
 
 def print_iterations(it: pd.DataFrame, profile: str) -> None:

@@ -873,3 +873,22 @@ def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced
     rows.append({"policy": "level", "step": 0, "end_step_measured": 0, "end_step_predicted": 1,
                  "finish_time_measured": 99.0, "finish_time_predicted": 0.1})
     assert finish_profile(pd.DataFrame(rows)).loc["level"].to_numpy() == pytest.approx(1.1)
+
+
+def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
+    """measure_run_vs_cell --iterations: one group per engine iteration of an instance, however late the driver."""
+    from real_backend.measure_run_vs_cell import IterationLog
+
+    log = IterationLog.__new__(IterationLog)
+    log.tag, log.rows = None, []
+    for i in range(5):  # 5 iterations 4 ms apart on instance 0 (4 requests), 6 ms apart on instance 1 (2)
+        log.rows += [("run", 0, 0.004 * i + k * 1e-5, f"a{k}") for k in range(4)]
+        log.rows += [("run", 1, 0.006 * i + k * 1e-5, f"b{k}") for k in range(2)]
+    late = 0.02 + 1e-4  # instance 0's driver fell behind: iterations 5 and 6 handed over back to back
+    log.rows += [("cell", 0, late + k * 1e-5, f"a{k}") for k in range(8 // 2)] + \
+                [("cell", 0, late + 5e-5 + k * 1e-5, f"a{k}") for k in range(4)]
+    it = log.iterations()
+    run = it[it["tag"] == "run"]
+    assert run.groupby("instance")["n_seqs"].apply(set).to_dict() == {0: {4}, 1: {2}}
+    assert run.groupby("instance")["seconds"].median().round(6).to_dict() == {0: 0.004, 1: 0.006}
+    assert (it[it["tag"] == "cell"]["n_seqs"] == 4).all()  # two iterations, not one of 8
