@@ -125,8 +125,10 @@ def test_the_noise_floor_falls_with_repeats_and_rises_with_noise(sigma, seed):
     from lssim.fidelity import noise_floor
 
     rng = np.random.default_rng(seed)
-    rows = pd.concat([_repeats(rng, sigma, 8, 5, "few"), _repeats(rng, sigma, 8, 20, "many"),
-                      _repeats(rng, 3 * sigma, 8, 5, "noisy")])
+    # 40 steps: the spread each policy's floor is estimated from is then steady enough that a 2x (repeats) or 3x
+    # (noise) difference always shows (with 8 steps one draw in a few hundred estimated half the spread)
+    rows = pd.concat([_repeats(rng, sigma, 40, 5, "few"), _repeats(rng, sigma, 40, 20, "many"),
+                      _repeats(rng, 3 * sigma, 40, 5, "noisy")])
     floor = noise_floor(rows, draws=400, seed=seed)
     assert floor.loc["many", "noise_floor_median_pct"] < floor.loc["few", "noise_floor_median_pct"]
     assert floor.loc["noisy", "noise_floor_median_pct"] > floor.loc["few", "noise_floor_median_pct"]
