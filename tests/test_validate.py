@@ -878,7 +878,8 @@ def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced
 
 
 def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
-    """measure_run_vs_cell --iterations: one group per engine iteration of an instance, however late the driver."""
+    """measure_run_vs_cell --iterations: one group per engine iteration of an instance, however the driver takes
+    its tokens (two iterations back to back, or one in two bursts)."""
     from real_backend.measure_run_vs_cell import IterationLog
 
     log = IterationLog.__new__(IterationLog)
@@ -889,7 +890,11 @@ def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
     late = 0.02 + 1e-4  # instance 0's driver fell behind: iterations 5 and 6 handed over back to back
     log.rows += [("cell", 0, late + k * 1e-5, f"a{k}") for k in range(8 // 2)] + \
                 [("cell", 0, late + 5e-5 + k * 1e-5, f"a{k}") for k in range(4)]
+    split = 0.03  # one iteration of 4 taken in two bursts 2 ms apart (the driver busy with the other instance)
+    log.rows += [("split", 0, split + (0.002 if k >= 2 else 0.0), f"s{k}") for k in range(4)]
+    log.rows += [("split", 0, split + 0.005 + k * 1e-5, f"s{k}") for k in range(4)]
     it = log.iterations()
+    assert it[it["tag"] == "split"]["n_seqs"].tolist() == [4]  # one iteration (the second's gap is the last: dropped)
     run = it[it["tag"] == "run"]
     assert run.groupby("instance")["n_seqs"].apply(set).to_dict() == {0: {4}, 1: {2}}
     assert run.groupby("instance")["seconds"].median().round(6).to_dict() == {0: 0.004, 1: 0.006}
