@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     from .validation_workloads import load_workloads
     from .world import prepare, run_real, world_engine
 
-    rows = []
+    rows, traces = [], []
     with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine):
         log = IterationLog(engine) if args.iterations else None
         state = None
@@ -116,6 +116,7 @@ def main(argv=None) -> int:
                 else:
                     run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
+                traces.append(trace.assign(round=k))
                 if log is not None:
                     log.tag = "cell"
                 for step, s in trace.groupby("step"):
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{name} {float(d[f'band{b}'].median()):.3f}" for b, name in enumerate(bands)))
     if log is not None:
         print_iterations(log.iterations(), args.profile)
+        print_admission(pd.concat(traces, ignore_index=True))
     return 0
 
 
@@ -200,6 +202,17 @@ def print_iterations(it: pd.DataFrame, profile: str) -> None:
     table["profile"] = [base.decode_time(int(n), 0.0, 1) * 1000 for n in n_mid]
     print("decode iteration, median ms by sequences running on the instance (profile: one instance alone, "
           f"{profile}):\n{table.round(2).to_string()}")
+
+
+def print_admission(trace: pd.DataFrame) -> None:
+    """When a step's requests start on their instance: each one's first token after the step's submission, by its
+    place in the order its instance's requests started (median over the runs' steps). vLLM's front end hands a
+    step's requests over one by one, while the simulated twin admits them all at once."""
+    t = trace.assign(first_ms=(trace["first_token_time"] - trace.groupby(["round", "step"])["submit_time"].transform("min")) * 1000)
+    t["order"] = t.groupby(["round", "step", "instance"])["first_ms"].rank(method="first").astype(int)
+    by_order = t.groupby("order")["first_ms"].median()
+    print("first token after the step's submission, median ms by start order on the instance: "
+          + ", ".join(f"#{k} {v:.1f}" for k, v in by_order.items() if k in (1, 2, 4, 8, 12, 16, 24, 32)))
 
 
 def profiled_run(run) -> tuple[float, float]:
