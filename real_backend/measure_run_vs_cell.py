@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-BANDS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+from lssim.fidelity import FINISH_QUANTILES as BANDS  # the finish bands lssim.fidelity.finish_profile reports
 
 
 def band_medians(finish) -> list[float]:
@@ -117,8 +117,6 @@ def main(argv=None) -> int:
                     run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
                 traces.append(trace.assign(round=k))
-                if log is not None:
-                    log.tag = "cell"
                 for step, s in trace.groupby("step"):
                     run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
                     for before in kinds:

@@ -35,9 +35,10 @@ def make_trace(lengths, prompt_len=16, max_tokens=None, rewards=None):
     })
 
 
-def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed=0, steps=None, train=NO_TRAIN):
+def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed=0, steps=None, train=NO_TRAIN,
+        batch_route=True):
     wl = Workload(trace, seed=seed)
-    engine = SimEngine(wl, COST, EngineConfig(n_instances, max_num_seqs, kv))
+    engine = SimEngine(wl, COST, EngineConfig(n_instances, max_num_seqs, kv), batch_route=batch_route)
     n_steps = steps or len(wl.steps)
     cfg = RunConfig(steps=2 * n_steps, groups_per_step=wl.groups_per_step, group_size=wl.group_size, max_tokens=wl.max_tokens,
                     total_groups=n_steps * wl.groups_per_step, seed=seed)
@@ -178,11 +179,7 @@ def test_no_step_is_shorter_than_its_lower_bound(trace, policy, instances, seqs,
 @given(trace=traces, instances=st.integers(1, 3), batch_route=st.booleans())
 def test_the_trace_says_which_instance_each_response_ran_on(trace, instances, batch_route):
     """The baseline pins nothing: the engine's dispatcher chooses, and the trace records its choice (not -1)."""
-    wl = Workload(trace, seed=0)
-    engine = SimEngine(wl, COST, EngineConfig(instances, 8, 10**7), batch_route=batch_route)
-    cfg = RunConfig(steps=len(wl.steps), groups_per_step=wl.groups_per_step, group_size=wl.group_size,
-                    max_tokens=wl.max_tokens, seed=0)
-    r = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy("baseline"), cfg).run().responses
+    r = run(trace, n_instances=instances, max_num_seqs=8, batch_route=batch_route)[0].responses
     assert r["instance"].between(0, instances - 1).all()
     first = r[r["step"] == r["step"].min()]
     assert first["instance"].nunique() == min(instances, len(first))  # an idle cluster spreads its first requests
