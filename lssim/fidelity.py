@@ -209,6 +209,56 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     return steps, responses
 
 
+def instance_phases(responses: pd.DataFrame) -> pd.DataFrame:
+    """Per step of a run (a trace, or a simulation's responses): how long the step kept every instance it used busy,
+    and how long one ran on alone after that. Rows: step, instances (that ran one of the responses the step ended),
+    shared_seconds (to the earliest of those instances' last finish: the part of the rollout where instances that
+    share a host slow each other down) and tail_seconds (from there to the step's last finish: the instances that
+    finished early wait; 0 with one instance). By the step each response ended in; unfinished ones have no say."""
+    ended = responses[responses["finish_time"].notna()]
+    if "end_step" in ended:
+        ended = ended.assign(step=ended["end_step"])
+    last = ended.groupby(["step", "instance"])["finish_time"].max().groupby("step")
+    out = pd.DataFrame({"instances": last.size(), "shared_seconds": last.min(), "last": last.max()})
+    out["tail_seconds"] = out.pop("last") - out["shared_seconds"]
+    return out.reset_index()
+
+
+def compare_phases(run: RecordedRun, sim: RunResult, policy: str | None = None) -> pd.DataFrame:
+    """instance_phases of the run and of its simulated twin, step by step: measured_/predicted_ shared and tail
+    seconds, and measured_/predicted_instances. Where a twin of several instances is off: in the part where they
+    share the host, or in the tail one instance runs alone (lssim.shared_host prices them with s_2 and s_1)."""
+    both = instance_phases(run.trace).merge(instance_phases(sim.responses), on="step", suffixes=("_measured", "_predicted"))
+    both = both.rename(columns=lambda c: "_".join(reversed(c.rsplit("_", 1))) if c != "step" else c)
+    both.insert(0, "policy", policy or run.name)
+    return both
+
+
+def phases_table(phases: pd.DataFrame) -> pd.DataFrame:
+    """compare_phases rows (a `repeat` column: each repeat against its own twin) per policy: the median over steps
+    of the shared part's measured / predicted ratio, and the tail's median measured and predicted seconds."""
+    per_step = phases.groupby(["policy", "step"], sort=False).median(numeric_only=True)
+    per_step["shared_ratio"] = per_step["measured_shared_seconds"] / per_step["predicted_shared_seconds"]
+    cols = ["shared_ratio", "measured_shared_seconds", "predicted_shared_seconds", "measured_tail_seconds", "predicted_tail_seconds"]
+    table = per_step.groupby("policy", sort=False)[cols].median()
+    table["steps"] = per_step.groupby("policy", sort=False).size()
+    return table
+
+
+def phases_markdown(phases: pd.DataFrame) -> str:
+    """phases_table as the markdown section `lssim validate` adds to fidelity.md for worlds of several instances."""
+    t = phases_table(phases)
+    lines = ["", "Worlds of several instances, where the step's time went (median over steps): the shared part (every "
+             "instance the step used still busy: lssim.shared_host prices it with s_2) and the tail one instance runs "
+             "alone (s_1), measured / predicted (`lssim validate`: the twin at each run's probed speed level where every run "
+             "of the world was probed; the ratio is the median of the steps' ratios).", "",
+             "| policy | shared part: measured / predicted s (ratio) | tail: measured / predicted s | steps |", "|---|---|---|---|"]
+    for name, r in t.iterrows():
+        lines.append(f"| `{name}` | {r.measured_shared_seconds:.3f} / {r.predicted_shared_seconds:.3f} ({r.shared_ratio:.3f}) | "
+                     f"{r.measured_tail_seconds:.3f} / {r.predicted_tail_seconds:.3f} | {int(r.steps)} |")
+    return "\n".join(lines) + "\n"
+
+
 def _ape_pct(predicted: pd.Series, measured: pd.Series) -> pd.Series:
     """Absolute percentage error of `predicted` against `measured`."""
     return (predicted - measured).abs() / measured * 100

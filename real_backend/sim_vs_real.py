@@ -155,11 +155,11 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup). The
     per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe)."""
-    from lssim.fidelity import (compare, ends_rollouts, fidelity_table, length_distance, median_over_repeats, replay_run,
-                                speedup_by_repeat, with_real_cuts)
+    from lssim.fidelity import (compare, compare_phases, ends_rollouts, fidelity_table, length_distance, median_over_repeats,
+                                replay_run, speedup_by_repeat, with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
-    step_frames, response_frames, cut_frames, groups, first_sim, group_rows = [], [], [], {}, {}, []
+    step_frames, response_frames, cut_frames, groups, first_sim, group_rows, phase_frames = [], [], [], {}, {}, [], []
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
         cuts = ends_rollouts(repeats[0].name)
@@ -170,6 +170,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
             level = speed_level(run, profile)
             step_frames.append(s.assign(repeat=k, speed_level=np.nan if level is None else level))
             response_frames.append(r.assign(repeat=k))
+            if _instances(run) > 1:  # where a shared host's twin is off: the shared part or the tail
+                phase_frames.append(compare_phases(run, sim, name).assign(repeat=k))
             if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
                 cut_sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), policy=with_real_cuts(run))
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
@@ -188,6 +190,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
         out["speedups"] = speedup_by_repeat(by_repeat, pd.DataFrame(group_rows))
     if cut_frames:
         out["real_cuts"], _ = median_over_repeats(pd.concat(cut_frames, ignore_index=True))
+    if phase_frames:
+        out["phases"] = pd.concat(phase_frames, ignore_index=True)
 
     base = runs.get("baseline", [None])[0]
     if counterfactual and base is not None and len(runs) > 1:
@@ -289,6 +293,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
         if frames["steps_by_repeat"]["speed_level"].notna().all():  # every run probed: the twin at each run's level
             probed = validate(runs, profile, counterfactual=False, probe=True)
             frames["probed"] = probed["steps"]
+            if "phases" in probed:  # the shared part and the tail against the twin at each run's level
+                frames["phases"] = probed["phases"]
         if stages_dir is not None:
             frames["stages"] = stages(runs, profile, stages_dir / world, frames, probed).assign(world=world).reset_index()
         base = runs.get("baseline", [])
@@ -636,10 +642,10 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
-    from lssim.fidelity import fidelity_markdown
+    from lssim.fidelity import fidelity_markdown, phases_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed", "phases"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     for name in ("summary", "counterfactual", "stages"):
@@ -653,7 +659,8 @@ def _write(frames: dict, out: Path, profile: str) -> None:
                      lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["anchored"]))))
     models = sorted(set(frames["summary"].get("cost_model", pd.Series([profile])).dropna()) - {profile})
     described = profile + (f" (worlds of several instances: {'; '.join(models)})" if models else "")
-    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(fidelity_markdown(frames["summary"], described)))
+    text = fidelity_markdown(frames["summary"], described) + (phases_markdown(frames["phases"]) if "phases" in frames else "")
+    atomic_write(out / "fidelity.md", lambda p: Path(p).write_text(text))
 
 
 def _report(frames: dict, out: Path, as_json: bool) -> int:

@@ -899,3 +899,68 @@ def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
     assert run.groupby("instance")["n_seqs"].apply(set).to_dict() == {0: {4}, 1: {2}}
     assert run.groupby("instance")["seconds"].median().round(6).to_dict() == {0: 0.004, 1: 0.006}
     assert (it[it["tag"] == "cell"]["n_seqs"] == 4).all()  # two iterations, not one of 8
+
+
+def test_instance_phases_split_each_step_into_the_shared_part_and_the_tail():
+    """A step is shared while every instance it used is busy, then the last one's tail; a response counts in the
+    step it ended in, an unfinished one not at all, and a step on one instance has no tail."""
+    from lssim.fidelity import instance_phases
+
+    trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1, 1],
+                          "end_step": [0, 0, 0, 0, 1, 1, 1, 1],
+                          "instance": [0, 0, 1, 1, 1, 0, 0, 1],
+                          "finish_time": [1.0, 2.0, 0.5, 1.5, 3.0, 0.4, 0.9, np.nan]})
+    phases = instance_phases(trace).set_index("step")
+    assert phases.loc[0].to_dict() == pytest.approx({"instances": 2, "shared_seconds": 1.5, "tail_seconds": 0.5})
+    # step 1: the carried response ended on instance 1 at 3.0; instance 0's last finish 0.9
+    assert phases.loc[1].to_dict() == pytest.approx({"instances": 2, "shared_seconds": 0.9, "tail_seconds": 2.1})
+    one = instance_phases(trace.assign(instance=0)).set_index("step")
+    assert (one["tail_seconds"] == 0).all() and one.loc[0, "shared_seconds"] == 2.0
+
+
+def test_compare_phases_finds_a_twin_exact_and_places_a_host_slowdown_in_the_shared_part(tmp_path):
+    """A two-instance run replayed on the profile it was recorded on: every phase predicted exactly. Priced on a
+    shared host that slows busy instances 1.5x and an alone one not at all, the shared part is predicted slower."""
+    from lssim.fidelity import compare_phases, phases_markdown, phases_table
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _two_instance_run("baseline", str(base))
+    two = dataclasses.replace(_setup(str(base)), n_instances=2)
+    exact = compare_phases(run, _replay(run, two), "baseline")
+    assert len(exact) == 3 and (exact["measured_instances"] == 2).all()
+    assert np.allclose(exact["measured_shared_seconds"], exact["predicted_shared_seconds"], rtol=1e-9)
+    assert np.allclose(exact["measured_tail_seconds"], exact["predicted_tail_seconds"], rtol=1e-9, atol=1e-12)
+    shared = compare_phases(run, _replay(run, dataclasses.replace(two, host_slowdown=(1.0, 1.5))), "baseline")
+    assert (shared["predicted_shared_seconds"] > 1.2 * shared["measured_shared_seconds"]).all()
+    table = phases_table(pd.concat([exact.assign(repeat=0), exact.assign(repeat=1)]))
+    assert table.loc["baseline", "shared_ratio"] == pytest.approx(1.0) and table.loc["baseline", "steps"] == 3
+    assert "| `baseline` |" in phases_markdown(shared.assign(repeat=0))
+
+
+def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_was_busy():
+    """real_backend.measure_neighbour: instance 0's iterations beside an instance producing tokens are 'other_busy',
+    those of a cell where it ran alone, or after the other went quiet, are not; the table takes medians of each."""
+    from real_backend.measure_neighbour import table, with_other_busy
+    from real_backend.measure_run_vs_cell import IterationLog
+
+    log = IterationLog.__new__(IterationLog)
+    log.tag, log.rows = None, []
+    for i in range(10):  # light: instance 0 iterates every 3 ms beside instance 1 for 10 iterations
+        log.rows += [("light.1", 0, 0.003 * i + k * 1e-5, f"a{k}") for k in range(2)]
+        log.rows += [("light.1", 1, 0.003 * i + 0.001 + k * 1e-5, f"b{k}") for k in range(2)]
+    for i in range(10):  # alone: every 2 ms, instance 1 silent
+        log.rows += [("alone.2", 0, 1.0 + 0.002 * i + k * 1e-5, f"c{k}") for k in range(2)]  # cells one after another
+    for i in range(30):  # stagger: instance 1 busy for the first 10 of instance 0's iterations (3 ms), then 2 ms
+        t = 2.0 + 0.003 * min(i, 10) + 0.002 * max(0, i - 10)  # (within 10 ms of its last token still counts as busy)
+        log.rows += [("stagger.3", 0, t + k * 1e-5, f"d{k}") for k in range(2)]
+        if i < 10:
+            log.rows += [("stagger.3", 1, t + 0.001, "e0")]
+    it = with_other_busy(log)
+    assert set(it["instance"]) == {0} and set(it["kind"]) == {"light", "alone", "stagger"}
+    t = table(it)
+    assert t.loc[("light", True), "median_ms"] == pytest.approx(3.0, abs=0.05)
+    assert t.loc[("alone", False), "median_ms"] == pytest.approx(2.0, abs=0.05)
+    assert ("alone", True) not in t.index
+    assert t.loc[("stagger", True), "median_ms"] == pytest.approx(3.0, abs=0.05)
+    assert t.loc[("stagger", False), "median_ms"] == pytest.approx(2.0, abs=0.05)
