@@ -7,8 +7,8 @@ what the library computes now.
   `python -m paper.build` is run again.
 - A quick build (the same code on 3 steps of each trace, 16 devices) into a temporary folder writes a paper whose
   text, numbers and figures agree, with every registered policy in its tables.
-- The validation numbers are real_backend/validation/summary.csv's own columns (one row per policy; the worlds'
-  `baseline@WORLD` rows apart), and an output of the older format is refused by file and column.
+- The validation numbers are the headline validation's summary.csv's own columns (paper.measured.VALIDATION: one row
+  per policy; the worlds' `baseline@WORLD` rows apart), and an output of the older format is refused by file and column.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from paper.build import FIGURE_REF, TEMPLATE, build, check_figures
+from paper.measured import VALIDATION
 from paper.render import format_value, markdown_table, placeholders, render
 from paper.simulated import BuildConfig, policy_names
 
@@ -103,7 +104,7 @@ def test_a_quick_build_s_numbers_are_the_library_s(quick_build):
     assert numbers["sim.longtail32k.seer.rollout_speedup"] == pytest.approx(float(table.loc["seer", "rollout_speedup"]), rel=1e-9)
     assert numbers["sim.longtail32k.oracle.lower_bound_efficiency"] == pytest.approx(
         float(table.loc["oracle", "lower_bound_efficiency"]), rel=1e-9)
-    steps = pd.read_parquet(ROOT / "real_backend" / "validation" / "steps.parquet")
+    steps = pd.read_parquet(ROOT / VALIDATION / "steps.parquet")
     assert numbers["real.median_ape"] == pytest.approx(float(steps["ape_pct"].median()))
     assert numbers["real.p90_ape"] == pytest.approx(float(np.percentile(steps["ape_pct"], 90)))
 
@@ -135,7 +136,7 @@ def test_the_validation_numbers_are_summary_csv_s_own_columns():
     from paper.measured import fidelity_numbers
 
     numbers, tables, _ = fidelity_numbers(ROOT)
-    summary = pd.read_csv(ROOT / "real_backend" / "validation" / "summary.csv").set_index("policy")
+    summary = pd.read_csv(ROOT / VALIDATION / "summary.csv").set_index("policy")
     policies = summary[~summary.index.str.startswith("baseline@")]
     assert numbers["real.policies"] == len(policies) and numbers["real.worlds"] == len(summary) - len(policies)
     assert numbers["real.meeting_goal"] == int(policies["meets_goal"].sum())
@@ -155,8 +156,8 @@ def test_a_validation_summary_of_the_old_format_is_refused_by_name(tmp_path):
 
     from paper.measured import fidelity_numbers
 
-    folder = tmp_path / "real_backend" / "validation"
-    shutil.copytree(ROOT / "real_backend" / "validation", folder)
+    folder = tmp_path / VALIDATION
+    shutil.copytree(ROOT / VALIDATION, folder)
     summary = pd.read_csv(folder / "summary.csv")
     summary.drop(columns=["anchored_median_ape_pct"]).to_csv(folder / "summary.csv", index=False)
     with pytest.raises(ValueError, match="summary.csv: no column anchored_median_ape_pct"):
@@ -170,8 +171,8 @@ def test_the_goal_verdict_is_summary_csv_s_whichever_way_it_goes(tmp_path):
 
     from paper.measured import fidelity_numbers
 
-    folder = tmp_path / "real_backend" / "validation"
-    shutil.copytree(ROOT / "real_backend" / "validation", folder)
+    folder = tmp_path / VALIDATION
+    shutil.copytree(ROOT / VALIDATION, folder)
     summary = pd.read_csv(folder / "summary.csv")
     first, second = summary.index[~summary["policy"].str.startswith("baseline@")][:2]
     summary["meets_goal"], summary["meets_goal_anchored"] = False, False
