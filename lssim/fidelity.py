@@ -214,8 +214,9 @@ def instance_phases(responses: pd.DataFrame) -> pd.DataFrame:
     and how long one ran on alone after that. Rows: step, instances (that ran one of the responses the step ended),
     shared_seconds (to the earliest of those instances' last finish: the part of the rollout where instances that
     share a host slow each other down) and tail_seconds (from there to the step's last finish: the instances that
-    finished early wait; 0 with one instance). By the step each response ended in; unfinished ones have no say."""
-    ended = responses[responses["finish_time"].notna()]
+    finished early wait; 0 with one instance). By the step each response ended in; unfinished ones, and ones that
+    never ran on an instance (-1), have no say."""
+    ended = responses[responses["finish_time"].notna() & (responses["instance"] >= 0)]  # -1: never on an engine
     if "end_step" in ended:
         ended = ended.assign(step=ended["end_step"])
     last = ended.groupby(["step", "instance"])["finish_time"].max().groupby("step")

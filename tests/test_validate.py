@@ -906,10 +906,10 @@ def test_instance_phases_split_each_step_into_the_shared_part_and_the_tail():
     step it ended in, an unfinished one not at all, and a step on one instance has no tail."""
     from lssim.fidelity import instance_phases
 
-    trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1, 1],
-                          "end_step": [0, 0, 0, 0, 1, 1, 1, 1],
-                          "instance": [0, 0, 1, 1, 1, 0, 0, 1],
-                          "finish_time": [1.0, 2.0, 0.5, 1.5, 3.0, 0.4, 0.9, np.nan]})
+    trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1, 1, 1],
+                          "end_step": [0, 0, 0, 0, 1, 1, 1, 1, 1],
+                          "instance": [0, 0, 1, 1, 1, 0, 0, 1, -1],  # -1: dropped before it ran anywhere
+                          "finish_time": [1.0, 2.0, 0.5, 1.5, 3.0, 0.4, 0.9, np.nan, 0.0]})
     phases = instance_phases(trace).set_index("step")
     assert phases.loc[0].to_dict() == pytest.approx({"instances": 2, "shared_seconds": 1.5, "tail_seconds": 0.5})
     # step 1: the carried response ended on instance 1 at 3.0; instance 0's last finish 0.9
