@@ -964,3 +964,19 @@ def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_
     assert ("alone", True) not in t.index
     assert t.loc[("stagger", True), "median_ms"] == pytest.approx(3.0, abs=0.05)
     assert t.loc[("stagger", False), "median_ms"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_measure_driver_core_reads_each_instances_last_finish_per_step():
+    """real_backend.measure_driver_core: per step, each instance's last finish of the responses the step ended (carried,
+    unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
+    from real_backend.measure_driver_core import instance_ends, summary
+
+    trace = pd.DataFrame({"step": [0, 0, 0, 0, 1, 1, 1],
+                          "end_step": [0, 0, 0, 1, 1, 1, 1],
+                          "instance": [0, 1, 1, 0, 0, 1, -1],
+                          "finish_time": [1.0, 0.7, 0.8, 0.2, 0.9, 1.2, 0.0]})
+    ends = instance_ends(trace)
+    assert ends[["step", "end0", "end1"]].values.tolist() == [[0, 1.0, 0.8], [1, 0.9, 1.2]]
+    assert ends["diff"].round(6).tolist() == [0.2, -0.3]
+    s = summary(pd.concat([ends.assign(setting="free"), ends.assign(setting="cpu0", diff=[0.1, 0.3])]))
+    assert s.loc["free", "steps"] == 2 and s.loc["free", "instance0_last"] == 0.5 and s.loc["cpu0", "instance0_last"] == 1.0
