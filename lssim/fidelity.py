@@ -209,17 +209,22 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     return steps, responses
 
 
+def instance_last_finish(responses: pd.DataFrame) -> pd.Series:
+    """Each instance's last finish in each step, indexed by (step, instance): by the step each response ended in;
+    unfinished ones, and ones that never ran on an instance (-1), have no say."""
+    ended = responses[responses["finish_time"].notna() & (responses["instance"] >= 0)]  # -1: never on an engine
+    if "end_step" in ended:
+        ended = ended.assign(step=ended["end_step"])
+    return ended.groupby(["step", "instance"])["finish_time"].max()
+
+
 def instance_phases(responses: pd.DataFrame) -> pd.DataFrame:
     """Per step of a run (a trace, or a simulation's responses): how long the step kept every instance it used busy,
     and how long one ran on alone after that. Rows: step, instances (that ran one of the responses the step ended),
     shared_seconds (to the earliest of those instances' last finish: the part of the rollout where instances that
     share a host slow each other down) and tail_seconds (from there to the step's last finish: the instances that
-    finished early wait; 0 with one instance). By the step each response ended in; unfinished ones, and ones that
-    never ran on an instance (-1), have no say."""
-    ended = responses[responses["finish_time"].notna() & (responses["instance"] >= 0)]  # -1: never on an engine
-    if "end_step" in ended:
-        ended = ended.assign(step=ended["end_step"])
-    last = ended.groupby(["step", "instance"])["finish_time"].max().groupby("step")
+    finished early wait; 0 with one instance). From instance_last_finish."""
+    last = instance_last_finish(responses).groupby("step")
     out = pd.DataFrame({"instances": last.size(), "shared_seconds": last.min(), "last": last.max()})
     out["tail_seconds"] = out.pop("last") - out["shared_seconds"]
     return out.reset_index()

@@ -40,9 +40,10 @@ def hold(cpus: set[int]) -> None:
 
 
 def instance_ends(trace: pd.DataFrame) -> pd.DataFrame:
-    """Per step (the responses it ended): end0, end1 (each instance's last finish) and diff = end0 - end1."""
-    ended = trace[(trace["end_step"] == trace["step"]) & trace["finish_time"].notna() & (trace["instance"] >= 0)]
-    ends = ended.groupby(["step", "instance"])["finish_time"].max().unstack("instance")
+    """Per step: end0, end1 (each instance's last finish, lssim.fidelity.instance_last_finish) and diff = end0 - end1."""
+    from lssim.fidelity import instance_last_finish
+
+    ends = instance_last_finish(trace).unstack("instance")
     out = pd.DataFrame({"end0": ends.get(0), "end1": ends.get(1)}).dropna()
     out["diff"] = out["end0"] - out["end1"]
     return out.reset_index()
@@ -55,11 +56,10 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
                          "diff_median_s": g.median(), "diff_std_s": g.std()}).round(3)
 
 
-def measure(world_name: str, rounds: int) -> pd.DataFrame:
-    from .validation_workloads import load_workloads
+def measure(world, rounds: int) -> pd.DataFrame:
+    """Per step of every run: instance_ends, with its setting and round (`world`: a World of two instances)."""
     from .world import prepare, run_real, world_engine
 
-    world = load_workloads().worlds[world_name]
     every = os.sched_getaffinity(0)
     rows = []
     with world_engine(world) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
@@ -91,12 +91,13 @@ def main(argv=None) -> int:
         return 2
     from .validation_workloads import load_workloads
 
-    world = load_workloads().worlds.get(args.world)
-    if world is None or world.n_instances != 2:
-        print(f"error: --world {args.world!r}: not a world of two instances in the workload table", file=sys.stderr)
+    try:
+        world = load_workloads().world_of(args.world, 2)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    print(summary(measure(args.world, args.rounds)).to_string())
+    print(summary(measure(world, args.rounds)).to_string())
     return 0
 
 

@@ -106,9 +106,10 @@ def main(argv=None) -> int:
     from .validation_workloads import load_workloads
     from .world import world_engine
 
-    world = load_workloads().worlds.get(args.world)
-    if world is None or world.n_instances != 2:
-        print(f"error: --world {args.world!r}: not a world of two instances in the workload table", file=sys.stderr)
+    try:
+        world = load_workloads().world_of(args.world, 2)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     with world_engine(world) as (_, _, _, engine):
         cells, iterations = measure(engine, args.rounds)

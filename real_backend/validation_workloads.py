@@ -100,6 +100,14 @@ class WorkloadTable:
         world = self.policies[base].world if base in self.policies and "+" not in spec else self.worlds[DEFAULT_WORLD]
         return PolicyWorkload(name=spec, spec=spec, world=world)
 
+    def world_of(self, name: str, n_instances: int) -> World:
+        """The world `name`, which must have `n_instances` engine instances (the measurement scripts' --world);
+        ValueError naming it otherwise."""
+        world = self.worlds.get(name)
+        if world is None or world.n_instances != n_instances:
+            raise ValueError(f"--world {name!r}: not a world of {n_instances} instances in the workload table")
+        return world
+
     def select(self, which: str) -> list[str]:
         """Policy names: "all" every listed policy, "ci" those marked ci (the small subset)."""
         if which == "all":

@@ -967,8 +967,8 @@ def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_
 
 
 def test_measure_driver_core_reads_each_instances_last_finish_per_step():
-    """real_backend.measure_driver_core: per step, each instance's last finish of the responses the step ended (carried,
-    unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
+    """real_backend.measure_driver_core: per step, each instance's last finish (a carried response in the step it ended
+    in; unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
     from real_backend.measure_driver_core import instance_ends, summary
 
     trace = pd.DataFrame({"step": [0, 0, 0, 0, 1, 1, 1],
@@ -980,3 +980,15 @@ def test_measure_driver_core_reads_each_instances_last_finish_per_step():
     assert ends["diff"].round(6).tolist() == [0.2, -0.3]
     s = summary(pd.concat([ends.assign(setting="free"), ends.assign(setting="cpu0", diff=[0.1, 0.3])]))
     assert s.loc["free", "steps"] == 2 and s.loc["free", "instance0_last"] == 0.5 and s.loc["cpu0", "instance0_last"] == 1.0
+
+
+@pytest.mark.parametrize("module", ["measure_neighbour", "measure_driver_core"])
+def test_the_two_instance_measurements_refuse_a_world_of_one_instance_by_name(module, capsys):
+    """--world must name a world of two instances (WorkloadTable.world_of): exit status 2, nothing started."""
+    import importlib
+
+    main_ = importlib.import_module(f"real_backend.{module}").main
+    assert main_(["--world", "default"]) == 2
+    assert "--world 'default': not a world of 2 instances" in capsys.readouterr().err
+    assert main_(["--world", "nowhere"]) == 2
+    assert "--world 'nowhere'" in capsys.readouterr().err
