@@ -206,6 +206,21 @@ def test_engine_streams_progress_abort_and_resume(vllm_engine):
 
 
 @pytest.mark.real
+def test_a_real_run_freezes_the_heap_it_starts_with(vllm_engine, real_model_dir, tmp_path):
+    """A full collection over the driver's heap (vLLM, torch: ~0.9 million objects) holds the GIL for most of a second
+    and stops every token stream (real_backend.engine.freeze_heap): a run freezes what exists when it starts, so the
+    collector's passes during it scan only what the run itself made."""
+    import gc
+
+    gc.unfreeze()
+    older = [[i] for i in range(1000)]  # made before the run, alive through it
+    assert any(o is older for o in gc.get_objects())
+    _run(vllm_engine, real_model_dir, "baseline", tmp_path / "run", steps=1, groups=2, group_size=2, max_tokens=16)
+    assert gc.get_freeze_count() > 1000
+    assert not any(o is older for o in gc.get_objects())  # frozen: outside every generation the collector scans
+
+
+@pytest.mark.real
 @pytest.mark.parametrize("policy", ["baseline", "hadb", "april"])
 def test_real_run_records_a_replayable_trace(vllm_engine, real_model_dir, tmp_path, policy):
     from lssim.replay import SimSetup, replay

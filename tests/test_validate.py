@@ -992,3 +992,12 @@ def test_the_two_instance_measurements_refuse_a_world_of_one_instance_by_name(mo
     assert "--world 'default': not a world of 2 instances" in capsys.readouterr().err
     assert main_(["--world", "nowhere"]) == 2
     assert "--world 'nowhere'" in capsys.readouterr().err
+
+
+def test_measure_gc_stall_refuses_an_unknown_world_by_name(capsys):
+    from real_backend.measure_gc_stall import main
+
+    assert main(["--world", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "no world 'nowhere'" in err and "default" in err
+    assert main(["--rounds", "0"]) == 2
