@@ -135,7 +135,7 @@ class VLLMEngine:
             self._stop_loop()
             raise
         self._warm_up()
-        freeze_heap()
+        self.freeze_heaps()
         self.start_seconds = time.monotonic() - t0
         self._t0 = time.monotonic()
 
@@ -444,6 +444,12 @@ class VLLMEngine:
         """The engine's logprob of each token of `continuation` after `prompt_ids` (for checks and tests)."""
         return weights.score(self._llm, self._call, f"score.{next(self._keys)}", prompt_ids, continuation)
 
+    def freeze_heaps(self) -> int:
+        """freeze_heap in this process and in every instance's worker process (where the model runs; vLLM freezes
+        its engine cores' heaps, not the workers'); returns the objects now frozen in the first worker."""
+        freeze_heap()
+        return self._call(self._llm.collective_rpc(_worker_freeze_heap))[0]
+
     def _warm_up(self) -> None:
         """The first generation after start is slow (lazy initialization, ~5-20 s on this CPU): pay it here,
         not in the first RL step's rollout time."""
@@ -538,15 +544,24 @@ _WAKE_KEY = object()  # the queue item of a wake_when future (never a request's 
 def freeze_heap() -> None:
     """Collect, then move every object alive into the collector's permanent generation (gc.freeze).
 
-    Why: once vLLM and torch are loaded the driver holds 0.7-0.9 million objects, and a full collection holds the GIL
-    while it scans them, so every token stream stops (python -m real_backend.measure_gc_stall: a gc.collect() forced
-    mid-rollout stopped the streams for 0.47-0.81 s; after freeze_heap, under 0.03 s). Python starts a full collection
-    by itself now and then: 5 of 5280 recorded steps began with every first token 0.37-0.75 s late, on
-    every instance at once. Called once the engine is warm and before every real run. Objects frozen
-    are still freed when their last reference goes; only reference cycles among them wait for `gc.unfreeze()`.
+    Why: once vLLM and torch are loaded, the driver and each instance's worker process hold 0.7-0.9 million objects
+    each, and a full collection holds the process's GIL while it scans them: in the driver every token stream stops,
+    in a worker its instance stops generating (python -m real_backend.measure_gc_stall: a collection forced
+    mid-rollout stopped the streams for 0.47-1.36 s in the driver and 0.44-0.46 s in the workers; frozen, for <10 ms).
+    Python starts a full collection by itself now and then: 5 of 5280 recorded steps began with every first token
+    0.37-0.75 s late on every instance at once (the driver), and in 4 steps of seer runs one instance made no
+    progress for 0.5-1.0 s while the other's tokens kept arriving (its worker, most likely). Called in the driver
+    and, through VLLMEngine.freeze_heaps, in the workers, once the engine is warm and before every real run. Objects
+    frozen are still freed when their last reference goes; only reference cycles among them wait for `gc.unfreeze()`.
     """
     gc.collect()
     gc.freeze()
+
+
+def _worker_freeze_heap(worker) -> int:
+    """freeze_heap in a vLLM worker process (run there by collective_rpc); the objects frozen there."""
+    freeze_heap()
+    return gc.get_freeze_count()
 
 
 class _Live:

@@ -295,9 +295,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     if not mode.collocated:
         _fill_job_rows(controller, trainer, mode)
         recorder.write_in_background()
-    from .engine import freeze_heap
-
-    freeze_heap()  # no full collection over what exists now can stall the token streams mid-run
+    engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
     result = _run_recorded(controller, recorder, engine, first)
     if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
         from .train_job import fill_step_rows, shutdown
