@@ -549,7 +549,7 @@ def freeze_heap() -> None:
     in a worker its instance stops generating (python -m real_backend.measure_gc_stall: a collection forced
     mid-rollout stopped the streams for 0.47-1.36 s in the driver and 0.44-0.46 s in the workers; frozen, for <10 ms).
     Python starts a full collection by itself now and then: 5 of 5280 recorded steps began with every first token
-    0.37-0.75 s late on every instance at once (the driver), and in 4 steps of seer runs one instance made no
+    0.37-0.75 s late on every instance at once (the driver), and in 3 steps of seer runs one instance made no
     progress for 0.5-1.0 s while the other's tokens kept arriving (its worker, most likely). Called in the driver
     and, through VLLMEngine.freeze_heaps, in the workers, once the engine is warm and before every real run. Objects
     frozen are still freed when their last reference goes; only reference cycles among them wait for `gc.unfreeze()`.

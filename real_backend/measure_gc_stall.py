@@ -12,7 +12,7 @@ Python leaves it (gc.unfreeze) and after VLLMEngine.freeze_heaps().
 Why: once vLLM and torch are loaded the driver and each worker hold 0.7-0.9 million objects, and a collection holds
 its process's GIL while it scans them: in the driver the thread that drains the streams waits, in a worker its
 instance stops generating. Python starts such a full collection by itself now and then: 5 of 5280 steps recorded
-before the fix began with every first token 0.37-0.75 s late on every instance at once (`runs/*/real`), and in 4
+before the fix began with every first token 0.37-0.75 s late on every instance at once (`runs/*/real`), and in 3
 steps of seer runs one instance made no progress for 0.5-1.0 s while the other's tokens kept arriving.
 
 Measured 2026-11-27 on this 2-core VM (this script), the collection's seconds and the streams' largest gap:

@@ -982,7 +982,7 @@ def test_measure_driver_core_reads_each_instances_last_finish_per_step():
     assert s.loc["free", "steps"] == 2 and s.loc["free", "instance0_last"] == 0.5 and s.loc["cpu0", "instance0_last"] == 1.0
 
 
-@pytest.mark.parametrize("module", ["measure_neighbour", "measure_driver_core"])
+@pytest.mark.parametrize("module", ["measure_neighbour", "measure_driver_core", "measure_stream_interval"])
 def test_the_two_instance_measurements_refuse_a_world_of_one_instance_by_name(module, capsys):
     """--world must name a world of two instances (WorkloadTable.world_of): exit status 2, nothing started."""
     import importlib
@@ -1001,3 +1001,17 @@ def test_measure_gc_stall_refuses_an_unknown_world_by_name(capsys):
     err = capsys.readouterr().err
     assert "no world 'nowhere'" in err and "default" in err
     assert main(["--rounds", "0"]) == 2
+
+
+def test_measure_stream_interval_summarises_rounds_against_the_first_interval(capsys):
+    from real_backend.measure_stream_interval import main, summary
+
+    rows = pd.DataFrame({"interval": [1, 32, 1, 32, 1, 32], "round": [0, 0, 1, 1, 2, 2],
+                         "rollout_s": [10.0, 9.0, 8.0, 8.5, 9.0, 8.0], "driver_cpu": [0.4, 0.3, 0.4, 0.3, 0.5, 0.3],
+                         "finish_diff_std": [0.2, 0.1, 0.3, 0.2, 0.2, 0.1]})
+    out = summary(rows)
+    assert out.loc[1, "rollout_s"] == 9.0 and out.loc[32, "rollout_s"] == 8.5
+    assert out.loc[32, "rounds_faster_than_first"] == "2 of 3" and out.loc[1, "rounds_faster_than_first"] == "0 of 3"
+    assert main(["--intervals", "1,0"]) == 2
+    assert "--intervals '1,0'" in capsys.readouterr().err
+    assert main(["--intervals", "a"]) == 2
