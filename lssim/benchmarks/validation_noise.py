@@ -25,7 +25,8 @@ from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, s
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
            "real_backend/validation/noise", "real_backend/validation/until", "real_backend/validation/until2",
-           "real_backend/validation/placed", "real_backend/validation/lpt", "real_backend/validation/until3")
+           "real_backend/validation/placed", "real_backend/validation/lpt", "real_backend/validation/until3",
+           "real_backend/validation/until4")
 
 
 def folder_table(folder) -> pd.DataFrame:
