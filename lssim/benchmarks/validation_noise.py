@@ -26,7 +26,8 @@ SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_bac
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
            "real_backend/validation/noise", "real_backend/validation/until", "real_backend/validation/until2",
            "real_backend/validation/placed", "real_backend/validation/lpt", "real_backend/validation/until3",
-           "real_backend/validation/until4", "real_backend/validation/full5")
+           "real_backend/validation/until4", "real_backend/validation/full5",
+           "real_backend/validation/spec-until")
 
 
 def folder_table(folder) -> pd.DataFrame:
