@@ -89,12 +89,10 @@ def main(argv=None) -> int:
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
         print("error: needs Linux and CPUs 0 and 1 available to this process", file=sys.stderr)
         return 2
-    from .validation_workloads import load_workloads
+    from .validation_workloads import world_arg
 
-    try:
-        world = load_workloads().world_of(args.world, 2)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    world = world_arg(args.world, 2)
+    if world is None:
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     print(summary(measure(world, args.rounds)).to_string())

@@ -93,16 +93,15 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
-    from .validation_workloads import load_workloads
+    from .validation_workloads import world_arg
 
-    worlds = load_workloads().worlds
-    if args.world not in worlds:
-        print(f"error: no world {args.world!r}; the worlds: {', '.join(worlds)}", file=sys.stderr)
+    world = world_arg(args.world)
+    if world is None:
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .world import world_engine
 
-    with world_engine(worlds[args.world]) as (_, _, prompts, engine):
+    with world_engine(world) as (_, _, prompts, engine):
         stream_queue = engine._q
         try:
             rid = itertools.count(10_000, 100)

@@ -103,13 +103,11 @@ def main(argv=None) -> int:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .validation_workloads import load_workloads
+    from .validation_workloads import world_arg
     from .world import world_engine
 
-    try:
-        world = load_workloads().world_of(args.world, 2)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    world = world_arg(args.world, 2)
+    if world is None:
         return 2
     with world_engine(world) as (_, _, _, engine):
         cells, iterations = measure(engine, args.rounds)

@@ -77,12 +77,10 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
-    from .validation_workloads import load_workloads
+    from .validation_workloads import world_arg
 
-    try:
-        world = load_workloads().world_of(args.world, 2)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    world = world_arg(args.world, 2)
+    if world is None:
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     print(summary(measure(world, intervals, args.rounds)).to_string())

@@ -12,6 +12,7 @@ that does not build are errors naming the file and the entry.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -100,11 +101,13 @@ class WorkloadTable:
         world = self.policies[base].world if base in self.policies and "+" not in spec else self.worlds[DEFAULT_WORLD]
         return PolicyWorkload(name=spec, spec=spec, world=world)
 
-    def world_of(self, name: str, n_instances: int) -> World:
-        """The world `name`, which must have `n_instances` engine instances (the measurement scripts' --world);
-        ValueError naming it otherwise."""
+    def world_of(self, name: str, n_instances: int | None = None) -> World:
+        """The world `name`, which must have `n_instances` engine instances when given (the measurement scripts'
+        --world); ValueError naming it otherwise."""
         world = self.worlds.get(name)
-        if world is None or world.n_instances != n_instances:
+        if n_instances is None and world is None:
+            raise ValueError(f"--world {name!r}: there is no world {name!r}; the worlds: {', '.join(self.worlds)}")
+        if world is None or (n_instances is not None and world.n_instances != n_instances):
             raise ValueError(f"--world {name!r}: not a world of {n_instances} instances in the workload table")
         return world
 
@@ -158,4 +161,14 @@ def load_workloads(path: str | Path = DEFAULT_TABLE) -> WorkloadTable:
     return WorkloadTable(worlds=worlds, policies=policies, source=str(path))
 
 
-__all__ = ["World", "PolicyWorkload", "WorkloadTable", "load_workloads", "DEFAULT_TABLE"]
+def world_arg(name: str, n_instances: int | None = None) -> World | None:
+    """A measurement script's --world (WorkloadTable.world_of on the shipped table), or None after printing why
+    it is not one to stderr (the script then exits with status 2)."""
+    try:
+        return load_workloads().world_of(name, n_instances)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+__all__ = ["World", "PolicyWorkload", "WorkloadTable", "load_workloads", "world_arg", "DEFAULT_TABLE"]
