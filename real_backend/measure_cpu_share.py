@@ -50,10 +50,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from .speed_probe import measure_probe
-    from .validation_workloads import load_workloads
+    from .validation_workloads import world_arg
     from .world import prepare, run_real, world_engine
 
-    with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine), \
+    world = world_arg(args.world)
+    if world is None:
+        return 2
+    with world_engine(world) as (setup, config, _, engine), \
             tempfile.TemporaryDirectory() as scratch:
         for k in range(args.rounds):
             for spec in ("baseline", "seer(chunk=32)"):

@@ -80,6 +80,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="real_backend/validation/until2/profile.json",
                    help="the one-instance profile --iterations prices iterations with (default: the kept validation's)")
     args = p.parse_args(argv)
+    from .validation_workloads import world_arg
+
+    world = world_arg(args.world)
+    if world is None:
+        return 2
     befores = [""] + [b.strip() for b in args.before.split(",") if b.strip()]
     if len(befores) > 2:
         befores.append("+".join(befores[1:]))
@@ -90,11 +95,10 @@ def main(argv=None) -> int:
         train_once()
     kinds = befores + (["natural"] if args.natural else [])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .validation_workloads import load_workloads
     from .world import prepare, run_real, world_engine
 
     rows, traces = [], []
-    with world_engine(load_workloads().worlds[args.world]) as (setup, config, _, engine):
+    with world_engine(world) as (setup, config, _, engine):
         log = IterationLog(engine) if args.iterations else None
         state = None
         if any("push" in b for b in befores):

@@ -1003,6 +1003,16 @@ def test_measure_gc_stall_refuses_an_unknown_world_by_name(capsys):
     assert main(["--rounds", "0"]) == 2
 
 
+@pytest.mark.parametrize("module", ["measure_cpu_share", "measure_run_vs_cell"])
+def test_the_run_measurements_refuse_an_unknown_world_by_name(module, capsys):
+    """An unknown --world exits 2 naming the worlds there are, before any engine starts (not a KeyError)."""
+    import importlib
+
+    assert importlib.import_module(f"real_backend.{module}").main(["--world", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "no world 'nowhere'" in err and "placed" in err
+
+
 def test_measure_stream_interval_summarises_rounds_against_the_first_interval(capsys):
     from real_backend.measure_stream_interval import main, summary
 
