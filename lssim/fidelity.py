@@ -308,15 +308,9 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
     rng = np.random.default_rng(seed)
     rows = {}
     for name, s in steps_by_repeat.groupby("policy", sort=False):
-        table = s.pivot_table(index="step", columns="repeat", values="measured_seconds", aggfunc="first")
-        logs = np.log(table.to_numpy(dtype=float))
+        table = _step_table(s)
         k, n_steps = table.shape[1], table.shape[0]
-        # The noise itself, not deviations from the step's own median (those are shrunk, one in k is 0, and would put
-        # the floor ~3x too low): every difference of two repeats of a step, over sqrt(2), has the noise's spread.
-        i, j = np.triu_indices(k, 1)
-        residuals = ((logs[:, i] - logs[:, j]) / np.sqrt(2)).ravel()
-        residuals = np.concatenate([residuals, -residuals])  # either repeat could have come first
-        residuals = residuals[np.isfinite(residuals)]
+        residuals = _repeat_noise(table)
         if k < 2 or residuals.size == 0:
             rows[name] = {"noise_floor_median_pct": np.nan, "noise_floor_p90_pct": np.nan, "noise_bound_median_pct": np.nan,
                           "noise_bound_p90_pct": np.nan, "repeats_for_goal": np.nan}
@@ -340,6 +334,87 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
     out.index.name = "policy"
     return out
 
+
+def _step_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One policy's measured seconds, a step x repeat table."""
+    return rows.pivot_table(index="step", columns="repeat", values="measured_seconds", aggfunc="first")
+
+
+def _repeat_noise(table: pd.DataFrame) -> np.ndarray:
+    """The real engine's run-to-run noise in a step x repeat table of seconds, as log-seconds draws pooled over its
+    steps. The noise itself, not deviations from the step's own median (those are shrunk, one in k is 0, and would
+    put the floor ~3x too low): every difference of two repeats of a step, over sqrt(2), has the noise's spread."""
+    logs = np.log(table.to_numpy(dtype=float))
+    i, j = np.triu_indices(logs.shape[1], 1)
+    residuals = ((logs[:, i] - logs[:, j]) / np.sqrt(2)).ravel()
+    residuals = np.concatenate([residuals, -residuals])  # either repeat could have come first
+    return residuals[np.isfinite(residuals)]
+
+
+def _world_of(rows: pd.DataFrame) -> pd.Series:
+    """Each row's world: its world column, else what follows the last '@' of its policy (`lssim validate` names a
+    world's baseline baseline@world, and the stop rule every policy name@world), else one world for all."""
+    if "world" in rows:
+        return rows["world"].astype(str)
+    name = rows["policy"].astype(str)
+    return name.where(name.str.contains("@"), "@").str.rsplit("@", n=1).str[-1]
+
+
+def speedup_noise_floor(steps_by_repeat: pd.DataFrame, speedups=None, repeats: int | None = None,
+                        draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per policy (not a baseline): the speedup error, in points, an EXACT model would show against these repeats,
+    from the real engine's run-to-run noise alone: whether a speedup error can be told from noise at all.
+
+    The measured speedup is the world's baseline over the policy, each the sum of its per-step medians of k repeats;
+    both sums are noisy. Each policy's noise is `noise_floor`'s (differences between repeats of a step, pooled), and
+    both are resampled k at a time per step, `draws` times; an exact model's error is then the distance of the
+    resampled speedup from the truth, in points of the measured speedup (`speedups`: policy -> the reported speedup,
+    e.g. per trained group; default: the ratio of the per-step medians' sums). `repeats`: resample as if that many
+    had been recorded (default: those recorded). The baseline of a world is its policy named baseline or
+    baseline@<world> (`_world_of`); a world without one has no rows.
+
+    Columns: speedup_noise_floor_points (the typical error: median over the draws), speedup_noise_bound_points (its
+    95th percentile: a speedup error within it cannot be told from an exact model's) and repeats_for_speedup_goal
+    (the fewest repeats at which the typical error is within TARGET_SPEEDUP_POINTS; NaN beyond MAX_REPEATS_SEARCHED).
+    Under two repeats of either policy: NaN."""
+    rng = np.random.default_rng(seed)
+    speedups = dict(speedups or {})
+    rows = {}
+    frame = steps_by_repeat.assign(_world=_world_of(steps_by_repeat))
+    for _, in_world in frame.groupby("_world", sort=False):
+        tables = {name: _step_table(s) for name, s in in_world.groupby("policy", sort=False)}
+        references = [n for n in tables if str(n) == "baseline" or str(n).startswith("baseline@")]
+        if len(references) != 1:
+            continue
+        base = tables[references[0]]
+        for name, table in tables.items():
+            if name == references[0]:
+                continue
+            steps = table.index.intersection(base.index)
+            pol, ref = table.loc[steps], base.loc[steps]
+            noise_p, noise_r = _repeat_noise(pol), _repeat_noise(ref)
+            if min(pol.shape[1], ref.shape[1]) < 2 or noise_p.size == 0 or noise_r.size == 0 or len(steps) == 0:
+                rows[name] = {"speedup_noise_floor_points": np.nan, "speedup_noise_bound_points": np.nan,
+                              "repeats_for_speedup_goal": np.nan}
+                continue
+            m_pol, m_ref = pol.median(axis=1).to_numpy(float), ref.median(axis=1).to_numpy(float)
+            speedup = float(speedups.get(name, m_ref.sum() / m_pol.sum()))
+
+            def errors(k: int) -> np.ndarray:
+                def resampled(medians, noise):  # the sum of k-repeat medians over the true sum
+                    draw = np.median(rng.choice(noise, size=(draws, len(medians), k)), axis=2)
+                    return (medians * np.exp(draw)).sum(axis=1) / medians.sum()
+                return np.abs(resampled(m_ref, noise_r) / resampled(m_pol, noise_p) - 1) * speedup * 100
+
+            err = errors(repeats or min(pol.shape[1], ref.shape[1]))
+            needed = next((k for k in range(2, MAX_REPEATS_SEARCHED + 1)
+                           if np.median(errors(k)) <= TARGET_SPEEDUP_POINTS), np.nan)
+            rows[name] = {"speedup_noise_floor_points": float(np.median(err)),
+                          "speedup_noise_bound_points": float(np.percentile(err, 95)), "repeats_for_speedup_goal": needed}
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=["speedup_noise_floor_points", "speedup_noise_bound_points",
+                                                                "repeats_for_speedup_goal"])
+    out.index.name = "policy"
+    return out
 
 FINISH_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 
@@ -540,9 +615,9 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
         floor = noise_floor(steps_by_repeat)
         for col in floor:
             out[col] = out.index.map(floor[col])
-        # Misses the goal, but an exact model would have scored as badly on these repeats 1 time in 20 or more.
-        out["within_noise"] = ((out["makespan_median_ape_pct"] <= out["noise_bound_median_pct"])
-                               & (out["makespan_p90_ape_pct"] <= out["noise_bound_p90_pct"]) & speedup_ok)
+        if "speedup_measured" in out:
+            with_speedup_noise(out, steps_by_repeat)
+        out["within_noise"] = within_noise(out)
     if anchored is not None and len(anchored):
         by = anchored.groupby("policy")
         out["anchored_median_ape_pct"] = out.index.map(by["ape_pct"].median())
@@ -557,6 +632,27 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     return out
 
 
+def within_noise(summary: pd.DataFrame) -> pd.Series:
+    """Per row: misses the goal, perhaps, but an exact model would have scored as badly on these repeats 1 time in
+    20 or more: both step errors within noise_floor's 95% bounds, and the speedup error within the goal or within
+    speedup_noise_floor's 95% bound (where the frame has it)."""
+    speedup = summary["speedup_error_points"].abs() if "speedup_error_points" in summary else pd.Series(0.0, summary.index)
+    speedup_in_noise = speedup <= TARGET_SPEEDUP_POINTS
+    if "speedup_noise_bound_points" in summary:
+        speedup_in_noise |= speedup <= summary["speedup_noise_bound_points"]
+    return ((summary["makespan_median_ape_pct"] <= summary["noise_bound_median_pct"])
+            & (summary["makespan_p90_ape_pct"] <= summary["noise_bound_p90_pct"]) & speedup_in_noise)
+
+
+def with_speedup_noise(summary: pd.DataFrame, steps_by_repeat: pd.DataFrame) -> pd.DataFrame:
+    """`summary` (a policy_summary or fidelity_table frame with speedup_measured) with speedup_noise_floor's columns
+    for its policies, in points of its measured speedups; in place, and returned."""
+    floor = speedup_noise_floor(steps_by_repeat, summary["speedup_measured"].dropna().to_dict())
+    for col in floor:
+        summary[col] = summary.index.map(floor[col])
+    return summary
+
+
 def unacted(summary: pd.DataFrame) -> list[str]:
     """The policies (not baselines) whose median repeat changed no response on the real engine."""
     if "acted" not in summary:
@@ -567,7 +663,8 @@ def unacted(summary: pd.DataFrame) -> list[str]:
 def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     """`lssim validate --json`: one object, `policies: {name: {acted, step_error_median, step_error_p90,
     speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
-    model's errors against these repeats, `noise_floor`), repeats_for_goal, meets_goal, meets_goal_probed,
+    model's errors against these repeats, `noise_floor`), repeats_for_goal, speedup_noise: {floor, bound} (an exact
+    model's speedup error in points, `speedup_noise_floor`), repeats_for_speedup_goal, meets_goal, meets_goal_probed,
     within_noise, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
     points), the baselines apart, and the goal."""
     def number(v):
@@ -599,6 +696,8 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "step_error_p90_real_cuts": number(row.get("real_cuts_p90_ape_pct")),
                  "noise_floor": {k: number(row.get(f"noise_{k}_pct")) for k in ("floor_median", "floor_p90", "bound_median", "bound_p90")},
                  "repeats_for_goal": number(row.get("repeats_for_goal")),
+                 "speedup_noise": {k: number(row.get(f"speedup_noise_{k}_points")) for k in ("floor", "bound")},
+                 "repeats_for_speedup_goal": number(row.get("repeats_for_speedup_goal")),
                  "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
                  "meets_goal_probed": bool(row.get("meets_goal_probed", False)),
                  "meets_goal_anchored": bool(row.get("meets_goal_anchored", False)),
@@ -618,11 +717,13 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
 
     probed = "probed_median_ape_pct" in summary and summary["probed_median_ape_pct"].notna().any()
     floor = "noise_floor_median_pct" in summary and summary["noise_floor_median_pct"].notna().any()
+    speedup_floor = "speedup_noise_bound_points" in summary and summary["speedup_noise_bound_points"].notna().any()
     lines = ["| policy | world | acted (of responses) | step error median / p90 % | "
              + ("at the probed speed level median / p90 % | " if probed else "")
              + "with the world's speed level median / p90 % | repeat spread median / p90 % | "
              + ("an exact model's error median / p90 % (repeats for the goal) | " if floor else "")
-             + "speedup real (repeats) / sim | speedup error (points) | goal |",
+             + "speedup real (repeats) / sim | speedup error (points)"
+             + (" (an exact model's 95% bound)" if speedup_floor else "") + " | goal |",
              "|" + "---|" * (9 + probed + floor)]
     for name, r in summary.iterrows():
         acted_text = f"{int(r['acted'])} of {int(r['responses'])}" if pd.notna(r.get("acted", np.nan)) else "(reference)"
@@ -635,7 +736,7 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                  f"{pct(r, 'repeat_spread_median_pct')} / {pct(r, 'repeat_spread_p90_pct')}",
                  *([f"{pct(r, 'noise_floor_median_pct')} / {pct(r, 'noise_floor_p90_pct')}{_repeats_for_goal(r)}"] if floor else []),
                  f"{r.get('speedup_measured', np.nan):.3f}{_repeat_range(r)} / {r.get('speedup_predicted', np.nan):.3f}",
-                 f"{r.get('speedup_error_points', np.nan):+.1f}", goal]
+                 f"{r.get('speedup_error_points', np.nan):+.1f}" + _speedup_bound(r), goal]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Goal: per-step makespan error median <= {TARGET_MEDIAN_PCT:.0f}%, p90 <= {TARGET_P90_PCT:.0f}%, speedup "
                   f"within {TARGET_SPEEDUP_POINTS:.0f} points. Step error: the profiled cost model's prediction against vLLM; "
@@ -651,6 +752,8 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                      "per-step medians of these repeats, from the repeats' spread alone (lssim.fidelity.noise_floor); "
                      "(repeats for the goal): how many repeats would bring that under the goal. Goal 'within noise': "
                      "missed, but within the 95% bound of that exact model's errors." if floor else "")
+                  + (" The speedup's bound: 95% of an exact model's speedup errors against these repeats lie within it "
+                     "(lssim.fidelity.speedup_noise_floor); a speedup error within it cannot be told from noise." if speedup_floor else "")
                   + (f" Cost model: {profile}." if profile else "")]
     return "\n".join(lines) + "\n"
 
@@ -660,6 +763,11 @@ def _repeats_for_goal(r) -> str:
     if pd.isna(r.get("noise_floor_median_pct", np.nan)):
         return ""
     return f" (>{MAX_REPEATS_SEARCHED})" if pd.isna(n) else f" ({int(n)})"
+
+
+def _speedup_bound(r) -> str:
+    bound = r.get("speedup_noise_bound_points", np.nan)
+    return "" if pd.isna(bound) else f" ({bound:.1f})"
 
 
 def _repeat_range(r) -> str:
@@ -673,7 +781,13 @@ def markdown_from(folder) -> str:
     path = Path(folder) / "summary.csv"
     if not path.is_file():
         raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
-    return fidelity_markdown(pd.read_csv(path, index_col="policy"))
+    summary = pd.read_csv(path, index_col="policy")
+    by_repeat = Path(folder) / "steps_by_repeat.parquet"
+    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary and by_repeat.is_file():
+        with_speedup_noise(summary, pd.read_parquet(by_repeat))  # a folder written before the speedup's noise floor
+        if "noise_bound_median_pct" in summary:
+            summary["within_noise"] = within_noise(summary)
+    return fidelity_markdown(summary)
 
 
 def length_distance(measured: np.ndarray, modelled: np.ndarray) -> dict:
@@ -713,7 +827,7 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "speedup_noise_floor", "with_speedup_noise", "within_noise", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
 
 
 if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder

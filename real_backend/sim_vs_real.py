@@ -554,10 +554,12 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
 
 def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int) -> bool:
     """Whether `lssim validate` has recorded enough repeats: at least `minimum`, and beyond it (up to `maximum`, what
-    --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy, repeat,
-    step, measured_seconds of the runs so far), an exact model would typically meet it against these repeats
-    (lssim.fidelity.noise_floor). Prints the floor after each repeat beyond the minimum."""
-    from lssim.fidelity import noise_floor, step_errors_within_goal
+    --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy@world,
+    repeat, step, measured_seconds of the runs so far), an exact model would typically meet it against these repeats,
+    both the per-step errors (lssim.fidelity.noise_floor) and the speedup over the world's baseline@world
+    (lssim.fidelity.speedup_noise_floor, in points of the seconds' ratio). Prints the floors after each repeat beyond
+    the minimum."""
+    from lssim.fidelity import TARGET_SPEEDUP_POINTS, noise_floor, speedup_noise_floor, step_errors_within_goal
 
     if done < minimum:
         return False
@@ -565,11 +567,16 @@ def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int
         return True
     floor = noise_floor(measured)
     testable = step_errors_within_goal(floor["noise_floor_median_pct"], floor["noise_floor_p90_pct"])
+    speedup = speedup_noise_floor(measured, draws=500)["speedup_noise_floor_points"]
+    testable &= ~(speedup.reindex(testable.index) > TARGET_SPEEDUP_POINTS)  # no baseline to compare with: steps only
     worst = floor["noise_floor_median_pct"].idxmax()
-    print(f"after {done} repeats an exact model would score {floor.loc[worst, 'noise_floor_median_pct']:.1f}% median / "
-          f"{floor.loc[worst, 'noise_floor_p90_pct']:.1f}% p90 on {worst} (the noisiest); the goal "
-          + ("can be tested now" if testable.all() else f"cannot be tested yet for {', '.join(floor.index[~testable])}: "
-             f"recording repeat {done + 1} (of at most {maximum})"), file=sys.stderr)
+    line = (f"after {done} repeats an exact model would score {floor.loc[worst, 'noise_floor_median_pct']:.1f}% median / "
+            f"{floor.loc[worst, 'noise_floor_p90_pct']:.1f}% p90 on {worst} (the noisiest)")
+    if speedup.notna().any():
+        line += f", and miss the speedup by {speedup.max():.1f} points typically on {speedup.idxmax()}"
+    print(line + "; the goal " + ("can be tested now" if testable.all() else
+                                  f"cannot be tested yet for {', '.join(floor.index[~testable])}: recording repeat "
+                                  f"{done + 1} (of at most {maximum})"), file=sys.stderr)
     return bool(testable.all())
 
 
@@ -721,8 +728,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "past the targets)")
     p.add_argument("--max-repeats", type=int, metavar="N",
                    help="after --repeats, keep recording repeats, up to N, until the goal can be tested: until an exact "
-                        "model would typically meet it against the repeats of every policy on the engine (the noise "
-                        "floor, lssim.fidelity.noise_floor; a noisy machine needs more). Default: exactly --repeats")
+                        "model would typically meet it against the repeats of every policy on the engine, per step and "
+                        "in the speedup (the noise floors, lssim.fidelity.noise_floor and speedup_noise_floor; a noisy "
+                        "machine, or a large speedup, needs more). Default: exactly --repeats")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
                    "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
                    "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "

@@ -150,6 +150,64 @@ def test_the_noise_floor_of_one_repeat_or_of_identical_repeats():
     assert floor["noise_floor_median_pct"] == 0 and floor["noise_bound_p90_pct"] == 0 and floor["repeats_for_goal"] == 2
 
 
+
+def _speedup_repeats(rng, sigma: float, steps: int, k: int, speedup: float, world: str = "w") -> pd.DataFrame:
+    """A world's baseline and a policy `speedup` x faster in every step, each recorded k times with noise `sigma`."""
+    base = _repeats(rng, sigma, steps, k, f"baseline@{world}")
+    pol = _repeats(rng, sigma, steps, k, f"p@{world}")
+    pol["truth"] = base["truth"].to_numpy() / speedup
+    pol["measured_seconds"] = pol["truth"] * np.exp(rng.normal(0.0, sigma, size=len(pol)))
+    return pd.concat([base, pol], ignore_index=True)
+
+
+def test_the_speedup_noise_floor_is_what_an_exact_model_scores_against_noisy_repeats():
+    """An exact model predicts the true speedup; against per-step medians of noisy repeats it is off by some points.
+    From the repeats alone, speedup_noise_floor says how many: typically (the floor) and at worst (the 95% bound)."""
+    from lssim.fidelity import speedup_noise_floor
+
+    rng = np.random.default_rng(11)
+    scored, floors, bounds = [], [], []
+    for _ in range(60):
+        rows = _speedup_repeats(rng, 0.10, 10, 5, speedup=1.6)
+        m = rows.groupby(["policy", "step"])[["measured_seconds", "truth"]].median().groupby("policy").sum()
+        truth = m.loc["baseline@w", "truth"] / m.loc["p@w", "truth"]
+        scored.append(abs(m.loc["baseline@w", "measured_seconds"] / m.loc["p@w", "measured_seconds"] - truth) * 100)
+        floor = speedup_noise_floor(rows, draws=300, seed=1).loc["p@w"]
+        floors.append(floor["speedup_noise_floor_points"])
+        bounds.append(floor["speedup_noise_bound_points"])
+    assert np.median(floors) == pytest.approx(np.median(scored), rel=0.35)
+    assert np.mean(np.array(scored) <= np.array(bounds)) >= 0.85  # the bound holds the exact model's misses
+
+
+@settings(max_examples=15, deadline=None)
+@given(sigma=st.floats(0.02, 0.3), seed=st.integers(0, 2**16))
+def test_the_speedup_noise_floor_falls_with_repeats_and_grows_with_noise_and_speedup(sigma, seed):
+    from lssim.fidelity import speedup_noise_floor
+
+    rng = np.random.default_rng(seed)
+    rows = pd.concat([_speedup_repeats(rng, sigma, 40, 5, 1.5, "few"), _speedup_repeats(rng, sigma, 40, 20, 1.5, "many"),
+                      _speedup_repeats(rng, 3 * sigma, 40, 5, 1.5, "noisy"), _speedup_repeats(rng, sigma, 40, 5, 4.5, "fast")])
+    floor = speedup_noise_floor(rows, draws=400, seed=seed)["speedup_noise_floor_points"]
+    assert set(floor.index) == {"p@few", "p@many", "p@noisy", "p@fast"}  # one row per policy, none for a baseline
+    assert floor["p@many"] < floor["p@few"] < floor["p@noisy"]
+    assert floor["p@fast"] > floor["p@few"]  # points of a 4.5x speedup: the same relative noise is 3x the points
+    # as if 20 repeats had been recorded: fewer points than the 5 there were
+    assert speedup_noise_floor(rows, repeats=20, draws=400, seed=seed).loc["p@few", "speedup_noise_floor_points"] < floor["p@few"]
+
+
+def test_the_speedup_noise_floor_of_identical_repeats_one_repeat_or_no_baseline():
+    from lssim.fidelity import speedup_noise_floor
+
+    same = pd.DataFrame({"policy": ["baseline@w"] * 4 + ["p@w"] * 4, "step": [0, 0, 1, 1] * 2, "repeat": [0, 1] * 4,
+                         "measured_seconds": [2.0, 2.0, 4.0, 4.0, 1.0, 1.0, 2.0, 2.0]})
+    row = speedup_noise_floor(same).loc["p@w"]
+    assert row["speedup_noise_floor_points"] == 0 and row["speedup_noise_bound_points"] == 0
+    assert row["repeats_for_speedup_goal"] == 2
+    assert speedup_noise_floor(same[same["repeat"] == 0]).loc["p@w"].isna().all()  # one repeat: no spread
+    # a world without its baseline (or a frame with a world column that names none): nothing to compare with
+    assert speedup_noise_floor(same[same["policy"] == "p@w"]).empty
+    assert speedup_noise_floor(same.assign(world="w", policy=same["policy"].str.replace("baseline@w", "reference"))).empty
+
 def test_anchor_on_baseline_takes_the_machines_speed_from_the_reference_and_drops_it():
     from lssim.fidelity import anchor_on_baseline
 
@@ -836,8 +894,53 @@ def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_ba
     assert main(["real_backend/validation/probe2"]) == 0
     out = capsys.readouterr().out
     assert "an exact model (noise floor)" in out and "at the probed level" in out
+    assert "speedups, pooled" in out and table.loc["seer", "speedup_noise_bound_points"] > 0
     assert main([str(tmp_path)]) == 2 and "summary.csv" in capsys.readouterr().err
 
+
+def test_the_fidelity_table_of_a_folder_written_before_the_speedup_noise_floor_gets_it_from_its_repeats():
+    from lssim.fidelity import markdown_from
+
+    text = markdown_from("real_backend/validation/full5")  # its summary.csv has no speedup_noise_* columns
+    assert "(an exact model's 95% bound)" in text
+    segment = next(line for line in text.splitlines() if line.startswith("| `segment`"))
+    assert "+18.5 (" in segment
+
+
+
+def test_policy_summary_reads_a_speedup_miss_against_the_speedups_own_noise():
+    """A speedup 8 points off: outside the 5-point goal, but where the repeats' noise puts an exact model's speedup
+    further off than that 1 time in 20, it is within noise; the bound is in the JSON and the markdown."""
+    from lssim.fidelity import fidelity_markdown, policy_results, policy_summary
+
+    table, acted_rows, noise = _summary()
+    table.loc["q", "speedup_error_points"] = -1.0
+    table.loc["p", "speedup_error_points"] = 8.0
+    table.loc["p", "predicted_seconds"] = table.loc["p", "measured_seconds"]  # p's steps exact: only its speedup in question
+    rng = np.random.default_rng(3)
+    for sigma, expect in ((0.4, True), (0.001, False)):
+        by_repeat = pd.concat([_repeats(rng, sigma, 2, 5, name) for name in ("baseline@w", "p", "q")]).assign(world="w")
+        summary = policy_summary(table.assign(makespan_median_ape_pct=0.0, makespan_p90_ape_pct=0.0), acted_rows, noise,
+                                 steps_by_repeat=by_repeat)
+        bound = summary.loc["p", "speedup_noise_bound_points"]
+        assert (bound > 8.0) == expect and bool(summary.loc["p", "within_noise"]) == expect
+        assert not summary.loc["p", "meets_goal"]
+    entry = json.loads(json.dumps(policy_results(summary), default=float))["policies"]["p"]
+    assert entry["speedup_noise"]["bound"] == pytest.approx(bound) and entry["repeats_for_speedup_goal"] >= 2
+    assert f"+8.0 ({bound:.1f})" in fidelity_markdown(summary)
+
+
+def test_validate_keeps_recording_while_a_speedup_cannot_be_told_from_noise(capsys):
+    """Steps quiet enough to test the goal, but a 10x speedup whose 1% noise is 10 points: record on."""
+    from real_backend.sim_vs_real import enough_repeats
+
+    rng = np.random.default_rng(5)
+    rows = _speedup_repeats(rng, 0.02, 5, 3, speedup=10.0)
+    assert not enough_repeats(rows, 3, 3, 30)
+    assert "miss the speedup by" in capsys.readouterr().err
+    many = _speedup_repeats(rng, 0.02, 5, 60, speedup=10.0)
+    assert enough_repeats(many, 60, 3, 100)  # enough repeats bring it under the goal
+    assert enough_repeats(_speedup_repeats(rng, 0.02, 5, 3, speedup=1.2), 3, 3, 30)  # a modest speedup: 3 suffice
 
 def test_validate_records_repeats_until_the_goal_can_be_tested(capsys):
     from real_backend.sim_vs_real import enough_repeats

@@ -7,8 +7,9 @@ over every validation whose outputs are kept.
 Per folder and policy: the step error (median / p90 %) with the profile alone and at the probed speed level
 (summary.csv), and the noise floor, what an exact model would score against the same repeats
 (lssim.fidelity.noise_floor, from steps_by_repeat.parquet), with the repeats it would need to meet the goal. Then,
-over all rows: how often each prediction meets the goal, and its typical error. Nothing is replayed: it reads the
-folders' files, so it runs in seconds without vLLM.
+over all rows: how often each prediction meets the goal, and its typical error; and how often a speedup error is
+within the goal, and within the 95% bound of an exact model's speedup error (lssim.fidelity.speedup_noise_floor).
+Nothing is replayed: it reads the folders' files, so it runs in seconds without vLLM.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, step_errors_within_goal
+from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, speedup_noise_floor, step_errors_within_goal
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
@@ -37,7 +38,10 @@ def folder_table(folder) -> pd.DataFrame:
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: no {name} (written by `lssim validate --out {folder}`)")
     summary = pd.read_csv(folder / "summary.csv", index_col="policy")
-    floor = noise_floor(pd.read_parquet(folder / "steps_by_repeat.parquet"))
+    by_repeat = pd.read_parquet(folder / "steps_by_repeat.parquet")
+    floor = noise_floor(by_repeat)
+    if "speedup_measured" in summary:
+        floor = floor.join(speedup_noise_floor(by_repeat, summary["speedup_measured"].dropna().to_dict()))
     out = pd.DataFrame({"world": summary["world"],
                         "median": summary["makespan_median_ape_pct"], "p90": summary["makespan_p90_ape_pct"],
                         "probed_median": summary.get("probed_median_ape_pct", np.nan),
@@ -47,7 +51,25 @@ def folder_table(folder) -> pd.DataFrame:
     out["meets"] = step_errors_within_goal(out["median"], out["p90"]) & speedup_ok
     out["meets_probed"] = step_errors_within_goal(out["probed_median"], out["probed_p90"]) & speedup_ok
     out["exact_would_meet"] = step_errors_within_goal(out["noise_floor_median_pct"], out["noise_floor_p90_pct"])
+    if "speedup_noise_bound_points" not in out:
+        out["speedup_noise_floor_points"] = out["speedup_noise_bound_points"] = np.nan
     return out.assign(folder=str(folder))
+
+
+def speedups_pooled(rows: pd.DataFrame) -> pd.DataFrame:
+    """Over the policies of every folder (baselines have no speedup error): how often the speedup error is within
+    the goal, and within the 95% bound of an exact model's (lssim.fidelity.speedup_noise_floor), beside how often an
+    exact model would typically be within the goal on those repeats."""
+    r = rows.dropna(subset=["speedup_error", "speedup_noise_bound_points"])
+    err = r["speedup_error"].abs()
+    return pd.DataFrame([{"policies": len(r), "median |error| (points)": err.median(),
+                          "exact model's typical (points)": r["speedup_noise_floor_points"].median(),
+                          "exact model's 95% bound (points)": r["speedup_noise_bound_points"].median(),
+                          f"within {TARGET_SPEEDUP_POINTS:.0f} points": int((err <= TARGET_SPEEDUP_POINTS).sum()),
+                          "within the bound": int((err <= r["speedup_noise_bound_points"]).sum()),
+                          "within either": int(((err <= TARGET_SPEEDUP_POINTS) | (err <= r["speedup_noise_bound_points"])).sum()),
+                          f"exact model typically within {TARGET_SPEEDUP_POINTS:.0f}":
+                              int((r["speedup_noise_floor_points"] <= TARGET_SPEEDUP_POINTS).sum())}]).set_index("policies")
 
 
 def pooled(rows: pd.DataFrame) -> pd.DataFrame:
@@ -80,14 +102,16 @@ def main(argv=None) -> int:
         print(f"validation_noise: {e}", file=sys.stderr)
         return 2
     cols = ["world", "median", "p90", "probed_median", "probed_p90", "noise_floor_median_pct", "noise_floor_p90_pct",
-            "repeats_for_goal", "meets", "meets_probed"]
+            "repeats_for_goal", "meets", "meets_probed", "speedup_error", "speedup_noise_bound_points"]
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         for folder, t in rows.groupby("folder", sort=False):
             print(f"\n{folder}: step error median / p90 % (profile alone; at the probed level), an exact model's, the "
-                  f"repeats it needs for the goal")
+                  f"repeats it needs for the goal; the speedup error (points) and an exact model's 95% bound")
             print(t[cols].to_string(float_format=lambda v: f"{v:.1f}"))
         print(f"\npooled over {len(folders)} validations (rows with a probed level):")
         print(pooled(rows).to_string(float_format=lambda v: f"{v:.2f}"))
+        print(f"\nspeedups, pooled over the same validations (policies with a baseline in their world):")
+        print(speedups_pooled(rows).to_string(float_format=lambda v: f"{v:.1f}"))
         for folder in folders:  # where in a step the twin is off, where the responses were kept
             if Path(folder, "responses.parquet").is_file():
                 print(f"\n{folder}: measured / predicted finish time, by where a response finished in its step "
