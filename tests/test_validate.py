@@ -1069,6 +1069,29 @@ def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_
     assert t.loc[("stagger", False), "median_ms"] == pytest.approx(2.0, abs=0.05)
 
 
+def test_measure_neighbour_grid_reads_each_iteration_beside_the_others_load():
+    """--grid: an iteration's other_n is the other instance's sequences while that one still iterates, 0 after it
+    finished or in a cell it sat out; the table takes medians by (own, other's) and divides by the alone column."""
+    from real_backend.measure_neighbour import grid_table, with_other_load
+    from real_backend.measure_run_vs_cell import IterationLog
+
+    log = IterationLog.__new__(IterationLog)
+    log.tag, log.rows = None, []
+    for i in range(20):  # 2 sequences on instance 0 every 3 ms beside 4 on instance 1 for 10 iterations, then every 2 ms
+        t = 0.003 * min(i, 10) + 0.002 * max(0, i - 10)
+        log.rows += [("2_4.1", 0, t + k * 1e-5, f"a{k}") for k in range(2)]
+        if i < 10:
+            log.rows += [("2_4.1", 1, t + 0.001 + k * 1e-5, f"b{k}") for k in range(4)]
+    for i in range(10):  # alone: every 2 ms
+        log.rows += [("2_0.2", 0, 1.0 + 0.002 * i + k * 1e-5, f"c{k}") for k in range(2)]
+    it = with_other_load(log)
+    mine = it[(it["instance"] == 0) & (it["tag"] == "2_4.1")]
+    assert mine["other_n"].tolist()[:9] == [4] * 9 and set(mine["other_n"].tolist()[11:]) == {0}
+    assert set(it.loc[it["instance"] == 1, "other_n"]) == {2}  # instance 1 beside instance 0's two
+    ms, over_alone = grid_table(it, sizes=(2, 4))
+    assert ms.loc[2, 4] == pytest.approx(3.0, abs=0.05) and ms.loc[2, 0] == pytest.approx(2.0, abs=0.05)
+    assert over_alone.loc[2, 4] == pytest.approx(1.5, abs=0.03) and over_alone.loc[2, 0] == 1.0
+
 def test_measure_driver_core_reads_each_instances_last_finish_per_step():
     """real_backend.measure_driver_core: per step, each instance's last finish (a carried response in the step it ended
     in; unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
