@@ -325,7 +325,7 @@ def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
     """What an exact model would score against the headline run's repeats (lssim.fidelity.noise_floor on its
     steps_by_repeat.parquet), and the pooled comparison over every kept validation
     (`python -m lssim.benchmarks.validation_noise` prints the same, over the same folders)."""
-    from lssim.benchmarks.validation_noise import SHIPPED, folder_table, pooled
+    from lssim.benchmarks.validation_noise import SHIPPED, folder_table, pooled, speedups_pooled
 
     tables = {Path(f): folder_table(root / f) for f in SHIPPED if (root / f / "summary.csv").is_file()}
     floor = tables[VALIDATION].loc[policies.index]  # the headline validation is one of the kept ones
@@ -338,6 +338,20 @@ def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
     for key, (_, row) in zip(("profile", "probed", "exact"), pool.iterrows()):  # pooled's rows, in its order
         out[f"pooled.{key}_median"] = float(row["median of medians %"])
         out[f"pooled.{key}_meets"] = int(row["meets the goal"])
+    # The speedups against their own noise (lssim.fidelity.speedup_noise_floor): the headline run, then pooled.
+    error, bound = floor["speedup_error"].abs(), floor["speedup_noise_bound_points"]
+    out.update({"real.speedup_floor_median": float(floor["speedup_noise_floor_points"].median()),
+                "real.speedup_bound_median": float(bound.median()),
+                "real.speedup_within_bound": int((error <= bound).sum()),
+                "real.speedup_outside_bound": _names(floor.index[error > bound])})
+    sp = speedups_pooled(pd.concat(tables.values()))
+    row = sp.iloc[0]
+    out.update({"pooled.speedup_policies": int(sp.index[0]), "pooled.speedup_error_median": float(row["median |error| (points)"]),
+                "pooled.speedup_exact_typical": float(row["exact model's typical (points)"]),
+                "pooled.speedup_exact_bound": float(row["exact model's 95% bound (points)"]),
+                "pooled.speedup_within_target": int(row[f"within {TARGET_SPEEDUP_POINTS:.0f} points"]),
+                "pooled.speedup_within_bound": int(row["within the bound"]),
+                "pooled.speedup_exact_within_target": int(row[f"exact model typically within {TARGET_SPEEDUP_POINTS:.0f}"])})
     return out
 
 

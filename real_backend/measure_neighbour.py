@@ -19,9 +19,9 @@ ratios) did not predict two recorded validations' runs better when they were rep
 
 `--grid`: every pair of loads, n0 <= n1 sequences of 256 tokens on the two instances (1, 2, 4, ..., 32; and each n0
 alone), and every iteration of both instances with the other's running sequences at its start. Printed: the median
-ms per iteration by (own sequences, the other's), and over alone. Measured 2026-11-27 (`--grid --rounds 2`, 55 cells
-in 54 s): beside one or two sequences an instance runs 1.45-1.67x slower than alone (median over its own loads),
-beside 16 or 32, 1.85-2.24x; the dependence on its own load is weaker and noisy. Against the profile an instance
+ms per iteration by (own sequences, the other's), and over alone. Measured twice 2026-11-27 (`--grid --rounds 2`, 55
+cells in ~1 minute each): beside one to four sequences an instance runs 1.43-1.67x slower than alone (median over its
+own loads), beside 16 or 32, 1.84-2.24x; the dependence on its own load is weaker and noisy. Against the profile an instance
 alone iterates at 0.90-1.07x its price at every load, where the layout's makespan fit says s_1 = 1.28 (a makespan
 also pays prefills, departures and the scheduler's gaps, which an iteration median leaves out). A twin priced with
 this grid, anchored to the layout's s_1 and s_2, moved seer's error around rather than down when three recorded
