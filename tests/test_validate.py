@@ -1092,6 +1092,21 @@ def test_measure_neighbour_grid_reads_each_iteration_beside_the_others_load():
     assert ms.loc[2, 4] == pytest.approx(3.0, abs=0.05) and ms.loc[2, 0] == pytest.approx(2.0, abs=0.05)
     assert over_alone.loc[2, 4] == pytest.approx(1.5, abs=0.03) and over_alone.loc[2, 0] == 1.0
 
+def test_measure_submit_latency_fits_how_late_first_tokens_come_per_request(capsys):
+    """real_backend.measure_submit_latency: per n, how late the median and last first token are against the twin's
+    price, and a line through the last one's lateness; bad flags and an unknown world exit 2 before any engine."""
+    from real_backend.measure_submit_latency import late_table, main
+
+    cells = pd.DataFrame({"n": [8, 8, 32, 32, 64], "first_median_ms": [9.0, 11.0, 20.0, 20.0, 36.0],
+                          "first_last_ms": [11.0, 13.0, 26.0, 26.0, 40.0], "twin_ms": [8.0, 8.0, 11.0, 11.0, 15.0]})
+    table, fixed, per_request = late_table(cells)
+    assert table.loc[8, "late_median_ms"] == pytest.approx(2.0) and table.loc[32, "late_last_ms"] == pytest.approx(15.0)
+    assert per_request == pytest.approx(np.polyfit([8, 32, 64], [4.0, 15.0, 25.0], 1)[0])
+    assert fixed == pytest.approx(np.polyfit([8, 32, 64], [4.0, 15.0, 25.0], 1)[1])
+    for argv in (["--sizes", "8,x"], ["--sizes", "0"], ["--rounds", "0"]):
+        assert main(argv) == 2 and "--sizes" in capsys.readouterr().err
+    assert main(["--world", "nowhere"]) == 2 and "no world 'nowhere'" in capsys.readouterr().err
+
 def test_measure_driver_core_reads_each_instances_last_finish_per_step():
     """real_backend.measure_driver_core: per step, each instance's last finish (a carried response in the step it ended
     in; unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
