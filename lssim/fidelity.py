@@ -416,6 +416,7 @@ def speedup_noise_floor(steps_by_repeat: pd.DataFrame, speedups=None, repeats: i
     out.index.name = "policy"
     return out
 
+
 FINISH_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
@@ -775,19 +776,30 @@ def _repeat_range(r) -> str:
     return "" if pd.isna(lo) or pd.isna(hi) or lo == hi else f" ({lo:.2f}-{hi:.2f})"
 
 
-def markdown_from(folder) -> str:
-    """fidelity_markdown of a `lssim validate --out` folder's summary.csv (the README's table, regenerated without
-    replaying anything): `python -m lssim.fidelity real_backend/validation`."""
+def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A `lssim validate --out` folder's summary.csv. A folder written before the speedup's noise floor gets its
+    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one)
+    and within_noise again with them."""
     path = Path(folder) / "summary.csv"
     if not path.is_file():
         raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
     summary = pd.read_csv(path, index_col="policy")
     by_repeat = Path(folder) / "steps_by_repeat.parquet"
-    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary and by_repeat.is_file():
-        with_speedup_noise(summary, pd.read_parquet(by_repeat))  # a folder written before the speedup's noise floor
+    if "speedup_noise_bound_points" in summary or "speedup_measured" not in summary:
+        return summary
+    if steps_by_repeat is None and by_repeat.is_file():
+        steps_by_repeat = pd.read_parquet(by_repeat)
+    if steps_by_repeat is not None:
+        with_speedup_noise(summary, steps_by_repeat)
         if "noise_bound_median_pct" in summary:
             summary["within_noise"] = within_noise(summary)
-    return fidelity_markdown(summary)
+    return summary
+
+
+def markdown_from(folder) -> str:
+    """fidelity_markdown of a `lssim validate --out` folder's summary.csv (`load_summary`: the README's table,
+    regenerated without replaying anything): `python -m lssim.fidelity real_backend/validation`."""
+    return fidelity_markdown(load_summary(folder))
 
 
 def length_distance(measured: np.ndarray, modelled: np.ndarray) -> dict:
@@ -827,7 +839,7 @@ def plot(steps: pd.DataFrame, path, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "speedup_noise_floor", "with_speedup_noise", "within_noise", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
+__all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_KINDS", "acted", "policy_summary", "policy_results", "unacted", "fidelity_markdown", "markdown_from", "load_summary", "RecordedRun", "load_run", "replay_run", "compare", "median_over_repeats", "noise_floor", "speedup_noise_floor", "with_speedup_noise", "within_noise", "finish_profile", "anchor_on_baseline", "fidelity_table", "length_distance", "plot"]
 
 
 if __name__ == "__main__":  # python -m lssim.fidelity FOLDER: the README's fidelity table of a validation folder

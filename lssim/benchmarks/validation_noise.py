@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, noise_floor, speedup_noise_floor, step_errors_within_goal
+from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
@@ -38,22 +38,19 @@ def folder_table(folder) -> pd.DataFrame:
     for name in ("summary.csv", "steps_by_repeat.parquet"):
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: no {name} (written by `lssim validate --out {folder}`)")
-    summary = pd.read_csv(folder / "summary.csv", index_col="policy")
     by_repeat = pd.read_parquet(folder / "steps_by_repeat.parquet")
-    floor = noise_floor(by_repeat)
-    if "speedup_measured" in summary:
-        floor = floor.join(speedup_noise_floor(by_repeat, summary["speedup_measured"].dropna().to_dict()))
+    summary = load_summary(folder, by_repeat)  # with the speedup's noise floor, computed here for an older folder
     out = pd.DataFrame({"world": summary["world"],
                         "median": summary["makespan_median_ape_pct"], "p90": summary["makespan_p90_ape_pct"],
                         "probed_median": summary.get("probed_median_ape_pct", np.nan),
                         "probed_p90": summary.get("probed_p90_ape_pct", np.nan),
-                        "speedup_error": summary.get("speedup_error_points", np.nan)}).join(floor)
+                        "speedup_error": summary.get("speedup_error_points", np.nan),
+                        **{c: summary.get(c, np.nan) for c in ("speedup_noise_floor_points", "speedup_noise_bound_points")}
+                        }).join(noise_floor(by_repeat))
     speedup_ok = out["speedup_error"].abs().fillna(0) <= TARGET_SPEEDUP_POINTS
     out["meets"] = step_errors_within_goal(out["median"], out["p90"]) & speedup_ok
     out["meets_probed"] = step_errors_within_goal(out["probed_median"], out["probed_p90"]) & speedup_ok
     out["exact_would_meet"] = step_errors_within_goal(out["noise_floor_median_pct"], out["noise_floor_p90_pct"])
-    if "speedup_noise_bound_points" not in out:
-        out["speedup_noise_floor_points"] = out["speedup_noise_bound_points"] = np.nan
     return out.assign(folder=str(folder))
 
 
