@@ -356,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-repeats ({args.max_repeats}) must be at least --repeats ({args.repeats})")
     if args.mode is not None:  # per execution mode, end to end (validate_modes.py)
         return _validate_modes(args)
+    args.max_repeats = default_max_repeats(args)
     if args.staleness != 1 or args.async_variant != "roll":
         raise ValueError("--staleness and --async-variant are for --mode (the modes' validation)")
     table = load_workloads(args.workloads)
@@ -552,6 +553,19 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     return [load_recorded(folder) for folder in runs]
 
 
+SUBSET_REPEATS_FACTOR = 3  # a subset's validation records up to this many times --repeats until its goal can be tested
+
+
+def default_max_repeats(args) -> int | None:
+    """--max-repeats where it is not given: for a subset of policies recorded here, SUBSET_REPEATS_FACTOR x --repeats, so
+    that its verdict does not hang on the hour (at 5 repeats this VM's noise alone put an exact model at 6.5-7% median
+    in one hour and within the 3% goal in the next: real_backend/validation/subset5 and until5); with --full or
+    --policies all (about 100 runs a repeat), or with --runs, --repeats exactly."""
+    if args.max_repeats is not None or args.runs or args.full or args.policies.strip() == "all":
+        return args.max_repeats
+    return SUBSET_REPEATS_FACTOR * args.repeats
+
+
 def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int) -> bool:
     """Whether `lssim validate` has recorded enough repeats: at least `minimum`, and beyond it (up to `maximum`, what
     --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy@world,
@@ -730,7 +744,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after --repeats, keep recording repeats, up to N, until the goal can be tested: until an exact "
                         "model would typically meet it against the repeats of every policy on the engine, per step and "
                         "in the speedup (the noise floors, lssim.fidelity.noise_floor and speedup_noise_floor; a noisy "
-                        "machine, or a large speedup, needs more). Default: exactly --repeats")
+                        "machine, or a large speedup, needs more). Default: 3 x --repeats for a subset of policies; "
+                        "exactly --repeats with --full or --policies all")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
                    "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
                    "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "

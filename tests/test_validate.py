@@ -953,9 +953,27 @@ def test_validate_records_repeats_until_the_goal_can_be_tested(capsys):
     assert not enough_repeats(noisy, 3, 3, 30)  # one noisy policy keeps the engine recording
     assert "cannot be tested yet for b@w" in capsys.readouterr().err
     assert enough_repeats(noisy, 30, 3, 30)  # up to --max-repeats, not beyond
-    assert enough_repeats(noisy, 3, 3, 3)  # without --max-repeats: exactly --repeats
+    assert enough_repeats(noisy, 3, 3, 3)  # with --max-repeats equal to --repeats: exactly --repeats
     many = pd.concat([_repeats(rng, 0.005, 5, 40, "a@w"), _repeats(rng, 0.08, 5, 40, "b@w")])
     assert enough_repeats(many, 40, 3, 60)  # more repeats bring the floor under the goal
+
+
+def test_a_subset_validation_records_up_to_three_times_its_repeats_until_testable_and_a_full_one_its_repeats():
+    import argparse
+
+    from real_backend.sim_vs_real import add_arguments, default_max_repeats
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+
+    def max_repeats(*argv):
+        return default_max_repeats(p.parse_args(["--out", "x", *argv]))
+
+    assert max_repeats("--policies", "seer,breaker,hadb") == 15  # the command: 5 repeats, up to 15
+    assert max_repeats("--repeats", "4") == 12  # the default subset too
+    assert max_repeats("--policies", "hadb", "--max-repeats", "7") == 7  # given: as given
+    assert max_repeats("--full") is None and max_repeats("--policies", "all") is None  # ~100 runs a repeat: --repeats
+    assert max_repeats("--runs", "a", "b") is None  # nothing recorded
 
 
 def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced_phase():
