@@ -587,7 +587,7 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     its median over the repeats; with `probed` (per-step medians of the twin at each run's probed level), its
     errors and meets_goal_probed. With `steps_by_repeat` of several repeats, the noise floor (`noise_floor`: what an
     exact model would score against these repeats, and the repeats it needs to meet the goal) and within_noise: the
-    errors (the profile alone's) lie within that floor's 95% bound."""
+    errors, at one of the levels reported, lie within that floor's 95% bound."""
     out = summary.copy()
     if steps_by_repeat is not None and "speed_level" in steps_by_repeat:
         levels = steps_by_repeat.drop_duplicates(["policy", "repeat"]).groupby("policy")["speed_level"]
@@ -618,7 +618,6 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
             out[col] = out.index.map(floor[col])
         if "speedup_measured" in out:
             with_speedup_noise(out, steps_by_repeat)
-        out["within_noise"] = within_noise(out)
     if anchored is not None and len(anchored):
         by = anchored.groupby("policy")
         out["anchored_median_ape_pct"] = out.index.map(by["ape_pct"].median())
@@ -626,6 +625,8 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
         out["speed_factor"] = out.index.map(by["speed_factor"].first())
         out["meets_goal_anchored"] = (step_errors_within_goal(out["anchored_median_ape_pct"], out["anchored_p90_ape_pct"])
                                       & speedup_ok)
+    if "noise_bound_median_pct" in out:
+        out["within_noise"] = within_noise(out)
     if real_cuts is not None and len(real_cuts):
         by = real_cuts.groupby("policy")["ape_pct"]
         out["real_cuts_median_ape_pct"] = out.index.map(by.median())
@@ -633,16 +634,25 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     return out
 
 
+LEVELS = ("makespan", "probed", "anchored")  # the step errors a summary reports: the profile alone, at the probed
+# speed level, at the world's level (the column prefixes of <level>_median_ape_pct and <level>_p90_ape_pct)
+
+
 def within_noise(summary: pd.DataFrame) -> pd.Series:
     """Per row: misses the goal, perhaps, but an exact model would have scored as badly on these repeats 1 time in
-    20 or more: both step errors within noise_floor's 95% bounds, and the speedup error within the goal or within
-    speedup_noise_floor's 95% bound (where the frame has it)."""
+    20 or more: both step errors within noise_floor's 95% bounds, at one of the levels the summary reports (LEVELS:
+    the profile alone, the probed level, the world's; the noise is the repeats', whatever sets the level), and the
+    speedup error within the goal or within speedup_noise_floor's 95% bound (where the frame has it)."""
     speedup = summary["speedup_error_points"].abs() if "speedup_error_points" in summary else pd.Series(0.0, summary.index)
     speedup_in_noise = speedup <= TARGET_SPEEDUP_POINTS
     if "speedup_noise_bound_points" in summary:
         speedup_in_noise |= speedup <= summary["speedup_noise_bound_points"]
-    return ((summary["makespan_median_ape_pct"] <= summary["noise_bound_median_pct"])
-            & (summary["makespan_p90_ape_pct"] <= summary["noise_bound_p90_pct"]) & speedup_in_noise)
+    steps_in_noise = pd.Series(False, summary.index)
+    for level in LEVELS:
+        if f"{level}_median_ape_pct" in summary:
+            steps_in_noise |= ((summary[f"{level}_median_ape_pct"] <= summary["noise_bound_median_pct"])
+                               & (summary[f"{level}_p90_ape_pct"] <= summary["noise_bound_p90_pct"]))
+    return steps_in_noise & speedup_in_noise
 
 
 def with_speedup_noise(summary: pd.DataFrame, steps_by_repeat: pd.DataFrame) -> pd.DataFrame:
@@ -752,7 +762,8 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                   + (" An exact model's error: what a model that predicted every step exactly would score against the "
                      "per-step medians of these repeats, from the repeats' spread alone (lssim.fidelity.noise_floor); "
                      "(repeats for the goal): how many repeats would bring that under the goal. Goal 'within noise': "
-                     "missed, but within the 95% bound of that exact model's errors." if floor else "")
+                     "missed, but within the 95% bound of that exact model's errors at one of the levels (the profile alone, "
+                     "the probed level, the world's)." if floor else "")
                   + (" The speedup's bound: 95% of an exact model's speedup errors against these repeats lie within it "
                      "(lssim.fidelity.speedup_noise_floor); a speedup error within it cannot be told from noise." if speedup_floor else "")
                   + (f" Cost model: {profile}." if profile else "")]
@@ -778,21 +789,20 @@ def _repeat_range(r) -> str:
 
 def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.DataFrame:
     """A `lssim validate --out` folder's summary.csv. A folder written before the speedup's noise floor gets its
-    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one)
-    and within_noise again with them."""
+    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one);
+    within_noise is taken again (`within_noise`), so that folders written under an older rule read as new ones."""
     path = Path(folder) / "summary.csv"
     if not path.is_file():
         raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
     summary = pd.read_csv(path, index_col="policy")
     by_repeat = Path(folder) / "steps_by_repeat.parquet"
-    if "speedup_noise_bound_points" in summary or "speedup_measured" not in summary:
-        return summary
-    if steps_by_repeat is None and by_repeat.is_file():
-        steps_by_repeat = pd.read_parquet(by_repeat)
-    if steps_by_repeat is not None:
-        with_speedup_noise(summary, steps_by_repeat)
-        if "noise_bound_median_pct" in summary:
-            summary["within_noise"] = within_noise(summary)
+    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary:
+        if steps_by_repeat is None and by_repeat.is_file():
+            steps_by_repeat = pd.read_parquet(by_repeat)
+        if steps_by_repeat is not None:
+            with_speedup_noise(summary, steps_by_repeat)
+    if "noise_bound_median_pct" in summary:  # every folder read under today's rule
+        summary["within_noise"] = within_noise(summary)
     return summary
 
 

@@ -507,6 +507,31 @@ def test_policy_summary_reports_the_noise_floor_and_a_miss_within_it():
     assert not quiet.loc["q", "within_noise"]  # on a quiet machine the same miss is the model's
 
 
+def test_a_miss_within_noise_at_the_worlds_level_reads_within_noise():
+    """A slow hour puts the profile alone 30% off; at the world's level (set by its baseline) q is 10% off one step,
+    which repeats 25% apart cannot tell from an exact model: within noise. The same at every level outside the bound
+    is a miss."""
+    from lssim.fidelity import fidelity_markdown, policy_summary
+
+    table, acted_rows, noise = _summary()
+    table.loc["q", "speedup_error_points"] = -1.0
+    slow = table.assign(makespan_median_ape_pct=30.0, makespan_p90_ape_pct=30.0)
+    rng = np.random.default_rng(3)
+    by_repeat = pd.concat([_repeats(rng, 0.25, 2, 5, name) for name in ("baseline@w", "p", "q")])
+
+    def anchored(q_pct):
+        return pd.DataFrame({"policy": ["p", "p", "q", "q"], "step": [0, 1, 0, 1], "ape_pct": [1.0, 1.0, q_pct, 0.0],
+                             "speed_factor": 1.3})
+
+    summary = policy_summary(slow, acted_rows, noise, anchored=anchored(10.0), steps_by_repeat=by_repeat)
+    assert summary.loc["q", "noise_bound_median_pct"] > 5.0 and summary.loc["q", "noise_bound_p90_pct"] > 9.0
+    assert not summary.loc["q", "meets_goal_anchored"] and summary.loc["q", "within_noise"]
+    q_line = next(line for line in fidelity_markdown(summary).splitlines() if line.startswith("| `q`"))
+    assert q_line.endswith("within noise |")
+    far = policy_summary(slow, acted_rows, noise, anchored=anchored(200.0), steps_by_repeat=by_repeat)
+    assert not far.loc["q", "within_noise"]
+
+
 @pytest.mark.real
 def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp_path, profile):
     """The small subset's one-instance worlds (breaker: a 512-token budget; hadb: a 32-prompt pool revisited), each
