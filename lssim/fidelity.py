@@ -292,7 +292,7 @@ def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
 MAX_REPEATS_SEARCHED = 60  # noise_floor's repeats_for_goal looks no further
 
 
-def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0, search: bool = True) -> pd.DataFrame:
     """Per policy: the step error an EXACT model would show against these repeats, from the real engine's
     run-to-run noise alone: how well the goal can be tested at all on this machine with this many repeats.
 
@@ -304,7 +304,8 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
     Columns: noise_floor_median_pct / noise_floor_p90_pct (the typical median and p90 over the steps of that
     error), noise_bound_median_pct / noise_bound_p90_pct (their 95th percentiles: a model whose errors lie within
     both cannot be told from an exact one), and repeats_for_goal (the fewest repeats at which an exact model's
-    typical errors meet the goal; NaN beyond MAX_REPEATS_SEARCHED). One repeat has no spread: NaN."""
+    typical errors meet the goal; NaN beyond MAX_REPEATS_SEARCHED, and not searched with `search=False`, as the stop rule
+    that reads only the floor asks). One repeat has no spread: NaN."""
     rng = np.random.default_rng(seed)
     rows = {}
     for name, s in steps_by_repeat.groupby("policy", sort=False):
@@ -326,7 +327,7 @@ def noise_floor(steps_by_repeat: pd.DataFrame, draws: int = 2000, seed: int = 0)
             return bool(step_errors_within_goal(np.median(med), np.median(p90)))
 
         med, p90 = exact_errors(k)
-        needed = next((r for r in range(2, MAX_REPEATS_SEARCHED + 1) if typically_meets_goal(r)), np.nan)
+        needed = next((r for r in range(2, MAX_REPEATS_SEARCHED + 1) if typically_meets_goal(r)), np.nan) if search else np.nan
         rows[name] = {"noise_floor_median_pct": float(np.median(med)), "noise_floor_p90_pct": float(np.median(p90)),
                       "noise_bound_median_pct": float(np.percentile(med, 95)), "noise_bound_p90_pct": float(np.percentile(p90, 95)),
                       "repeats_for_goal": needed}
@@ -361,7 +362,7 @@ def _world_of(rows: pd.DataFrame) -> pd.Series:
 
 
 def speedup_noise_floor(steps_by_repeat: pd.DataFrame, speedups=None, repeats: int | None = None,
-                        draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+                        draws: int = 2000, seed: int = 0, search: bool = True) -> pd.DataFrame:
     """Per policy (not a baseline): the speedup error, in points, an EXACT model would show against these repeats,
     from the real engine's run-to-run noise alone: whether a speedup error can be told from noise at all.
 
@@ -375,8 +376,8 @@ def speedup_noise_floor(steps_by_repeat: pd.DataFrame, speedups=None, repeats: i
 
     Columns: speedup_noise_floor_points (the typical error: median over the draws), speedup_noise_bound_points (its
     95th percentile: a speedup error within it cannot be told from an exact model's) and repeats_for_speedup_goal
-    (the fewest repeats at which the typical error is within TARGET_SPEEDUP_POINTS; NaN beyond MAX_REPEATS_SEARCHED).
-    Under two repeats of either policy: NaN."""
+    (the fewest repeats at which the typical error is within TARGET_SPEEDUP_POINTS; NaN beyond MAX_REPEATS_SEARCHED, and
+    not searched with `search=False`). Under two repeats of either policy: NaN."""
     rng = np.random.default_rng(seed)
     speedups = dict(speedups or {})
     rows = {}
@@ -408,7 +409,7 @@ def speedup_noise_floor(steps_by_repeat: pd.DataFrame, speedups=None, repeats: i
 
             err = errors(repeats or min(pol.shape[1], ref.shape[1]))
             needed = next((k for k in range(2, MAX_REPEATS_SEARCHED + 1)
-                           if np.median(errors(k)) <= TARGET_SPEEDUP_POINTS), np.nan)
+                           if np.median(errors(k)) <= TARGET_SPEEDUP_POINTS), np.nan) if search else np.nan
             rows[name] = {"speedup_noise_floor_points": float(np.median(err)),
                           "speedup_noise_bound_points": float(np.percentile(err, 95)), "repeats_for_speedup_goal": needed}
     out = pd.DataFrame.from_dict(rows, orient="index", columns=["speedup_noise_floor_points", "speedup_noise_bound_points",

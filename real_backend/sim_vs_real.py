@@ -579,9 +579,9 @@ def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int
         return False
     if done >= maximum or measured.empty:
         return True
-    floor = noise_floor(measured)
+    floor = noise_floor(measured, search=False)  # the floors alone: the repeats each would need are not read here
     testable = step_errors_within_goal(floor["noise_floor_median_pct"], floor["noise_floor_p90_pct"])
-    speedup = speedup_noise_floor(measured, draws=500)["speedup_noise_floor_points"]
+    speedup = speedup_noise_floor(measured, draws=500, search=False)["speedup_noise_floor_points"]
     testable &= ~(speedup.reindex(testable.index) > TARGET_SPEEDUP_POINTS)  # no baseline to compare with: steps only
     worst = floor["noise_floor_median_pct"].idxmax()
     line = (f"after {done} repeats an exact model would score {floor.loc[worst, 'noise_floor_median_pct']:.1f}% median / "
