@@ -272,10 +272,11 @@ def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 
 def scaled_model(base, factor: float, name: str):
-    """`base` with every coefficient times `factor`: every time it prices, times `factor`."""
+    """`base` with every coefficient times `factor`: every engine time it prices, times `factor`; the caller's time to
+    abort (`abort_seconds`, not the engine's work) as it was, as lssim.shared_host.ScaledCost keeps it."""
     from lssim.cost import ProfiledCostModel
 
-    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, name=name)
+    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, abort_seconds=base.abort_seconds, name=name)
 
 
 def speculating(engine) -> bool:

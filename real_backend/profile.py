@@ -19,6 +19,10 @@ Why makespans: per-iteration times measured in lockstep miss what a rollout pays
 alone predicted the CPU engine's steps 7-10% short. A batch's makespan
 is linear in all of the model's coefficients (lssim.cost.batch_features), so `fit` fits them to the
 quantity the simulator predicts, and reports the per-iteration error beside.
+
+Aborts (`measure_aborts`): a rollout that ends with requests still running aborts them, and the caller is blocked for
+each (one round trip to vLLM's loop: 1.5 ms + 0.19 ms a request on this VM). `profile_engine` measures it after the
+cells and stores the slope as the model's `abort_seconds` (a1), which the simulator charges to its clock per abort.
 """
 
 from __future__ import annotations
@@ -131,6 +135,56 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
         engine.sampling_kwargs.update(saved[2])
         engine.set_progress_interval(None)
     return pd.DataFrame(decode_rows), pd.DataFrame(prefill_rows), pd.DataFrame(batch_rows)
+
+
+ABORT_SIZES = (8, 32, 64)  # running requests aborted at once: a rollout's end carries or drops tens of them
+
+
+def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int = 8, length: int = 256, seed: int = 1,
+                   instance: int | None = None) -> pd.DataFrame:
+    """How long aborting running requests blocks the caller (the client side of vLLM's abort: one round trip each,
+    which a rollout that ends with requests still running pays before its step can end). Cells of n requests (n from
+    `sizes`, `rounds` times each) submitted at once and run until every one has generated tokens, then aborted one by
+    one as the controller does (VLLMEngine.abort). Rows: n, seconds (the aborts' wall time)."""
+    rng = np.random.default_rng(seed)
+    vocab = int(getattr(engine, "vocab_size", 16))
+    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
+    prompts: dict[int, list[int]] = {}
+    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
+    engine.sampling_kwargs["ignore_eos"] = True
+    engine.set_progress_interval(4)
+    rows, rid = [], 10**9  # rids apart from the profile's cells
+    try:
+        for n in [n for _ in range(rounds) for n in sizes]:
+            requests = []
+            for _ in range(n):
+                prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
+                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
+                                        max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
+                rid += 1
+            engine.submit(requests)
+            started: set[int] = set()
+            while len(started) < n:  # every one running: it has passed its first progress checkpoint
+                started.update(ev.request.rid for ev in engine.next_events())
+            t0 = time.monotonic()
+            for r in requests:
+                engine.abort(r)
+            rows.append({"n": n, "seconds": time.monotonic() - t0})
+            for r in requests:
+                prompts.pop(r.rid, None)
+    finally:
+        engine.abort_all()
+        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
+        engine.sampling_kwargs.clear()
+        engine.sampling_kwargs.update(saved[2])
+        engine.set_progress_interval(None)
+    return pd.DataFrame(rows)
+
+
+def fit_abort_seconds(aborts: pd.DataFrame) -> float:
+    """Seconds per request aborted: the least-squares slope through the origin of the aborts' wall time on n."""
+    n, t = aborts["n"].to_numpy(float), aborts["seconds"].to_numpy(float)
+    return float(max(0.0, (n * t).sum() / (n * n).sum())) if len(n) else 0.0
 
 
 def fit(decode: pd.DataFrame, prefill: pd.DataFrame | None = None, batches: pd.DataFrame | None = None, name: str = "profiled"):
@@ -274,12 +328,15 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
                                        progress=lambda cells: tqdm(cells, desc="profile cells", unit="cell", file=sys.stderr),
                                        between_cells=between_cells)
     model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
+    aborts = measure_aborts(engine, length=length, instance=instance)
+    model.abort_seconds = fit_abort_seconds(aborts)
     for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
         atomic_write(measurement_files(out)[kind], lambda p, f=frame: f.to_parquet(p, index=False))
     meta = {"engine": "vllm (VLLMEngine)", "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "grid": {"batch_sizes": list(batch_sizes), "prompt_lens": list(prompt_lens), "length": length,
                      "window": window, "repeats": repeats},
             **({"instance": f"{instance} of {engine.n_instances} (the others idle)"} if instance is not None else {}),
+            "aborts": {"n": aborts["n"].tolist(), "seconds": [round(v, 6) for v in aborts["seconds"]]},
             **(meta or {})}
     atomic_write(out, lambda p: model.to_json(p, meta=meta))
     return model

@@ -299,6 +299,24 @@ def test_profiled_json_keeps_departures(tmp_path):
     assert back.departure_time(3) == pytest.approx(1e-3 + 6e-4) and back.departure_time(0) == 0
 
 
+def test_profiled_json_keeps_the_abort_time_and_reads_older_profiles_as_free_aborts(tmp_path):
+    from lssim.cost.protocol import abort_seconds
+    from lssim.shared_host import ScaledCost
+
+    m = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, abort_seconds=2e-4)
+    m.to_json(tmp_path / "m.json")
+    back = ProfiledCostModel.from_json(tmp_path / "m.json")
+    assert back.abort_time(10) == pytest.approx(2e-3) and back.abort_time(0) == 0 and back.describe()["a1"] == 2e-4
+    payload = json.loads((tmp_path / "m.json").read_text())
+    del payload["abort_coefficients"]  # a profile measured before aborts were
+    (tmp_path / "old.json").write_text(json.dumps(payload))
+    assert ProfiledCostModel.from_json(tmp_path / "old.json").abort_time(10) == 0
+    assert abort_seconds(ScaledCost(m, 1.7), 3) == pytest.approx(6e-4)  # the caller's time: not the host's slow-down
+    assert abort_seconds(RooflineCostModel("qwen2.5-7b", "H100"), 3) == 0.0  # a model without it: free
+    with pytest.raises(ValueError, match="a1"):
+        ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, abort_seconds=-1.0)
+
+
 def test_fit_makespans_names_bad_rows():
     bad = pd.DataFrame({"n_seqs": [2], "prompt_len": [8], "lengths": [[3]], "seconds": [0.1]})
     with pytest.raises(ValueError, match="row 0"):

@@ -243,3 +243,30 @@ def test_no_busy_time_before_any_time_passes():
     engine.next_events()  # the first finish: prefill and 50 iterations have passed, all of it busy
     busy, _ = engine.utilization()
     assert busy == pytest.approx(engine.now())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(5, 300), min_size=16, max_size=16), a1=st.sampled_from([1e-4, 2e-4, 1e-3]))
+def test_each_abort_blocks_the_caller_for_the_profiles_abort_time(lengths, a1):
+    """A rollout that ends with requests running (april: carried) pays a1 seconds per request it aborts before its step
+    can end; the engine runs on meanwhile (the requests aborted last carry a few more tokens, as on vLLM), so later
+    steps move a little, but the first step's decisions are the same and its rollout is exactly that much longer."""
+    import dataclasses
+
+    trace = make_trace(np.array(lengths).reshape(2, 2, 4), max_tokens=300)
+
+    def with_abort(a):
+        c = COST.coefficients
+        model = ProfiledCostModel(**c, abort_seconds=a)
+        wl = Workload(trace, seed=0)
+        engine = SimEngine(wl, model, EngineConfig(1, 64, 10**7))
+        cfg = RunConfig(steps=4, groups_per_step=2, group_size=4, max_tokens=300, total_groups=6, seed=0)
+        return Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy("april"), cfg).run().steps
+
+    plain, charged = with_abort(0.0), with_abort(a1)
+    first, again = plain.iloc[0], charged.iloc[0]
+    assert again["carried_out"] == first["carried_out"] and again["finished"] == first["finished"]
+    assert again["tokens"] >= first["tokens"]  # generated while the caller was blocked
+    aborted = first["carried_out"] + first["dropped"]
+    assert again["rollout_seconds"] - first["rollout_seconds"] == pytest.approx(a1 * aborted, abs=1e-12)
+    assert ProfiledCostModel(**COST.coefficients).abort_time(5) == 0.0

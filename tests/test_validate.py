@@ -335,6 +335,17 @@ def test_profile_measures_the_engine(vllm_engine):
 
 
 @pytest.mark.real
+def test_profile_measures_what_aborting_running_requests_blocks_the_caller(vllm_engine):
+    from real_backend.profile import fit_abort_seconds, measure_aborts
+
+    aborts = measure_aborts(vllm_engine, sizes=(4, 16), rounds=1, length=64)
+    assert list(aborts["n"]) == [4, 16] and (aborts["seconds"] > 0).all()
+    a1 = fit_abort_seconds(aborts)
+    assert 0 < a1 < 0.05  # a round trip per request: well under a decode iteration's worth each
+    assert not vllm_engine._live and vllm_engine.sampling_kwargs.get("ignore_eos") is None  # left as found
+
+
+@pytest.mark.real
 def test_validate_replays_recorded_runs(vllm_engine, real_model_dir, tmp_path, profile):
     from lssim.tables import format_fidelity
     from real_backend.sim_vs_real import validate

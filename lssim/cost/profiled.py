@@ -19,6 +19,7 @@ __all__ = ["ProfiledCostModel", "batch_features"]
 _DECODE_FORM = "t_iter = c0 + c1*n_seqs + c2*ctx_tokens + c3*n_seqs^2"
 _PREFILL_FORM = "t_prefill = p0 + p1*prefill_tokens (0 when prefill_tokens == 0)"
 _DEPARTURE_FORM = "t_departure = f0 + f1*leaving (0 when leaving == 0): k sequences leave the batch at one iteration"
+_ABORT_FORM = "t_abort = a1*aborted: the caller blocked while the serving API aborts them (not engine time)"
 _COEFFICIENTS = ("c0", "c1", "c2", "c3", "p0", "p1", "f0", "f1")
 
 
@@ -26,7 +27,8 @@ class ProfiledCostModel:
     """Table-driven model fitted to per-iteration measurements of a real engine (the Vidur approach).
 
     Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``; when
-    ``k`` sequences leave the batch (finish or abort) ``t = f0 + f1*k``.
+    ``k`` sequences leave the batch (finish or abort) ``t = f0 + f1*k``; the caller is blocked ``a1`` seconds for each
+    request it aborts (``abort_seconds``, measured apart from the batches: lssim.cost.protocol's ``abort_time``).
     ``n`` is constant over a span and ``ctx`` ramps linearly, so a span of ``k`` iterations is
     ``k*a + c2*n*k*(k-1)/2`` with ``a`` the first iteration's time: exact, and exactly invertible.
     Coefficients are non-negative (fitted with NNLS), which makes every method monotone.
@@ -49,6 +51,7 @@ class ProfiledCostModel:
         f0: float = 0.0,
         f1: float = 0.0,
         *,
+        abort_seconds: float = 0.0,
         fit_stats: dict | None = None,
         name: str = "profiled",
     ) -> None:
@@ -58,7 +61,10 @@ class ProfiledCostModel:
                 raise ValueError(f"ProfiledCostModel coefficient {key} must be finite and >= 0, got {value!r}")
         if c0 + c1 + c3 <= 0:
             raise ValueError("ProfiledCostModel: c0 + c1 + c3 must be > 0 (an iteration must take time)")
+        if isinstance(abort_seconds, bool) or not (isinstance(abort_seconds, numbers.Real) and 0 <= abort_seconds < _INF):
+            raise ValueError(f"ProfiledCostModel abort_seconds (a1) must be finite and >= 0, got {abort_seconds!r}")
         self.c0, self.c1, self.c2, self.c3, self.p0, self.p1, self.f0, self.f1 = (float(v) for v in coeffs.values())
+        self.abort_seconds = float(abort_seconds)
         self.fit_stats = dict(fit_stats) if fit_stats else None  # fit_error() at fit time
         self.name = name
 
@@ -86,6 +92,9 @@ class ProfiledCostModel:
         if n_leaving <= 0:
             return 0.0
         return self.f0 + self.f1 * n_leaving
+
+    def abort_time(self, n_aborted: int) -> float:
+        return self.abort_seconds * n_aborted if n_aborted > 0 else 0.0
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # Summed over I iterations with n_i sequences: c0*I + c1*T + c3*sum(n_i^2) + c2*W, and sum(n_i^2) >= T^2/I
@@ -203,6 +212,8 @@ class ProfiledCostModel:
             "prefill_coefficients": {"p0": self.p0, "p1": self.p1},
             "departure_form": _DEPARTURE_FORM,
             "departure_coefficients": {"f0": self.f0, "f1": self.f1},
+            "abort_form": _ABORT_FORM,
+            "abort_coefficients": {"a1": self.abort_seconds},
             "fit_error": self.fit_stats,
             **({"measured_by": meta} if meta else {}),
         }
@@ -225,8 +236,9 @@ class ProfiledCostModel:
             d = payload["decode_coefficients"]
             p = payload.get("prefill_coefficients") or {"p0": 0.0, "p1": 0.0}
             f = payload.get("departure_coefficients") or {"f0": 0.0, "f1": 0.0}
+            a = payload.get("abort_coefficients") or {"a1": 0.0}  # profiles measured before it: 0
             return cls(d["c0"], d["c1"], d["c2"], d.get("c3", 0.0), p["p0"], p["p1"], f["f0"], f["f1"],
-                       fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
+                       abort_seconds=a["a1"], fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
         except KeyError as exc:
             raise ValueError(f"{path}: missing key {exc.args[0]!r}") from None
         except ValueError as exc:
@@ -242,12 +254,13 @@ class ProfiledCostModel:
             "p0": self.p0, "p1": self.p1,
             "departure_form": _DEPARTURE_FORM,
             "f0": self.f0, "f1": self.f1,
+            "abort_form": _ABORT_FORM, "a1": self.abort_seconds,
             "fit_error": self.fit_stats,
         }
 
     def __repr__(self) -> str:
         return (f"ProfiledCostModel(c0={self.c0:.4g}, c1={self.c1:.4g}, c2={self.c2:.4g}, "
-                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g}, f0={self.f0:.4g}, f1={self.f1:.4g})")
+                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g}, f0={self.f0:.4g}, f1={self.f1:.4g}, a1={self.abort_seconds:.4g})")
 
 def batch_features(lengths, prompt_len: int) -> dict[str, float]:
     """A batch admitted at once (one request per entry of ``lengths``, prompts of ``prompt_len``), run as the
