@@ -146,38 +146,32 @@ def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int =
     which a rollout that ends with requests still running pays before its step can end). Cells of n requests (n from
     `sizes`, `rounds` times each) submitted at once and run until every one has generated tokens, then aborted one by
     one as the controller does (VLLMEngine.abort). Rows: n, seconds (the aborts' wall time)."""
+    from .layout import _profiling  # the engine serving these prompts, exactly max_tokens each; put back after
+
     rng = np.random.default_rng(seed)
     vocab = int(getattr(engine, "vocab_size", 16))
-    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
     prompts: dict[int, list[int]] = {}
-    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
-    engine.sampling_kwargs["ignore_eos"] = True
-    engine.set_progress_interval(4)
     rows, rid = [], 10**9  # rids apart from the profile's cells
-    try:
-        for n in [n for _ in range(rounds) for n in sizes]:
-            requests = []
-            for _ in range(n):
-                prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
-                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
-                                        max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
-                rid += 1
-            engine.submit(requests)
-            started: set[int] = set()
-            while len(started) < n:  # every one running: it has passed its first progress checkpoint
-                started.update(ev.request.rid for ev in engine.next_events())
-            t0 = time.monotonic()
-            for r in requests:
-                engine.abort(r)
-            rows.append({"n": n, "seconds": time.monotonic() - t0})
-            for r in requests:
-                prompts.pop(r.rid, None)
-    finally:
-        engine.abort_all()
-        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
-        engine.sampling_kwargs.clear()
-        engine.sampling_kwargs.update(saved[2])
-        engine.set_progress_interval(None)
+    with _profiling(engine, prompts):
+        engine.set_progress_interval(4)
+        try:
+            for n in [n for _ in range(rounds) for n in sizes]:
+                requests = []
+                for _ in range(n):
+                    prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
+                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
+                                            max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
+                    rid += 1
+                engine.submit(requests)
+                started: set[int] = set()
+                while len(started) < n:  # every one running: it has passed its first progress checkpoint
+                    started.update(ev.request.rid for ev in engine.next_events())
+                t0 = time.monotonic()
+                for r in requests:
+                    engine.abort(r)
+                rows.append({"n": n, "seconds": time.monotonic() - t0})
+        finally:
+            engine.set_progress_interval(None)
     return pd.DataFrame(rows)
 
 
