@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from .core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
-from .cost.protocol import abort_seconds
+from .cost.protocol import abort_time_of
 from .signals import DEFAULT as DEFAULT_SIGNALS
 from .signals import WINDOW_KEY, SignalSpec, signals_from_trace
 from .training import AnalyticTrainCost, TrainCostModel, TrainPhases, check_lengths
@@ -182,7 +182,7 @@ class SimEngine:
         if inst is None:
             return
         # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
-        self.clock += abort_seconds(self.cost, 1)
+        self.clock += abort_time_of(self.cost, 1)
         self._catch_up(inst, self.clock)
         self._epoch[r.rid] += 1
         inst.pending -= 1

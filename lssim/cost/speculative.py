@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..core import Speculation
-from .protocol import CostModel, _settle, abort_seconds
+from .protocol import CostModel, _settle, abort_time_of
 
 __all__ = ["SpeculativeCost", "SpecFit", "SpeculationSwitch", "MeasuredSpeculation", "fit_speculation",
            "load_spec_fit", "accepted_per_draft"]
@@ -203,7 +203,7 @@ class SpeculativeCost:
         return self.base.departure_time(n_leaving)
 
     def abort_time(self, n_aborted: int) -> float:
-        return abort_seconds(self.base, n_aborted)
+        return abort_time_of(self.base, n_aborted)
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # every iteration costs at least the smallest factor times its plain cost
