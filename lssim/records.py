@@ -36,13 +36,16 @@ LowerBound = Callable[..., float]
 RESPONSE_COLUMNS = ("step", "end_step", "prompt_id", "sample_idx", "group_id", "prompt_len", "response_len", "max_tokens",
                     "reward", "finish_reason", "stop_reason", "policy_version_first", "policy_version_last",
                     "tokens_before_resume", "instance", "submit_time", "first_token_time", "finish_time", "exact", "trained",
-                    "train_step", "off_policy_tokens", "natural_len", "natural_reward")
+                    "train_step", "off_policy_tokens", "natural_len", "natural_reward", "batch")
 # trained / train_step: whether (and in which step) the response's group went to training; a member that ended
 #   before its group completed is settled when the group is (partial rollouts), so its row is updated then.
 # off_policy_tokens: its leading tokens generated under weights older than those of the step that trained it
 #   (lssim.core.off_policy_tokens; for a response never trained, relative to the step it ended in).
 # natural_len / natural_reward: what the response would have been had no policy stopped it (the simulator's
 #   Workload at its budget; -1 / NaN where the engine cannot tell, as on vLLM: Engine.counterfactual).
+# batch: the data loader's batch its group came from (lssim.core.Request.batch; -1: a group the policy chose). A run
+#   that draws groups ahead (april) submits batch k + 1's in step k; a trace that keeps the column lets the
+#   simulator answer them exactly (lssim.workload.Workload.request_key).
 
 
 @dataclass(slots=True, eq=False)
@@ -207,6 +210,7 @@ class ResponseTable:
             "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
             "trained": trained_now, "train_step": np.where(trained_now, step, -1),
             "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,
+            "batch": e.batch,
         })
 
     def _store(self, chunk: dict[str, np.ndarray]) -> None:

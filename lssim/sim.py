@@ -151,8 +151,8 @@ class SimEngine:
                 raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
                                  f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
             if r.rid not in target:
-                answer = (lookup(r.step, r.prompt_id, r.sample_idx, r.max_tokens) if r.batch < 0 else
-                          lookup(r.batch, r.prompt_id, r.batch_sample, r.max_tokens))
+                step, sample = self.workload.request_key(r)  # its own step's, or its loader batch's
+                answer = lookup(step, r.prompt_id, sample, r.max_tokens)
                 target[r.rid] = (answer.length, answer.finish_reason, answer.reward, answer.row)
                 self.sources[answer.source] += 1
                 r.exact = answer.source == EXACT

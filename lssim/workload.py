@@ -93,6 +93,7 @@ class Workload:
         self.steps = list(range(len(self.trace_steps)))
         self._index_groups(steps, rows["prompt"])
         self._index_batches(steps, rows["prompt"], rows["group"])
+        self._drawn_ahead = _drawn_ahead(steps, rows["prompt"], rows["sample"], rows["batch"])
         # the pool lists prompts in the order they first appear (a prompt's first row starts its first group)
         first_group = np.sort(np.unique(self._g_pid, return_index=True)[1])
         first = self._g_start[first_group]
@@ -244,6 +245,17 @@ class Workload:
         return self.prompt_names[np.asarray(codes, dtype=np.int64)]
 
     # -- the counterfactual model ------------------------------------------------------------------
+    def request_key(self, request) -> tuple[int, int]:
+        """The (step, sample) a request is answered by (lssim.core.Request.batch): a loader group's from its batch,
+        where the trace recorded it at a step of its own (its `batch` column: a run that drew the group ahead,
+        as april does) from that step; any other request from its own step."""
+        if request.batch < 0:
+            return request.step, request.sample_idx
+        drawn = self._drawn_ahead.get((request.batch, request.prompt_id)) if self._drawn_ahead else None
+        if drawn is not None and request.batch_sample < len(drawn):
+            return drawn[request.batch_sample]
+        return request.batch, request.batch_sample
+
     def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
         """What response `sample_idx` of `prompt_id`'s group at run step `step` is, under budget `max_tokens`:
         exact from the trace where it holds it, else modelled (the module docstring says how)."""
@@ -380,7 +392,7 @@ def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray
         "reward": trace["reward"].to_numpy(float), "prompt_len": trace["prompt_len"].to_numpy(np.int64),
         "reason": reason.astype(np.int64), "loop": column("loop_start", np.int64, -1),
         "collapse": column("entropy_collapse_start", np.int64, -1), "entropy": column("entropy_mean", float, np.nan),
-        "trained": column("trained", bool, True),
+        "trained": column("trained", bool, True), "batch": column("batch", np.int64, -1),
     }
     keys = (step, codes, group, sample)
     if not is_sorted(keys):
@@ -593,6 +605,30 @@ SOURCES = np.array([RESAMPLED, EXACT, GLOBAL, TRUNCATED], dtype=object)  # looku
 _SOURCE_NUMBER = {name: i for i, name in enumerate(SOURCES.tolist())}
 
 
+def _drawn_ahead(steps, prompts, samples, batches) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(loader batch, prompt) -> the (step, sample) of each of its responses, in order, for the rows a run recorded at
+    a step other than their batch's (the trace's `batch` column); empty for a trace without them."""
+    ahead = np.flatnonzero((batches >= 0) & (batches != steps))
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i in ahead[np.lexsort((samples[ahead], steps[ahead]))].tolist():
+        out.setdefault((int(batches[i]), int(prompts[i])), []).append((int(steps[i]), int(samples[i])))
+    return out
+
+
+def request_keys(wl: Workload, requests) -> tuple[np.ndarray, np.ndarray]:
+    """`Workload.request_key` of every request of columns (lssim.columns.RequestColumns): (step, sample) arrays."""
+    loader = requests.batch >= 0
+    step = np.where(loader, requests.batch, requests.step)
+    sample = np.where(loader, requests.batch_sample, requests.sample_idx)
+    if wl._drawn_ahead:
+        batch, pid = requests.batch, requests.prompt_id
+        for i in np.flatnonzero(loader).tolist():
+            drawn = wl._drawn_ahead.get((int(batch[i]), int(pid[i])))
+            if drawn is not None and sample[i] < len(drawn):
+                step[i], sample[i] = drawn[sample[i]]
+    return step, sample
+
+
 def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
     """`wl.lookup` for arrays of queries: (length, finish_reason, reward, source, row), each an array (reasons and
     sources as object arrays of the same strings). The cases the Workload answers from one row are computed over
@@ -672,3 +708,10 @@ class OracleLengths:
     def many(self, step, prompt_id, sample_idx, max_tokens) -> np.ndarray:
         # kept: the engine asks the same of the Workload when it runs these requests
         return np.asarray(lookup_coded(self.workload, step, prompt_id, sample_idx, max_tokens, keep=True)[0], np.int64)
+
+    def key(self, request) -> tuple[int, int]:
+        """The (step, sample) the engine answers `request` by (Workload.request_key): what to ask this for."""
+        return self.workload.request_key(request)
+
+    def keys(self, requests) -> tuple[np.ndarray, np.ndarray]:
+        return request_keys(self.workload, requests)

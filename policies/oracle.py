@@ -33,9 +33,12 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
-        if r.batch >= 0:  # a loader group: the engine answers it from its batch (lssim.core.Request.batch)
-            return self._length(r.batch, r.prompt_id, r.batch_sample, r.max_tokens) - r.generated
-        return self._length(r.step, r.prompt_id, r.sample_idx, r.max_tokens) - r.generated
+        key = getattr(self._length, "key", None)  # lssim.workload.OracleLengths: the engine's own (step, sample)
+        if key is not None:
+            step, sample = key(r)
+        else:  # a plain function of one response: a loader group from its batch (lssim.core.Request.batch)
+            step, sample = (r.batch, r.batch_sample) if r.batch >= 0 else (r.step, r.sample_idx)
+        return self._length(step, r.prompt_id, sample, r.max_tokens) - r.generated
 
     def priority(self, request):
         return -self._predict(request)
@@ -50,9 +53,13 @@ class Oracle(Policy):
 
     # The same rules over a whole submission (the simulator's batch route): one lookup, one LPT loop.
     def _predict_many(self, requests) -> np.ndarray:
-        loader = requests.batch >= 0
-        step = np.where(loader, requests.batch, requests.step)
-        sample = np.where(loader, requests.batch_sample, requests.sample_idx)
+        keys = getattr(self._length, "keys", None)  # lssim.workload.OracleLengths: the engine's own (step, sample)
+        if keys is not None:
+            step, sample = keys(requests)
+        else:
+            loader = requests.batch >= 0
+            step = np.where(loader, requests.batch, requests.step)
+            sample = np.where(loader, requests.batch_sample, requests.sample_idx)
         many = getattr(self._length, "many", None)
         if many is None:  # a plain function of one response
             lengths = np.array([self._length(*k) for k in zip(step.tolist(), requests.prompt_id.tolist(), sample.tolist(),

@@ -265,6 +265,8 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         # (the simulator's Workload answers a replay by it); in async modes the two differ, and the weight versions
         # that generated its first and last token are policy_version_first / policy_version_last.
         "train_step": responses["train_step"].astype("int64"),
+        # the loader batch its group came from (-1: chosen by the policy); april submits batch k + 1's groups in step k
+        "batch": responses.get("batch", pd.Series(-1, index=responses.index)).astype("int64"),
     })
     return trace
 

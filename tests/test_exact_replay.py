@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lssim.controller import RunConfig
 from lssim.policy import available_policies
 from lssim.replay import SimSetup, simulate
 from lssim.trace import TraceError, validate_trace
@@ -174,3 +175,43 @@ def test_a_cursor_source_is_fetched_only_for_batches_that_are_used(policy):
     used = set((res.responses["prompt_id"] // 100).tolist())
     assert used == set(range(len(source.fetched))), (source.fetched, sorted(used))
     assert source.fetched == sorted(source.fetched)
+
+
+def _own_trace(res) -> pd.DataFrame:
+    """A run's own trace as the real backend's recorder writes one (real_backend/recorder.py::to_trace): each response
+    at the step it was submitted in, with the loader batch its group came from."""
+    r = res.responses
+    return pd.DataFrame({"step": r["step"], "prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"],
+                         "group_id": r["group_id"], "prompt_len": r["prompt_len"], "response_len": r["response_len"],
+                         "reward": r["reward"].fillna(0.0), "finish_reason": r["finish_reason"], "max_tokens": r["max_tokens"],
+                         "trained": r["trained"], "batch": r["batch"]})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), policy=st.sampled_from(["april", "april+breaker", "oracle+april"]),
+       batch_route=st.booleans())
+def test_a_twin_replaying_a_run_that_draws_groups_ahead_answers_every_response_from_its_own_trace(seed, policy, batch_route):
+    """april submits batch k + 1's groups in step k, and its trace records them there. The twin of that run (its own
+    trace, the same data loader) asks for a loader group by its batch; the trace's `batch` column tells it where the
+    run recorded it, so every response is answered exactly, as it was. Without the column they are modelled."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(3.5, 1.0, size=(12, 4, 4)).astype(int) + 1, 200)
+    s, p, k = np.meshgrid(np.arange(12), np.arange(4), np.arange(4), indexing="ij")
+    source = validate_trace(pd.DataFrame({
+        "step": s.ravel(), "prompt_id": (s * 4 + p).ravel(), "sample_idx": k.ravel(), "prompt_len": 12,
+        "response_len": lengths.ravel(), "reward": (lengths.ravel() % 2).astype(float),
+        "finish_reason": np.where(lengths.ravel() >= 200, "length", "stop"), "max_tokens": 200}))
+    # 6 steps' groups of the trace's 12: what april draws ahead is still in the trace, so the first run is exact too
+    config = RunConfig(steps=12, groups_per_step=4, group_size=4, max_tokens=200, total_groups=24, seed=1)
+    first = simulate(Workload(source), policy, SETUP, config=config, batch_route=batch_route)
+    assert first.responses["exact"].all()
+    own = validate_trace(_own_trace(first))
+    assert (own["batch"] != own["step"]).any()  # it did draw ahead
+    key = ["step", "prompt_id", "sample_idx", "response_len"]
+    again = simulate(Workload(own), policy, SETUP, config=config, batch_route=batch_route, prompts=Workload(source))
+    assert again.responses["exact"].all()
+    pd.testing.assert_frame_equal(again.responses[key].sort_values(key, ignore_index=True),
+                                  first.responses[key].sort_values(key, ignore_index=True))
+    blind = simulate(Workload(own.drop(columns="batch")), policy, SETUP, config=config, batch_route=batch_route,
+                     prompts=Workload(source))
+    assert not blind.responses["exact"].all()  # asked by batch, the groups drawn ahead are modelled
