@@ -194,6 +194,13 @@ COLUMNS: tuple[Column, ...] = (
         "False for a response generated but not trained on (its group filtered out, DAPO-style, or left out "
         "by a policy).", default=True,
     ),
+    Column(
+        "batch", "int", False,
+        "The data loader's batch its group came from, numbered as the run's steps from 0 (the trace's i-th step "
+        "is step i), where the run drew it ahead of that batch's step (partial rollouts over-provisioning, async "
+        "modes); -1: the step it ran in, or unknown.",
+        default=-1, min=-1,
+    ),
 )
 
 SCHEMA: dict[str, Column] = {c.name: c for c in COLUMNS}

@@ -29,8 +29,10 @@ Rule, each step:
   of them for a member that finished steps before its group did). slime's `--mask-offpolicy-in-partial-rollout`.
   The share of such tokens is the step column `off_policy_token_fraction`.
 
-Over-provisioning changes which prompts meet at a step (the loader's next batch starts early), so in
-the simulator part of the responses are modelled, not replayed; the summary says how much.
+Over-provisioning changes which prompts meet at a step (the loader's next batch starts early). The simulator
+answers a group by the loader batch it came from, so april replays a baseline's trace exactly; and a trace of an
+april run, which recorded each group at the step it ran in, says which batch it came from (its `batch` column), so
+the twin of that run is exact too (lssim.workload.Workload.request_key). The summary says how much was modelled.
 """
 
 from __future__ import annotations
