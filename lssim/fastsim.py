@@ -557,9 +557,9 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
 def _answers(engine, requests) -> tuple:
     """Each request's (length, finish reason, reward, exact) from the Workload, asked once over arrays
     (lssim.workload.lookup_many); the engine's source counts move as SimEngine.submit moves them."""
-    from .workload import EXACT, SOURCES, lookup_coded, request_keys
+    from .workload import EXACT, SOURCES, lookup_coded
 
-    step, sample = request_keys(engine.workload, requests)  # its own step's, or its loader batch's (Request.batch)
+    step, sample = engine.workload.request_keys(requests)  # its own step's, or its loader batch's (Request.batch)
     length, reason, reward, source, _ = lookup_coded(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
     for name, c in zip(SOURCES.tolist(), np.bincount(source, minlength=len(SOURCES)).tolist()):
         if c:

@@ -246,15 +246,12 @@ class Workload:
 
     # -- the counterfactual model ------------------------------------------------------------------
     def request_key(self, request) -> tuple[int, int]:
-        """The (step, sample) a request is answered by (lssim.core.Request.batch): a loader group's from its batch,
-        where the trace recorded it at a step of its own (its `batch` column: a run that drew the group ahead,
-        as april does) from that step; any other request from its own step."""
-        if request.batch < 0:
-            return request.step, request.sample_idx
-        drawn = self._drawn_ahead.get((request.batch, request.prompt_id)) if self._drawn_ahead else None
-        if drawn is not None and request.batch_sample < len(drawn):
-            return drawn[request.batch_sample]
-        return request.batch, request.batch_sample
+        """The (step, sample) this trace answers a request by (`loader_key` with the groups its run drew ahead)."""
+        return loader_key(request, self._drawn_ahead)
+
+    def request_keys(self, requests) -> tuple[np.ndarray, np.ndarray]:
+        """`request_key` of every request of columns (lssim.columns.RequestColumns): (step, sample) arrays."""
+        return loader_keys(requests, self._drawn_ahead)
 
     def lookup(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> Outcome:
         """What response `sample_idx` of `prompt_id`'s group at run step `step` is, under budget `max_tokens`:
@@ -615,15 +612,27 @@ def _drawn_ahead(steps, prompts, samples, batches) -> dict[tuple[int, int], list
     return out
 
 
-def request_keys(wl: Workload, requests) -> tuple[np.ndarray, np.ndarray]:
-    """`Workload.request_key` of every request of columns (lssim.columns.RequestColumns): (step, sample) arrays."""
+def loader_key(request, drawn_ahead: dict | None = None) -> tuple[int, int]:
+    """The (step, sample) a request is answered by (lssim.core.Request.batch): a loader group's from its batch, unless
+    `drawn_ahead` (a Workload's `_drawn_ahead`: its trace's `batch` column) says its run recorded the group at a step of
+    its own (april draws batch k + 1 in step k), then from there; any other request from its own step."""
+    if request.batch < 0:
+        return request.step, request.sample_idx
+    drawn = drawn_ahead.get((request.batch, request.prompt_id)) if drawn_ahead else None
+    if drawn is not None and request.batch_sample < len(drawn):
+        return drawn[request.batch_sample]
+    return request.batch, request.batch_sample
+
+
+def loader_keys(requests, drawn_ahead: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`loader_key` of every request of columns (lssim.columns.RequestColumns): (step, sample) arrays."""
     loader = requests.batch >= 0
     step = np.where(loader, requests.batch, requests.step)
     sample = np.where(loader, requests.batch_sample, requests.sample_idx)
-    if wl._drawn_ahead:
+    if drawn_ahead:
         batch, pid = requests.batch, requests.prompt_id
         for i in np.flatnonzero(loader).tolist():
-            drawn = wl._drawn_ahead.get((int(batch[i]), int(pid[i])))
+            drawn = drawn_ahead.get((int(batch[i]), int(pid[i])))
             if drawn is not None and sample[i] < len(drawn):
                 step[i], sample[i] = drawn[sample[i]]
     return step, sample
@@ -714,4 +723,4 @@ class OracleLengths:
         return self.workload.request_key(request)
 
     def keys(self, requests) -> tuple[np.ndarray, np.ndarray]:
-        return request_keys(self.workload, requests)
+        return self.workload.request_keys(requests)

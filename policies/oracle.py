@@ -12,6 +12,7 @@ import numpy as np
 from lssim.assign import least_work
 from lssim.columns import rid_order
 from lssim.policy import Policy, PolicyNeeds
+from lssim.workload import loader_key, loader_keys
 
 
 class Oracle(Policy):
@@ -33,11 +34,8 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
-        key = getattr(self._length, "key", None)  # lssim.workload.OracleLengths: the engine's own (step, sample)
-        if key is not None:
-            step, sample = key(r)
-        else:  # a plain function of one response: a loader group from its batch (lssim.core.Request.batch)
-            step, sample = (r.batch, r.batch_sample) if r.batch >= 0 else (r.step, r.sample_idx)
+        # lssim.workload.OracleLengths asks as the engine does; a plain function of one response by its loader batch
+        step, sample = getattr(self._length, "key", loader_key)(r)
         return self._length(step, r.prompt_id, sample, r.max_tokens) - r.generated
 
     def priority(self, request):
@@ -53,13 +51,7 @@ class Oracle(Policy):
 
     # The same rules over a whole submission (the simulator's batch route): one lookup, one LPT loop.
     def _predict_many(self, requests) -> np.ndarray:
-        keys = getattr(self._length, "keys", None)  # lssim.workload.OracleLengths: the engine's own (step, sample)
-        if keys is not None:
-            step, sample = keys(requests)
-        else:
-            loader = requests.batch >= 0
-            step = np.where(loader, requests.batch, requests.step)
-            sample = np.where(loader, requests.batch_sample, requests.sample_idx)
+        step, sample = getattr(self._length, "keys", loader_keys)(requests)
         many = getattr(self._length, "many", None)
         if many is None:  # a plain function of one response
             lengths = np.array([self._length(*k) for k in zip(step.tolist(), requests.prompt_id.tolist(), sample.tolist(),
