@@ -218,15 +218,33 @@ def instance_last_finish(responses: pd.DataFrame) -> pd.Series:
     return ended.groupby(["step", "instance"])["finish_time"].max()
 
 
+def admission_seconds(responses: pd.DataFrame) -> pd.Series:
+    """Per step (the step each response ended in): seconds from the step's first submission until every request
+    submitted before its first token had its own first token. The serving front end takes a step's opening requests
+    one by one (real_backend/README.md, "Fidelity"), so this phase grows with how many a step submits at once, which
+    a policy sets (april over-provisions, segment resumes the carried ones) and the twin prices as one prefill.
+    Only responses that ended in the step have a say (one aborted there and resumed later is counted where it ends)."""
+    if not {"submit_time", "first_token_time"} <= set(responses.columns):  # a trace without timings: nothing to say
+        return pd.Series(dtype=float, name="admission_seconds")
+    ended = responses[responses["first_token_time"].notna() & responses["submit_time"].notna()]
+    if "end_step" in ended:
+        ended = ended.assign(step=ended["end_step"])
+    opening = ended[ended["submit_time"] <= ended.groupby("step")["first_token_time"].transform("min")]
+    by_step = opening.groupby("step")
+    return (by_step["first_token_time"].max() - by_step["submit_time"].min()).rename("admission_seconds")
+
+
 def instance_phases(responses: pd.DataFrame) -> pd.DataFrame:
     """Per step of a run (a trace, or a simulation's responses): how long the step kept every instance it used busy,
     and how long one ran on alone after that. Rows: step, instances (that ran one of the responses the step ended),
     shared_seconds (to the earliest of those instances' last finish: the part of the rollout where instances that
-    share a host slow each other down) and tail_seconds (from there to the step's last finish: the instances that
-    finished early wait; 0 with one instance). From instance_last_finish."""
+    share a host slow each other down), tail_seconds (from there to the step's last finish: the instances that
+    finished early wait; 0 with one instance), from instance_last_finish; and admission_seconds (admission_seconds:
+    the opening, inside the shared part)."""
     last = instance_last_finish(responses).groupby("step")
     out = pd.DataFrame({"instances": last.size(), "shared_seconds": last.min(), "last": last.max()})
     out["tail_seconds"] = out.pop("last") - out["shared_seconds"]
+    out["admission_seconds"] = admission_seconds(responses).reindex(out.index)
     return out.reset_index()
 
 
@@ -237,31 +255,61 @@ def compare_phases(run: RecordedRun, sim: RunResult, policy: str | None = None) 
     both = instance_phases(run.trace).merge(instance_phases(sim.responses), on="step", suffixes=("_measured", "_predicted"))
     both = both.rename(columns=lambda c: "_".join(reversed(c.rsplit("_", 1))) if c != "step" else c)
     both.insert(0, "policy", policy or run.name)
+    # the driver's own share of each real rollout (real_backend.recorder's driver_seconds; NaN where not recorded)
+    steps = run.steps.set_index("step")
+    driver = steps["driver_seconds"] if "driver_seconds" in steps else pd.Series(np.nan, index=steps.index)
+    both["measured_driver_share"] = both["step"].map(driver / steps["rollout_seconds"]).astype(float)
     return both
 
 
 def phases_table(phases: pd.DataFrame) -> pd.DataFrame:
     """compare_phases rows (a `repeat` column: each repeat against its own twin) per policy: the median over steps
-    of the shared part's measured / predicted ratio, and the tail's median measured and predicted seconds."""
+    of the shared part's measured / predicted ratio, the tail's and the admission's median measured and predicted
+    seconds, the rest of the step after the admission (its generation: shared part and tail) as a measured / predicted
+    ratio, and the most instances a step used."""
     per_step = phases.groupby(["policy", "step"], sort=False).median(numeric_only=True)
     per_step["shared_ratio"] = per_step["measured_shared_seconds"] / per_step["predicted_shared_seconds"]
-    cols = ["shared_ratio", "measured_shared_seconds", "predicted_shared_seconds", "measured_tail_seconds", "predicted_tail_seconds"]
+    rest = {w: per_step[f"{w}_shared_seconds"] + per_step[f"{w}_tail_seconds"] - per_step[f"{w}_admission_seconds"]
+            for w in ("measured", "predicted")}
+    per_step["generation_ratio"] = rest["measured"] / rest["predicted"]
+    cols = ["shared_ratio", "measured_shared_seconds", "predicted_shared_seconds", "measured_tail_seconds", "predicted_tail_seconds",
+            "measured_admission_seconds", "predicted_admission_seconds", "generation_ratio"]
+    if "measured_driver_share" in per_step:
+        cols.append("measured_driver_share")
     table = per_step.groupby("policy", sort=False)[cols].median()
+    table["instances"] = per_step.groupby("policy", sort=False)["measured_instances"].max()
     table["steps"] = per_step.groupby("policy", sort=False).size()
     return table
 
 
 def phases_markdown(phases: pd.DataFrame) -> str:
-    """phases_table as the markdown section `lssim validate` adds to fidelity.md for worlds of several instances."""
+    """phases_table as the markdown sections `lssim validate` adds to fidelity.md: every policy's admission against
+    the rest of its steps; for worlds of several instances, the shared part and the tail."""
     t = phases_table(phases)
-    lines = ["", "Worlds of several instances, where the step's time went (median over steps): the shared part (every "
-             "instance the step used still busy: lssim.shared_host prices it with s_2) and the tail one instance runs "
-             "alone (s_1), measured / predicted (`lssim validate`: the twin at each run's probed speed level where every run "
-             "of the world was probed; the ratio is the median of the steps' ratios).", "",
-             "| policy | shared part: measured / predicted s (ratio) | tail: measured / predicted s | steps |", "|---|---|---|---|"]
+    level = ("measured / predicted (`lssim validate`: the twin at each run's probed speed level where every run of the "
+             "world was probed; ratios are the median of the steps' ratios)")
+    lines = ["", "Where each step's time went (median over steps): the admission (from the step's first submission until "
+             "every request submitted before its first token had one: the front end takes them one by one, the twin as one "
+             f"prefill; lssim.fidelity.admission_seconds) and the generation after it, {level}.", "",
+             "The driver's share is the part of each real rollout the driver worked on its own thread instead of waiting "
+             "for the engine (the controller, the policy, rewards, submit and abort calls; real_backend.recorder's "
+             "driver_seconds): the twin prices none of it, and on a host whose cores the driver shares with the engine it "
+             "is time the engine loses.", "",
+             "| policy | admission: measured / predicted s | generation: measured / predicted | driver's share | steps |",
+             "|---|---|---|---|---|"]
     for name, r in t.iterrows():
-        lines.append(f"| `{name}` | {r.measured_shared_seconds:.3f} / {r.predicted_shared_seconds:.3f} ({r.shared_ratio:.3f}) | "
-                     f"{r.measured_tail_seconds:.3f} / {r.predicted_tail_seconds:.3f} | {int(r.steps)} |")
+        share = r.get("measured_driver_share", np.nan)
+        lines.append(f"| `{name}` | {r.measured_admission_seconds:.3f} / {r.predicted_admission_seconds:.3f} | "
+                     f"{r.generation_ratio:.3f} | {'-' if share != share else f'{share:.1%}'} | {int(r.steps)} |")
+    several = t[t["instances"] > 1]
+    if len(several):
+        lines += ["", "Worlds of several instances, where the step's time went (median over steps): the shared part (every "
+                  "instance the step used still busy: lssim.shared_host prices it with s_2) and the tail one instance runs "
+                  f"alone (s_1), {level}.", "",
+                  "| policy | shared part: measured / predicted s (ratio) | tail: measured / predicted s | steps |", "|---|---|---|---|"]
+        for name, r in several.iterrows():
+            lines.append(f"| `{name}` | {r.measured_shared_seconds:.3f} / {r.predicted_shared_seconds:.3f} ({r.shared_ratio:.3f}) | "
+                         f"{r.measured_tail_seconds:.3f} / {r.predicted_tail_seconds:.3f} | {int(r.steps)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -46,6 +46,7 @@ real_backend/README.md).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import heapq
 import itertools
@@ -123,6 +124,11 @@ class VLLMEngine:
         self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
         self._seq_seconds = 0.0  # integral of requests in flight over time
         self._acc_t = 0.0  # time up to which the two are accounted
+        # When the caller (the controller's thread) waited for the streams: engine-clock starts and ends, in order, and
+        # the running total at each end (waited_between: the driver's own time in a span is the rest)
+        self._wait_starts: list[float] = []
+        self._wait_ends: list[float] = []
+        self._waited_total: list[float] = []
         self._closed = False
 
         t0 = time.monotonic()
@@ -350,9 +356,31 @@ class VLLMEngine:
             return Event(WAKE, None, self.now())
         return None
 
+    def waited_between(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (engine clock) the caller spent waiting in next_events for the engine's streams.
+        The rest of a rollout is the driver's own work on the caller's thread: the controller, the policy, rewards,
+        and the submit and abort calls (each blocks until the front end has taken it); on a host whose cores the driver
+        shares with the engine, time the engine loses (real_backend.recorder writes it as `driver_seconds`)."""
+        starts, ends, total = self._wait_starts, self._wait_ends, self._waited_total
+        i, j = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)  # the waits overlapping the span
+        if i >= j:
+            return 0.0
+        inner = total[j - 1] - (total[i - 1] if i else 0.0)
+        return inner - max(0.0, start - starts[i]) - max(0.0, ends[j - 1] - end)
+
     def _wait(self, until: float | None = None) -> list:
         """Everything the streams have delivered, waiting for at least one item (or until the engine clock reaches
-        `until`: [] then)."""
+        `until`: [] then). The time it waited is kept for waited_between."""
+        began = self.now()
+        try:
+            return self._wait_for_items(until)
+        finally:
+            ended = self.now()
+            self._wait_starts.append(began)
+            self._wait_ends.append(ended)
+            self._waited_total.append((self._waited_total[-1] if self._waited_total else 0.0) + ended - began)
+
+    def _wait_for_items(self, until: float | None) -> list:
         deadline = time.monotonic() + self.stall_timeout
         while True:
             wait = 1.0 if until is None else min(1.0, max(0.0, until - self.now()))

@@ -10,7 +10,8 @@ After every step the folder holds, each file replaced atomically (written beside
                        timings relative to the step's start, step_rollout_seconds / step_train_seconds,
                        policy versions, finish and stop reasons, entropy_mean and loop_start; extra
                        columns end_step, mean_logprob, tokens_before_resume, trained
-    steps.parquet      the controller's step rows (rollout seconds, tokens, books, train_* metrics)
+    steps.parquet      the controller's step rows (rollout seconds, tokens, books, train_* metrics), and driver_seconds:
+                       the part of each rollout the driver worked instead of waiting for the engine
     responses.parquet  the controller's response rows, plus the signals and the decoded response text
     meta.json          the run's setup, and its status: running / finished / failed / interrupted
     unfinished.parquet one row per response the controller still held unfinished after the step (lssim.fidelity's
@@ -49,6 +50,16 @@ from lssim.trace import write_trace
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 CHECKPOINT = "checkpoint.pt"  # real_backend.checkpoint: written beside the files after every step
 UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinished after the last step (optional to readers)
+
+
+def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
+    """`steps` with `driver_seconds`: the seconds of each rollout the controller's thread did not wait for the engine
+    (VLLMEngine.waited_between), the driver's own work; unchanged for an engine that cannot tell."""
+    waited = getattr(engine, "waited_between", None)
+    if waited is None or steps.empty:
+        return steps
+    spans = zip(steps["rollout_start"], steps["rollout_end"])
+    return steps.assign(driver_seconds=[max(0.0, (end - start) - waited(start, end)) for start, end in spans])
 
 
 class Recorder:
@@ -90,7 +101,7 @@ class Recorder:
     # -- files -------------------------------------------------------------------------------------
     def write(self) -> None:
         result = self.controller.result()
-        responses, steps = self._responses(result.responses), result.steps
+        responses, steps = self._responses(result.responses), with_driver_seconds(result.steps, self.controller.engine)
         # taken here, on the controller's thread, between steps: the requests go on changing once the next step runs
         unfinished = unfinished_frame(self.controller)
         self.meta["steps_done"] = len(steps)

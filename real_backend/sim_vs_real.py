@@ -170,8 +170,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
             level = speed_level(run, profile)
             step_frames.append(s.assign(repeat=k, speed_level=np.nan if level is None else level))
             response_frames.append(r.assign(repeat=k))
-            if _instances(run) > 1:  # where a shared host's twin is off: the shared part or the tail
-                phase_frames.append(compare_phases(run, sim, name).assign(repeat=k))
+            # where a twin is off: the admission or the generation; on a shared host, the shared part or the tail
+            phase_frames.append(compare_phases(run, sim, name).assign(repeat=k))
             if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
                 cut_sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), policy=with_real_cuts(run))
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))

@@ -398,3 +398,26 @@ def test_policies_the_real_engine_cannot_run_are_refused_before_it_starts(tmp_pa
     with pytest.raises(SystemExit) as e:
         main(["real", "--model-dir", str(real_model_dir_cheap), "--policy", policy, "--steps", "1", "--out", str(out)])
     assert e.value.code == 2 and message in capsys.readouterr().err.lower() and not out.exists()
+
+
+def test_each_step_records_the_drivers_own_seconds_and_a_driver_that_works_longer_records_it(vllm_engine, real_model_dir,
+                                                                                             tmp_path):
+    """steps.parquet's driver_seconds: the part of each rollout the controller's thread did not wait for the engine.
+    It lies within the rollout, and a reward function that spins 5 ms per finished response (driver work) puts at
+    least 5 ms per response of the step into it."""
+    import time
+
+    result, _ = _run(vllm_engine, real_model_dir, "baseline", tmp_path / "plain", steps=2)
+    steps = pd.read_parquet(tmp_path / "plain" / "steps.parquet")
+    assert ((steps["driver_seconds"] > 0) & (steps["driver_seconds"] < steps["rollout_seconds"])).all()
+
+    def slow_reward(r: Request) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.005:
+            pass
+        return _parity_reward(r)
+
+    _run(vllm_engine, real_model_dir, "baseline", tmp_path / "slow", steps=2, reward=slow_reward)
+    slow = pd.read_parquet(tmp_path / "slow" / "steps.parquet")
+    assert (slow["driver_seconds"] >= 0.005 * slow["finished"] + slow["truncated"] * 0.005).all()
+    assert (slow["driver_seconds"] > steps["driver_seconds"]).all()

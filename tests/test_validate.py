@@ -1067,12 +1067,51 @@ def test_instance_phases_split_each_step_into_the_shared_part_and_the_tail():
                           "end_step": [0, 0, 0, 0, 1, 1, 1, 1, 1],
                           "instance": [0, 0, 1, 1, 1, 0, 0, 1, -1],  # -1: dropped before it ran anywhere
                           "finish_time": [1.0, 2.0, 0.5, 1.5, 3.0, 0.4, 0.9, np.nan, 0.0]})
-    phases = instance_phases(trace).set_index("step")
+    phases = instance_phases(trace).set_index("step")[["instances", "shared_seconds", "tail_seconds"]]
     assert phases.loc[0].to_dict() == pytest.approx({"instances": 2, "shared_seconds": 1.5, "tail_seconds": 0.5})
     # step 1: the carried response ended on instance 1 at 3.0; instance 0's last finish 0.9
     assert phases.loc[1].to_dict() == pytest.approx({"instances": 2, "shared_seconds": 0.9, "tail_seconds": 2.1})
     one = instance_phases(trace.assign(instance=0)).set_index("step")
     assert (one["tail_seconds"] == 0).all() and one.loc[0, "shared_seconds"] == 2.0
+
+
+def test_admission_runs_from_a_steps_first_submission_to_the_last_first_token_of_its_opening_requests():
+    """The opening requests of a step are those submitted before its first token; one submitted later (a refill, a
+    requeue) is not waited for. A response counts in the step it ended in, with the times of its last submission."""
+    from lssim.fidelity import admission_seconds, instance_phases
+
+    trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1],
+                          "end_step": [0, 0, 0, 0, 1, 1, 1],  # the fifth: carried, resumed at step 1's opening
+                          "instance": [0] * 7,
+                          "submit_time": [0.0, 0.0, 0.002, 0.3, 0.0, 0.0, 0.0],
+                          "first_token_time": [0.010, 0.020, 0.050, 0.400, 0.031, 0.006, 0.010],
+                          "finish_time": [0.5, 0.6, 0.7, 0.9, 0.2, 0.3, 0.4]})
+    assert admission_seconds(trace).to_dict() == pytest.approx({0: 0.050, 1: 0.031})
+    assert instance_phases(trace).set_index("step")["admission_seconds"].to_dict() == pytest.approx({0: 0.050, 1: 0.031})
+    assert admission_seconds(trace.drop(columns="submit_time")).empty
+
+
+def test_the_twin_admits_a_steps_opening_requests_as_one_prefill_and_the_table_reads_it_against_the_run(tmp_path):
+    """Replayed on the profile it was recorded on, a run's admission and generation are predicted exactly; the
+    twin's admission of a step's opening requests is one prefill of their prompts and the iteration that admits
+    them. A twin whose engine runs 1.5x faster predicts generation 1.5x short: the table's ratio reads 1.5."""
+    from lssim.fidelity import compare_phases, phases_markdown, phases_table
+
+    base = tmp_path / "profile.json"
+    MODEL.to_json(base, meta={"command": "test"})
+    run = _recorded_from_simulator("baseline", str(base), seed=3)
+    exact = compare_phases(run, _replay(run, _setup(str(base))), "baseline")
+    assert np.allclose(exact["measured_admission_seconds"], exact["predicted_admission_seconds"], rtol=1e-9)
+    opening = run.trace[run.trace["step"] == 0]
+    n, prompts = len(opening), int(opening["prompt_len"].sum())
+    assert exact.loc[exact["step"] == 0, "predicted_admission_seconds"].item() == pytest.approx(
+        MODEL.prefill_time(prompts) + MODEL.decode_time(n, prompts, 1))
+    fast = tmp_path / "fast.json"
+    ProfiledCostModel(**{k: v / 1.5 for k, v in MODEL.coefficients.items()}).to_json(fast, meta={"command": "test"})
+    table = phases_table(compare_phases(run, _replay(run, _setup(str(fast))), "baseline").assign(repeat=0))
+    assert table.loc["baseline", "generation_ratio"] == pytest.approx(1.5, rel=1e-6)
+    text = phases_markdown(exact.assign(repeat=0))
+    assert "| `baseline` |" in text and "several instances" not in text  # one instance: no shared part to show
 
 
 def test_compare_phases_finds_a_twin_exact_and_places_a_host_slowdown_in_the_shared_part(tmp_path):
@@ -1220,3 +1259,17 @@ def test_measure_stream_interval_summarises_rounds_against_the_first_interval(ca
     assert main(["--intervals", "1,0"]) == 2
     assert "--intervals '1,0'" in capsys.readouterr().err
     assert main(["--intervals", "a"]) == 2
+
+
+def test_waited_between_sums_the_callers_waits_inside_a_span():
+    """VLLMEngine.waited_between: the parts of the recorded waits that fall inside [start, end]."""
+    from real_backend.engine import VLLMEngine
+
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng._wait_starts, eng._wait_ends = [0.0, 2.0, 5.0], [1.0, 3.0, 9.0]
+    eng._waited_total = [1.0, 2.0, 6.0]
+    assert eng.waited_between(0.0, 10.0) == pytest.approx(6.0)
+    assert eng.waited_between(0.5, 2.5) == pytest.approx(1.0)  # 0.5 of the first, 0.5 of the second
+    assert eng.waited_between(3.0, 5.0) == pytest.approx(0.0)
+    assert eng.waited_between(6.0, 7.0) == pytest.approx(1.0)  # inside one wait
+    assert eng.waited_between(2.5, 6.0) == pytest.approx(1.5)
