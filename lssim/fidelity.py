@@ -195,6 +195,9 @@ def compare(run: RecordedRun, sim: RunResult, policy: str | None = None) -> tupl
     steps["measured_tokens"] = real_s["tokens"].to_numpy()
     steps["predicted_tokens"] = steps["step"].map(sim_s.set_index("step")["tokens"]).to_numpy()
     steps["exact_fraction"] = steps["step"].map(sim_s.set_index("step")["exact_fraction"]).to_numpy(float)
+    # the driver's own part of each real rollout (real_backend.recorder; NaN where the run did not record it)
+    steps["measured_driver_seconds"] = (real_s["driver_seconds"].to_numpy(float) if "driver_seconds" in real_s
+                                        else np.full(len(steps), np.nan))
 
     cols = KEY + ["end_step", "response_len", "finish_time", "finish_reason"]
     responses = run.responses[cols].merge(sim.responses[cols], on=KEY, suffixes=("_measured", "_predicted"))
@@ -327,7 +330,7 @@ def median_over_repeats(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     Also returns the spread: each repeat's measured seconds against its step's median, the run-to-run timing
     noise of the machine (for timing-dependent policies, schedule changes too) that no model can predict."""
     cols = ["measured_seconds", "predicted_seconds", "measured_tokens", "predicted_tokens", "exact_fraction",
-            "finish_order_spearman"]
+            "finish_order_spearman"] + [c for c in ("measured_driver_seconds",) if c in steps]
     median = steps.groupby(["policy", "step"], sort=False)[cols].median().reset_index()
     median["ape_pct"] = _ape_pct(median["predicted_seconds"], median["measured_seconds"])
     median["repeats"] = steps.groupby(["policy", "step"], sort=False).size().to_numpy()
@@ -523,6 +526,9 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
             "finish_time_median_ape_pct": float(finish_ape.median()) if len(finish_ape) else float("nan"),
             "tokens_error_pct": float((s["predicted_tokens"].sum() - s["measured_tokens"].sum()) / s["measured_tokens"].sum() * 100),
             "exact_fraction": float(s["exact_fraction"].mean()),
+            # NaN unless every step recorded it
+            "measured_driver_seconds": float(s["measured_driver_seconds"].sum(min_count=len(s)))
+            if "measured_driver_seconds" in s else float("nan"),
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "policy"
@@ -546,6 +552,16 @@ def _speedup_error_parts(table: pd.DataFrame, groups: dict[str, tuple[float, flo
     with_groups = table["speedup_measured"] * (g["predicted"] / base[1]) / (g["measured"] / base[0])
     table["speedup_points_groups"] = (with_groups - table["speedup_measured"]) * 100
     table["speedup_points_seconds"] = (table["speedup_predicted"] - with_groups) * 100
+    # The seconds part split again where the runs recorded the driver's own time (which the twin does not price): the
+    # points it makes (the measured speedup recomputed on each run's rollout seconds less the driver's, both the
+    # policy's and the baseline's), and the rest, the engine's.
+    engine = table["measured_seconds"] - table["measured_driver_seconds"]
+    if "baseline" in engine and engine.notna().any():
+        base_engine = engine["baseline"] / base[0]
+        engine_speedup = base_engine / (engine / g["measured"])
+        engine_with_groups = engine_speedup * (g["predicted"] / base[1]) / (g["measured"] / base[0])
+        table["speedup_points_driver"] = (engine_with_groups - with_groups) * 100
+        table["speedup_points_engine"] = (table["speedup_predicted"] - engine_with_groups) * 100
 
 
 def speedup_by_repeat(steps_by_repeat: pd.DataFrame, groups: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
@@ -743,7 +759,7 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "speedup_measured": number(row.get("speedup_measured")),
                  "speedup_predicted": number(row.get("speedup_predicted")),
                  "speedup_spread": number(row.get("speedup_spread_points")),
-                 "speedup_error_from": {k: number(row.get(f"speedup_points_{k}")) for k in ("groups", "seconds")},
+                 "speedup_error_from": {k: number(row.get(f"speedup_points_{k}")) for k in ("groups", "seconds", "driver", "engine")},
                  "repeat_spread": number(row.get("repeat_spread_median_pct")),
                  "repeat_spread_p90": number(row.get("repeat_spread_p90_pct")),
                  "step_error_median_anchored": number(row.get("anchored_median_ape_pct")),
@@ -816,7 +832,25 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                   + (" The speedup's bound: 95% of an exact model's speedup errors against these repeats lie within it "
                      "(lssim.fidelity.speedup_noise_floor); a speedup error within it cannot be told from noise." if speedup_floor else "")
                   + (f" Cost model: {profile}." if profile else "")]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + _speedup_parts_markdown(summary) + "\n"
+
+
+def _speedup_parts_markdown(summary: pd.DataFrame) -> str:
+    """Where the runs recorded the driver's own time: each speedup error split into the points of groups trained, of
+    the driver's time (which the twin does not price) and of the engine (_speedup_error_parts)."""
+    if "speedup_points_driver" not in summary or summary["speedup_points_driver"].isna().all():
+        return ""
+    lines = ["", "", "Each speedup error split (points; they add up): from groups trained (the twin trained more or fewer), "
+             "from the driver's own time in the real rollouts (the controller, the policy, rewards, submit and abort calls, "
+             "recorded as driver_seconds: on this host it shares the engine's cores, and the twin prices none of it), and "
+             "from the engine (the rest: the cost model's).", "",
+             "| policy | speedup error | groups | driver | engine |", "|---|---|---|---|---|"]
+    for name, r in summary.iterrows():
+        if name.startswith("baseline") or pd.isna(r.get("speedup_points_driver", np.nan)):
+            continue
+        lines.append(f"| `{name}` | {r['speedup_error_points']:+.1f} | {r['speedup_points_groups']:+.1f} | "
+                     f"{r['speedup_points_driver']:+.1f} | {r['speedup_points_engine']:+.1f} |")
+    return "\n".join(lines)
 
 
 def _repeats_for_goal(r) -> str:

@@ -130,6 +130,28 @@ def test_the_speedup_error_is_split_into_groups_and_seconds():
     assert table.loc["baseline", ["speedup_points_groups", "speedup_points_seconds"]].abs().max() < 1e-9
 
 
+def test_the_seconds_part_is_split_again_into_the_drivers_points_and_the_engines_where_the_runs_recorded_the_driver():
+    """A twin that prices the engine exactly but not the driver's own time: the policy's run spent 0.3 s of its 1.3 s
+    in the driver, the baseline's 0.1 of 2.1. The seconds part of its speedup error is all the driver's; and the two
+    parts add up to the seconds part. Without the driver's column there is no split."""
+    from lssim.fidelity import fidelity_table
+
+    responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
+                                      "finish_time_predicted"])
+    steps = _steps([("baseline", 0, 0, 2.1, 2.0), ("p", 0, 0, 1.3, 1.0)]).drop(columns="repeat")
+    steps["measured_driver_seconds"] = [0.1, 0.3]
+    table = fidelity_table(steps, responses, groups={"baseline": (10, 10), "p": (8, 9)})
+    assert table.loc["p", "speedup_points_engine"] == pytest.approx(0.0, abs=1e-9)
+    assert table.loc["p", "speedup_points_driver"] == pytest.approx(table.loc["p", "speedup_points_seconds"])
+    assert table.loc["p", "speedup_points_driver"] > 0  # the twin, pricing no driver, over-predicts the policy's speedup
+    steps["measured_driver_seconds"] = [0.05, 0.1]
+    table = fidelity_table(steps, responses, groups={"baseline": (10, 10), "p": (8, 9)})
+    parts = table[["speedup_points_driver", "speedup_points_engine"]].sum(axis=1)
+    assert np.allclose(parts, table["speedup_points_seconds"])
+    plain = fidelity_table(steps.drop(columns="measured_driver_seconds"), responses, groups={"baseline": (10, 10), "p": (8, 9)})
+    assert "speedup_points_driver" not in plain
+
+
 @settings(max_examples=25, deadline=None)
 @given(base=st.lists(st.floats(1.0, 3.0), min_size=3, max_size=3), pol=st.lists(st.floats(0.3, 3.0), min_size=3, max_size=3),
        groups=st.lists(st.integers(5, 12), min_size=3, max_size=3))
