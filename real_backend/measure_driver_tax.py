@@ -12,9 +12,11 @@ the taxed runs' rollouts were than the untaxed ones' per ms of tax added (1.0: t
 Why: the simulated twin prices the engine, not the driver. On a 2-core host the driver shares the engine's cores,
 so its work is time the engine loses, and a policy that submits, aborts and reacts more per second of rollout
 (april over-provisions and carries; segment resumes) loses more of it than the baseline, which the twin reads as
-the policy being faster than it is. Measured 2026-11-27 (README, "Fidelity"; `--rounds 4`): 1 ms of tax per finished
-response lengthened the baseline's rollouts by 1.0-1.7 ms and april's likewise; the driver's share was 3.4-4.5% of the
-baseline's rollouts and 7.5-12.2% of april's.
+the policy being faster than it is. Measured 2026-11-27 on this 2-core VM (`--rounds 4`; README, "Where april's seconds
+go"): the driver's share was 3.7% of the baseline's rollouts and 8.9% of april's (medians); each ms of tax lengthened
+the rollout by 0.83 ms (baseline) and 1.08 ms (april), medians over rounds that spread widely (-0.76 to 2.57 and 0.09
+to 3.15: the tax is ~6% of a rollout, the run-to-run noise about as much). A scratch version the same morning, 4
+rounds: the baseline 1.0-1.7 ms per ms.
 """
 
 from __future__ import annotations
