@@ -51,13 +51,18 @@ def longtail_lengths(rng, n: int, length: int) -> list[int]:
 CUTS = (0.25, 0.5, 0.75)  # where a long-tailed batch is also cut: the finish-time curve, not only its end
 
 
-def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
+def _batch_rows(n, p, spread, lengths, finish_times, rep, driver=None) -> list[dict]:
     """A batch's makespan, and for a long-tailed batch also the time its requests at the CUTS quantiles of
     length finished: the makespan of the same batch cut at that length (every longer request counted as
     ending there), which is what a rollout that stops early (april) costs. These rows tell a large batch's
-    iterations from a small one's within one cell, where the whole makespan only gives their sum."""
-    rows = [{"n_seqs": n, "prompt_len": p, "spread": spread, "cut": 1.0, "lengths": list(lengths),
-             "seconds": max(finish_times), "repeat": rep}]
+    iterations from a small one's within one cell, where the whole makespan only gives their sum.
+    `driver(seconds)`: the driver's own seconds in the cell's first `seconds` (a row's driver_seconds: the submit
+    call and the handling of the streams on the caller's thread, as a run's steps.parquet records it; NaN without)."""
+    def row(cut, lens, seconds):
+        return {"n_seqs": n, "prompt_len": p, "spread": spread, "cut": cut, "lengths": lens, "seconds": seconds,
+                "repeat": rep, "driver_seconds": driver(seconds) if driver is not None else float("nan")}
+
+    rows = [row(1.0, list(lengths), max(finish_times))]
     if spread == "lockstep" or n < 4:
         return rows
     order, seen = sorted(lengths), set()
@@ -66,8 +71,7 @@ def _batch_rows(n, p, spread, lengths, finish_times, rep) -> list[dict]:
         if cut < order[-1] and cut not in seen:
             seen.add(cut)
             seconds = max(t for l, t in zip(lengths, finish_times) if l == cut)
-            rows.append({"n_seqs": n, "prompt_len": p, "spread": spread, "cut": q, "lengths": [min(l, cut) for l in lengths],
-                         "seconds": seconds, "repeat": rep})
+            rows.append(row(q, [min(l, cut) for l in lengths], seconds))
     return rows
 
 
@@ -79,7 +83,8 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
     decode rows n_seqs, ctx_tokens, seconds (one iteration, averaged over a window and the batch), with the
     cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds; batches rows
     n_seqs, prompt_len, spread, cut, lengths, seconds (submission to the last token of the batch cut at the
-    `cut` quantile of its lengths: 1.0 is the whole batch), repeat. `between_cells(i)` is called after cell i, with
+    `cut` quantile of its lengths: 1.0 is the whole batch), repeat, driver_seconds (the caller's own part of those
+    seconds, VLLMEngine.waited_between; not used by the fit yet: what a cell's driver holds, beside a run's). `between_cells(i)` is called after cell i, with
     nothing in flight (real_backend.speed_probe times the machine's speed there)."""
     if length < 2 * window:
         raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
@@ -116,7 +121,9 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
                     stamps[ev.request.rid][ev.request.generated] = ev.time
                     if ev.kind == "finished":
                         left, finish[ev.request.rid] = left - 1, ev.time - t_submit
-            batch_rows += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep)
+            waited = getattr(engine, "waited_between", None)
+            driver = (lambda sec, t0=t_submit: max(0.0, sec - waited(t0, t0 + sec))) if waited is not None else None
+            batch_rows += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep, driver)
             for r in requests:
                 prompts.pop(r.rid, None)
             if spread != "lockstep":

@@ -234,6 +234,9 @@ def test_profile_batch_rows_cut_the_finish_curve():
     assert rows[1]["lengths"] == [5, 10, 10, 10, 10, 10, 10, 10]  # cut at the 25% quantile: everything longer ends there
     assert batch_features(rows[1]["lengths"], 7)["c0"] == 10  # ten iterations up to the cut
     assert len(_batch_rows(8, 7, "lockstep", [16] * 8, [1.0] * 8, 0)) == 1
+    assert all(np.isnan(r["driver_seconds"]) for r in rows)  # an engine that cannot tell
+    timed = _batch_rows(8, 7, "longtail", lengths, finish, 0, driver=lambda seconds: 0.01 * seconds)
+    assert [r["driver_seconds"] for r in timed] == pytest.approx([0.16, 0.01, 0.04, 0.08])
 
 
 def test_length_distance():
@@ -325,6 +328,11 @@ def test_profile_measures_the_engine(vllm_engine):
         # (requests that finish in one iteration reach the controller in one delivery, stamped microseconds apart)
         assert (cell.sort_values("cut")["seconds"].diff().dropna() > -1e-3).all()
     assert all(len(l) == n and max(l) <= 32 for l, n in zip(batches["lengths"], batches["n_seqs"]))
+    # the caller's own part of each cell (the submit call, the streams' handling): inside the cell, and more of it in
+    # a whole batch than in the same batch cut earlier
+    assert ((batches["driver_seconds"] > 0) & (batches["driver_seconds"] < batches["seconds"])).all()
+    for _, cell in batches[batches["spread"] == "longtail"].groupby(["n_seqs", "prompt_len"]):
+        assert (cell.sort_values("cut")["driver_seconds"].diff().dropna() > -1e-4).all()
     # context grows along a cell: n * (prompt + tokens so far)
     cell = decode[(decode["n_seqs"] == 4) & (decode["prompt_len"] == 32)]
     assert cell["ctx_tokens"].is_monotonic_increasing and cell["ctx_tokens"].iloc[0] > 4 * 32
