@@ -31,7 +31,7 @@ SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_bac
            "real_backend/validation/spec-until", "real_backend/validation/until5", "real_backend/validation/subset5",
            "real_backend/validation/full6", "real_backend/validation/subset6",
            "real_backend/validation/full7", "real_backend/validation/full8",
-           "real_backend/validation/subset7")
+           "real_backend/validation/subset7", "real_backend/validation/driver")
 
 
 def folder_table(folder) -> pd.DataFrame:
