@@ -368,6 +368,11 @@ class VLLMEngine:
         inner = total[j - 1] - (total[i - 1] if i else 0.0)
         return inner - max(0.0, start - starts[i]) - max(0.0, ends[j - 1] - end)
 
+    def driver_seconds(self, start: float, end: float) -> float:
+        """The caller's own seconds in [start, end]: the span less waited_between (a run's steps.parquet records it per
+        rollout, real_backend.recorder; a profile's cells per cell, real_backend.profile)."""
+        return max(0.0, (end - start) - self.waited_between(start, end))
+
     def _wait(self, until: float | None = None) -> list:
         """Everything the streams have delivered, waiting for at least one item (or until the engine clock reaches
         `until`: [] then). The time it waited is kept for waited_between."""

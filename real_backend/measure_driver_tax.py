@@ -5,7 +5,7 @@ reward function that spins `--tax` ms per finished response (driver work, nothin
 
 The driver is this process's controller thread: the controller, the policy, rewards, and the submit and abort calls
 (each blocks until vLLM's front end has taken it). Each run records, per step, the part of the rollout that thread
-worked instead of waiting for the engine (steps.parquet's driver_seconds, real_backend.engine.VLLMEngine.waited_between).
+worked instead of waiting for the engine (steps.parquet's driver_seconds, real_backend.engine.VLLMEngine.driver_seconds).
 Printed per run kind, medians over the rounds: the rollout seconds, the driver's seconds and share, and how much longer
 the taxed runs' rollouts were than the untaxed ones' per ms of tax added (1.0: the engine lost all of it).
 

@@ -84,7 +84,7 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
     cell's prompt_len and repeat; prefill rows n_seqs, prompt_len, prefill_tokens, ttft_seconds; batches rows
     n_seqs, prompt_len, spread, cut, lengths, seconds (submission to the last token of the batch cut at the
     `cut` quantile of its lengths: 1.0 is the whole batch), repeat, driver_seconds (the caller's own part of those
-    seconds, VLLMEngine.waited_between; not used by the fit yet: what a cell's driver holds, beside a run's). `between_cells(i)` is called after cell i, with
+    seconds, VLLMEngine.driver_seconds; not used by the fit yet: what a cell's driver holds, beside a run's). `between_cells(i)` is called after cell i, with
     nothing in flight (real_backend.speed_probe times the machine's speed there)."""
     if length < 2 * window:
         raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
@@ -121,8 +121,8 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
                     stamps[ev.request.rid][ev.request.generated] = ev.time
                     if ev.kind == "finished":
                         left, finish[ev.request.rid] = left - 1, ev.time - t_submit
-            waited = getattr(engine, "waited_between", None)
-            driver = (lambda sec, t0=t_submit: max(0.0, sec - waited(t0, t0 + sec))) if waited is not None else None
+            own = getattr(engine, "driver_seconds", None)
+            driver = (lambda sec, t0=t_submit: own(t0, t0 + sec)) if own is not None else None
             batch_rows += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep, driver)
             for r in requests:
                 prompts.pop(r.rid, None)

@@ -54,12 +54,11 @@ UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinishe
 
 def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
     """`steps` with `driver_seconds`: the seconds of each rollout the controller's thread did not wait for the engine
-    (VLLMEngine.waited_between), the driver's own work; unchanged for an engine that cannot tell."""
-    waited = getattr(engine, "waited_between", None)
-    if waited is None or steps.empty:
+    (VLLMEngine.driver_seconds), the driver's own work; unchanged for an engine that cannot tell."""
+    own = getattr(engine, "driver_seconds", None)
+    if own is None or steps.empty:
         return steps
-    spans = zip(steps["rollout_start"], steps["rollout_end"])
-    return steps.assign(driver_seconds=[max(0.0, (end - start) - waited(start, end)) for start, end in spans])
+    return steps.assign(driver_seconds=[own(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])])
 
 
 class Recorder:

@@ -1281,3 +1281,4 @@ def test_waited_between_sums_the_callers_waits_inside_a_span():
     assert eng.waited_between(3.0, 5.0) == pytest.approx(0.0)
     assert eng.waited_between(6.0, 7.0) == pytest.approx(1.0)  # inside one wait
     assert eng.waited_between(2.5, 6.0) == pytest.approx(1.5)
+    assert eng.driver_seconds(2.5, 6.0) == pytest.approx(2.0)  # the rest of the span: the caller's own
