@@ -4,15 +4,15 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
 
     lssim synth --preset NAME [--seed N] [--steps N] [--prompts-per-step N] [--group-size N]
                 [--max-tokens N] [--n-prompts N] [--set KEY=VALUE ...] --out FILE
-        generate a synthetic trace from a preset (lssim.synth)
+        generate a synthetic trace from a preset (lssim.traces.synth)
     lssim trace info FILE [--json]
-        validate a trace and summarize it (lssim.trace)
+        validate a trace and summarize it (lssim.traces.trace)
     lssim replay TRACE [--policy SPEC ...] [cluster options] [--no-reference] [--workers N] [--out DIR] [--json]
-        replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.replay)
+        replay a trace under policies, beside baseline, oracle and the per-step lower bound (lssim.analysis.replay)
     lssim sweep TRACE [--policies A,B,C] [--grid 'name(key=v1,v2,...)' ...] [--max-size 3]
                 [--by speedup|lower_bound_efficiency] [--top N] [cluster options] [--workers N] [--ray [ADDRESS]]
                 [--out DIR [--resume]] [--json]
-        search compositions of policies for the best one (lssim.sweep)
+        search compositions of policies for the best one (lssim.analysis.sweep)
     lssim real [--policy SPEC] [--steps N] [--groups-per-step N] [--group-size N] [--max-tokens N]
                [--model-dir DIR] [--instances N] [--profile JSON]
                [--mode collocated|disaggregated|async|hybrid] [--staleness K] [--async-variant roll|areal]
@@ -27,23 +27,23 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         record real runs, each policy in a world where it acts (real_backend/validation_workloads.toml), or take
         recorded ones; replay each in the simulator, report the error and how much each policy acted
         (with --mode: end-to-end step time per execution mode, real_backend/validate_modes.py)
-        (real_backend/sim_vs_real.py, lssim.fidelity)
+        (real_backend/sim_vs_real.py, lssim.analysis.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
-        turn a framework's rollout dump into an lssim trace (lssim.importers)
+        turn a framework's rollout dump into an lssim trace (lssim.traces.importers)
     lssim plan TRACE --devices N [cluster options]
-        rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.plan)
+        rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.analysis.plan)
 
 Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
 --instances N --max-num-seqs N --kv-tokens N --profile JSON --train-cost JSON --seed N``, and the execution
 mode: ``--mode collocated|disaggregated|async|hybrid --rollout-devices N --train-devices N --staleness K
---async-variant roll|areal --no-elastic`` (lssim.modes). ``real``, ``profile`` and
+--async-variant roll|areal --no-elastic`` (lssim.loop.modes). ``real``, ``profile`` and
 ``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
 Adding a subcommand: write one function ``_add_NAME(subparsers)`` that adds
 its parser and sets ``func=<handler(args) -> int | None>`` with
 ``set_defaults``, and list it in :data:`COMMANDS`.
 
-Errors caused by the user's input (:class:`~lssim.trace.TraceError`, any
+Errors caused by the user's input (:class:`~lssim.traces.trace.TraceError`, any
 ``ValueError``, a file that cannot be read or written) print ``lssim: error:
 <message>`` to stderr and exit with status 2, like argparse's own usage
 errors; no traceback, and no half-written output file.
@@ -58,7 +58,7 @@ import sys
 from dataclasses import fields
 from typing import Callable, Sequence
 
-from .tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
+from lssim.analysis.tables import TABLE_COLUMNS, format_summary  # noqa: F401  (the tables both worlds print)
 
 PROG = "lssim"
 
@@ -70,7 +70,7 @@ PROG = "lssim"
 
 def _parse_set(items: Sequence[str]) -> dict[str, object]:
     """``KEY=VALUE`` overrides of SynthConfig fields, typed by the field."""
-    from .synth import SynthConfig
+    from lssim.traces.synth import SynthConfig
 
     types = {f.name: f.type for f in fields(SynthConfig)}
     out: dict[str, object] = {}
@@ -90,8 +90,8 @@ def _parse_set(items: Sequence[str]) -> dict[str, object]:
 
 
 def _run_synth(args: argparse.Namespace) -> int:
-    from .synth import get_preset, synthesize
-    from .trace import write_trace
+    from lssim.traces.synth import get_preset, synthesize
+    from lssim.traces.trace import write_trace
 
     cfg = get_preset(args.preset)
     overrides = _parse_set(args.set or [])
@@ -118,13 +118,13 @@ def _run_synth(args: argparse.Namespace) -> int:
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    from .synth import PRESETS
+    from lssim.traces.synth import PRESETS
 
     p = sub.add_parser(
         "synth",
         help="generate a synthetic trace from a preset",
         description="Generate a synthetic rollout-length trace from a preset configuration "
-        "(see lssim.synth.SynthConfig for every knob) and write it as parquet.",
+        "(see lssim.traces.synth.SynthConfig for every knob) and write it as parquet.",
     )
     p.add_argument("--preset", required=True, metavar="NAME", help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--seed", type=int, help="random seed (default: the preset's)")
@@ -146,8 +146,8 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_info(args: argparse.Namespace) -> int:
-    from .trace import load_trace
-    from .trace_summary import format_trace_info, trace_info
+    from lssim.traces.trace import load_trace
+    from lssim.traces.summary import format_trace_info, trace_info
 
     df = load_trace(args.file)
     info = trace_info(df, validate=False)
@@ -179,7 +179,7 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    from .importers import FRAMEWORKS, write_imported
+    from lssim.traces.importers import FRAMEWORKS, write_imported
 
     imported = FRAMEWORKS[args.framework].run(args)
     write_imported(imported, args.out)
@@ -188,7 +188,7 @@ def _run_import(args: argparse.Namespace) -> int:
 
 
 def _add_import(sub: argparse._SubParsersAction) -> None:
-    from .importers import FRAMEWORKS
+    from lssim.traces.importers import FRAMEWORKS
 
     p = sub.add_parser(
         "import",
@@ -226,7 +226,7 @@ def _add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0)
     if not modes:
         return
-    modes = p.add_argument_group("execution mode (lssim/modes.py)")
+    modes = p.add_argument_group("execution mode (lssim/loop/modes.py)")
     modes.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
                        help="where training runs and how far the rollout may run ahead of the weights (default collocated)")
     modes.add_argument("--rollout-devices", type=int, help="devices that roll out (instances x tp; sets --instances)")
@@ -240,7 +240,7 @@ def _add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
 
 
 def _setup_from_args(args: argparse.Namespace):
-    from .replay import SimSetup
+    from lssim.analysis.replay import SimSetup
 
     instances = args.instances
     if args.rollout_devices is not None:
@@ -256,9 +256,9 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from .replay import replay, replay_summary, summarize
-    from .results import write_results
-    from .trace import load_trace
+    from lssim.analysis.replay import replay, replay_summary, summarize
+    from lssim.results import write_results
+    from lssim.traces.trace import load_trace
 
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
@@ -347,8 +347,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
 
 def _plot_replay_step(results: dict, step: int, path: str) -> None:
     """`replay --plot`: the timeline of `step`, baseline beside each policy replayed (not oracle), PNG written atomically."""
-    from .plots import compare_timelines
-    from .results import atomic_write
+    from lssim.analysis.plots import compare_timelines
+    from lssim.results import atomic_write
 
     names = [n for n in results if n != "oracle"] or list(results)
     fig = compare_timelines(results, step, names)
@@ -364,8 +364,8 @@ def _plot_replay_step(results: dict, step: int, path: str) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .report import PAGE, build_report, write_report
-    from .trace import load_trace
+    from lssim.analysis.report import PAGE, build_report, write_report
+    from lssim.traces.trace import load_trace
 
     tty = sys.stderr.isatty()
     say = (lambda msg: print(f"report: {msg}", file=sys.stderr)) if tty else (lambda msg: None)
@@ -470,9 +470,9 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
 def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .policy import available_policies
-    from .sweep import sweep, sweep_specs
-    from .trace import load_trace
+    from lssim.loop.policy import available_policies
+    from lssim.analysis.sweep import sweep, sweep_specs
+    from lssim.traces.trace import load_trace
 
     grid = args.grid or []
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else \
@@ -494,7 +494,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     table = sweep(trace, names, args.max_size, setup, steps=args.steps, seed=args.seed, by=args.by, progress=tty,
                   skipped=skipped, grid=grid, workers=args.workers, out=stream, resume=args.resume, ray=args.ray,
                   max_staleness=args.max_staleness, max_off_policy=args.max_off_policy)
-    # The best is never a run that breaks a stated bound (lssim.ranking): those are ranked after the others.
+    # The best is never a run that breaks a stated bound (lssim.analysis.ranking): those are ranked after the others.
     keeping = [n for n in table.index if n != "baseline" and table.loc[n, "within_bounds"]]
     best_name = keeping[0] if keeping else "baseline"
     rows = [{"policy": name, **{k: _jsonable(v) for k, v in row.items()}} for name, row in table.to_dict("index").items()]
@@ -503,7 +503,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
               "setup": {k: v for k, v in vars(args).items() if k != "func"}, "best": best, "results": rows,
               "skipped": [{"policy": s, "reason": r} for s, r in skipped]}
     if args.out:
-        from .results import atomic_write
+        from lssim.results import atomic_write
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -573,8 +573,8 @@ PLAN_TABLE = {  # plan column -> (header, format)
 def _run_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .plan import PlanSpace, plan
-    from .trace import load_trace
+    from lssim.analysis.plan import PlanSpace, plan
+    from lssim.traces.trace import load_trace
 
     space = PlanSpace(devices=args.devices, modes=tuple(_names(args.modes)), policies=tuple(_names(args.policies)),
                       rollout_fractions=tuple(float(f) for f in _names(args.rollout_fractions)),
@@ -590,7 +590,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     table = plan(trace, space, base, steps=args.steps, seed=args.seed, workers=args.workers,
                  progress=not args.json and sys.stderr.isatty(), ray=args.ray)
     if args.out:
-        from .results import atomic_write
+        from lssim.results import atomic_write
 
         atomic_write(args.out, lambda tmp: table.to_csv(tmp, index=False))
     if args.json:
@@ -600,7 +600,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         return 0
     print(f"trace {args.trace}: {args.devices} x {args.hardware} for {args.model}; {len(table)} candidates, best first "
           f"by trained tokens/s (speedup: end to end against collocated baseline on all {args.devices})")
-    from .tables import format_table
+    from lssim.analysis.tables import format_table
 
     print(format_table(table.head(args.top), PLAN_TABLE))
     best = table.iloc[0]
@@ -623,7 +623,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
         description="Simulate the trace under every execution mode x rollout/train split of --devices x async "
         "staleness bound x policy, and rank them by trained tokens per second of the whole run (end to end), "
         "with the staleness and lost signal each pays. Candidates that break --max-staleness or --max-off-policy "
-        "are listed but never best. See lssim/plan.py.",
+        "are listed but never best. See lssim/analysis/plan.py.",
     )
     p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--devices", type=int, required=True, help="devices in the cluster (rollout and training together)")
@@ -636,7 +636,7 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-off-policy", type=float, help="a bound you state: the largest share of off-policy trained tokens")
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="run on Ray (a local instance, or the cluster at ADDRESS): lssim/parallel.py")
+                   help="run on Ray (a local instance, or the cluster at ADDRESS): lssim/analysis/parallel.py")
     p.add_argument("--top", type=int, default=15, help="rows to print (default 15)")
     _add_cluster_args(p, modes=False)
     p.add_argument("--out", metavar="CSV", help="write every candidate's row here")
@@ -683,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns 0 on success, exits with status 2 on bad input."""
-    from .trace import TraceError
+    from lssim.traces.trace import TraceError
 
     parser = build_parser()
     args = parser.parse_args(argv)

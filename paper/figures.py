@@ -1,5 +1,5 @@
-"""The paper's figures: lssim.plots functions over the build's fresh runs and the committed measurements, plus one
-figure of its own (the GPU cost model's held-out points, which lssim.plots has no function for)."""
+"""The paper's figures: lssim.analysis.plots functions over the build's fresh runs and the committed measurements, plus one
+figure of its own (the GPU cost model's held-out points, which lssim.analysis.plots has no function for)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lssim import plots  # noqa: E402
+from lssim.analysis import plots  # noqa: E402
 
 DPI = 100
 

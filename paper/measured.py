@@ -3,7 +3,7 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
 
 - vLLM on this CPU against the simulator, per world: real_backend/validation/ (summary.csv, stages.csv,
   counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
-  `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/fidelity.py,
+  `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/analysis/fidelity.py,
   real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.cost.operator_fit import STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
-from lssim.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
+from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 from .render import plain, table
 
@@ -322,7 +322,7 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
 
 
 def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
-    """What an exact model would score against the headline run's repeats (lssim.fidelity.noise_floor on its
+    """What an exact model would score against the headline run's repeats (lssim.analysis.fidelity.noise_floor on its
     steps_by_repeat.parquet), and the pooled comparison over every kept validation
     (`python -m lssim.benchmarks.validation_noise` prints the same, over the same folders)."""
     from lssim.benchmarks.validation_noise import SHIPPED, folder_table, pooled, speedups_pooled
@@ -338,7 +338,7 @@ def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
     for key, (_, row) in zip(("profile", "probed", "exact"), pool.iterrows()):  # pooled's rows, in its order
         out[f"pooled.{key}_median"] = float(row["median of medians %"])
         out[f"pooled.{key}_meets"] = int(row["meets the goal"])
-    # The speedups against their own noise (lssim.fidelity.speedup_noise_floor): the headline run, then pooled.
+    # The speedups against their own noise (lssim.analysis.fidelity.speedup_noise_floor): the headline run, then pooled.
     error, bound = floor["speedup_error"].abs(), floor["speedup_noise_bound_points"]
     out.update({"real.speedup_floor_median": float(floor["speedup_noise_floor_points"].median()),
                 "real.speedup_bound_median": float(bound.median()),

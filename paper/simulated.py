@@ -1,8 +1,8 @@
 """The paper's simulator numbers, from fresh runs: nothing here reads a stored result.
 
-Every figure is a public lssim function applied to a shipped trace: `lssim.trace_summary.trace_info` (the
-problem), `lssim.sweep.sweep` over every registered policy plus a few compositions (the policy tables),
-`lssim.plan.plan` (execution modes and device splits), and `lssim.replay.replay` / `simulate` for the runs
+Every figure is a public lssim function applied to a shipped trace: `lssim.traces.summary.trace_info` (the
+problem), `lssim.analysis.sweep.sweep` over every registered policy plus a few compositions (the policy tables),
+`lssim.analysis.plan.plan` (execution modes and device splits), and `lssim.analysis.replay.replay` / `simulate` for the runs
 the figures draw. A policy that lands in `policies/` joins the tables on the next build; one that fails to
 build or run is listed in the paper with its reason, not silently left out.
 """
@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from lssim.plan import PlanSpace, plan
-from lssim.policy import available_policies
-from lssim.replay import SimSetup, replay, simulate
-from lssim.sweep import sweep
-from lssim.trace import load_trace
-from lssim.trace_summary import trace_info
-from lssim.workload import Workload
+from lssim.analysis.plan import PlanSpace, plan
+from lssim.loop.policy import available_policies
+from lssim.analysis.replay import SimSetup, replay, simulate
+from lssim.analysis.sweep import sweep
+from lssim.traces.trace import load_trace
+from lssim.traces.summary import trace_info
+from lssim.traces.workload import Workload
 
 from .render import plain, table
 

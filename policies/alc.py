@@ -13,7 +13,7 @@ Rule:
 - Reward signal: m_t, the mean reward of the responses that ended in step t (as the engine scored
   them, before the penalty); R_t = ema * m_t + (1 - ema) * R_(t-1), R_0 = m_0.
 - Reward scale: `reward_gain` and `truncation_penalty` are fractions of the run's reward range
-  (lssim.rewards: of 1 for 0/1 rewards, of 10 for +5/-5), so they mean the same on any scale.
+  (lssim.loop.rewards: of 1 for 0/1 rewards, of 10 for +5/-5), so they mean the same on any scale.
 - Open up (next level) after a step t when the current level has run `min_steps` steps and either
       R_t >= R_ref + reward_gain   (the reward rose: R_ref is R after the level's first step), or
       `max_steps` steps have passed at this level (a time floor, so the curriculum always opens --
@@ -30,10 +30,10 @@ import math
 
 import numpy as np
 
-from lssim.columns import GroupBatch
-from lssim.core import LENGTH, Group
-from lssim.policy import Policy
-from lssim.rewards import RewardScale
+from lssim.loop.columns import GroupBatch
+from lssim.loop.core import LENGTH, Group
+from lssim.loop.policy import Policy
+from lssim.loop.rewards import RewardScale
 
 
 class ALC(Policy):

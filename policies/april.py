@@ -25,19 +25,19 @@ Rule, each step:
   to completion, so every carried response ends before the run does.
 - `mask_stale_tokens` (default False): a need (`needs()`), read by the trainer, not by the rollout. When
   True the trainer leaves out of the loss each response's leading tokens generated under weights older
-  than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all
+  than the step that trains it (`lssim.loop.core.off_policy_tokens`: the tokens before its last resume, or all
   of them for a member that finished steps before its group did). slime's `--mask-offpolicy-in-partial-rollout`.
   The share of such tokens is the step column `off_policy_token_fraction`.
 
 Over-provisioning changes which prompts meet at a step (the loader's next batch starts early). The simulator
 answers a group by the loader batch it came from, so april replays a baseline's trace exactly; and a trace of an
 april run, which recorded each group at the step it ran in, says which batch it came from (its `batch` column), so
-the twin of that run is exact too (lssim.workload.Workload.request_key). The summary says how much was modelled.
+the twin of that run is exact too (lssim.traces.workload.Workload.request_key). The summary says how much was modelled.
 """
 
 from __future__ import annotations
 
-from lssim.policy import CARRY, Policy, PolicyNeeds
+from lssim.loop.policy import CARRY, Policy, PolicyNeeds
 
 
 class APRIL(Policy):

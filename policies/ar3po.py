@@ -8,7 +8,7 @@ posterior over each prompt's solve rate, because in a synchronous rollout every 
 its own long tail. Response reuse is a training-data decision and is not modelled.
 
 Rule, each step:
-- Posterior per prompt: the Beta posterior of lssim/difficulty.py (mean p, evidence n), updated from
+- Posterior per prompt: the Beta posterior of lssim/loop/difficulty.py (mean p, evidence n), updated from
   every ended response's reward, decayed per step (`step_decay`) and per visit (`visit_decay`).
 - Samples wanted for a prompt: enough to see one correct response with probability `confidence`,
       want_i = ceil(log(1 - confidence) / log(1 - p_i)),  clipped to [min_samples, max_samples]
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.core import GroupSpec
-from lssim.difficulty import PromptPosterior, samples_for_one_success
-from lssim.policy import Policy
-from lssim.rewards import RewardScale
+from lssim.loop.core import GroupSpec
+from lssim.loop.difficulty import PromptPosterior, samples_for_one_success
+from lssim.loop.policy import Policy
+from lssim.loop.rewards import RewardScale
 
 
 class AR3PO(Policy):

@@ -9,14 +9,14 @@ thresholds below are ours; every one is a parameter.
 
 Rule, at every progress checkpoint (every `check_every` tokens of a response), reading
 `request.signals["window"]` -- repetition and entropy over the last window, which both engines put
-there (lssim/signals.py: computed from tokens and logprobs on vLLM, modelled from the trace's
+there (lssim/loop/signals.py: computed from tokens and logprobs on vLLM, modelled from the trace's
 `loop_start`, `entropy_collapse_start` and `entropy_mean` in the simulator):
 - nothing until the window is full (signals["tokens"] == signals["window"]) and the response has
   `min_tokens` tokens;
 - loop:     repetition >= `repetition_above`                      -> stop, reason "loop";
 - collapse: entropy < `entropy_below` at `patience` checks in a row  -> stop, reason "entropy_collapse";
 - babble:   entropy > `entropy_above` at `patience` checks in a row  -> stop, reason "babble";
-- a stopped response trains with reward `stop_reward`, read on the run's reward scale (lssim.rewards:
+- a stopped response trains with reward `stop_reward`, read on the run's reward scale (lssim.loop.rewards:
   0 = the lowest reward, 1 = the highest): the default -1 lands one whole range below a wrong answer, the
   plan's -1 for 0/1 rewards and -15 for +5/-5; None keeps the engine's reward.
 A response that ends by itself before the rule fires is never touched: the rule acts only at
@@ -29,9 +29,9 @@ of the stopped responses) and how many stopped responses would have ended correc
 
 from __future__ import annotations
 
-from lssim.policy import Action, Policy
-from lssim.rewards import RewardScale
-from lssim.signals import WINDOW_KEY
+from lssim.loop.policy import Action, Policy
+from lssim.loop.rewards import RewardScale
+from lssim.loop.signals import WINDOW_KEY
 
 
 class Breaker(Policy):

@@ -23,7 +23,7 @@ Rule, each step:
 
 from __future__ import annotations
 
-from lssim.policy import Policy
+from lssim.loop.policy import Policy
 
 
 class DAPO(Policy):

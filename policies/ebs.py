@@ -6,7 +6,7 @@ step's prompts into Short / Medium / Long buckets by predicted length; give each
 back); and replace random dispatch by a greedy dispatch on predicted length.
 
 Rule:
-- Prediction: a request's length is its prompt's mean past length (lssim.history, learned in end_step); a
+- Prediction: a request's length is its prompt's mean past length (lssim.loop.history, learned in end_step); a
   prompt never seen gets the mean over every response seen, and before anything has been seen, its budget.
 - Buckets by predicted length over the budget: short up to `short_max`, long from `long_min`, medium between.
 - Batches: each bucket's requests, longest predicted first, are cut into batches of the bucket's batch size
@@ -38,8 +38,8 @@ from collections import deque
 
 import numpy as np
 
-from lssim.history import LengthHistory
-from lssim.policy import Policy
+from lssim.loop.history import LengthHistory
+from lssim.loop.policy import Policy
 
 SHORT, MEDIUM, LONG = 0, 1, 2
 

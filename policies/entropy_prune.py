@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.policy import Policy, TrainBatch, TrainMask
+from lssim.loop.policy import Policy, TrainBatch, TrainMask
 
 
 def entropy_keep(batch: TrainBatch, window: int, threshold: float) -> tuple[np.ndarray, ...]:
@@ -64,7 +64,7 @@ class EntropyPrune(Policy):
     def train_mask(self, batch: TrainBatch) -> TrainMask:
         if batch.logprobs is not None:
             return TrainMask.from_keep(entropy_keep(batch, self.window, self.threshold), self.compact)
-        from lssim.train_policy import MEASUREMENT, measured_fractions, measured_mask
+        from lssim.sim.train_policy import MEASUREMENT, measured_fractions, measured_mask
 
         computed, pruned = self.computed_fraction, self.pruned_fraction
         if computed is None or pruned is None:

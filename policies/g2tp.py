@@ -11,7 +11,7 @@ causal model); the update is the same, only cheaper. Interior pruned tokens save
 In the simulator there are no tokens: the policy prunes ``fraction`` of each sequence's loss tokens and cuts the
 forward to ``computed_fraction`` of the batch's tokens, by default the share the real trainer still ran over when it
 pruned with these settings (real_backend/pruning_cpu.json, `python -m real_backend.measure_pruning`; measured only
-for fraction=0.4: give computed_fraction= for another). lssim.train_policy spreads it and prices the rest.
+for fraction=0.4: give computed_fraction= for another). lssim.sim.train_policy spreads it and prices the rest.
 
 Defaults: fraction=0.4 (the plan suggests pruning 30-50% of tokens), compact=True.
 """
@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from lssim.policy import Policy, TrainBatch, TrainMask
+from lssim.loop.policy import Policy, TrainBatch, TrainMask
 
 
 def g2tp_keep(batch: TrainBatch, fraction: float) -> tuple[np.ndarray, ...]:
@@ -59,7 +59,7 @@ class G2TP(Policy):
     def train_mask(self, batch: TrainBatch) -> TrainMask:
         if batch.logprobs is not None:
             return TrainMask.from_keep(g2tp_keep(batch, self.fraction), self.compact)
-        from lssim.train_policy import MEASUREMENT, measured_fractions, measured_mask
+        from lssim.sim.train_policy import MEASUREMENT, measured_fractions, measured_mask
 
         computed = self.computed_fraction
         if computed is None:

@@ -12,7 +12,7 @@ Rule:
   take `short_batch_factor` x the nominal number of groups (filling the engine), long steps
   `long_batch_factor` x. The order of the epoch's chunks is shuffled by the run's seed.
 - Adaptive truncation: a long-bucket prompt whose last `zero_reward_groups` groups had no correct response
-  (none in the upper half of the run's reward range, lssim.rewards: all zero for 0/1 rewards) gets
+  (none in the upper half of the run's reward range, lssim.loop.rewards: all zero for 0/1 rewards) gets
   `max_tokens * long_zero_budget` instead of the full budget (long and hopeless: stop early).
 
 Because bucketed sampling changes which prompts meet at a step, replaying a trace under HADB asks the
@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
-from lssim.columns import runs, stable_argsort
-from lssim.core import GroupSpecs
-from lssim.policy import Policy
-from lssim.rewards import RewardScale
+from lssim.loop.columns import runs, stable_argsort
+from lssim.loop.core import GroupSpecs
+from lssim.loop.policy import Policy
+from lssim.loop.rewards import RewardScale
 
 
 class HADB(Policy):

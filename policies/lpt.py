@@ -5,7 +5,7 @@ optimal makespan on identical machines), which `oracle` runs with the true lengt
 predicted from history, as RhymeRL and HADB do: a prompt's responses are about as long as its past ones.
 
 Rule:
-- Prediction: a request's remaining length is its prompt's mean past response length (lssim.history, learned
+- Prediction: a request's remaining length is its prompt's mean past response length (lssim.loop.history, learned
   in end_step from what ended) minus what it has generated, at least 1; a prompt never seen gets the mean over
   every response seen so far, and before anything has been seen, its budget. No oracle: it runs on vLLM too.
 - Order: priority = minus the predicted remaining length, so the controller places the requests longest
@@ -23,8 +23,8 @@ Defaults: keep=32 (responses remembered per prompt).
 
 from __future__ import annotations
 
-from lssim.history import LengthHistory
-from lssim.policy import Policy
+from lssim.loop.history import LengthHistory
+from lssim.loop.policy import Policy
 
 
 class LPT(Policy):

@@ -9,10 +9,10 @@ what any scheduling policy can reach.
 
 import numpy as np
 
-from lssim.assign import least_work
-from lssim.columns import rid_order
-from lssim.policy import Policy, PolicyNeeds
-from lssim.workload import loader_key, loader_keys
+from lssim.sim.assign import least_work
+from lssim.loop.columns import rid_order
+from lssim.loop.policy import Policy, PolicyNeeds
+from lssim.traces.workload import loader_key, loader_keys
 
 
 class Oracle(Policy):
@@ -34,7 +34,7 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
-        # lssim.workload.OracleLengths asks as the engine does; a plain function of one response by its loader batch
+        # lssim.traces.workload.OracleLengths asks as the engine does; a plain function of one response by its loader batch
         step, sample = getattr(self._length, "key", loader_key)(r)
         return self._length(step, r.prompt_id, sample, r.max_tokens) - r.generated
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 
-from lssim.core import LENGTH, POLICY_STOP, STOP, Group, GroupSpec
-from lssim.policy import Policy
+from lssim.loop.core import LENGTH, POLICY_STOP, STOP, Group, GroupSpec
+from lssim.loop.policy import Policy
 
 _FINISHED = (STOP, LENGTH, POLICY_STOP)
 

@@ -16,14 +16,14 @@ Rule:
   so that a move makes things better rather than swapping which instance is ahead); otherwise it keeps
   running where it is. `every_chunk=True` is the paper's literal rule: every chunk goes back to the
   scheduler. The simulator charges a requeued request the prefill of its prompt and everything generated so
-  far (lssim.sim); on vLLM, prefix caching keeps that prefix's KV on the instance, so a requeue that stays
+  far (lssim.sim.world); on vLLM, prefix caching keeps that prefix's KV on the instance, so a requeue that stays
   on its instance is nearly free and one that moves pays the prefill (Seer avoids even that with a global
   KV pool, which neither world here has).
 - Placement: the instance with the fewest of this policy's requests (placed there and not yet ended).
 - Probe: the first member of each group is its probe: it runs ahead of everything else, shortest-first
   by tokens generated (priority = probe band + generated).
 - Estimate: a group's length estimate is its longest finished member so far; until one finishes, the
-  prompt's mean length in earlier steps (lssim.history, learned in end_step), and for a prompt never seen,
+  prompt's mean length in earlier steps (lssim.loop.history, learned in end_step), and for a prompt never seen,
   the budget.
 - Other members run longest-first by their group's estimate (priority = -estimate). Starvation guard: a
   request that has started (resumed after a requeue) runs ahead of members that have not (but behind the
@@ -39,9 +39,9 @@ Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
 
 from __future__ import annotations
 
-from lssim.core import LENGTH, STOP
-from lssim.history import LengthHistory
-from lssim.policy import Action, Policy
+from lssim.loop.core import LENGTH, STOP
+from lssim.loop.history import LengthHistory
+from lssim.loop.policy import Action, Policy
 
 _BAND = 1 << 40  # priority bands: probes < started requests < fresh requests (lower runs first)
 

@@ -11,7 +11,7 @@ finish soon gets its window extended instead of being cut; only the ones predict
 Rule:
 - Window: each step a response generates at most `window` tokens (counted from where it started or resumed
   in the step), checked at progress checkpoints every `window / checks` tokens.
-- Once past its window, the remaining length is predicted from history (lssim.history: the prompt's past
+- Once past its window, the remaining length is predicted from history (lssim.loop.history: the prompt's past
   responses longer than this one so far, what they had left). If it is at most `extend * window`, the window
   is extended, up to `extend * window` tokens more; otherwise, if the history cannot say, or once the
   extension is used up, the response is carried (Action.carry): paused now, resumed next step from where it
@@ -57,9 +57,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from lssim.core import LENGTH, STOP, Group
-from lssim.history import LengthHistory
-from lssim.policy import CARRY, Action, Policy, TrainMask
+from lssim.loop.core import LENGTH, STOP, Group
+from lssim.loop.history import LengthHistory
+from lssim.loop.policy import CARRY, Action, Policy, TrainMask
 
 
 class Segment(Policy):

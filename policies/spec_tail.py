@@ -8,7 +8,7 @@ pays; SPEC-RL drafts from the prompt's previous rollout; the seed plan (§1.3) p
 layer skip for a request once it is the batch's last survivor, arguing that a little precision lost on the
 tail is acceptable noise for exploration.
 
-Rule: ask the engine, once per run, for speculation (lssim.core.Speculation) while an instance runs at most
+Rule: ask the engine, once per run, for speculation (lssim.loop.core.Speculation) while an instance runs at most
 `max_batch` sequences. It is an execution feature, not a decision about requests, so the policy has no hooks:
 it composes with anything (`seer+spec_tail`).
 - method "ngram" (lossless; vLLM's n-gram proposer, drafting nearly free) or "draft" (lossless; a draft model,
@@ -49,8 +49,8 @@ policy ran on there. On the real backend only "ngram" runs (vLLM has no layer sk
 
 from __future__ import annotations
 
-from lssim.core import Speculation
-from lssim.policy import Policy, PolicyNeeds
+from lssim.loop.core import Speculation
+from lssim.loop.policy import Policy, PolicyNeeds
 
 
 class SpecTail(Policy):

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lssim.core import Speculation
-from lssim.policy import Policy, PolicyNeeds
+from lssim.loop.core import Speculation
+from lssim.loop.policy import Policy, PolicyNeeds
 
 _REAL = Path(__file__).resolve().parents[1] / "real_backend"
 DEFAULT_PROFILE = str(_REAL / "speculation_cpu.json")

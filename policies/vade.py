@@ -7,7 +7,7 @@ that picks the prompts with the most expected signal, a two-scale decay of old e
 middle budget, easy ones are skipped. The paper's exact decay and tier formulas are not in the
 material we could read; the ones below are ours, and each constant is a parameter.
 
-Rule, each step (formulas of the posterior in lssim/difficulty.py):
+Rule, each step (formulas of the posterior in lssim/loop/difficulty.py):
 - Posterior per prompt: Beta(alpha, beta) with alpha = a0 + a, beta = b0 + b, evidence a (successes)
   and b (failures) from its responses' rewards (clipped to [0, 1]), decayed by `step_decay` per step
   and by `visit_decay` each time the prompt gets new responses (two scales).
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.core import GroupSpec
-from lssim.difficulty import PromptPosterior
-from lssim.policy import Policy
-from lssim.rewards import RewardScale
+from lssim.loop.core import GroupSpec
+from lssim.loop.difficulty import PromptPosterior
+from lssim.loop.policy import Policy
+from lssim.loop.rewards import RewardScale
 
 
 class VADE(Policy):

@@ -57,8 +57,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from lssim.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
-from lssim.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
+from lssim.loop.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
+from lssim.loop.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
 from . import weights
 from .engine_config import VLLMConfig, engine_args
@@ -217,7 +217,7 @@ class VLLMEngine:
 
     def wake_at(self, time: float) -> None:
         """A timer on the engine's clock (seconds since it started): next_events reports Event(WAKE, None, t), t >= time,
-        once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.core.Engine)."""
+        once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.loop.core.Engine)."""
         heapq.heappush(self._timers, (float(time), next(self._keys)))
 
     def wake_when(self, future) -> None:
@@ -231,7 +231,7 @@ class VLLMEngine:
         self._interval = tokens if tokens and tokens > 0 else None
 
     def set_batch_rollout(self, on: bool) -> bool:
-        """Nothing to batch: vLLM streams each request's events as they come (lssim.core.Engine.set_batch_rollout)."""
+        """Nothing to batch: vLLM streams each request's events as they come (lssim.loop.core.Engine.set_batch_rollout)."""
         return False
 
     def loads(self) -> list[InstanceLoad]:
@@ -560,7 +560,7 @@ class VLLMEngine:
             self._acc_t = t
 
     def _update_signals(self, r: Request) -> None:
-        """The shared window signals (lssim.signals) and, if the response ends in a loop, where it starts."""
+        """The shared window signals (lssim.loop.signals) and, if the response ends in a loop, where it starts."""
         spec = self.signal_spec
         r.signals[WINDOW_KEY] = signals_from_tokens(r.tokens, r.signals["logprobs"], spec.window, spec.ngram,
                                                     entropies=r.signals["entropy"] if self.exact_entropy else None)

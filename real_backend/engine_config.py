@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from lssim.core import Speculation
-from lssim.signals import DEFAULT as DEFAULT_SIGNALS
-from lssim.signals import SignalSpec
+from lssim.loop.core import Speculation
+from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
+from lssim.loop.signals import SignalSpec
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class VLLMConfig:
     for each token's exact entropy in signals["entropy"] (cheap for the reference model's 18 tokens, but it
     slows this CPU's rollout ~1.5-2x in Python)."""
     signal_spec: SignalSpec = DEFAULT_SIGNALS
-    """The window the early-exit signals are measured over (lssim.signals)."""
+    """The window the early-exit signals are measured over (lssim.loop.signals)."""
     stall_timeout: float = 600.0
     """Seconds next_events waits, with requests in flight and nothing arriving, before it declares the engine
     stalled."""
@@ -84,7 +84,7 @@ class VLLMConfig:
         if not self.stall_timeout > 0:
             raise ValueError(f"VLLMConfig.stall_timeout must be > 0 seconds, got {self.stall_timeout}")
         if not isinstance(self.signal_spec, SignalSpec):
-            raise ValueError(f"VLLMConfig.signal_spec must be a lssim.signals.SignalSpec, got {self.signal_spec!r}")
+            raise ValueError(f"VLLMConfig.signal_spec must be a lssim.loop.signals.SignalSpec, got {self.signal_spec!r}")
         for name in ("engine_kwargs", "sampling_kwargs"):
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"VLLMConfig.{name} must be a mapping of keyword arguments, got {getattr(self, name)!r}")

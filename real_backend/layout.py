@@ -11,7 +11,7 @@ token of both, and the memory bus. Measured (2026-11-23, a probe of 128-token lo
 module's cells): with vLLM's automatic binding both instances' threads sit on CPU 0 and each busy instance runs
 2.0-3.1x slower than the profile predicts; bound one CPU each (`cpus = "0|1"`), 1.4-1.6x while both are busy and
 0.9-1.1x when one runs alone. The simulator's instances are independent, so the twin of an N-instance world
-runs them on a shared clock (lssim.shared_host): while b are busy each is slowed by s_b, measured here.
+runs them on a shared clock (lssim.sim.shared_host): while b are busy each is slowed by s_b, measured here.
 
 An engine started with speculation (a validation world where a policy drafts: vLLM fixes speculation at start) is
 another engine even while it does not draft: vLLM turns async scheduling off for it, so its scheduling no longer
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.core import Request
+from lssim.loop.core import Request
 
 from .profile import longtail_lengths
 
@@ -123,7 +123,7 @@ def twin_cost(profile, n_instances: int, cpus: str | None = None,
     speculation if `speculating`) prices with: (cost model JSON, host slow-down per number of busy instances or
     None, a description). One plain instance: the profile alone. One instance started with speculation: its
     layout's scaled profile (one factor). Several: the profile with the layout's measured host slow-down
-    (lssim.shared_host), or for a layout file without one, the layout's scaled profile; errors as
+    (lssim.sim.shared_host), or for a layout file without one, the layout's scaled profile; errors as
     layout_profile's."""
     import json
 
@@ -238,7 +238,7 @@ def fit_layout(base, batches: pd.DataFrame) -> dict:
 
 
 def fit_host_slowdown(df: pd.DataFrame, n_inst: int) -> tuple[list[float], np.ndarray]:
-    """Processor sharing (lssim.shared_host): while b instances are busy each runs s_b x slower than the profile.
+    """Processor sharing (lssim.sim.shared_host): while b instances are busy each runs s_b x slower than the profile.
     A cell's instances, sorted by their profiled makespans m_(1) <= ... <= m_(k) (k loaded), all progress together:
     the one of rank r finishes at sum_{j<=r} s_(k-j+1) (m_(j) - m_(j-1)), linear in s. Fitted (non-negative, relative
     least squares) to every instance's makespan in every cell. Returns ([s_1, ..., s_N], the fit's APE per row);
@@ -273,7 +273,7 @@ def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 def scaled_model(base, factor: float, name: str):
     """`base` with every coefficient times `factor`: every engine time it prices, times `factor`; the caller's time to
-    abort (`abort_seconds`, not the engine's work) as it was, as lssim.shared_host.ScaledCost keeps it."""
+    abort (`abort_seconds`, not the engine's work) as it was, as lssim.sim.shared_host.ScaledCost keeps it."""
     from lssim.cost import ProfiledCostModel
 
     return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, abort_seconds=base.abort_seconds, name=name)

@@ -9,7 +9,7 @@ the run's inputs are checked and before it starts; released after). Printed per 
 instance 0 finished last, and the median and spread of instance 0's last finish minus instance 1's.
 
 Why: in the two-instance worlds of the fourth full validation the real steps end with one instance running on alone
-longer than the twin predicts (lssim.fidelity.compare_phases, real_backend/README.md "Two instances on one host"). Measured 2026-11-27 on this 2-core VM, twice (`--rounds 3`, 24 steps per
+longer than the twin predicts (lssim.analysis.fidelity.compare_phases, real_backend/README.md "Two instances on one host"). Measured 2026-11-27 on this 2-core VM, twice (`--rounds 3`, 24 steps per
 setting; a scratch version of the same runs first, then this script): held on CPU 0, instance 0 finished last in 24
 of 24 steps both times (+0.23 s and +0.50 s median, on ~1 s steps); held on CPU 1, instance 0 in 9 and 11 of 24;
 free, in 14 and 19 of 24 (+0.05 s, +0.13 s); the difference spreads 0.17-0.30 s (std) in every setting. The
@@ -40,8 +40,8 @@ def hold(cpus: set[int]) -> None:
 
 
 def instance_ends(trace: pd.DataFrame) -> pd.DataFrame:
-    """Per step: end0, end1 (each instance's last finish, lssim.fidelity.instance_last_finish) and diff = end0 - end1."""
-    from lssim.fidelity import instance_last_finish
+    """Per step: end0, end1 (each instance's last finish, lssim.analysis.fidelity.instance_last_finish) and diff = end0 - end1."""
+    from lssim.analysis.fidelity import instance_last_finish
 
     ends = instance_last_finish(trace).unstack("instance")
     out = pd.DataFrame({"end0": ends.get(0), "end1": ends.get(1)}).dropna()

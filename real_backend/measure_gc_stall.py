@@ -53,7 +53,7 @@ def _worker_unfreeze(worker) -> None:
 def rollout_with_a_collection(engine, prompts, rid0: int, where: str = "driver", at: float = 0.3) -> tuple[float, float]:
     """(seconds the forced gc.collect() took, the largest gap between stream items) over one rollout; `where`: in
     the driver, or in every instance's worker at once ("workers"; the seconds are the first worker's)."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     stamps: list[float] = []
 

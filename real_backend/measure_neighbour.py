@@ -10,7 +10,7 @@ instance), while instance 1 is idle ("alone"), runs 2 requests of 256 tokens ("l
 order, `--rounds` times each. Printed: instance 0's median iteration time (real_backend.measure_run_vs_cell's
 IterationLog) while the other instance produced tokens within 10 ms ("beside a busy one") and while it did not.
 
-Why: the simulated twin of a two-instance world (lssim.shared_host) slows every busy instance by one factor s_2 however
+Why: the simulated twin of a two-instance world (lssim.sim.shared_host) slows every busy instance by one factor s_2 however
 busy the other one is. Measured 2026-11-27 on this 2-core VM (`--rounds 5`): instance 0 iterates in 2.09 ms alone,
 3.08 ms beside a light instance (1.5x), 3.89 ms beside a heavy one (1.9x), and 2.27 ms once the other has finished
 ("stagger", 1.09x). The layout's cells (real_backend/layout.py) load both instances alike, so they cannot tell light
@@ -50,7 +50,7 @@ BUSY_WITHIN = 0.01  # seconds: the other instance is busy if it produced a token
 def measure(engine, rounds: int, seed: int = 5):
     """Run every kind `rounds` times (random order) on a two-instance engine: (cells, iterations). cells: kind, round,
     instance-0 and instance-1 makespans; iterations: IterationLog's rows of instance 0, each with `other_busy`."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     from .layout import _profiling, _run_cell
     from .measure_run_vs_cell import IterationLog
@@ -86,7 +86,7 @@ GRID_SIZES = (1, 2, 4, 8, 16, 32)
 def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.DataFrame:
     """Cells of n0 and n1 requests of 256 tokens on instances 0 and 1 (every n0 <= n1 of `sizes`, and every n0 with
     the other idle), each `rounds` times in a random order: `with_other_load`'s iterations."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     from .layout import _profiling, _run_cell
     from .measure_run_vs_cell import IterationLog

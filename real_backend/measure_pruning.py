@@ -11,7 +11,7 @@
    update, beside the share of loss tokens pruned, the share of tokens the forward passes still run over, and
    what lssim's ProfiledTrainCost predicts for the compacted batches (does "fewer, shorter sequences" explain it?).
 
-Writes the JSON (lssim.training.ScaledTrainCost.from_measurement reads it) and `<stem>_runs.parquet` beside it.
+Writes the JSON (lssim.sim.training.ScaledTrainCost.from_measurement reads it) and `<stem>_runs.parquet` beside it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.train_profiled import ProfiledTrainCost
+from lssim.sim.train_profiled import ProfiledTrainCost
 
 from . import task
 
@@ -49,7 +49,7 @@ class _Capture:
 
 
 def rollouts(steps: int, groups_per_step: int, group_size: int, max_tokens: int, seed: int):
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     from .world import RealSetup, prepare, run_real, start_engine
 

@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import FINISH_QUANTILES as BANDS  # the finish bands lssim.fidelity.finish_profile reports
+from lssim.analysis.fidelity import FINISH_QUANTILES as BANDS  # the finish bands lssim.analysis.fidelity.finish_profile reports
 
 
 def band_medians(finish) -> list[float]:
@@ -43,7 +43,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     """One recorded step's responses (trace rows) as a bare cell: seconds from submission to each one's end. Each is
     forced to its recorded length, or with `natural` generates until EOS or `budget` tokens (other lengths, the same
     kind of request as a run's)."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     from .layout import _profiling, _run_cell
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 def measure(profile: str, rounds: int, length: int = 256) -> pd.DataFrame:
     """Rows: round, engine ("plain" or "speculating"), factor (its cells' makespans over `profile`'s)."""
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
     from lssim.cost import ProfiledCostModel
 
     from .layout import drafting_off, fit_layout, measure_layout

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.core import Request, Speculation
+from lssim.loop.core import Request, Speculation
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 TOGGLE_SECONDS = 0.03  # "alt" cells: the proposer switched on and off about every this many seconds (a few steps)

@@ -32,7 +32,7 @@ SIZES = (4, 8, 16, 32, 64, 96)
 
 def measure(engine, profile, sizes=SIZES, rounds: int = 4, seed: int = 3) -> pd.DataFrame:
     """One row per cell: n, the median and the last first token after submission (ms), and the twin's price (ms)."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
     from lssim.cost import ProfiledCostModel
 
     from .layout import _profiling, _run_cell

@@ -32,7 +32,7 @@ TRAIN_PROFILE = "real_backend/profile_trainer_cpu.json"
 
 def twin_rows(folder, profile: str = PROFILE, train_profile: str = TRAIN_PROFILE) -> list[dict]:
     """The run in `folder` replayed with and without its unfinished.parquet: one row each (see the module)."""
-    from lssim.fidelity import UNFINISHED_FILE, load_run
+    from lssim.analysis.fidelity import UNFINISHED_FILE, load_run
 
     from .validate_modes import compare_modes
 
@@ -55,8 +55,8 @@ def twin_rows(folder, profile: str = PROFILE, train_profile: str = TRAIN_PROFILE
 
 def record(n: int, steps: int, total_groups: int | None, out: Path) -> list[Path]:
     """`n` async baseline runs on one engine (see the module), after a throwaway warm-up run."""
-    from lssim.controller import RunConfig
-    from lssim.modes import ModeConfig
+    from lssim.loop.controller import RunConfig
+    from lssim.loop.modes import ModeConfig
 
     from .world import RealSetup, prepare, run_real, start_engine
 

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from lssim.core import Request
+from lssim.loop.core import Request
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96)
 DEFAULT_PROMPT_LENS = (8, 64, 256)  # the task's prompts are 7 tokens; a resumed response's prefix is longer
@@ -222,7 +222,7 @@ def run(args) -> int:
     from pathlib import Path
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
     from lssim.results import atomic_write
 
     from .world import RealSetup, prepare, start_engine
@@ -273,7 +273,7 @@ def _run_layout(args, out) -> int:
     one-instance PROFILE (real_backend.layout), written beside it as <stem>_layout<N>[_speculating].json."""
     import sys
 
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     from .layout import profile_layout
     from .world import RealSetup, prepare, start_engine
@@ -369,7 +369,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cpus", metavar="C|C|...", help="with --instances: the CPUs each instance's threads are bound to, "
                    "'|' between instances (e.g. 0|1; default: vLLM's own binding)")
     p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "
-                   "weight push) and fit lssim.training.ProfiledTrainCost: real_backend/profile_trainer.py, which takes "
+                   "weight push) and fit lssim.sim.training.ProfiledTrainCost: real_backend/profile_trainer.py, which takes "
                    "--out, --model-dir and --repeats from here (its other options: python -m real_backend.profile_trainer -h)")
 
 

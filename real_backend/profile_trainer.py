@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.core import Group, Request
-from lssim.train_profiled import ProfiledTrainCost
+from lssim.loop.core import Group, Request
+from lssim.sim.train_profiled import ProfiledTrainCost
 
 from . import task
 
@@ -126,7 +126,7 @@ def _machine(threads: int) -> dict:
 
 
 def _start_engine(model_dir: str, dtype: str = "float32"):
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     from .world import RealSetup, prepare, start_engine
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.core import GroupSpec, PromptPool, Request
+from lssim.loop.core import GroupSpec, PromptPool, Request
 
 from . import task
 

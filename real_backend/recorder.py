@@ -6,7 +6,7 @@
 
 After every step the folder holds, each file replaced atomically (written beside, then renamed):
 
-    trace.parquet      one row per ended response, lssim.trace schema (validated by write_trace): real
+    trace.parquet      one row per ended response, lssim.traces.trace schema (validated by write_trace): real
                        timings relative to the step's start, step_rollout_seconds / step_train_seconds,
                        policy versions, finish and stop reasons, entropy_mean and loop_start; extra
                        columns end_step, mean_logprob, tokens_before_resume, trained
@@ -14,7 +14,7 @@ After every step the folder holds, each file replaced atomically (written beside
                        the part of each rollout the driver worked instead of waiting for the engine
     responses.parquet  the controller's response rows, plus the signals and the decoded response text
     meta.json          the run's setup, and its status: running / finished / failed / interrupted
-    unfinished.parquet one row per response the controller still held unfinished after the step (lssim.fidelity's
+    unfinished.parquet one row per response the controller still held unfinished after the step (lssim.analysis.fidelity's
                        UNFINISHED_COLUMNS, plus `held`): carried to resume next step, kept generating across the
                        step boundary (async), or a member of a group still open that has not ended. The trace has
                        no row for them (they never ended); the simulated twin needs them (fidelity.twin_trace).
@@ -42,10 +42,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from lssim.core import Request
-from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
+from lssim.loop.core import Request
+from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
 from lssim.results import atomic_write
-from lssim.trace import write_trace
+from lssim.traces.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 CHECKPOINT = "checkpoint.pt"  # real_backend.checkpoint: written beside the files after every step
@@ -193,15 +193,15 @@ class Recorder:
         return df
 
 
-# What the controller holds a request in (lssim.controller.Controller), in the order unfinished_frame looks.
+# What the controller holds a request in (lssim.loop.controller.Controller), in the order unfinished_frame looks.
 _HELD = (("carried", "_carried"), ("kept", "_kept"), ("open group", "_waiting_groups"))
 
 
 def unfinished_frame(controller) -> pd.DataFrame:
-    """The responses `controller` holds unfinished between steps, one row each (lssim.fidelity.UNFINISHED_COLUMNS
+    """The responses `controller` holds unfinished between steps, one row each (lssim.analysis.fidelity.UNFINISHED_COLUMNS
     and `held`: carried, kept or open group, where it was first found), in the order they were made (rid).
 
-    Where the controller keeps them (lssim.controller): `_carried`, unfinished responses to resume next step
+    Where the controller keeps them (lssim.loop.controller): `_carried`, unfinished responses to resume next step
     (partial rollouts, collocated checkpoints hold the same list); `_kept`, responses still generating in the
     engine across the step boundary (async); `_waiting_groups`, every member of a group not yet complete, ended
     or not. A member that ended is in the response table (the trace) already and is left out here, so the trace
@@ -266,7 +266,7 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "step_rollout_seconds": step.map(rollout).astype(float),
         "step_train_seconds": step.map(train).astype(float),
         "entropy_mean": responses.get("entropy_mean", pd.Series(math.nan, index=responses.index)).astype(float),
-        # extra columns (kept by lssim.trace, not part of its schema)
+        # extra columns (kept by lssim.traces.trace, not part of its schema)
         "end_step": responses["end_step"].astype("int64"),
         "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),
         "tokens_before_resume": responses["tokens_before_resume"].astype("int64"),

@@ -13,7 +13,7 @@ checkpoint's: an option given with another value than the recorded one and than 
 `--steps N` is the run's total (default: the recorded run's), so re-running a killed command with
 `--resume DIR` added finishes it.
 
-`--mode {collocated,disaggregated,async,hybrid}` (lssim.modes; with `--staleness K` and `--async-variant` for
+`--mode {collocated,disaggregated,async,hybrid}` (lssim.loop.modes; with `--staleness K` and `--async-variant` for
 async): outside collocated the GRPO update runs on a thread beside the rollout (real_backend/train_job.py) and the
 mode pushes its weights into the engine. Those runs are not checkpointed, and `--resume` refuses them.
 """
@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM is imported: only its errors reach the terminal
-    from lssim.controller import RunConfig
-    from lssim.tables import format_step
+    from lssim.loop.controller import RunConfig
+    from lssim.analysis.tables import format_step
 
     from .world import out_dir_problem, prepare
 
@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mode(args: argparse.Namespace):
-    """The run's execution mode (lssim.modes) from --mode/--staleness/--async-variant; one rollout engine and one
+    """The run's execution mode (lssim.loop.modes) from --mode/--staleness/--async-variant; one rollout engine and one
     trainer here (--instances engines roll out; the trainer is one device)."""
-    from lssim.modes import ModeConfig
+    from lssim.loop.modes import ModeConfig
 
     if args.mode != "async" and (args.staleness != 1 or args.async_variant != "roll"):
         raise ValueError("--staleness and --async-variant are for --mode async")
@@ -134,9 +134,9 @@ _SHAPE = {"policy": ("policy_spec", None), "groups_per_step": ("config", "groups
 
 def resumed_run(args: argparse.Namespace):
     """The run recorded in --resume DIR: (config with the new total of steps, setup, its policy object, checkpoint)."""
-    from lssim.controller import RunConfig
-    from lssim.core import Speculation
-    from lssim.rewards import RewardScale
+    from lssim.loop.controller import RunConfig
+    from lssim.loop.core import Speculation
+    from lssim.loop.rewards import RewardScale
 
     from .checkpoint import load_checkpoint
     from .world import RealSetup, _old_meta
@@ -212,7 +212,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="DIR", help="go on with the run recorded in DIR from its last checkpoint (a new "
                    "engine; the weights, optimizer, step, policy, carried responses and data cursor restored)")
     p.add_argument("--mode", choices=["collocated", "disaggregated", "async", "hybrid"], default="collocated",
-                   help="execution mode (lssim.modes): collocated trains between rollouts; the others train on a thread "
+                   help="execution mode (lssim.loop.modes): collocated trains between rollouts; the others train on a thread "
                         "beside the rollout, disaggregated one step off-policy, async with --staleness K, hybrid on-policy "
                         "(default: collocated)")
     p.add_argument("--staleness", type=int, default=1, metavar="K", help="async: versions the rollout may run ahead (default 1)")

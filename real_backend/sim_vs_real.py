@@ -8,9 +8,9 @@ policy, seeds, data loader and a profiled cost model, and report how far the pre
 
 Each policy runs in its own world (real_backend/validation_workloads.toml: engine instances, budget, steps,
 pool, and the policy's parameters scaled to the task) beside that world's baseline, so that it acts there; a
-policy that changed no response on the real engine (lssim.fidelity.acted) fails the command (exit status 1,
+policy that changed no response on the real engine (lssim.analysis.fidelity.acted) fails the command (exit status 1,
 the policy named). Writes to --out: real/<world>/<policy>/repeat<k>/ (each recorded run, unless --runs),
-steps.parquet and responses.parquet (predicted against measured, lssim.fidelity.compare), acted.parquet (per
+steps.parquet and responses.parquet (predicted against measured, lssim.analysis.fidelity.compare), acted.parquet (per
 policy and repeat, the responses it changed, by kind), summary.csv (per policy: errors, speedups, acted, the
 real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
 predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
@@ -20,7 +20,7 @@ them: real_backend/README.md.
 
 The simulated twin of each run replays the run's trace completed with the responses the run left unfinished at
 its end (its unfinished.parquet, or for older collocated folders its checkpoint: `load_recorded`,
-lssim.fidelity.twin_trace); summary.csv splits each speedup error
+lssim.analysis.fidelity.twin_trace); summary.csv splits each speedup error
 into the points from groups trained and from rollout seconds (speedup_points_groups / _seconds).
 """
 
@@ -43,11 +43,11 @@ def sim_setup(run, profile: str, probe: bool = True):
     """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
     (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
     how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
-    priced on a shared clock by lssim.shared_host); for an engine started with speculation, the layout measured on
+    priced on a shared clock by lssim.sim.shared_host); for an engine started with speculation, the layout measured on
     such an engine (drafting off); ValueError naming the command that measures it when there is none.
     With `probe`, the cost model is scaled by the run's speed level (speed_level): the machine's speed during the
     run over its speed while that cost model was measured, both from the speed probe."""
-    from lssim.replay import SimSetup
+    from lssim.analysis.replay import SimSetup
 
     real = run.meta.get("setup", {})
     max_num_seqs, max_model_len = int(real.get("max_num_seqs", 256)), int(real.get("max_model_len", 1024))
@@ -100,12 +100,12 @@ def run_prompts(run):
 
 
 def load_recorded(folder):
-    """lssim.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished): the
+    """lssim.analysis.fidelity.load_run, with the responses the run left unfinished at its end (RecordedRun.unfinished): the
     simulated twin needs them (fidelity.twin_trace). From the folder's unfinished.parquet (real_backend.recorder
     writes it after every step, in every mode) where it is of the run's last recorded step; else, for folders
     recorded before it was written (or one a kill left a step ahead of steps.parquet), from the checkpoint
     (collocated runs only; others then go without, and their twin fills the holes from the groups' members)."""
-    from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run
+    from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run
 
     run = load_run(folder)
     last = int(run.steps["step"].iloc[-1])
@@ -129,7 +129,7 @@ def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
     """The responses carried out of the run's step `last_step`, from the checkpoint `lssim real` writes after every
     step (real_backend.checkpoint: the controller's carried responses); empty when there is none, it cannot be read,
     or it was written after another step."""
-    from lssim.fidelity import UNFINISHED_COLUMNS
+    from lssim.analysis.fidelity import UNFINISHED_COLUMNS
 
     from .checkpoint import CHECKPOINT, load_checkpoint
 
@@ -155,7 +155,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup). The
     per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe)."""
-    from lssim.fidelity import (compare, compare_phases, ends_rollouts, fidelity_table, length_distance, median_over_repeats,
+    from lssim.analysis.fidelity import (compare, compare_phases, ends_rollouts, fidelity_table, length_distance, median_over_repeats,
                                 replay_run, speedup_by_repeat, with_real_cuts)
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
@@ -246,7 +246,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
     if probed is not None:
         rows.append(_stage_row("+ speed level from probes around each run", probed["steps"], probed["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
-        from lssim.fidelity import anchor_on_baseline, median_over_repeats
+        from lssim.analysis.fidelity import anchor_on_baseline, median_over_repeats
 
         anchored, _ = median_over_repeats(anchor_on_baseline(profiled["steps_by_repeat"]))
         per_policy = anchored.groupby("policy")["ape_pct"]
@@ -280,10 +280,10 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
                     stages_dir: Path | None = None) -> dict[str, pd.DataFrame]:
     """`validate` in each world (world -> policy -> its repeats, "baseline" among them), the frames joined. Each
     world's baseline is named baseline@WORLD; the summary gains per policy its world and spec, how much it
-    acted on the real engine (lssim.fidelity.acted against its world's baseline, median over the repeats) and
+    acted on the real engine (lssim.analysis.fidelity.acted against its world's baseline, median over the repeats) and
     the real engine's run-to-run spread of its step times, and its errors with the world's speed level taken from
-    the world's baseline (lssim.fidelity.anchor_on_baseline; the frame "anchored") (lssim.fidelity.policy_summary)."""
-    from lssim.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
+    the world's baseline (lssim.analysis.fidelity.anchor_on_baseline; the frame "anchored") (lssim.analysis.fidelity.policy_summary)."""
+    from lssim.analysis.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
 
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
 def _validate_modes(args) -> int:
     """`lssim validate --mode A,B,...`: the policies (default: the baseline alone) in each mode, on the run shape
     the options give (default 5 steps x 8 groups x 4 samples, 256 tokens), checked before the engine starts."""
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     from .validate_modes import run as run_modes
     from .world import RealSetup, prepare
@@ -399,7 +399,7 @@ def _validate_modes(args) -> int:
 def _plan(args, table) -> list[tuple]:
     """(world, [(name, spec), ...] with the baseline first) for each world a selected policy runs in; every
     policy and world checked (prepare) before an engine starts."""
-    from lssim.policy import available_policies
+    from lssim.loop.policy import available_policies
 
     from .world import out_dir_problem, prepare
 
@@ -446,7 +446,7 @@ def _world_setup(world, args, greedy: bool = False):
 
 def _speculating(specs) -> list[str]:
     """The specs whose policies ask the engine for speculation."""
-    from lssim.policy import make_policy
+    from lssim.loop.policy import make_policy
 
     return [spec for spec in specs if make_policy(spec).needs().speculation is not None]
 
@@ -488,8 +488,8 @@ def _record_on_one_engine(worlds: list[tuple], args, out: Path, profile_to: str 
     import tempfile
     from dataclasses import asdict
 
-    from lssim.controller import RunConfig
-    from lssim.tables import format_step
+    from lssim.loop.controller import RunConfig
+    from lssim.analysis.tables import format_step
 
     from .speed_probe import measure_probe, record_run_probes
     from .world import RealSetup, prepare, run_real, start_engine
@@ -570,10 +570,10 @@ def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int
     """Whether `lssim validate` has recorded enough repeats: at least `minimum`, and beyond it (up to `maximum`, what
     --max-repeats allows) until the goal can be tested: until, for every policy recorded (`measured`: policy@world,
     repeat, step, measured_seconds of the runs so far), an exact model would typically meet it against these repeats,
-    both the per-step errors (lssim.fidelity.noise_floor) and the speedup over the world's baseline@world
-    (lssim.fidelity.speedup_noise_floor, in points of the seconds' ratio). Prints the floors after each repeat beyond
+    both the per-step errors (lssim.analysis.fidelity.noise_floor) and the speedup over the world's baseline@world
+    (lssim.analysis.fidelity.speedup_noise_floor, in points of the seconds' ratio). Prints the floors after each repeat beyond
     the minimum."""
-    from lssim.fidelity import TARGET_SPEEDUP_POINTS, noise_floor, speedup_noise_floor, step_errors_within_goal
+    from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, noise_floor, speedup_noise_floor, step_errors_within_goal
 
     if done < minimum:
         return False
@@ -619,7 +619,7 @@ def with_speculation_fit(spec: str, fit: str | Path, cost_profile: str | Path) -
     that speculation never pays (measured: it then drafts for none of 160 responses), so it would not act."""
     import inspect
 
-    from lssim.policy import format_policy_spec, make_policy, parse_policy_spec
+    from lssim.loop.policy import format_policy_spec, make_policy, parse_policy_spec
 
     parts, changed = [], False
     for name, kwargs in parse_policy_spec(spec):
@@ -663,7 +663,7 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
-    from lssim.fidelity import fidelity_markdown, phases_markdown
+    from lssim.analysis.fidelity import fidelity_markdown, phases_markdown
     from lssim.results import atomic_write
 
     for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed", "phases"):
@@ -672,7 +672,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     for name in ("summary", "counterfactual", "stages"):
         if name in frames:
             atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
-    from lssim.plots import figure_png, sim_vs_real
+    from lssim.analysis.plots import figure_png, sim_vs_real
 
     atomic_write(out / "validation.png", lambda p: Path(p).write_bytes(figure_png(sim_vs_real(frames["steps"]))))
     if "anchored" in frames:  # the same steps with each world's speed level from its baseline
@@ -686,8 +686,8 @@ def _write(frames: dict, out: Path, profile: str) -> None:
 
 def _report(frames: dict, out: Path, as_json: bool) -> int:
     """Print the tables (to stderr with --json, which prints one JSON object on stdout); 1 if a policy did not act."""
-    from lssim.fidelity import policy_results, unacted
-    from lssim.tables import format_fidelity
+    from lssim.analysis.fidelity import policy_results, unacted
+    from lssim.analysis.tables import format_fidelity
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
     cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
@@ -743,7 +743,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-repeats", type=int, metavar="N",
                    help="after --repeats, keep recording repeats, up to N, until the goal can be tested: until an exact "
                         "model would typically meet it against the repeats of every policy on the engine, per step and "
-                        "in the speedup (the noise floors, lssim.fidelity.noise_floor and speedup_noise_floor; a noisy "
+                        "in the speedup (the noise floors, lssim.analysis.fidelity.noise_floor and speedup_noise_floor; a noisy "
                         "machine, or a large speedup, needs more). Default: 3 x --repeats for a subset of policies; "
                         "exactly --repeats with --full or --policies all")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "

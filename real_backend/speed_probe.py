@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lssim.core import Request
+from lssim.loop.core import Request
 
 # (requests, prompt tokens, tokens each): decode at a small and a typical validation batch, ~2 s in all here.
 PROBE_CELLS = ((8, 64, 256), (32, 64, 256))

@@ -27,14 +27,14 @@ loss saves nothing in the transformer's body. What it can save:
 
 ``compact=True`` does 1 and 2, ``compact=False`` only masks. The kept tokens, their advantages and the loss's
 normalisation (the count of kept tokens) are the same either way, so both give the same update (tested); only
-the time differs. real_backend/measure_pruning.py measures it; lssim.training.ScaledTrainCost takes the result.
+the time differs. real_backend/measure_pruning.py measures it; lssim.sim.training.ScaledTrainCost takes the result.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lssim.policy import Policy, TrainBatch
+from lssim.loop.policy import Policy, TrainBatch
 
 from .trainer import GRPOTrainer, _Sample
 

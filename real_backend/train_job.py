@@ -1,11 +1,11 @@
-"""A real GRPO step as a job beside the rollout: the execution modes that train beside it (lssim.modes) on vLLM.
+"""A real GRPO step as a job beside the rollout: the execution modes that train beside it (lssim.loop.modes) on vLLM.
 
     job = trainer.start(groups, step)     # GRPOTrainer.start: the update runs on the trainer's thread
     job.ready(engine) / job.wait(engine)  # done yet? / block until done (the trainer's error, if any, is raised)
     job.notify(engine)                    # the engine reports Event(WAKE) when the job is done
     job.push(engine)                      # its weights into the idle engine (nothing may be in flight)
 
-The same protocol as the simulator's priced `lssim.modes.TrainJob`, so the modes are written once. Where it runs:
+The same protocol as the simulator's priced `lssim.loop.modes.TrainJob`, so the modes are written once. Where it runs:
 one thread per trainer (a one-worker executor: jobs run one after another, in the order started, as on a train
 device group), beside the controller's thread and vLLM's engine core (a separate process). torch releases the GIL
 in its kernels, so the update and the engine's decoding overlap on two cores. The trainer's torch threads are
@@ -25,7 +25,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from lssim.core import Group
+from lssim.loop.core import Group
 
 
 class ThreadTrainJob:
@@ -59,7 +59,7 @@ class ThreadTrainJob:
         self.metrics = {**self.metrics, "sync_seconds": sync}
 
     def phases(self) -> dict:
-        """Its phases as lssim.modes prices them (`<phase>`: seconds), once done and pushed."""
+        """Its phases as lssim.loop.modes prices them (`<phase>`: seconds), once done and pushed."""
         m = self.metrics
         return {"logprob": m.get("logprob_seconds", 0.0), "reference": 0.0, "update": m.get("update_seconds", 0.0),
                 "sync": m.get("sync_seconds", 0.0), "switch": 0.0}
@@ -88,7 +88,7 @@ def start_job(trainer, groups: list[Group], step: int) -> ThreadTrainJob:
 
 
 def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1) -> None:
-    """The controller's step rows (lssim.records: mode_fields, step_row) of steps whose update ran as a job: their
+    """The controller's step rows (lssim.loop.records: mode_fields, step_row) of steps whose update ran as a job: their
     train fields were unknown when the step was recorded (the job was running); now, for each job done, its
     measured times, phases and metrics. Each step's `step_seconds` runs from the previous step's weights being
     ready (from the first rollout's start for the first step, as the simulator's clock starts there); NaN while a

@@ -19,17 +19,17 @@ One RL step:
 `recompute_logprobs=True` first recomputes the old policy's log-probs with a forward pass over the batch (verl's
 `compute_log_prob`) and takes the ratio against those instead of vLLM's. The metrics time each phase:
 `logprob_seconds` (that recompute; 0 without it), `update_seconds` (building the samples, forward, backward and
-optimizer steps) and `sync_seconds` (the push into the engine); lssim.training models the same phases.
+optimizer steps) and `sync_seconds` (the push into the engine); lssim.sim.training models the same phases.
 `logprob_cpu_seconds` / `update_cpu_seconds` are this process's CPU time in the same spans: on a shared machine
 wall time includes waiting for a core, CPU time does not (real_backend/profile_trainer.py fits on it).
 
 `mask_resumed=True` leaves out of the loss each response's leading tokens generated under weights older
-than the step that trains it (`lssim.core.off_policy_tokens`: the tokens before its last resume, or all of
+than the step that trains it (`lssim.loop.core.off_policy_tokens`: the tokens before its last resume, or all of
 them for a member that finished steps before its group did): slime's `--mask-offpolicy-in-partial-rollout`,
 asked for by `april(mask_stale_tokens=True)`.
 
 `set_train_mask(policy.train_mask)` (the controller does it for a policy with a `train_mask` hook, e.g. `g2tp`,
-`entropy_prune`): each step the samples are shown to the policy as an lssim.policy.TrainBatch (advantages, vLLM's
+`entropy_prune`): each step the samples are shown to the policy as an lssim.loop.policy.TrainBatch (advantages, vLLM's
 behaviour log-probs, the loss mask so far) before the log-prob recompute; the tokens it prunes leave the loss, and
 a sequence it keeps nothing of is dropped and each is cut after its last kept token where the mask says so
 (compaction: the same update, fewer tokens computed; real_backend/token_pruning.py says what that saves). The
@@ -44,8 +44,8 @@ import time
 import numpy as np
 import torch
 
-from lssim.core import Group, Request, off_policy_tokens
-from lssim.training import pack_padded
+from lssim.loop.core import Group, Request, off_policy_tokens
+from lssim.sim.training import pack_padded
 
 
 class GRPOTrainer:
@@ -89,7 +89,7 @@ class GRPOTrainer:
 
     # -- Trainer protocol --------------------------------------------------------------------------
     def set_train_mask(self, hook) -> None:
-        """Ask `hook` (lssim.policy.Policy.train_mask) each step which tokens are trained."""
+        """Ask `hook` (lssim.loop.policy.Policy.train_mask) each step which tokens are trained."""
         self.train_mask = hook
 
     def train(self, groups: list[Group], step: int) -> dict:
@@ -103,7 +103,7 @@ class GRPOTrainer:
         return metrics
 
     def start(self, groups: list[Group], step: int):
-        """One RL step as a job beside the rollout (the execution modes that train beside it, lssim.modes): the
+        """One RL step as a job beside the rollout (the execution modes that train beside it, lssim.loop.modes): the
         update runs on the trainer's thread; its weights reach the engine when the mode pushes them
         (real_backend.train_job.ThreadTrainJob.push). Jobs run one after another, in the order started."""
         from .train_job import start_job
@@ -160,7 +160,7 @@ class GRPOTrainer:
     def _pruned(self, samples: list["_Sample"], step: int) -> list["_Sample"]:
         """The samples as the policy's train_mask leaves them: pruned tokens out of the loss, each sample cut to the
         tokens still computed (none: dropped)."""
-        from lssim.policy import TrainBatch
+        from lssim.loop.policy import TrainBatch
 
         batch = TrainBatch(step, np.array([len(s.prompt) for s in samples], np.int64),
                            np.array([len(s.response) for s in samples], np.int64),
@@ -235,7 +235,7 @@ class GRPOTrainer:
                 s.behaviour = logp[row, P - 1:P + R - 1].tolist()  # position j predicts token j + 1
 
     def _micro_batches(self, samples: list["_Sample"]):
-        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.training.pack_padded,
+        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.sim.training.pack_padded,
         the rule its ProfiledTrainCost prices)."""
         for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
             yield self._collate([samples[i] for i in idx])

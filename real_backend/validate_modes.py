@@ -42,7 +42,7 @@ def mode_sim_setup(run, profile: str, train_profile: str):
 
 
 def run_label(run) -> str:
-    """What a run is in the tables: its mode's label (lssim.modes.ModeConfig.label) and policy."""
+    """What a run is in the tables: its mode's label (lssim.loop.modes.ModeConfig.label) and policy."""
     mode = run.meta.get("mode") or {}
     return f"{mode.get('label', 'collocated')} / {run.name}"
 
@@ -55,7 +55,7 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
     twin's steps train more groups than the run's did (an async step trains whatever has ended), it gets there
     first. A run's step the twin never reached (in no repeat) keeps its measured row, with `in_twin` False, predicted
     seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
-    from lssim.fidelity import replay_run
+    from lssim.analysis.fidelity import replay_run
 
     from .sim_vs_real import run_prompts
 
@@ -146,9 +146,9 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     alike), after a throwaway warm-up run; returns the recorded runs."""
     import tempfile
 
-    from lssim.modes import ModeConfig
+    from lssim.loop.modes import ModeConfig
     from lssim.results import policy_dirname
-    from lssim.tables import format_step
+    from lssim.analysis.tables import format_step
 
     from .sim_vs_real import load_recorded
     from .world import prepare, run_real, start_engine
@@ -189,7 +189,7 @@ def run(args, specs: list[str], setup, config) -> int:
 
     out = Path(args.out)
     train_profile = args.train_profile
-    from lssim.training import load_train_cost
+    from lssim.sim.training import load_train_cost
 
     load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
     modes = parse_modes(args.mode)

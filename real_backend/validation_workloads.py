@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from lssim.controller import RunConfig
+from lssim.loop.controller import RunConfig
 
 DEFAULT_TABLE = Path(__file__).with_name("validation_workloads.toml")
 DEFAULT_WORLD = "default"
@@ -122,7 +122,7 @@ class WorkloadTable:
 
 def load_workloads(path: str | Path = DEFAULT_TABLE) -> WorkloadTable:
     """Read and check the table; ValueError naming the file and the entry on anything wrong."""
-    from lssim.policy import make_policy
+    from lssim.loop.policy import make_policy
 
     path = Path(path)
     try:

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from lssim.controller import Controller, RunConfig, RunResult
-from lssim.core import Speculation
-from lssim.modes import ModeConfig
-from lssim.policy import Policy, make_policy
+from lssim.loop.controller import Controller, RunConfig, RunResult
+from lssim.loop.core import Speculation
+from lssim.loop.modes import ModeConfig
+from lssim.loop.policy import Policy, make_policy
 
 from . import task
 from .engine_config import VLLMConfig
@@ -77,7 +77,7 @@ class RealSetup:
     # on CPU 0, instance 1 on CPU 1; vLLM's VLLM_CPU_OMP_THREADS_BIND). None: vLLM's auto binding, which on a host
     # with one NUMA node binds EVERY instance to the same core (measured here: two busy instances then take turns on
     # CPU 0, each 2-3x slower than alone). How much slower N instances run beside each other in a layout is measured
-    # (real_backend.layout) and priced by the simulated twin (real_backend.sim_vs_real.sim_setup, lssim.shared_host).
+    # (real_backend.layout) and priced by the simulated twin (real_backend.sim_vs_real.sim_setup, lssim.sim.shared_host).
     cpus: str | None = None
 
     def check(self) -> None:
@@ -231,7 +231,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
              resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None) -> RunResult:
     """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
-    mode: the execution mode (lssim.modes; default collocated, the synchronous step). In the others the trainer's
+    mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
     update runs as a job beside the rollout (GRPOTrainer.start, real_backend.train_job) and the mode pushes its
     weights into the engine (between steps, or mid-rollout in async); the step rows get each job's measured times
     once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
@@ -272,7 +272,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
     controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step, mode=mode.build())
     if setup.profile:  # the same bound the simulator prices, with this engine's measured cost model
-        from lssim.bounds import make_lower_bound
+        from lssim.sim.bounds import make_lower_bound
         from lssim.cost import ProfiledCostModel
 
         controller.lower_bound = make_lower_bound(ProfiledCostModel.from_json(setup.profile), engine.n_instances, setup.max_num_seqs)

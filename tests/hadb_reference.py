@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.core import GroupSpec
-from lssim.policy import Policy
-from lssim.rewards import RewardScale
+from lssim.loop.core import GroupSpec
+from lssim.loop.policy import Policy
+from lssim.loop.rewards import RewardScale
 
 
 class HADBReference(Policy):

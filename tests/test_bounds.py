@@ -1,11 +1,11 @@
-"""The per-step lower bound (lssim.bounds): independent of the order of the step's responses, and the exact
+"""The per-step lower bound (lssim.sim.bounds): independent of the order of the step's responses, and the exact
 maximum of the solo term over every response."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.bounds import make_lower_bound, solo_candidates
+from lssim.sim.bounds import make_lower_bound, solo_candidates
 from lssim.cost import ProfiledCostModel, RooflineCostModel, solo_decode_time
 
 COSTS = [RooflineCostModel("qwen2.5-7b", "H100"), ProfiledCostModel(4e-3, 2e-5, 3e-8, 1e-8, p0=2e-3, p1=3e-5)]
@@ -111,7 +111,7 @@ def test_the_bound_is_the_brute_force_one_bit_for_bit(rows, which, instances, rn
 @settings(max_examples=150, deadline=None)
 @given(responses)
 def test_the_one_pass_terms_are_solo_candidates_and_the_sums(rows):
-    from lssim.bounds import _bound_terms
+    from lssim.sim.bounds import _bound_terms
 
     _, ctx0, tokens = columns(rows)
     ran = tokens > 0

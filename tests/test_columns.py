@@ -1,13 +1,13 @@
-"""Requests as columns (lssim.columns) and the controller's array bookkeeping: they must say what the per-object
+"""Requests as columns (lssim.loop.columns) and the controller's array bookkeeping: they must say what the per-object
 code says. The batch route's results as a whole are checked against the event route in tests/test_fastpath.py."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.columns import (GroupBatch, RequestColumns, TakenRows, count_on, gather, prompt_ids, rid_order, runs, stable_argsort,
+from lssim.loop.columns import (GroupBatch, RequestColumns, TakenRows, count_on, gather, prompt_ids, rid_order, runs, stable_argsort,
                            with_signal)
-from lssim.core import Group, Request, off_policy_tokens, token_lags
+from lssim.loop.core import Group, Request, off_policy_tokens, token_lags
 
 
 @settings(max_examples=200, deadline=None)
@@ -90,8 +90,8 @@ def test_groups_over_columns_gather_as_groups_of_requests(sizes, seed):
 def test_a_batch_steps_groups_are_its_members_by_group_then_rid(sizes, made_in_order, seed):
     """StepState.batch_groups: rows ordered by (group, rid) and each group's size, whatever order the rows are in
     (a priority hook reorders them), for rids made group after group (plan_requests) or not."""
-    from lssim.core import RolloutState
-    from lssim.records import StepState
+    from lssim.loop.core import RolloutState
+    from lssim.loop.records import StepState
 
     rng = np.random.default_rng(seed)
     group = np.repeat(np.arange(len(sizes)) * 3 + 7, sizes)

@@ -1,16 +1,16 @@
-"""The contracts in lssim.core / lssim.policy: what an engine answers when it lacks an ability, what a policy
+"""The contracts in lssim.loop.core / lssim.loop.policy: what an engine answers when it lacks an ability, what a policy
 declares it needs and how compositions merge those needs, the event kinds engines report."""
 
 import math
 
 import pytest
 
-from lssim.checks import PolicyCheckError, check_policy
-from lssim.controller import Controller, RunConfig
-from lssim.core import EVENT_KINDS, FINISHED, PROGRESS, Engine, Speculation
-from lssim.policy import Compose, Policy, PolicyNeeds, make_policy
-from lssim.sim import EngineConfig, SimEngine, SimTrainer
-from lssim.workload import Workload
+from lssim.loop.checks import PolicyCheckError, check_policy
+from lssim.loop.controller import Controller, RunConfig
+from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Engine, Speculation
+from lssim.loop.policy import Compose, Policy, PolicyNeeds, make_policy
+from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
+from lssim.traces.workload import Workload
 from test_sim import COST, NO_TRAIN, make_trace
 
 
@@ -61,7 +61,7 @@ def test_the_simulator_reports_only_the_declared_event_kinds():
     wl = Workload(make_trace([[[30, 10, 25]]]))
     engine = SimEngine(wl, COST, EngineConfig(1, 8, 10**6))
     engine.set_progress_interval(8)
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     engine.submit([Request(rid=i, group_id=0, step=0, prompt_id=0, sample_idx=i, prompt_len=16, max_tokens=30)
                    for i in range(3)])

@@ -301,7 +301,7 @@ def test_profiled_json_keeps_departures(tmp_path):
 
 def test_profiled_json_keeps_the_abort_time_and_reads_older_profiles_as_free_aborts(tmp_path):
     from lssim.cost.protocol import abort_time_of
-    from lssim.shared_host import ScaledCost
+    from lssim.sim.shared_host import ScaledCost
 
     m = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, abort_seconds=2e-4)
     m.to_json(tmp_path / "m.json")
@@ -328,7 +328,7 @@ def test_fit_makespans_names_bad_rows():
 def test_work_time_bounds_any_schedule(iterations, which):
     """The lower bound's work term: whatever iterations generate T tokens reading W context tokens (at most 64
     sequences each), their summed time is at least work_time(T, W, 64)."""
-    from lssim.core import Speculation
+    from lssim.loop.core import Speculation
 
     models = {
         "roofline": RooflineCostModel("qwen2.5-7b", "H100"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lssim.core import Speculation
+from lssim.loop.core import Speculation
 from real_backend.engine_config import VLLMConfig, engine_args
 
 

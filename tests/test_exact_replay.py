@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.controller import RunConfig
-from lssim.policy import available_policies
-from lssim.replay import SimSetup, simulate
-from lssim.trace import TraceError, validate_trace
-from lssim.workload import Workload
+from lssim.loop.controller import RunConfig
+from lssim.loop.policy import available_policies
+from lssim.analysis.replay import SimSetup, simulate
+from lssim.traces.trace import TraceError, validate_trace
+from lssim.traces.workload import Workload
 
 SETUP = SimSetup(model="qwen2.5-1.5b", n_instances=2, max_num_seqs=8)
 REWARDS = ("pm5", "unbounded", "binary")
@@ -144,14 +144,14 @@ class Stream:
     whatever step asks. It counts what is fetched."""
 
     def __init__(self, trace):
-        from lssim.core import PromptPool
+        from lssim.loop.core import PromptPool
 
         self.fetched: list[int] = []
         ids = np.arange(100 * 60)
         self.pool = PromptPool(ids, np.full(len(ids), 8))
 
     def default_groups(self, step, n_groups, group_size, max_tokens):
-        from lssim.core import GroupSpec
+        from lssim.loop.core import GroupSpec
 
         k = len(self.fetched)
         self.fetched.append(step)
@@ -166,7 +166,7 @@ def test_a_cursor_source_is_fetched_only_for_batches_that_are_used(policy):
     """The proposal takes a recorded batch whole (Controller._proposal_size), but never fetches a batch from a
     source of equal batches that the step does not draw from (carried groups fill it): such a source sees the
     same stream as before. (rollpacker is left out: it drops part of a proposal by design.)"""
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     trace = validate_trace(real_like_trace(4, "binary", n_steps=5))
     source = Stream(trace)

@@ -1,4 +1,4 @@
-"""The batch route (lssim.fastsim) against the event engine (lssim.sim): one set of semantics.
+"""The batch route (lssim.sim.fastsim) against the event engine (lssim.sim.world): one set of semantics.
 
 Every run here is made twice, once with the batch route allowed and once on the event engine alone, on generated
 traces -- varied lengths, prompt lengths and per-member budgets, several steps, 1-3 instances, KV caches small
@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.bounds import make_lower_bound
-from lssim.controller import Controller, RunConfig
+from lssim.sim.bounds import make_lower_bound
+from lssim.loop.controller import Controller, RunConfig
 from lssim.cost import ProfiledCostModel, RooflineCostModel
-from lssim.fastsim import price_decode
-from lssim.modes import ModeConfig
-from lssim.policy import make_policy
-from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
-from lssim.synth import get_preset, synthesize
-from lssim.workload import OracleLengths, Workload
+from lssim.sim.fastsim import price_decode
+from lssim.loop.modes import ModeConfig
+from lssim.loop.policy import make_policy
+from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.traces.synth import get_preset, synthesize
+from lssim.traces.workload import OracleLengths, Workload
 
 # a profiled model with departures priced (the event engine's "owed" seconds), and the roofline
 PROFILED = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6, f0=2e-4, f1=3e-5)
@@ -99,7 +99,7 @@ def test_kv_bound_steps_preempt_and_agree(policy):
 def test_a_batch_that_outgrows_its_first_room_is_run_again_with_more(monkeypatch):
     """`_structure` makes room for a fixed number of records and admissions and says when it ran out (preemptions
     make more); the batch route then runs it again with more room, and still agrees with the event engine."""
-    import lssim.fastsim as fastsim
+    import lssim.sim.fastsim as fastsim
 
     calls = []
     structure = fastsim._structure
@@ -140,7 +140,7 @@ def test_priced_spans_equal_the_scalar_roofline_bit_for_bit(n, ctx, k):
 @given(seed=st.integers(0, 2**31), wl_seed=st.integers(0, 5))
 def test_lookup_many_answers_as_the_scalar_lookup(seed, wl_seed):
     """Exact, truncated, resampled (other steps, more samples than recorded, longer budgets) and global answers."""
-    from lssim.workload import lookup_many
+    from lssim.traces.workload import lookup_many
 
     rng = np.random.default_rng(seed)
     wl = Workload(make_trace(rng, steps=3, prompts=5, group=3, max_len=200), seed=wl_seed)
@@ -158,7 +158,7 @@ def test_lookup_many_answers_as_the_scalar_lookup(seed, wl_seed):
 def test_a_priority_hook_leaves_the_trained_members_in_the_order_they_were_made(policy):
     """A priority hook reorders a batch-route step's rows; the groups handed to the trainer must still list their
     members as the event route does (the train-time model packs micro-batches in that order)."""
-    from lssim.replay import SimSetup, simulate
+    from lssim.analysis.replay import SimSetup, simulate
 
     trace = synthesize(get_preset("math7b").replace(steps=5, prompts_per_step=37, group_size=5, max_tokens=20000,
                                                      length_median=3000.0))

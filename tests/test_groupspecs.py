@@ -1,12 +1,12 @@
-"""A loader batch as columns (lssim.core.GroupSpecs): the same plan as the list of GroupSpec it stands for."""
+"""A loader batch as columns (lssim.loop.core.GroupSpecs): the same plan as the list of GroupSpec it stands for."""
 
 import numpy as np
 import pytest
 
-from lssim.columns import plan_requests
-from lssim.core import GroupSpec, GroupSpecs
-from lssim.synth import get_preset, synthesize
-from lssim.workload import Workload, lookup_coded
+from lssim.loop.columns import plan_requests
+from lssim.loop.core import GroupSpec, GroupSpecs
+from lssim.traces.synth import get_preset, synthesize
+from lssim.traces.workload import Workload, lookup_coded
 
 
 def _specs():

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lssim.cli import main
-from lssim.importers import FRAMEWORKS, DumpError
-from lssim.importers.common import prompt_hash
-from lssim.importers.slime import read_slime
-from lssim.trace import SCHEMA
+from lssim.traces.importers import FRAMEWORKS, DumpError
+from lssim.traces.importers.common import prompt_hash
+from lssim.traces.importers.slime import read_slime
+from lssim.traces.trace import SCHEMA
 
 torch = pytest.importorskip("torch")
 
@@ -268,8 +268,8 @@ def test_slime_import_is_exact_for_any_run(tmp_path_factory, lengths, seed):
 @needs_real_traces
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_one_command_imports_and_baseline_replays_it_exactly(framework, tmp_path, tokenizer_dir, capsys):
-    from lssim.replay import SimSetup, replay
-    from lssim.trace import load_trace
+    from lssim.analysis.replay import SimSetup, replay
+    from lssim.traces.trace import load_trace
 
     src, options = dump(framework, tmp_path, make_run(sizes=(4,) if framework == "trl" else (4, 4, 3, 4)), tokenizer_dir)
     out = tmp_path / "trace.parquet"
@@ -394,7 +394,7 @@ def test_verl_prompt_key_keeps_the_ids_as_written(tmp_path, tokenizer_dir):
     assert set(frame["prompt_id"]) <= {f"gsm8k-{k}" for k in range(len(PROMPTS))}
     assert frame.groupby("prompt_id")["prompt_len"].nunique().eq(1).all()
     if SCHEMA["reward"].max is None:  # text prompt ids: the trace schema of real traces (issue 13's `trace` branch)
-        from lssim.trace import load_trace
+        from lssim.traces.trace import load_trace
 
         assert main(["import", "verl", str(src), "-o", str(tmp_path / "t.parquet"), *options]) == 0
         assert set(load_trace(tmp_path / "t.parquet")["prompt_id"]) == set(frame["prompt_id"])

@@ -1,4 +1,4 @@
-"""Execution modes (lssim.modes): the invariants in every mode, and what each mode does to a step's timing."""
+"""Execution modes (lssim.loop.modes): the invariants in every mode, and what each mode does to a step's timing."""
 
 import json
 
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.bounds import make_lower_bound
-from lssim.controller import Controller, RunConfig
-from lssim.modes import ModeConfig
-from lssim.policy import make_policy
-from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
-from lssim.workload import Workload
+from lssim.sim.bounds import make_lower_bound
+from lssim.loop.controller import Controller, RunConfig
+from lssim.loop.modes import ModeConfig
+from lssim.loop.policy import make_policy
+from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.traces.workload import Workload
 
 from test_sim import COST, make_trace
 

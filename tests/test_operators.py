@@ -222,9 +222,9 @@ def test_step_points_come_from_the_logs_and_a_log_without_points_is_an_error(tmp
 
 
 def test_simulator_runs_on_the_operator_model_and_the_bound_holds():
-    from lssim.replay import SimSetup, simulate
-    from lssim.synth import get_preset, synthesize
-    from lssim.workload import Workload
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.synth import get_preset, synthesize
+    from lssim.traces.workload import Workload
 
     preset = get_preset("math7b")
     trace = synthesize(preset.replace(steps=2, prompts_per_step=16))

@@ -61,8 +61,8 @@ def test_committed_measured_numbers_equal_a_fresh_computation():
 
 
 def test_committed_simulated_numbers_equal_a_fresh_run_of_the_baseline_and_april():
-    from lssim.replay import SimSetup, replay, summarize
-    from lssim.trace import load_trace
+    from lssim.analysis.replay import SimSetup, replay, summarize
+    from lssim.traces.trace import load_trace
 
     _, numbers, _ = committed()
     table = summarize(replay(load_trace(ROOT / "traces" / "math7b.parquet"), ["april"], SimSetup(), references=False))
@@ -96,8 +96,8 @@ def test_a_quick_build_s_numbers_are_the_library_s(quick_build):
     import numpy as np
     import pandas as pd
 
-    from lssim.replay import SimSetup, replay, summarize
-    from lssim.trace import load_trace
+    from lssim.analysis.replay import SimSetup, replay, summarize
+    from lssim.traces.trace import load_trace
 
     _, numbers = quick_build
     table = summarize(replay(load_trace(ROOT / "traces" / "longtail32k.parquet"), ["seer"], SimSetup(), steps=3))
@@ -110,8 +110,8 @@ def test_a_quick_build_s_numbers_are_the_library_s(quick_build):
 
 
 def test_a_quick_build_s_training_side_numbers_are_the_library_s(quick_build):
-    from lssim.replay import SimSetup, replay, summarize
-    from lssim.trace import load_trace
+    from lssim.analysis.replay import SimSetup, replay, summarize
+    from lssim.traces.trace import load_trace
 
     _, numbers = quick_build
     cfg = BuildConfig.quick()

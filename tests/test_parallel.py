@@ -1,4 +1,4 @@
-"""Sweeps that scale out (lssim.parallel, lssim.sweep): the process pool and Ray give the serial table, an
+"""Sweeps that scale out (lssim.analysis.parallel, lssim.analysis.sweep): the process pool and Ray give the serial table, an
 interrupted sweep resumes without rerunning what it finished, parameter grids expand as documented; and `lssim replay
 --no-reference` runs only what was asked."""
 
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from lssim.cli import main
-from lssim.parallel import SimJob, run_jobs
-from lssim.replay import SimSetup
-from lssim.sweep import expand_grid, sweep_specs
-from lssim.synth import get_preset, synthesize
+from lssim.analysis.parallel import SimJob, run_jobs
+from lssim.analysis.replay import SimSetup
+from lssim.analysis.sweep import expand_grid, sweep_specs
+from lssim.traces.synth import get_preset, synthesize
 
 SPECS = ["baseline", "hadb", "april", "hadb+april", "seer+spec_tail"]
 
@@ -92,7 +92,7 @@ def test_grids_expand_cartesian_with_the_first_parameter_slowest():
     assert expand_grid("x(a='p,q','r', b=[1,2],[3])") == ["x(a='p,q',b=[1,2])", "x(a='p,q',b=[3])", "x(a='r',b=[1,2])", "x(a='r',b=[3])"]
     assert expand_grid("hadb") == ["hadb"]
     assert sweep_specs(["hadb", "april"], 1, ["hadb(ema=0.5)", "hadb"]) == ["baseline", "hadb", "april", "hadb(ema=0.5)"]
-    # members are split as make_policy splits a spec (lssim.policy.split_policy_spec): '+' inside parentheses stays
+    # members are split as make_policy splits a spec (lssim.loop.policy.split_policy_spec): '+' inside parentheses stays
     assert expand_grid("x(a='p+q','r')+y") == ["x(a='p+q')+y", "x(a='r')+y"]
     for bad, why in (("hadb(1,2)", "before any key"), ("hadb(a=1,a=2)", "given twice"), ("hadb(a=1,zz z)", "not a Python literal"),
                      ("", "empty policy spec"), ("9hadb(a=1)", "cannot parse policy '9hadb")):

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from lssim.cli import main
-from lssim.plan import PlanSpace, plan
-from lssim.replay import SimSetup
-from lssim.synth import get_preset, synthesize
+from lssim.analysis.plan import PlanSpace, plan
+from lssim.analysis.replay import SimSetup
+from lssim.traces.synth import get_preset, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_plan_ranks_every_candidate_and_never_picks_one_over_a_stated_bound(trac
 
 
 def test_plan_cli_prints_a_ranked_table_and_json(tmp_path, trace, capsys):
-    from lssim.trace import write_trace
+    from lssim.traces.trace import write_trace
 
     path = tmp_path / "t.parquet"
     write_trace(trace, path)
@@ -51,7 +51,7 @@ def test_plan_cli_prints_a_ranked_table_and_json(tmp_path, trace, capsys):
 
 
 def test_no_option_is_reachable_by_an_abbreviation(tmp_path, trace, capsys):
-    from lssim.trace import write_trace
+    from lssim.traces.trace import write_trace
 
     path = tmp_path / "t.parquet"
     write_trace(trace, path)
@@ -62,8 +62,8 @@ def test_no_option_is_reachable_by_an_abbreviation(tmp_path, trace, capsys):
 
 
 def test_sweep_never_picks_a_composition_over_a_stated_bound(tmp_path, trace, capsys):
-    from lssim.sweep import sweep
-    from lssim.trace import write_trace
+    from lssim.analysis.sweep import sweep
+    from lssim.traces.trace import write_trace
 
     table = sweep(trace, ["april", "seer"], max_size=1, setup=SimSetup(n_instances=2, max_num_seqs=64), workers=1,
                   max_off_policy=0.0)

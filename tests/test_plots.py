@@ -1,4 +1,4 @@
-"""Each figure of lssim.plots, drawn from a small simulated run, carries the artists it promises."""
+"""Each figure of lssim.analysis.plots, drawn from a small simulated run, carries the artists it promises."""
 
 import json
 
@@ -8,9 +8,9 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from lssim import plots
-from lssim.replay import SimSetup, replay, summarize
-from lssim.synth import get_preset, synthesize
+from lssim.analysis import plots
+from lssim.analysis.replay import SimSetup, replay, summarize
+from lssim.traces.synth import get_preset, synthesize
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.checks import PolicyCheckError, check_policy
-from lssim.core import GroupSpec, PromptPool, StepContext
-from lssim.policy import CARRY, DROP, Action, Compose, Policy, StepOutcome, available_policies, make_policy
+from lssim.loop.checks import PolicyCheckError, check_policy
+from lssim.loop.core import GroupSpec, PromptPool, StepContext
+from lssim.loop.policy import CARRY, DROP, Action, Compose, Policy, StepOutcome, available_policies, make_policy
 
 
 def ctx(step=0, pool_size=40, groups=4, max_tokens=1000, rng_seed=0):
@@ -178,7 +178,7 @@ def test_select_may_train_on_a_subset_of_a_group():
         name = "first_two"
 
         def select(self, groups, step):
-            from lssim.core import Group
+            from lssim.loop.core import Group
             return [Group(g.prompt_id, g.step, g.requests[:2]) for g in groups]
 
     summary = check_policy(FirstTwo())
@@ -194,9 +194,9 @@ def test_hadb_scoreboard_as_arrays_plans_as_the_dict_one_did(seed, prompts, step
     import pandas as pd
 
     from hadb_reference import HADBReference
-    from lssim.replay import SimSetup, simulate
-    from lssim.synth import get_preset, synthesize
-    from lssim.workload import Workload
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.synth import get_preset, synthesize
+    from lssim.traces.workload import Workload
 
     trace = synthesize(get_preset("math7b").replace(steps=steps, prompts_per_step=prompts, group_size=group, max_tokens=512,
                                                     length_median=120.0, seed=seed))

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_sim import make_trace, run
 
-from lssim.checks import check_policy
-from lssim.core import Group, GroupSpec, PromptPool, Request, StepContext, off_policy_tokens
-from lssim.difficulty import PromptPosterior, samples_for_one_success
-from lssim.policy import Action, Policy, StepOutcome, make_policy
-from lssim.signals import repetition_rate, signals_from_tokens, signals_from_trace
+from lssim.loop.checks import check_policy
+from lssim.loop.core import Group, GroupSpec, PromptPool, Request, StepContext, off_policy_tokens
+from lssim.loop.difficulty import PromptPosterior, samples_for_one_success
+from lssim.loop.policy import Action, Policy, StepOutcome, make_policy
+from lssim.loop.signals import repetition_rate, signals_from_tokens, signals_from_trace
 
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -158,7 +158,7 @@ def test_breaker_stops_a_loop_with_a_soft_landing_and_reports_savings():
     assert (stopped["finish_reason"], stopped["stop_reason"], stopped["reward"], stopped["response_len"]) == ("policy_stop", "loop", -1.0, 576)
     assert stopped["natural_len"] == 2000 and stopped["natural_reward"] == 0.0
     assert (r.loc[[1, 2], "finish_reason"] == "stop").all()
-    from lssim.replay import summarize
+    from lssim.analysis.replay import summarize
 
     row = summarize({"breaker": res}).iloc[0]
     assert row["tokens_saved_fraction"] == pytest.approx((2000 - 576) / (r["response_len"].sum() + 2000 - 576))
@@ -172,7 +172,7 @@ def test_breaker_counts_a_stopped_response_that_would_have_been_right_as_a_false
     res, _ = run(df, "breaker(check_every=64, min_tokens=128, patience=2)")
     r = res.responses.set_index("sample_idx")
     assert r.loc[0, "stop_reason"] == "entropy_collapse" and r.loc[0, "natural_reward"] == 1.0
-    from lssim.replay import summarize
+    from lssim.analysis.replay import summarize
 
     assert summarize({"breaker": res}).iloc[0]["stopped_correct_fraction"] == 1.0
 
@@ -335,7 +335,7 @@ def test_issue4_policies_pass_check_policy(spec):
 
 
 def test_check_policy_refuses_a_reshaped_copy_that_changes_more_than_the_reward():
-    from lssim.checks import PolicyCheckError
+    from lssim.loop.checks import PolicyCheckError
 
     class Sneaky(Policy):
         name = "sneaky"
@@ -348,8 +348,8 @@ def test_check_policy_refuses_a_reshaped_copy_that_changes_more_than_the_reward(
 
 
 def test_trace_schema_has_the_collapse_column_and_synth_can_make_collapses():
-    from lssim.synth import SynthConfig, synthesize
-    from lssim.trace import validate_trace
+    from lssim.traces.synth import SynthConfig, synthesize
+    from lssim.traces.trace import validate_trace
 
     df = synthesize(SynthConfig(n_prompts=32, steps=2, prompts_per_step=16, group_size=4, max_tokens=2048, collapse_fraction=0.2))
     c = df[df["entropy_collapse_start"] >= 0]

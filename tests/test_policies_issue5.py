@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.checks import check_policy
+from lssim.loop.checks import check_policy
 from lssim.cli import main
-from lssim.controller import Controller, RunConfig
-from lssim.core import Engine, GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
+from lssim.loop.controller import Controller, RunConfig
+from lssim.loop.core import Engine, GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
 from lssim.cost import RooflineCostModel, SpeculativeCost, solo_decode_time
-from lssim.history import LengthHistory
-from lssim.policy import StepOutcome, make_policy
-from lssim.workload import Workload
+from lssim.loop.history import LengthHistory
+from lssim.loop.policy import StepOutcome, make_policy
+from lssim.traces.workload import Workload
 from test_sim import COST, make_trace, run
 
 NEW = ["seer", "rollpacker", "segment", "spec_tail", "ebs", "lpt"]

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from lssim.cli import main
-from lssim.controller import RunConfig
-from lssim.core import Request
+from lssim.loop.controller import RunConfig
+from lssim.loop.core import Request
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
@@ -116,7 +116,7 @@ def real_model_dir_cheap(tmp_path_factory):
 
 
 def test_signals_loop_start():
-    from lssim.signals import loop_start
+    from lssim.loop.signals import loop_start
 
     assert loop_start(list(range(40))) == -1
     assert loop_start(list(range(10)) + [7, 8, 9] * 10) == 7  # the periodic suffix begins at 7 (7 8 9 7 8 9 ...)
@@ -127,7 +127,7 @@ def test_signals_loop_start():
 def test_token_entropy():
     from types import SimpleNamespace as L
 
-    from lssim.signals import token_entropy
+    from lssim.loop.signals import token_entropy
 
     uniform = {i: L(logprob=-math.log(4)) for i in range(4)}
     assert token_entropy(uniform) == pytest.approx(math.log(4))
@@ -153,7 +153,7 @@ def test_task_prompts_epochs():
 
 @pytest.mark.real
 def test_engine_streams_progress_abort_and_resume(vllm_engine):
-    from lssim.signals import WINDOW_KEY
+    from lssim.loop.signals import WINDOW_KEY
 
     eng = vllm_engine
     eng.reward_fn = lambda r: 0.5
@@ -225,8 +225,8 @@ def test_a_real_run_freezes_the_heap_it_starts_with(vllm_engine, real_model_dir,
 @pytest.mark.real
 @pytest.mark.parametrize("policy", ["baseline", "hadb", "april"])
 def test_real_run_records_a_replayable_trace(vllm_engine, real_model_dir, tmp_path, policy):
-    from lssim.replay import SimSetup, replay
-    from lssim.trace import load_trace
+    from lssim.analysis.replay import SimSetup, replay
+    from lssim.traces.trace import load_trace
 
     out = tmp_path / policy
     # 8 prompts: HADB's warm-up (it buckets once it has seen 90% of the pool) ends after two steps
@@ -324,7 +324,7 @@ def test_weights_in_the_engine_follow_the_trainer(vllm_engine, real_model_dir, t
 
 @pytest.mark.real
 def test_engine_death_keeps_finished_steps(vllm_engine, real_model_dir, tmp_path, capsys, monkeypatch):
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
     from real_backend import world
     from real_backend.engine import EngineError
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lssim.controller import RunConfig
-from lssim.core import Request
+from lssim.loop.controller import RunConfig
+from lssim.loop.core import Request
 
 pytestmark = pytest.mark.real
 
@@ -91,9 +91,9 @@ def test_weights_reach_every_instance(two_instances, real_model_dir):
 
 
 def test_a_placement_policy_runs_on_two_instances_and_replays(two_instances, tmp_path):
-    from lssim.replay import SimSetup, simulate
-    from lssim.trace import load_trace
-    from lssim.workload import Workload
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.trace import load_trace
+    from lssim.traces.workload import Workload
     from real_backend.world import prepare, run_real
 
     setup, _, engine = two_instances
@@ -115,7 +115,7 @@ def test_a_placement_policy_runs_on_two_instances_and_replays(two_instances, tmp
 def test_a_run_records_the_rank_each_response_ran_on(two_instances, tmp_path):
     """The baseline places nothing: vLLM's ranks are the engine's least-loaded choice, and the trace says which
     (a trace that said 0 for all made replays of it run every request on one instance)."""
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
     from real_backend.world import prepare, run_real
 
     setup, _, engine = two_instances

@@ -1,4 +1,4 @@
-"""The execution modes on the real backend (lssim.modes over real_backend.train_job), and the TrainJob protocol
+"""The execution modes on the real backend (lssim.loop.modes over real_backend.train_job), and the TrainJob protocol
 the modes are written against in both worlds.
 
 The `real` test runs `lssim real --mode async` in this process on the session's engine (tests/conftest.py), through
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lssim.modes import Async, Disaggregated, ModeConfig, TrainJob
+from lssim.loop.modes import Async, Disaggregated, ModeConfig, TrainJob
 
 SHAPE = ["--n-prompts", "16", "--groups-per-step", "4", "--group-size", "4", "--max-tokens", "96"]
 
@@ -97,7 +97,7 @@ def test_disaggregated_waits_for_every_older_job_and_pushes_once():
 def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mode(lent_engine, real_model_dir, tmp_path,
                                                                                    capsys, monkeypatch):
     from lssim.cli import main
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
     out = tmp_path / "async"
     # every response the run starts is finished or aborted on the engine (the run aborts what is left at its end)
     started = set()
@@ -129,7 +129,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     assert lent_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
     # what the run left unfinished at its end is in unfinished.parquet (issue 16): with the trace, every response it
     # started, none in both; each held with the tokens it had, below its budget
-    from lssim.fidelity import KEY, UNFINISHED_FILE
+    from lssim.analysis.fidelity import KEY, UNFINISHED_FILE
 
     unfinished = pd.read_parquet(out / UNFINISHED_FILE)
     assert unfinished.attrs["after_step"] == 3 and len(unfinished) == steps["carried_out"].iloc[-1]
@@ -152,7 +152,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
 
     # and `lssim validate --mode any --runs` compares its step times against the simulator in its mode
     from real_backend.validate_modes import compare_modes
-    from lssim.fidelity import load_run
+    from lssim.analysis.fidelity import load_run
 
     frames = compare_modes([load_run(out)], "real_backend/profile_cpu.json", "real_backend/profile_trainer_cpu.json")
     table = frames["summary"]

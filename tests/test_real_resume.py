@@ -41,7 +41,7 @@ def _steps_done(out: Path) -> int:
 
 @pytest.mark.real
 def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engine, real_model_dir, tmp_path):
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
     from real_backend.checkpoint import load_checkpoint
 
     out = tmp_path / "run"
@@ -88,7 +88,7 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engin
 
 @pytest.mark.real
 def test_resume_continues_the_run_from_its_checkpoint(lent_engine, real_model_dir, tmp_path, monkeypatch, capsys):
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
     from real_backend.checkpoint import load_checkpoint
     from real_backend.trainer import GRPOTrainer
 
@@ -99,7 +99,7 @@ def test_resume_continues_the_run_from_its_checkpoint(lent_engine, real_model_di
     assert ckpt.step == 1 and ckpt.trainer["version"] == 2 and ckpt.mode_version == 2
     first_steps = pd.read_parquet(out / "steps.parquet")
     # both routes to what the run left unfinished agree: the recorder's file and the checkpoint's carried responses
-    from lssim.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
+    from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
     from real_backend.sim_vs_real import unfinished_from_checkpoint
 
     recorded, held = (f[UNFINISHED_COLUMNS].sort_values(KEY, ignore_index=True)
@@ -189,7 +189,7 @@ def test_loader_state_round_trip():
 @pytest.mark.real
 def test_engine_timers(vllm_engine):
     """wake_at: a WAKE event once the engine's clock reaches the time, idle or with requests in flight, in order."""
-    from lssim.core import FINISHED, WAKE, Request
+    from lssim.loop.core import FINISHED, WAKE, Request
 
     eng = vllm_engine
     t0 = eng.now()

@@ -13,8 +13,8 @@ import math
 import pandas as pd
 import pytest
 
-from lssim.controller import RunConfig
-from lssim.core import Speculation
+from lssim.loop.controller import RunConfig
+from lssim.loop.core import Speculation
 
 SPEC = "spec_tail(gamma=4, max_batch=8)"
 

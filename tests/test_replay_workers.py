@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from lssim.cli import _replay_workers, main
-from lssim.replay import SimSetup, replay
-from lssim.synth import get_preset, synthesize
+from lssim.analysis.replay import SimSetup, replay
+from lssim.traces.synth import get_preset, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_default_workers_fork_only_for_big_traces():
 
 
 def test_replay_summary_is_summarize_of_replay(trace):
-    from lssim.replay import replay_summary, summarize
+    from lssim.analysis.replay import replay_summary, summarize
 
     setup = SimSetup(n_instances=2)
     # the summary-only runs build just the response columns a summary reads; a stopping policy reads the most of them
@@ -59,8 +59,8 @@ def test_replay_summary_is_summarize_of_replay(trace):
 
 
 def test_a_run_keeps_only_the_response_columns_asked_for(trace):
-    from lssim.replay import SUMMARY_RESPONSE_COLUMNS, simulate
-    from lssim.workload import Workload
+    from lssim.analysis.replay import SUMMARY_RESPONSE_COLUMNS, simulate
+    from lssim.traces.workload import Workload
 
     workload, setup = Workload(trace), SimSetup()
     full = simulate(workload, "april", setup)

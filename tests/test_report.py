@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lssim import report as report_mod
+from lssim.analysis import report as report_mod
 from lssim.cli import main
-from lssim.synth import get_preset, synthesize
-from lssim.trace import write_trace
+from lssim.traces.synth import get_preset, synthesize
+from lssim.traces.trace import write_trace
 
 CHROMIUM = Path("/usr/bin/chromium")
 SMALL = ["--instances", "2", "--max-num-seqs", "32"]

@@ -1,4 +1,4 @@
-"""lssim.records.ResponseTable: rows written step by step into preallocated blocks give the frame that concatenating
+"""lssim.loop.records.ResponseTable: rows written step by step into preallocated blocks give the frame that concatenating
 the steps' columns gives (dtypes included), whatever the first capacity; a frame taken between steps stays as taken;
 a checkpoint pickled before the blocks still loads."""
 
@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.records import _STRING_COLUMNS, RESPONSE_COLUMNS, ResponseTable, _strings
+from lssim.loop.records import _STRING_COLUMNS, RESPONSE_COLUMNS, ResponseTable, _strings
 
 FLOATS = {"reward", "submit_time", "first_token_time", "finish_time", "natural_reward"}
 BOOLS = {"exact", "trained"}
@@ -90,7 +90,7 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
     """A step whose responses all ended by themselves or at their budget keeps finish_reason as numbers, and a
     stop_reason of one str throughout as numbers too (records._finish_reasons, _coded_if_one); mixed with steps
     kept as objects, the frame has the strings the objects give."""
-    from lssim.records import _coded_if_one, _Coded
+    from lssim.loop.records import _coded_if_one, _Coded
 
     rng = np.random.default_rng(2)
     chunks = [chunk(rng, n) for n in (6, 4, 0, 9)]
@@ -113,7 +113,7 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
        far=st.booleans())
 def test_in_sorted_is_isin(keys, values, far):
     """Keys in a short range (a mask over it) and spread out (`far`: np.isin's sort)."""
-    from lssim.records import _in_sorted
+    from lssim.loop.records import _in_sorted
 
     keys, values = np.sort(np.array(keys + [10**9] * far, np.int64)), np.array(values + [10**9] * far, np.int64)
     assert _in_sorted(values, keys).tolist() == np.isin(values, keys).tolist()

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.core import LENGTH, STOP, Group, Request
-from lssim.difficulty import PromptPosterior
-from lssim.policy import StepOutcome, make_policy
-from lssim.rewards import RewardScale
+from lssim.loop.core import LENGTH, STOP, Group, Request
+from lssim.loop.difficulty import PromptPosterior
+from lssim.loop.policy import StepOutcome, make_policy
+from lssim.loop.rewards import RewardScale
 
 
 def test_scale_of_rewards_and_its_degenerate_cases():
@@ -83,11 +83,11 @@ def test_alc_penalty_is_a_fraction_of_the_reward_range():
 
 
 def test_run_config_keeps_its_scale_through_json():
-    """A run's meta.json holds dataclasses.asdict(config); lssim.fidelity reads it back into a RunConfig."""
+    """A run's meta.json holds dataclasses.asdict(config); lssim.analysis.fidelity reads it back into a RunConfig."""
     import json
     from dataclasses import asdict
 
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
 
     config = RunConfig(steps=2, groups_per_step=3, group_size=2, max_tokens=8, reward_scale=RewardScale(-5.0, 5.0))
     back = RunConfig(**json.loads(json.dumps(asdict(config))))

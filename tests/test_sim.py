@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.bounds import make_lower_bound
-from lssim.controller import Controller, RunConfig
-from lssim.core import GroupSpec
+from lssim.sim.bounds import make_lower_bound
+from lssim.loop.controller import Controller, RunConfig
+from lssim.loop.core import GroupSpec
 from lssim.cost import ProfiledCostModel, solo_decode_time
-from lssim.policy import Action, Policy, make_policy
-from lssim.sim import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
-from lssim.workload import Workload
+from lssim.loop.policy import Action, Policy, make_policy
+from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.traces.workload import Workload
 
 # 1 ms + 10 us per running sequence + 1 ns per context token per iteration; prefill 0.1 ms + 1 us/token.
 COST = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6)
@@ -46,7 +46,7 @@ def run(trace, policy="baseline", n_instances=2, max_num_seqs=64, kv=10**7, seed
     ctl = Controller(engine, SimTrainer(engine, train), wl, policy, cfg,
                      oracle_length=lambda st_, pid, sidx, b: wl.response(st_, pid, sidx, b).length)
     # Priced with the engine's cost model once the controller has set the policy's execution features up
-    # (speculation wraps it), as lssim.replay.simulate does.
+    # (speculation wraps it), as lssim.analysis.replay.simulate does.
     ctl.lower_bound = make_lower_bound(engine.cost, n_instances, max_num_seqs)
     return ctl.run(), engine
 
@@ -234,7 +234,7 @@ def test_departures_keep_busy_within_the_rollout(policy):
 def test_no_busy_time_before_any_time_passes():
     """An admission charges its whole prefill at once; until the clock gets there, none of it has been spent
     (a rollout that ends earlier, aborting the prefilling requests, must not count it)."""
-    from lssim.core import Request
+    from lssim.loop.core import Request
 
     wl = Workload(make_trace([[[50, 60]]], prompt_len=1000, max_tokens=61), seed=0)
     engine = SimEngine(wl, ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=0.5, p1=1e-3), EngineConfig(1, 64, 10**7))

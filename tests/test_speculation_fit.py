@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.core import Speculation
+from lssim.loop.core import Speculation
 from lssim.cost import ProfiledCostModel, SpeculativeCost
 from lssim.cost.speculative import (MeasuredSpeculation, SpecFit, SpeculationSwitch, accepted_per_draft,
                                     fit_speculation, load_spec_fit, predicted_speedup)
-from lssim.policy import make_policy
+from lssim.loop.policy import make_policy
 from test_sim import make_trace, run
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ import types
 import pandas as pd
 import pytest
 
-from lssim.core import Event
+from lssim.loop.core import Event
 from real_backend import measure_speculation as ms
 from real_backend.spec_stats import SpecCounts
 

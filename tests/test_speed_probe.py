@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from lssim.controller import RunConfig
+from lssim.loop.controller import RunConfig
 from lssim.cost import ProfiledCostModel
-from lssim.fidelity import RecordedRun, replay_run
-from lssim.replay import SimSetup, simulate
-from lssim.trace import load_trace
-from lssim.workload import Workload
+from lssim.analysis.fidelity import RecordedRun, replay_run
+from lssim.analysis.replay import SimSetup, simulate
+from lssim.traces.trace import load_trace
+from lssim.traces.workload import Workload
 
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
 MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
@@ -192,7 +192,7 @@ def test_validation_reports_the_level_the_probed_twin_and_a_stage_for_the_probe(
     summary adds each policy's median speed level and its errors at that level, the JSON both, stages.csv a row
     for the probe. The runs were recorded 1.25x slower than the profile, as their probes say: the profile alone is
     20% short, the probed twin exact."""
-    from lssim.fidelity import fidelity_markdown, policy_results
+    from lssim.analysis.fidelity import fidelity_markdown, policy_results
     from real_backend import sim_vs_real
     from real_backend.speed_probe import write_reference
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lssim.cli import main
-from lssim.synth import PRESETS, SynthConfig, get_preset, synthesize
-from lssim.trace import load_trace, validate_trace
-from lssim.trace_summary import trace_info
+from lssim.traces.synth import PRESETS, SynthConfig, get_preset, synthesize
+from lssim.traces.trace import load_trace, validate_trace
+from lssim.traces.summary import trace_info
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,7 +232,7 @@ def test_config_unknown_keys():
 def test_every_field_documented():
     import inspect
 
-    import lssim.synth as S
+    import lssim.traces.synth as S
 
     src = inspect.getsource(S.SynthConfig)
     for name in SynthConfig.field_names():

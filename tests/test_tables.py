@@ -1,4 +1,4 @@
-"""lssim.tables: the terminal table and the per-step line both worlds print."""
+"""lssim.analysis.tables: the terminal table and the per-step line both worlds print."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from lssim.tables import TABLE_COLUMNS, format_step, format_summary
+from lssim.analysis.tables import TABLE_COLUMNS, format_step, format_summary
 
 
 def _summary_row(**over) -> dict:

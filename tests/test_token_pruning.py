@@ -1,5 +1,5 @@
 """Tests for real_backend.token_pruning (G2TP, micro-entropy pruning, compaction) and the factors the simulator
-takes from its measurement (lssim.training.ScaledTrainCost). No vLLM: the trainer runs on synthetic batches."""
+takes from its measurement (lssim.sim.training.ScaledTrainCost). No vLLM: the trainer runs on synthetic batches."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.training import AnalyticTrainCost, ScaledTrainCost
+from lssim.sim.training import AnalyticTrainCost, ScaledTrainCost
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "real_backend" / "pruning_cpu.json"
@@ -59,7 +59,7 @@ def test_compaction_drops_empty_samples_and_cuts_pruned_suffixes():
 
 
 def _batch(rng, n_groups=6, vocab=18):
-    from lssim.core import Group, Request
+    from lssim.loop.core import Group, Request
 
     prompts, groups = {}, []
     for g in range(n_groups):

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim import trace as T
+from lssim.traces import trace as T
 from lssim.cli import main
-from lssim.trace_summary import format_trace_info, trace_info
-from lssim.trace import (
+from lssim.traces.summary import format_trace_info, trace_info
+from lssim.traces.trace import (
     COLUMNS,
     KEY,
     OPTIONAL,
@@ -342,7 +342,7 @@ def test_write_invalid_keeps_existing_file(tmp_path):
     path = tmp_path / "out.parquet"
     good = write_trace(make_frame(), path)
     bad = make_frame()
-    bad["reward"] = np.inf  # rewards may take any scale (lssim.rewards), but must be finite
+    bad["reward"] = np.inf  # rewards may take any scale (lssim.loop.rewards), but must be finite
     with pytest.raises(TraceError):
         write_trace(bad, path)
     assert leftovers(tmp_path) == ["out.parquet"]
@@ -497,7 +497,7 @@ def test_readme_documents_every_column():
         assert f"`{c.name}`" in text, c.name
     for r in T.FINISH_REASONS:
         assert f"`{r}`" in text
-    assert T.schema_markdown() in text, "traces/README.md column table is out of date with lssim.trace.COLUMNS"
+    assert T.schema_markdown() in text, "traces/README.md column table is out of date with lssim.traces.trace.COLUMNS"
 
 
 @pytest.mark.parametrize("name", ["math7b", "longtail32k"])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.trace import TraceError, validate_trace
+from lssim.traces.trace import TraceError, validate_trace
 
 
 def frame(keys: list[tuple[int, int, int]], text_ids: bool, groups: list[int]) -> pd.DataFrame:
@@ -69,8 +69,8 @@ def test_rows_in_key_order_are_taken_as_they_are():
                        min_size=1, max_size=12))
 def test_a_column_the_quick_range_check_passes_has_no_bad_row(values):
     """check_column_range returns early when a column's min and max say it holds: then no row may break a rule."""
-    from lssim.trace import COLUMNS
-    from lssim.trace_checks import _range_holds
+    from lssim.traces.trace import COLUMNS
+    from lssim.traces.checks import _range_holds
 
     for c in COLUMNS:
         if c.kind not in ("int", "float", "id"):

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lssim.trace import TraceError, load_trace, validate_trace, write_trace
-from lssim.trace_summary import trace_info
+from lssim.traces.trace import TraceError, load_trace, validate_trace, write_trace
+from lssim.traces.summary import trace_info
 
 
 def frame(ids=("a", "b", "c"), rewards=(5.0, -5.0)) -> pd.DataFrame:

@@ -33,7 +33,7 @@ def test_the_shipped_h100_measurement_is_below_the_analytic_default():
     from pathlib import Path
 
     import lssim
-    from lssim.training import AnalyticTrainCost
+    from lssim.sim.training import AnalyticTrainCost
 
     table = pd.read_csv(Path(lssim.__file__).parent / "profiles" / "h100_train_mfu.csv")
     assert set(table["model"]) == {"qwen2.5-1.5b", "qwen2.5-7b"} and len(table) == 12

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.core import Group, Request
-from lssim.policy import Compose, Policy, TrainBatch, TrainMask, make_policy
-from lssim.sim import SimTrainer, TrainTimeModel
-from lssim.train_policy import measured_mask, price_masked, sim_batch
-from lssim.training import AnalyticTrainCost
+from lssim.loop.core import Group, Request
+from lssim.loop.policy import Compose, Policy, TrainBatch, TrainMask, make_policy
+from lssim.sim.world import SimTrainer, TrainTimeModel
+from lssim.sim.train_policy import measured_mask, price_masked, sim_batch
+from lssim.sim.training import AnalyticTrainCost
 from policies.entropy_prune import EntropyPrune, entropy_keep
 from policies.g2tp import G2TP, g2tp_keep
 
@@ -156,11 +156,11 @@ def test_measured_mask_removes_at_most_the_measured_share(n_groups, seed, comput
 
 
 def test_a_trainer_that_cannot_prune_refuses_the_policy():
-    from lssim.controller import Controller, RunConfig
-    from lssim.replay import SimSetup
-    from lssim.sim import EngineConfig, SimEngine
-    from lssim.synth import SynthConfig, synthesize
-    from lssim.workload import Workload
+    from lssim.loop.controller import Controller, RunConfig
+    from lssim.analysis.replay import SimSetup
+    from lssim.sim.world import EngineConfig, SimEngine
+    from lssim.traces.synth import SynthConfig, synthesize
+    from lssim.traces.workload import Workload
 
     class Plain:
         def train(self, groups, step):
@@ -237,7 +237,7 @@ def test_the_real_trainer_trains_exactly_the_tokens_the_policy_kept(real_model_d
 
 @pytest.mark.real
 def test_g2tp_runs_through_the_real_backend(vllm_engine, real_model_dir, tmp_path):
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
     from real_backend.world import RealSetup, prepare, run_real
 
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=8)
@@ -257,16 +257,16 @@ def test_g2tp_runs_through_the_real_backend(vllm_engine, real_model_dir, tmp_pat
 
 @pytest.fixture(scope="module")
 def carried_workload():
-    from lssim.synth import SynthConfig, synthesize
-    from lssim.workload import Workload
+    from lssim.traces.synth import SynthConfig, synthesize
+    from lssim.traces.workload import Workload
 
     trace = synthesize(SynthConfig(n_prompts=64, steps=6, prompts_per_step=16, group_size=4, max_tokens=4096, seed=3))
     return Workload(trace, seed=3)
 
 
 def test_bridging_trains_each_token_once_earlier_and_leaves_the_rollout_alone(carried_workload):
-    from lssim.controller import RunConfig
-    from lssim.replay import SimSetup, simulate
+    from lssim.loop.controller import RunConfig
+    from lssim.analysis.replay import SimSetup, simulate
 
     setup = SimSetup(n_instances=2, max_num_seqs=64, kv_capacity_tokens=200_000)
     config = RunConfig(steps=40, groups_per_step=16, group_size=4, max_tokens=4096, total_groups=64)  # runs until none is carried
@@ -315,7 +315,7 @@ def test_bridged_groups_carry_bootstrapped_values_and_train_only_new_segments():
 
 
 def _outcome(step, prompt_id=(), response_len=(), reward=()):
-    from lssim.policy import StepOutcome
+    from lssim.loop.policy import StepOutcome
 
     n = len(prompt_id)
     return StepOutcome(step, np.array(prompt_id, int), np.arange(n), np.array(response_len, int), np.full(n, 64),
@@ -357,7 +357,7 @@ def test_the_real_trainer_trains_a_bridged_segment_with_its_value(real_model_dir
 
 @pytest.mark.real
 def test_segment_bridging_runs_through_the_real_backend(vllm_engine, real_model_dir, tmp_path):
-    from lssim.controller import RunConfig
+    from lssim.loop.controller import RunConfig
     from real_backend.world import RealSetup, prepare, run_real
 
     setup = RealSetup(model_dir=str(real_model_dir), n_prompts=8)

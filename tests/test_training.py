@@ -1,4 +1,4 @@
-"""Tests for lssim.training: the training-phase models (analytic, profiled, the old placeholder), the packing rule the
+"""Tests for lssim.sim.training: the training-phase models (analytic, profiled, the old placeholder), the packing rule the
 real trainer shares, the shipped CPU profile, and the simulator's use of them."""
 
 import json
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.sim import SimTrainer, TrainTimeModel
-from lssim.train_profiled import ProfiledTrainCost, step_features
-from lssim.training import (
+from lssim.sim.world import SimTrainer, TrainTimeModel
+from lssim.sim.train_profiled import ProfiledTrainCost, step_features
+from lssim.sim.training import (
     AnalyticTrainCost,
     TrainCostModel,
     TrainPhases,
@@ -393,7 +393,7 @@ def test_shipped_profile_reproduces_its_measurements():
 
 
 def _groups(lengths, prompt_len=100):
-    from lssim.core import Group, Request
+    from lssim.loop.core import Group, Request
 
     reqs = []
     for i, n in enumerate(lengths):
@@ -412,7 +412,7 @@ class _Clock:
 
 
 def test_sim_trainer_reports_the_phases_and_the_collocated_mode_puts_them_on_the_clock():
-    from lssim.modes import ModeConfig
+    from lssim.loop.modes import ModeConfig
 
     clock = _Clock()
     clock.now = lambda: clock.clock
@@ -437,9 +437,9 @@ def test_sim_trainer_signal_only_skips_groups_without_signal():
 
 
 def test_replay_reports_train_phases():
-    from lssim.replay import SimSetup, simulate
-    from lssim.synth import SynthConfig, synthesize
-    from lssim.workload import Workload
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.synth import SynthConfig, synthesize
+    from lssim.traces.workload import Workload
 
     trace = synthesize(SynthConfig(n_prompts=32, steps=2, prompts_per_step=16, group_size=4, max_tokens=2048))
     res = simulate(Workload(trace, seed=0), "baseline", SimSetup(n_instances=2, max_num_seqs=64), steps=2)
@@ -451,7 +451,7 @@ def test_replay_reports_train_phases():
 
 
 def test_sim_setup_takes_a_profile_path_and_rejects_a_bad_one(tmp_path):
-    from lssim.replay import SimSetup
+    from lssim.analysis.replay import SimSetup
 
     path = tmp_path / "p.json"
     PROFILED.to_json(path)

@@ -1,5 +1,5 @@
 """The simulated twin of a run that ends with responses still carried (segment, april): the trace has no row for
-them, so the twin must be told (RecordedRun.unfinished, lssim.fidelity.twin_trace) or it fills them in from the
+them, so the twin must be told (RecordedRun.unfinished, lssim.analysis.fidelity.twin_trace) or it fills them in from the
 members that ended, finishes groups the run left open and predicts a speedup the run never had (issue 16:
 segment's +56.7 points in the tail world). A run recorded from the simulator is the reference: its twin must
 reproduce its books exactly."""
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.controller import RunConfig
-from lssim.fidelity import UNFINISHED_AT_END, UNFINISHED_COLUMNS, RecordedRun, compare, replay_run, twin_trace
-from lssim.replay import simulate
-from lssim.trace import load_trace
-from lssim.workload import Workload
+from lssim.loop.controller import RunConfig
+from lssim.analysis.fidelity import UNFINISHED_AT_END, UNFINISHED_COLUMNS, RecordedRun, compare, replay_run, twin_trace
+from lssim.analysis.replay import simulate
+from lssim.traces.trace import load_trace
+from lssim.traces.workload import Workload
 from policies.segment import Segment
 
 from test_validate import REAL_TRACE, _setup, profile  # noqa: F401 (profile: the validation tests' profile fixture)
@@ -114,7 +114,7 @@ def _steps(rows):
 
 
 def test_the_speedup_error_is_split_into_groups_and_seconds():
-    from lssim.fidelity import fidelity_table
+    from lssim.analysis.fidelity import fidelity_table
 
     responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
                                       "finish_time_predicted"])
@@ -134,7 +134,7 @@ def test_the_seconds_part_is_split_again_into_the_drivers_points_and_the_engines
     """A twin that prices the engine exactly but not the driver's own time: the policy's run spent 0.3 s of its 1.3 s
     in the driver, the baseline's 0.1 of 2.1. The seconds part of its speedup error is all the driver's; and the two
     parts add up to the seconds part. Without the driver's column there is no split."""
-    from lssim.fidelity import fidelity_table
+    from lssim.analysis.fidelity import fidelity_table
 
     responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
                                       "finish_time_predicted"])
@@ -156,7 +156,7 @@ def test_the_seconds_part_is_split_again_into_the_drivers_points_and_the_engines
 @given(base=st.lists(st.floats(1.0, 3.0), min_size=3, max_size=3), pol=st.lists(st.floats(0.3, 3.0), min_size=3, max_size=3),
        groups=st.lists(st.integers(5, 12), min_size=3, max_size=3))
 def test_speedup_by_repeat_pairs_each_repeat_with_the_baselines_and_the_summary_shows_the_range(base, pol, groups):
-    from lssim.fidelity import fidelity_markdown, policy_summary, speedup_by_repeat
+    from lssim.analysis.fidelity import fidelity_markdown, policy_summary, speedup_by_repeat
 
     steps = _steps([("baseline", k, 0, base[k], base[k]) for k in range(3)] + [("p", k, 0, pol[k], pol[k]) for k in range(3)])
     g = pd.DataFrame({"policy": ["baseline"] * 3 + ["p"] * 3, "repeat": [0, 1, 2] * 2, "measured_groups": [10] * 3 + groups})

@@ -15,14 +15,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lssim.controller import Controller, RunConfig
-from lssim.core import Request
+from lssim.loop.controller import Controller, RunConfig
+from lssim.loop.core import Request
 from lssim.cost import ProfiledCostModel
-from lssim.fidelity import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
-from lssim.policy import make_policy
-from lssim.replay import SimSetup
-from lssim.trace import load_trace
-from lssim.workload import Workload
+from lssim.analysis.fidelity import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
+from lssim.loop.policy import make_policy
+from lssim.analysis.replay import SimSetup
+from lssim.traces.trace import load_trace
+from lssim.traces.workload import Workload
 from real_backend.recorder import Recorder, unfinished_frame, write_unfinished
 
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
@@ -92,7 +92,7 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: s
     """The simulator's controller in async mode (staleness 1; or `mode`) under `policy` with the real backend's recorder
     attached, as real_backend.world.run_real attaches it; returns the keys of every response it submitted and the
     controller."""
-    from lssim.replay import SimEngine, SimTrainer
+    from lssim.analysis.replay import SimEngine, SimTrainer
 
     profile = tmp_path / "profile.json"
     MODEL.to_json(profile, meta={"command": "test"})

@@ -31,7 +31,7 @@ from lssim.integrations.verl.driver import end_run
 from lssim.integrations.verl.records import (BUDGET_FIELD, PROMPT_ID_FIELD, ROLLOUT_N_FIELD, finish_reason_of, parse_key,
                                              responses_from_batch)
 from lssim.integrations.verl.sampler import LssimSampler, SamplerSettings
-from lssim.trace import load_trace
+from lssim.traces.trace import load_trace
 
 HAS_VERL = importlib.util.find_spec("verl") is not None and importlib.util.find_spec("transfer_queue") is not None
 needs_verl = pytest.mark.skipif(not HAS_VERL, reason="verl 0.9.1 is not importable here (its transformers<5.11 pin clashes "

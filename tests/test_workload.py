@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from lssim.workload import EXACT, GLOBAL, RESAMPLED, TRUNCATED, Workload
+from lssim.traces.workload import EXACT, GLOBAL, RESAMPLED, TRUNCATED, Workload
 
 
 def trace():

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import workload_reference as ref
-from lssim.workload import Workload, lookup_many
+from lssim.traces.workload import Workload, lookup_many
 
 REASONS = ["stop", "stop", "length", "abort", "policy_stop"]
 
@@ -120,7 +120,7 @@ def test_a_workload_pickles_after_its_lazy_parts_are_built():
                                                   min_size=1, max_size=4))
 @settings(max_examples=60, deadline=None)
 def test_hash01_over_arrays_is_the_scalar_hash_bit_for_bit(seed, parts):
-    from lssim.workload import _hash01, hash01_many
+    from lssim.traces.workload import _hash01, hash01_many
 
     arrays = [np.array(p, np.int64) for p in parts]
     got = hash01_many(seed, *arrays)

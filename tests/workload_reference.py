@@ -1,4 +1,4 @@
-"""The Workload index as it was before it was built from arrays (lssim/workload.py at commit f53dcfe, with the fix
+"""The Workload index as it was before it was built from arrays (lssim/traces/workload.py at commit f53dcfe, with the fix
 for samples numbered with a hole that /work/wt/segcount-workload.diff proposed, and absolute imports): the reference
 tests/test_workload_index.py holds the array-built index to, answer for answer.
 """
@@ -10,8 +10,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from lssim.core import LENGTH, STOP, GroupSpec, PromptPool
-from lssim.rewards import RewardScale
+from lssim.loop.core import LENGTH, STOP, GroupSpec, PromptPool
+from lssim.loop.rewards import RewardScale
 
 EXACT, TRUNCATED, RESAMPLED, GLOBAL = "exact", "truncated", "resampled", "global"
 _MASK = (1 << 64) - 1
@@ -42,12 +42,12 @@ class Outcome(NamedTuple):
 
 
 class Workload:
-    """Counterfactual responses from a trace (a validated frame, see lssim.trace), and the trace's own
+    """Counterfactual responses from a trace (a validated frame, see lssim.traces.trace), and the trace's own
     batches (a `PromptSource`: `default_groups` gives each step's recorded groups, as recorded).
 
     Prompt ids: a trace's integer ids are used as they are; text ids (verl uids, hashes) get dense int codes
     (0.. in text order) so that policies keep indexing numpy arrays and dicts by int. `prompt_ids_as_written`
-    turns codes back into the trace's ids (lssim.replay does it for every result frame)."""
+    turns codes back into the trace's ids (lssim.analysis.replay does it for every result frame)."""
 
     def __init__(self, trace: pd.DataFrame, seed: int = 0):
         codes, self.prompt_names = _prompt_codes(trace["prompt_id"])
@@ -93,7 +93,7 @@ class Workload:
         entropy = df["entropy_mean"].to_numpy(float) if "entropy_mean" in df else np.full(len(df), np.nan)
         self._entropy = [x if x == x else _NAN for x in entropy.tolist()]  # one NaN object: answers compare equal
         healthy = entropy[(loop < 0) & (collapse < 0) & ~np.isnan(entropy)]
-        # The entropy of ordinary text: what a loop or a collapse departs from (lssim.signals).
+        # The entropy of ordinary text: what a loop or a collapse departs from (lssim.loop.signals).
         self.text_entropy = float(np.median(healthy)) if len(healthy) else _NAN
 
     def _index_groups(self, steps: np.ndarray, pids: np.ndarray) -> None:
@@ -190,7 +190,7 @@ class Workload:
     response = lookup  # the same answer, under the name the oracle and the tests read best
 
     def signal_columns(self, row: int) -> tuple[int, int, float]:
-        """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.signals models from."""
+        """(loop_start, entropy_collapse_start, entropy_mean) of a trace row: what lssim.loop.signals models from."""
         return self._loop[row], self._collapse[row], self._entropy[row]
 
     def _from_row(self, row: int, budget: int, source: str, step: int, prompt_id: int, sample_idx: int) -> Outcome:

@@ -1,5 +1,5 @@
 """Simulator speed, as ratios against issue 15's goals: responses per second per policy on one core (each policy's
-route: the batch route, lssim.fastsim, where it has no per-event hook; the event engine otherwise), a KV-bound
+route: the batch route, lssim.sim.fastsim, where it has no per-event hook; the event engine otherwise), a KV-bound
 long-response workload, sweep runs per second with 1 and 2 workers, and the wall time of `lssim replay` on a
 1,024,000-response trace with and without its references.
 
@@ -16,7 +16,7 @@ takes, its synthesis and the Workload's index timed apart; the simulation runs p
 batch route is also run on the event engine (`--event-responses` of the trace) for the ratio. `kv`: requests of
 mean ~2.4k tokens (max 8k) on one H100 running llama3-8b with 256 sequences, so the KV cache binds and requests
 are preempted; the baseline on both routes (the event engine on `--kv-event-requests` of them). `sweep`:
-`lssim.parallel.run_jobs` over a small trace (policies x instance counts), on 1 and on 2 processes, pool start
+`lssim.analysis.parallel.run_jobs` over a small trace (policies x instance counts), on 1 and on 2 processes, pool start
 included. `cli`: `python -m lssim.cli replay` in a fresh process on a synthesized trace (process start,
 reading and validating the trace included), with baseline and oracle, then with --no-reference. `real`: the traces
 the real backend recorded (traces/), simulated with the CPU profiles, against the real run's own seconds.
@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from lssim.policy import available_policies, make_policy
-from lssim.replay import SimSetup, simulate
-from lssim.synth import get_preset, synthesize
-from lssim.workload import Workload
+from lssim.loop.policy import available_policies, make_policy
+from lssim.analysis.replay import SimSetup, simulate
+from lssim.traces.synth import get_preset, synthesize
+from lssim.traces.workload import Workload
 
 GOAL_RESPONSES_PER_SECOND = 1_000_000  # issue 15: on one core, baseline, oracle and hadb
 GOAL_CLI_SECONDS = 5.0  # issue 15: `lssim replay` of 1,024,000 responses under hadb with its references
@@ -137,13 +137,13 @@ def _unpin(before) -> None:
 
 
 def bench_sweep(n_runs: int, repeats: int) -> None:
-    from lssim.parallel import SimJob, run_jobs
+    from lssim.analysis.parallel import SimJob, run_jobs
 
     trace = synthesize(get_preset("math7b").replace(steps=4, prompts_per_step=64, n_prompts=128))
     specs, sizes = ["baseline", "hadb", "april", "seer", "lpt", "breaker"], [2, 4, 8, 16]
     jobs = [SimJob(trace, specs[i % len(specs)], SimSetup(n_instances=sizes[(i // len(specs)) % len(sizes)]), seed=i)
             for i in range(n_runs)]
-    print(f"sweep: {n_runs} runs of {len(trace):,} responses each (lssim.parallel.run_jobs; pool start included)")
+    print(f"sweep: {n_runs} runs of {len(trace):,} responses each (lssim.analysis.parallel.run_jobs; pool start included)")
     rates = {}
     for workers in (1, 2):
         times = []
@@ -159,7 +159,7 @@ def bench_sweep(n_runs: int, repeats: int) -> None:
 def bench_cli(responses: int, policy: str, repeats: int) -> None:
     with tempfile.TemporaryDirectory(prefix="lssim-bench-") as tmp:
         path = Path(tmp) / "trace.parquet"
-        from lssim.trace import write_trace
+        from lssim.traces.trace import write_trace
 
         write_trace(_trace(responses), path)
         print(f"cli: python -m lssim.cli replay {responses:,}-response trace --policy {policy} (fresh process each; "
@@ -184,7 +184,7 @@ def bench_real(repeats: int) -> None:
     calibrated on; the real run's seconds over the simulation's (goal >= 1000x)."""
     import pandas as pd
 
-    from lssim.trace import load_trace
+    from lssim.traces.trace import load_trace
 
     root = Path(__file__).resolve().parents[2]
     def recorded_seconds(path: Path) -> float:

@@ -1,6 +1,6 @@
 """The actor's forward and backward on a GPU, timed, against the MFU the analytic training model assumes.
 
-``lssim.training.AnalyticTrainCost`` prices training on a GPU cluster at ``mfu`` (0.35 by default) of the dense
+``lssim.sim.training.AnalyticTrainCost`` prices training on a GPU cluster at ``mfu`` (0.35 by default) of the dense
 peak, FLOPs counted as verl counts them (6 x dense params x tokens + 6 x sum(seq_len^2) x head_dim x heads x layers
 for forward and backward; a recompute from gradient checkpointing is inside the MFU). This measures what one GPU
 attains on a decoder with the model's shapes: transformers' Qwen2 with random bf16 weights, PyTorch SDPA

@@ -6,9 +6,9 @@ over every validation whose outputs are kept.
 
 Per folder and policy: the step error (median / p90 %) with the profile alone and at the probed speed level
 (summary.csv), and the noise floor, what an exact model would score against the same repeats
-(lssim.fidelity.noise_floor, from steps_by_repeat.parquet), with the repeats it would need to meet the goal. Then,
+(lssim.analysis.fidelity.noise_floor, from steps_by_repeat.parquet), with the repeats it would need to meet the goal. Then,
 over all rows: how often each prediction meets the goal, and its typical error; and how often a speedup error is
-within the goal, and within the 95% bound of an exact model's speedup error (lssim.fidelity.speedup_noise_floor).
+within the goal, and within the 95% bound of an exact model's speedup error (lssim.analysis.fidelity.speedup_noise_floor).
 Nothing is replayed: it reads the folders' files, so it runs in seconds without vLLM.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
+from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
@@ -58,7 +58,7 @@ def folder_table(folder) -> pd.DataFrame:
 
 def speedups_pooled(rows: pd.DataFrame) -> pd.DataFrame:
     """Over the policies of every folder (baselines have no speedup error): how often the speedup error is within
-    the goal, and within the 95% bound of an exact model's (lssim.fidelity.speedup_noise_floor), beside how often an
+    the goal, and within the 95% bound of an exact model's (lssim.analysis.fidelity.speedup_noise_floor), beside how often an
     exact model would typically be within the goal on those repeats."""
     r = rows.dropna(subset=["speedup_error", "speedup_noise_bound_points"])
     err = r["speedup_error"].abs()
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         for folder in folders:  # where in a step the twin is off, where the responses were kept
             if Path(folder, "responses.parquet").is_file():
                 print(f"\n{folder}: measured / predicted finish time, by where a response finished in its step "
-                      f"(lssim.fidelity.finish_profile)")
+                      f"(lssim.analysis.fidelity.finish_profile)")
                 print(finish_profile(pd.read_parquet(Path(folder, "responses.parquet"))).to_string(float_format=lambda v: f"{v:.3f}"))
     return 0
 

@@ -19,12 +19,12 @@ conventions every model follows are in :mod:`lssim.cost.protocol`; the pieces:
 Every public name is re-exported here, so ``from lssim.cost import X`` works for all of them.
 """
 
-from .catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware, ModelSpec, kv_capacity_tokens
-from .operators import KernelProfile, OperatorCostModel
-from .profiled import ProfiledCostModel, batch_features
-from .protocol import CostModel, peak_tokens_per_second, solo_decode_time
-from .roofline import RooflineCostModel
-from .speculative import SpeculativeCost
+from lssim.cost.catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware, ModelSpec, kv_capacity_tokens
+from lssim.cost.operators import KernelProfile, OperatorCostModel
+from lssim.cost.profiled import ProfiledCostModel, batch_features
+from lssim.cost.protocol import CostModel, peak_tokens_per_second, solo_decode_time
+from lssim.cost.roofline import RooflineCostModel
+from lssim.cost.speculative import SpeculativeCost
 
 __all__ = [
     "CostModel",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .protocol import _INF
+from lssim.cost.protocol import _INF
 
 _BATCH_COLUMNS = ("n_seqs", "prompt_len", "lengths", "seconds")
 _DECODE_COLUMNS = ("n_seqs", "ctx_tokens", "seconds")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .operators import decoder_kernels
+from lssim.cost.operators import decoder_kernels
 
 SWEEP_TOKENS = (1, 2, 4) + tuple(range(8, 1024, 8)) + tuple(range(1024, 2048, 16)) + tuple(range(2048, 4097, 32))
 COLUMNS = ["source", "tp", "op", "k", "n", "tokens", "seconds", "seconds_warm", "tflops", "kernel"]
@@ -57,7 +57,7 @@ def model_shapes(model: str, tp: int = 1, tokens=SWEEP_TOKENS) -> list[GemmShape
 def vidur_shapes(data_dir=None) -> list[GemmShape]:
     """Every GEMM Microsoft Vidur profiled on the H100 (lssim/cost/data/vidur_h100_*.csv), at its own token
     counts: our measurement of the same kernels, for the cost model to be checked on Vidur's."""
-    from .operator_fit import DATA_DIR, load_vidur
+    from lssim.cost.operator_fit import DATA_DIR, load_vidur
 
     long = load_vidur(DATA_DIR if data_dir is None else data_dir)
     gemms = long[long["k"] > 0]

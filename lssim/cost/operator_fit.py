@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .catalog import DecoderShape, ModelSpec
-from .operators import (DATA_DIR, GemmTable, KernelProfile, OperatorCostModel, decoder_kernels, elementwise_seconds,
+from lssim.cost.catalog import DecoderShape, ModelSpec
+from lssim.cost.operators import (DATA_DIR, GemmTable, KernelProfile, OperatorCostModel, decoder_kernels, elementwise_seconds,
                         fitted_fields, gemm_seconds)
-from .roofline import RooflineCostModel
+from lssim.cost.roofline import RooflineCostModel
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 LSSIM_MODELS = ("qwen2.5-7b", "qwen2.5-1.5b")

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
-from .protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
+from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
            "OperatorCostModel", "KERNEL_PROFILES", "load_kernel_profile"]

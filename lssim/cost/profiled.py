@@ -11,8 +11,8 @@ import math
 import numbers
 from pathlib import Path
 
-from .fitting import _DECODE_COLUMNS, _PREFILL_COLUMNS, _ape_summary, _load_batches, _load_table, _nnls_relative
-from .protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.fitting import _DECODE_COLUMNS, _PREFILL_COLUMNS, _ape_summary, _load_batches, _load_table, _nnls_relative
+from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["ProfiledCostModel", "batch_features"]
 

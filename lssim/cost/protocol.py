@@ -83,7 +83,7 @@ class CostModel(Protocol):
         """A lower bound on the summed decode seconds of any schedule that generates ``tokens`` tokens with at
         most ``max_num_seqs`` sequences per iteration, where ``context_reads`` is the sum over those tokens of
         the context each was decoded at (schedule-independent: a response of ``L`` tokens on a context of
-        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.bounds)."""
+        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.sim.bounds)."""
         ...
 
     def departure_time(self, n_leaving: int) -> float:

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
-from .protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
+from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["RooflineCostModel"]
 
@@ -139,7 +139,7 @@ class RooflineCostModel:
     # changes a scalar form changes its array form too.
 
     def decode_times(self, n_seqs: np.ndarray, ctx_tokens: np.ndarray, n_iters: np.ndarray) -> np.ndarray:
-        from .roofline_arrays import decode_times  # numba, loaded on the first batch-route step
+        from lssim.cost.roofline_arrays import decode_times  # numba, loaded on the first batch-route step
 
         return decode_times(n_seqs, ctx_tokens, n_iters, self._mem_a, self._mem_b, self._cmp_a, self._cmp_b, self._ov)
 

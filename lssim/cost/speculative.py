@@ -8,8 +8,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..core import Speculation
-from .protocol import CostModel, _settle, abort_time_of
+from lssim.loop.core import Speculation
+from lssim.cost.protocol import CostModel, _settle, abort_time_of
 
 __all__ = ["SpeculativeCost", "SpecFit", "SpeculationSwitch", "MeasuredSpeculation", "fit_speculation",
            "load_spec_fit", "accepted_per_draft"]
@@ -102,7 +102,7 @@ def load_spec_fit(path) -> tuple[SpecFit, dict]:
 
 
 class SpeculativeCost:
-    """A cost model with speculation (lssim.core.Speculation) applied while ``n_seqs <= max_batch``.
+    """A cost model with speculation (lssim.loop.core.Speculation) applied while ``n_seqs <= max_batch``.
 
     Speculation changes the time per generated token by a factor that depends on the running batch only,
     ``factor(n)``; within a span ``n`` is constant, so a span of ``k`` iterations costs exactly
@@ -136,7 +136,7 @@ class SpeculativeCost:
 
     The factor is made non-decreasing in ``n`` (a running maximum, which leaves it alone where it already grows
     with ``n``, as it does for the cost models here), so ``decode_time`` stays non-decreasing in ``n_seqs``
-    below the threshold and the lower bound (lssim.bounds) stays valid when priced with this model.
+    below the threshold and the lower bound (lssim.sim.bounds) stays valid when priced with this model.
     """
 
     def __init__(self, base: CostModel, speculation) -> None:

@@ -2,17 +2,17 @@
 # # Choose an execution mode and a device split for a cluster
 #
 # Collocated (verl's default), disaggregated one-step-off, async with a staleness bound (AReaL, ROLL Flash) or hybrid
-# streaming (RLinf): `lssim.plan` runs every mode x rollout/train split x staleness bound x policy on a trace and ranks
+# streaming (RLinf): `lssim.analysis.plan` runs every mode x rollout/train split x staleness bound x policy on a trace and ranks
 # them end to end by trained tokens per second, with the staleness each pays. The same from the shell:
 # `lssim plan TRACE --devices 16 --max-staleness 1`.
 
 # %%
 import os
 
-from lssim import plots
-from lssim.plan import PlanSpace, plan
-from lssim.replay import SimSetup, replay
-from lssim.trace import load_trace
+from lssim.analysis import plots
+from lssim.analysis.plan import PlanSpace, plan
+from lssim.analysis.replay import SimSetup, replay
+from lssim.traces.trace import load_trace
 
 FAST = bool(os.environ.get("LSSIM_NOTEBOOK_FAST"))
 ROOT = next(p for p in [os.getcwd(), os.path.dirname(os.getcwd())] if os.path.isdir(os.path.join(p, "traces")))

@@ -11,11 +11,11 @@ import os
 
 import numpy as np
 
-from lssim import plots
-from lssim.replay import SimSetup, replay, summarize
-from lssim.synth import get_preset, synthesize
-from lssim.trace import validate_trace
-from lssim.trace_summary import format_trace_info, trace_info
+from lssim.analysis import plots
+from lssim.analysis.replay import SimSetup, replay, summarize
+from lssim.traces.synth import get_preset, synthesize
+from lssim.traces.trace import validate_trace
+from lssim.traces.summary import format_trace_info, trace_info
 
 FAST = bool(os.environ.get("LSSIM_NOTEBOOK_FAST"))
 cfg = get_preset("longtail32k").replace(steps=4 if FAST else 12, prompts_per_step=16 if FAST else 64, group_size=8,

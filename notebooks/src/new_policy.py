@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Write a policy in one cell and compare it with the published ones
 #
-# A policy is a class with a few hooks (lssim/policy.py); every hook's default is "no opinion". This one ends the
+# A policy is a class with a few hooks (lssim/loop/policy.py); every hook's default is "no opinion". This one ends the
 # rollout once 90% of the groups are done and carries the rest over to the next step (a milder APRIL without
 # over-provisioning). `check_policy` runs it against the contract (the books balance, it is deterministic) before
 # it is compared with the policies in `policies/`.
@@ -11,12 +11,12 @@ import os
 
 import pandas as pd
 
-from lssim import plots
-from lssim.checks import check_policy
-from lssim.policy import CARRY, Policy, make_policy
-from lssim.replay import SimSetup, simulate, summarize
-from lssim.trace import load_trace
-from lssim.workload import Workload
+from lssim.analysis import plots
+from lssim.loop.checks import check_policy
+from lssim.loop.policy import CARRY, Policy, make_policy
+from lssim.analysis.replay import SimSetup, simulate, summarize
+from lssim.traces.trace import load_trace
+from lssim.traces.workload import Workload
 
 FAST = bool(os.environ.get("LSSIM_NOTEBOOK_FAST"))
 ROOT = next(p for p in [os.getcwd(), os.path.dirname(os.getcwd())] if os.path.isdir(os.path.join(p, "traces")))

@@ -12,9 +12,9 @@
 # %%
 import os
 
-from lssim import plots
-from lssim.replay import SimSetup, replay, summarize
-from lssim.trace import load_trace
+from lssim.analysis import plots
+from lssim.analysis.replay import SimSetup, replay, summarize
+from lssim.traces.trace import load_trace
 
 FAST = bool(os.environ.get("LSSIM_NOTEBOOK_FAST"))
 ROOT = next(p for p in [os.getcwd(), os.path.dirname(os.getcwd())] if os.path.isdir(os.path.join(p, "traces")))
@@ -47,7 +47,7 @@ fig = plots.compare_timelines(results, 1, ["baseline", "april"])
 # %% [markdown]
 # ## How close, honestly
 #
-# - The trace is synthetic (lssim.synth's `longtail32k` preset), not the paper's data; the tail is what drives the
+# - The trace is synthetic (lssim.traces.synth's `longtail32k` preset), not the paper's data; the tail is what drives the
 #   gain, so a heavier or lighter tail moves the number. The paper's own runs span 20-44%.
 # - Time is the roofline cost model of a 7B model on H100, not slime on the paper's GPUs; the simulator's error
 #   against a real engine is measured only on CPU (see validate_policy.ipynb).

@@ -8,9 +8,9 @@ import os
 import shlex
 import sys
 
-from lssim.policy import make_policy
+from lssim.loop.policy import make_policy
 
-from .agent_loop import AGENT_LOOP_YAML, AGENT_NAME
+from lssim.integrations.verl.agent_loop import AGENT_LOOP_YAML, AGENT_NAME
 
 YAML_NAME = "lssim_agent_loops.yaml"
 MODES = ("sync", "colocate_async")

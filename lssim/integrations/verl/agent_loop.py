@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import BUDGET_FIELD, EXTRA_KEY, finish_reason_of
+from lssim.integrations.verl.records import BUDGET_FIELD, EXTRA_KEY, finish_reason_of
 
 AGENT_NAME = "lssim_single_turn"
 AGENT_LOOP_YAML = f"""- name: {AGENT_NAME}

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .driver import PolicyDriver, get_run
-from .records import BUDGET_FIELD, PROMPT_ID_FIELD, ROLLOUT_N_FIELD
+from lssim.integrations.verl.driver import PolicyDriver, get_run
+from lssim.integrations.verl.records import BUDGET_FIELD, PROMPT_ID_FIELD, ROLLOUT_N_FIELD
 
 
 def planned_row(driver: PolicyDriver, row_at: Callable[[int], dict]) -> dict:

@@ -8,7 +8,7 @@ more when its sampler calls `refill_fn(n)` (`_add_prompts_to_generate`: n rows).
 asks for, the next group this driver planned: a row of the prompt the policy chose, with `__rollout_n__` (verl's
 own per-row group size) and `lssim_max_tokens` (read by lssim's agent loop) set from its GroupSpec.
 
-Planning follows lssim's controller (lssim/controller.py): a step's proposal is the next groups of a data loader
+Planning follows lssim's controller (lssim/loop/controller.py): a step's proposal is the next groups of a data loader
 (here lssim's own: a seeded shuffle of the pool per epoch, as verl's RandomSampler with `data.seed`); the policy's
 `plan` revises it and may draw more (`ctx.draw`). A plan is made when the dataset asks for a row and none is left.
 verl takes `train_batch_size` rows per step whatever the plan says, so a plan shorter than that is padded with the
@@ -32,8 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from lssim.core import GroupSpec, PromptPool, StepContext
-from lssim.policy import Policy, StepOutcome, make_policy
+from lssim.loop.core import GroupSpec, PromptPool, StepContext
+from lssim.loop.policy import Policy, StepOutcome, make_policy
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,4 +1,4 @@
-"""The recorder: responses read from a verl run, written as an lssim trace (`lssim.trace`).
+"""The recorder: responses read from a verl run, written as an lssim trace (`lssim.traces.trace`).
 
 Lengths, versions and rewards are the ones verl stored in TransferQueue (records.py), never re-tokenized text;
 finish reasons and budgets are the ones lssim's agent loop wrote, or inferred from the cap where it did not run
@@ -16,7 +16,7 @@ finish reasons and budgets are the ones lssim's agent loop wrote, or inferred fr
 
 A group verl generated but did not train (a policy's `select` left it out, or verl's staleness bound dropped it)
 is written with `trained = False` where the trace schema has that column, and left out (counted in
-`untrained_responses`) where it does not. The file is rewritten atomically (`lssim.trace.write_trace`) after each
+`untrained_responses`) where it does not. The file is rewritten atomically (`lssim.traces.trace.write_trace`) after each
 step, so a run that stops keeps every step recorded until then.
 """
 
@@ -30,10 +30,10 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from lssim.policy import StepOutcome
-from lssim.trace import SCHEMA, write_trace
+from lssim.loop.policy import StepOutcome
+from lssim.traces.trace import SCHEMA, write_trace
 
-from .records import VerlResponse
+from lssim.integrations.verl.records import VerlResponse
 
 
 class TraceRecorder:
@@ -79,7 +79,7 @@ class TraceRecorder:
         return frame
 
     def write(self, path: str | os.PathLike | None = None) -> pd.DataFrame:
-        """Validate and write the trace atomically (lssim.trace.write_trace); returns the written frame."""
+        """Validate and write the trace atomically (lssim.traces.trace.write_trace); returns the written frame."""
         target = path if path is not None else self.path
         if target is None:
             raise ValueError("TraceRecorder.write: no path (give one here or to the constructor)")

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from lssim.core import ABORT, LENGTH, STOP
+from lssim.loop.core import ABORT, LENGTH, STOP
 
 # Fields lssim adds to a verl dataset row (dataset.py) and to an agent-loop output (agent_loop.py).
 PROMPT_ID_FIELD = "lssim_prompt_id"  # the prompt's position in lssim's pool (= its row in the train dataset)

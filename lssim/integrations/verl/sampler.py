@@ -43,11 +43,11 @@ import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from lssim.core import Group, Request, RolloutState
+from lssim.loop.core import Group, Request, RolloutState
 
-from .driver import DriverConfig, PolicyDriver, start_run
-from .records import PROMPT_ID_FIELD, VerlResponse, parse_key, responses_from_batch
-from .recorder import TraceRecorder, step_outcome
+from lssim.integrations.verl.driver import DriverConfig, PolicyDriver, start_run
+from lssim.integrations.verl.records import PROMPT_ID_FIELD, VerlResponse, parse_key, responses_from_batch
+from lssim.integrations.verl.recorder import TraceRecorder, step_outcome
 
 MODES = ("sync", "colocate_async")
 _TERMINAL = ("finished", "failure")

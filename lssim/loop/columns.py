@@ -1,0 +1,451 @@
+"""Requests as columns: one array per field instead of one `Request` object per response.
+
+The controller plans every step's requests as columns (`plan_requests`). A step on the event route
+turns them into `Request` objects, because engines report events about single requests and per-event hooks read
+them; a step on the batch route (lssim.sim.fastsim) never does: the engine fills the columns in place and the books
+(lssim.loop.records), the groups that train (`lssim.loop.core.Group`) and the trainer read them as arrays. At the step's end
+both routes hand the records the same columns (`RequestColumns.of` gathers the event route's objects), so what
+is recorded is computed once, in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass, fields
+from typing import Callable, Sequence
+
+import numpy as np
+
+from lssim.loop.core import Group, GroupSpecs, Request
+
+# What a request is created with, and what the engine and the controller fill in (lssim.loop.core.Request's fields).
+_INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
+         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume", "ran_on")
+_FLOATS = ("reward", "submit_time", "first_token_time", "finish_time")
+
+
+@dataclass(slots=True, eq=False)
+class RequestColumns:
+    """Requests, one row each. `instance` is -1 where the engine's dispatcher chooses (Request.instance None);
+    `resumes` is None when no row ever resumed under other weights (else Request.resumes, row by row);
+    `natural_len` / `natural_reward` (what the engine says the response would have been unstopped: -1 / NaN where
+    it cannot tell) and `context_at_start` (prompt + tokens generated before the step) are the step's, filled when
+    a step's books are closed."""
+
+    rid: np.ndarray
+    group_id: np.ndarray
+    step: np.ndarray
+    prompt_id: np.ndarray
+    sample_idx: np.ndarray
+    prompt_len: np.ndarray
+    max_tokens: np.ndarray
+    priority: np.ndarray
+    instance: np.ndarray
+    seed: np.ndarray
+    batch: np.ndarray
+    batch_sample: np.ndarray
+    generated: np.ndarray
+    first_version: np.ndarray
+    last_version: np.ndarray
+    tokens_before_resume: np.ndarray
+    ran_on: np.ndarray  # the instance its latest submission ran on (Request.ran_on; -1 until submitted)
+    reward: np.ndarray
+    submit_time: np.ndarray
+    first_token_time: np.ndarray
+    finish_time: np.ndarray
+    exact: np.ndarray  # bool
+    finish_reason: np.ndarray  # object (str)
+    stop_reason: np.ndarray  # object (str)
+    natural_len: np.ndarray
+    natural_reward: np.ndarray
+    context_at_start: np.ndarray
+    resumes: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    @staticmethod
+    def planned(**created) -> "RequestColumns":
+        """New requests: the given creation fields (rid, group_id, ...), the rest as a fresh Request has them."""
+        n = len(created["rid"])
+        cols = {name: np.asarray(created[name], np.int64) for name in created}
+        # the rest start at their defaults, each a row of one block (an allocation per default, not per column)
+        unset = [c for c in _INTS if c not in cols and c in _UNSET_INTS]
+        zero = [c for c in _INTS if c not in cols and c not in _UNSET_INTS]
+        nan = [c for c in _FLOATS if c not in cols]
+        cols.update(zip(unset, np.full((len(unset), n), -1, np.int64)))
+        cols.update(zip(zero, np.zeros((len(zero), n), np.int64)))
+        cols.update(zip(nan, np.full((len(nan), n), np.nan)))
+        empty = np.empty(n, object)
+        empty[:] = ""
+        return RequestColumns(**cols, exact=np.ones(n, bool), finish_reason=empty, stop_reason=empty.copy(),
+                              natural_len=np.full(n, -1, np.int64), natural_reward=np.full(n, np.nan),
+                              context_at_start=cols["prompt_len"].copy())
+
+    @staticmethod
+    def of(requests: Sequence[Request], context_at_start: dict[int, int] | None = None, counterfactual=None) -> "RequestColumns":
+        """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
+        `counterfactual(request)` (lssim.loop.core.Engine.counterfactual) fills natural_len / natural_reward."""
+        n = len(requests)
+        cols = {name: field_of(requests, name) for name in _INTS + _FLOATS + ("exact", "finish_reason", "stop_reason")}
+        natural = [counterfactual(r) if counterfactual else None for r in requests]
+        resumes = [r.resumes for r in requests]
+        return RequestColumns(
+            **cols, natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
+            natural_reward=np.fromiter((np.nan if c is None else c[1] for c in natural), float, n),
+            context_at_start=cols["prompt_len"].copy() if context_at_start is None else
+            np.fromiter((context_at_start[r.rid] for r in requests), np.int64, n),
+            resumes=None if all(x is None for x in resumes) else resumes)
+
+    @staticmethod
+    def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return RequestColumns.planned(rid=np.zeros(0, np.int64), prompt_len=np.zeros(0, np.int64))
+        out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
+        resumes = None
+        if any(p.resumes is not None for p in parts):
+            resumes = [x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))]
+        return RequestColumns(**out, resumes=resumes)
+
+    def take(self, rows) -> "RequestColumns":
+        """The given rows (indices, a slice or a boolean mask), in that order."""
+        if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":  # positions: ndarray.take is the quicker read
+            out = {name: getattr(self, name).take(rows) for name in _ARRAYS}
+        else:
+            out = {name: getattr(self, name)[rows] for name in _ARRAYS}
+        resumes = None
+        if self.resumes is not None:
+            picked = np.arange(len(self))[rows]
+            resumes = [self.resumes[i] for i in picked.tolist()]
+        return RequestColumns(**out, resumes=resumes)
+
+    def to_requests(self, rows=None) -> list[Request]:
+        """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
+        picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
+        cols = {name: getattr(self, name)[picked].tolist() for name in _INTS + _FLOATS}
+        cols["instance"] = [None if i < 0 else i for i in cols["instance"]]
+        cols["exact"] = self.exact[picked].tolist()
+        cols["finish_reason"] = self.finish_reason[picked].tolist()
+        cols["stop_reason"] = self.stop_reason[picked].tolist()
+        if self.resumes is not None:
+            cols["resumes"] = [self.resumes[i] for i in picked.tolist()]
+        names = list(cols)
+        return [Request(**dict(zip(names, values))) for values in zip(*cols.values())]
+
+    def off_policy_tokens(self, train_step: int) -> np.ndarray:
+        """lssim.loop.core.off_policy_tokens of every row: tokens generated under weights older than `train_step`'s."""
+        gen, first = self.generated, self.first_version
+        out = np.where(first >= train_step, 0, gen)
+        hand = first < 0  # no version history (a hand-made request): what the last resume says
+        if hand.any():
+            out[hand] = np.where(self.last_version[hand] >= train_step, self.tokens_before_resume[hand], gen[hand])
+        for i, spans in self._spans():
+            if first[i] >= 0:
+                out[i] = sum(n for v, n in spans if v < train_step)
+        return out
+
+    def token_lags(self, train_step: int) -> dict[int, int]:
+        """Tokens by staleness (versions behind `train_step`) over every row (lssim.loop.core.token_lags, summed)."""
+        lag = train_step - self.first_version
+        plain = self.generated > 0
+        if self.resumes is not None:
+            plain &= np.array([r is None for r in self.resumes], bool)
+        lags = {int(k): int(v) for k, v in zip(*_sum_by(lag[plain], self.generated[plain]))}
+        for _, spans in self._spans():
+            for v, n in spans:
+                lags[train_step - v] = lags.get(train_step - v, 0) + n
+        return lags
+
+    def _spans(self):
+        """(row, lssim.loop.core.version_spans) of the rows that resumed under other weights."""
+        if self.resumes is None:
+            return
+        for i, resumes in enumerate(self.resumes):
+            if resumes is None:
+                continue
+            starts = [(int(self.first_version[i]), 0)] + resumes
+            ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
+            yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+_ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
+_ARRAY_NAMES = frozenset(_ARRAYS)
+
+
+class TakenRows:
+    """`columns.take(rows)` read column by column as a hook asks: a step's placement pass reads two or three of the
+    26 columns, and a copy of all of them costs more than the pass. Read-only, like every submission a hook sees;
+    a method of RequestColumns (to_requests, take, ...) takes every column first."""
+
+    __slots__ = ("_columns", "_rows", "_read", "_whole")
+
+    def __init__(self, columns: RequestColumns, rows: np.ndarray):
+        self._columns, self._rows, self._read, self._whole = columns, rows, {}, None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getattr__(self, name: str):
+        if name in _ARRAY_NAMES:
+            value = self._read.get(name)
+            if value is None:
+                value = self._read[name] = getattr(self._columns, name).take(self._rows)
+            return value
+        if self._whole is None:
+            self._whole = self._columns.take(self._rows)
+        return getattr(self._whole, name)
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
+
+
+def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not len(keys):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if keys.min() == keys.max():  # one key (a synchronous step: every token is of one version): nothing to sort
+        return keys[:1], np.array([weights.sum()], np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=weights).astype(np.int64)
+
+
+class GroupBatch(Sequence):
+    """The groups of a batch-route step, as a read-only list of `Group`s over the step's columns: a Group object is
+    made only for a group someone looks at (a policy's `select`), and `gather` reads the members without any."""
+
+    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
+        self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
+        self.starts = np.cumsum(sizes) - sizes
+        self._groups: list[Group] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        if self._groups is None:
+            cols, rows = self.columns, self.rows
+            first = rows[self.starts]
+            self._groups = [Group(p, st, columns=cols, rows=rows[a:a + n]) for p, st, a, n in
+                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(), self.sizes.tolist())]
+        return self._groups[i]
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        return self.columns.prompt_id[self.rows[self.starts]]
+
+
+def prompt_ids(groups) -> np.ndarray:
+    """Each group's prompt, in order."""
+    if isinstance(groups, GroupBatch):
+        return groups.prompt_ids
+    return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
+
+
+def gather(groups, name: str | None = None):
+    """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
+    (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
+    (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
+    if isinstance(groups, GroupBatch):
+        rows, first, sizes = groups.rows, groups.columns, groups.sizes
+        whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+        if name:
+            return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
+        return (first if whole else first.take(rows)), sizes
+    first = groups[0].columns if groups else None
+    if first is not None:  # the batch route's common case: every group is rows of one step's columns
+        rows = [g.rows for g in groups if g.columns is first]
+        if len(rows) == len(groups) and not any(isinstance(r, slice) for r in rows):
+            sizes = np.fromiter(map(len, rows), np.int64, len(rows))
+            rows = np.concatenate(rows)
+            whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
+            if name:
+                column = getattr(first, name)
+                return (column if whole else column[rows]), sizes
+            return (first if whole else first.take(rows)), sizes
+    parts, sizes = [], np.zeros(len(groups), np.int64)
+    run_cols, run_rows, objects = None, [], []
+
+    def flush():
+        nonlocal run_cols, run_rows, objects
+        if run_cols is not None:
+            rows = np.concatenate(run_rows) if len(run_rows) > 1 else run_rows[0]
+            parts.append(getattr(run_cols, name)[rows] if name else run_cols.take(rows))
+        if objects:
+            parts.append(field_of(objects, name) if name else RequestColumns.of(objects))
+        run_cols, run_rows, objects = None, [], []
+
+    for i, g in enumerate(groups):
+        if g.columns is not None:
+            if objects or (run_cols is not None and g.columns is not run_cols):
+                flush()
+            run_cols = g.columns
+            rows = g.rows if not isinstance(g.rows, slice) else np.arange(len(g.columns))[g.rows]
+            run_rows.append(rows)
+            sizes[i] = len(rows)
+        else:
+            if run_cols is not None:
+                flush()
+            objects.extend(g.requests)
+            sizes[i] = len(g.requests)
+    flush()
+    if name:
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, _DTYPES.get(name, float))), sizes
+    return RequestColumns.concat(parts), sizes
+
+
+_DTYPES = {**{n: np.int64 for n in _INTS}, **{n: float for n in _FLOATS}, "exact": bool}
+
+
+def field_of(requests: list[Request], name: str) -> np.ndarray:
+    """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
+    if name == "instance":
+        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
+    if name in _DTYPES:
+        return np.fromiter((getattr(r, name) for r in requests), _DTYPES[name], len(requests))
+    return _objects([getattr(r, name) for r in requests])
+
+
+def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group (members consecutive, `sizes` each): do its rewards differ (lssim.loop.core.Group.has_signal)?"""
+    out = np.zeros(len(sizes), bool)
+    some = sizes > 0
+    if some.any():
+        starts = (np.cumsum(sizes) - sizes)[some]
+        spread = np.maximum.reduceat(rewards, starts) - np.minimum.reduceat(rewards, starts)
+        out[some] = (sizes[some] > 1) & (spread > 0)  # NaN-safe: a NaN comparison is False
+    return out
+
+
+_UNSET_INTS = ("instance", "batch", "batch_sample", "first_version", "last_version", "ran_on")  # -1 until set
+
+
+def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version: int, rng: np.random.Generator,
+                  prompt_lens: Callable[[np.ndarray], np.ndarray], samples_planned: dict[int, int],
+                  batch_samples: dict[int, dict[int, int]]) -> tuple[RequestColumns, list[int]]:
+    """A step's planned groups (lssim.loop.core.GroupSpec) as requests, group after group: ids from `first_rid` and groups
+    from `first_group`, sample indices unique per prompt in the step (`samples_planned`, updated) and in its loader
+    batch (`batch_samples`, batch -> prompt -> samples so far, updated), budgets, one seed per request from `rng`,
+    prompt lengths from `prompt_lens(prompt_ids)`. Also returns the rids a recorded group says were not trained
+    (GroupSpec.member_trained)."""
+    if isinstance(plan, GroupSpecs) and plan.untouched:  # a loader batch passed on as columns: read them
+        n, pids, batches, max_tokens = plan.n_samples, plan.prompt_id, plan.batch, plan.max_tokens
+        priority = instance = None  # a loader's groups: every request at the defaults (priority 0, any instance)
+        member_max_tokens = {i: m[0] for i, m in plan.members.items() if m[0] is not None}
+        member_trained = {i: m[1] for i, m in plan.members.items() if m[1] is not None}
+    else:
+        by_field = list(zip(*map(_PLAN_FIELDS, plan))) if plan else [()] * 8  # one pass over the groups
+        n, pids, batches, max_tokens, priority, instance = (_int_column(c, none)
+                                                            for c, none in zip(by_field, (-1, -1, -1, -1, 0, -1)))
+        member_max_tokens, member_trained = _not_none(by_field[6]), _not_none(by_field[7])
+    fresh_step = not samples_planned
+    first = count_on(samples_planned, pids, n)
+    first_in_batch = first.copy()
+    one_batch = len(batches) and batches[0] >= 0 and (batches == batches[0]).all()
+    if one_batch and fresh_step and not batch_samples.get(int(batches[0])):  # the usual step: its own batch, new: the
+        batch_samples[int(batches[0])] = dict(samples_planned)  # batch's counts are the step's (count_on gives both)
+    else:
+        for b in np.unique(batches[batches >= 0]).tolist():  # its place among the samples its loader batch holds of
+            of = batches == b  # this prompt (the simulator answers from there)
+            first_in_batch[of] = count_on(batch_samples.setdefault(b, {}), pids[of], n[of])
+    total = int(n.sum())
+    offsets = np.cumsum(n) - n
+    within = np.arange(total) - np.repeat(offsets, n)  # each member's place in its group
+    budget = np.repeat(max_tokens, n)
+    for i, members in member_max_tokens.items():
+        budget[offsets[i]:offsets[i] + n[i]] = np.minimum(members, max_tokens[i])
+    placed = {} if priority is None else {"priority": np.repeat(priority, n), "instance": np.repeat(instance, n)}
+    cols = RequestColumns.planned(
+        rid=np.arange(first_rid, first_rid + total), group_id=np.repeat(np.arange(first_group, first_group + len(plan)), n),
+        step=np.full(total, step), prompt_id=np.repeat(pids, n), sample_idx=np.repeat(first, n) + within,
+        prompt_len=np.repeat(np.asarray(prompt_lens(pids), np.int64), n), max_tokens=budget, **placed,
+        seed=rng.integers(2**31, size=total), first_version=np.full(total, version),
+        batch=np.repeat(batches, n), batch_sample=np.repeat(first_in_batch, n) + within)
+    left_out = [first_rid + int(offsets[i]) + k for i, members in member_trained.items() for k, t in enumerate(members) if not t]
+    return cols, left_out
+
+
+def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal consecutive values starts, and its length (np.r_'s concatenation costs more than the
+    comparison on a step's rows)."""
+    n = len(values)
+    new = np.empty(n, bool)
+    if n:
+        new[0] = True
+        np.not_equal(values[1:], values[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    sizes = np.empty(len(starts), np.int64)
+    if len(starts):
+        np.subtract(starts[1:], starts[:-1], out=sizes[:-1])
+        sizes[-1] = n - starts[-1]
+    return starts, sizes
+
+
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable") for integers; where they span fewer than 2**16 values (priorities that are
+    lengths, instance numbers), through numpy's radix sort of 16-bit keys, several times quicker than its merge sort."""
+    if len(values) > 1:
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < 1 << 16:
+            return np.argsort((values - lo).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
+
+
+def rid_order(rid: np.ndarray) -> np.ndarray:
+    """np.argsort(rid, kind="stable") for rids, quicker where they are distinct and cover one range (a step's are,
+    in whatever order a priority hook left them): one scatter instead of a sort."""
+    n = len(rid)
+    if n < 2 or (rid[1:] > rid[:-1]).all():  # already in order (no priority hook reordered them)
+        return np.arange(n)
+    pos = rid - rid.min()
+    if pos.max() == n - 1:
+        order = np.full(n, -1, np.int64)
+        order[pos] = np.arange(n)
+        if (order >= 0).all():  # every place filled once: a permutation of the range
+            return order
+    return stable_argsort(rid)
+
+
+def _not_none(values: tuple) -> dict:
+    """Each place where `values` is not None, with its value (most plans have no per-member fields: then no loop over
+    the groups)."""
+    return {} if values.count(None) == len(values) else {i: v for i, v in enumerate(values) if v is not None}
+
+
+_PLAN_FIELDS = operator.attrgetter("n_samples", "prompt_id", "batch", "max_tokens", "priority", "instance",
+                                   "member_max_tokens", "member_trained")
+
+
+def _int_column(values: tuple, none: int) -> np.ndarray:
+    """A tuple of ints (None read as `none`) as an int64 array."""
+    try:
+        return np.array(values, np.int64)  # the usual column: no None (looking for one costs more than converting)
+    except TypeError:
+        if values.count(None) == len(values):  # a field nobody set (instance, batch)
+            return np.full(len(values), none, np.int64)
+        return np.array([none if v is None else v for v in values], np.int64)
+
+
+def count_on(counts: dict[int, int], keys: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """For each entry in order, how many were counted under its key before it (`counts` so far, then the entries
+    before it with the same key), and `counts` updated with all of them: `n` samples per entry."""
+    listed = keys.tolist()
+    if not counts and len(set(listed)) == len(listed):  # the usual step: nothing counted yet, each key once
+        counts.update(zip(listed, n.tolist()))
+        return np.zeros(len(keys), np.int64)
+    first = (np.fromiter(map(counts.get, listed, itertools.repeat(0)), np.int64, len(keys)) if counts
+             else np.zeros(len(keys), np.int64))
+    order = stable_argsort(keys)
+    sorted_keys, sorted_n = keys[order], n[order]
+    repeats = sorted_keys[1:] == sorted_keys[:-1]
+    if repeats.any():  # (a step usually asks each prompt once: then each entry starts where `counts` left it)
+        starts, sizes = runs(sorted_keys)
+        ahead = np.cumsum(sorted_n) - sorted_n  # samples of earlier entries, all keys
+        ahead -= np.repeat(ahead[starts], sizes)  # ... of the same key only
+        first[order] += ahead
+    counts.update(zip(listed, (first + n).tolist()))  # a key's last entry holds its total (dict keeps the last)
+    return first

@@ -1,0 +1,563 @@
+"""The rollout controller: runs synchronous RL steps, asks the policy, commands an engine.
+
+Written once for both worlds. It sees an `Engine` (simulated or vLLM), a `Trainer` (a time model or a
+torch GRPO trainer) and a `PromptSource` (a trace's prompts or a task's dataset); it never learns which.
+
+A step: plan the groups (carried responses first), submit, react to events until the rollout ends,
+settle what is still running (carry or drop), train on the finished groups, let the policy remember.
+The books balance at every step: every response that entered the step ended in it or was carried out.
+The books themselves -- a step's state while it runs, the rows it leaves behind -- are lssim.loop.records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, GroupSpecs, PromptPool, Request, RolloutState, StepContext, Trainer,
+                   note_resume)
+from lssim.loop.modes import ExecutionMode, ModeConfig
+from lssim.loop.policy import CARRY, Policy
+from lssim.loop.columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
+from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
+from lssim.loop.rewards import RewardScale
+
+
+class PromptSource(Protocol):
+    """Where prompts come from: the trace's own prompts (simulator) or a task's dataset (real)."""
+
+    pool: PromptPool
+
+    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
+        """What a policy with no opinion trains on at `step` (verl's default: a random batch; a trace's Workload:
+        the batch it recorded at that step, with its own group sizes and budgets).
+
+        The controller asks for each step's batch once, steps in increasing order, always with the run's
+        `groups_per_step`, and proposes it whole, less the groups carried in (see `Controller._proposal_size`
+        and `Controller._take`)."""
+        ...
+
+    def prompt_len(self, prompt_id: int) -> int:
+        """A prompt's length in tokens. A source may also answer arrays, `prompt_lens(prompt_ids) -> array`:
+        the controller asks that once a step where it exists (lssim.traces.workload.Workload has it)."""
+        ...
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """The RL run's shape. A run ends after `steps` steps or once `total_groups` groups have trained (a recorded
+    group that the recorded run left out of training counts as used: see `Controller._leave_out`)."""
+
+    steps: int
+    groups_per_step: int
+    group_size: int
+    max_tokens: int
+    total_groups: int | None = None  # default: steps * groups_per_step (the same data for every policy)
+    seed: int = 0
+    reward_scale: RewardScale = RewardScale()  # the rewards' range, told to policies (a trace's own; a task's 0/1)
+
+    def __post_init__(self):
+        for name in ("steps", "groups_per_step", "group_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RunConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.total_groups is None:
+            self.total_groups = self.steps * self.groups_per_step
+        if isinstance(self.reward_scale, dict):  # a config read back from JSON (dataclasses.asdict writes one)
+            self.reward_scale = RewardScale(**self.reward_scale)
+        if not isinstance(self.reward_scale, RewardScale):
+            raise ValueError(f"RunConfig.reward_scale must be a lssim.loop.rewards.RewardScale, got {self.reward_scale!r}")
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced, as pandas frames (one row per response, one row per step)."""
+
+    policy: str
+    responses: pd.DataFrame
+    steps: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+
+class Controller:
+    """One run: a policy over an engine and a trainer, step by step. Every counter and generator belongs to
+    the run (the same seed gives the same result); what a step tracks while it runs is its `StepState`."""
+
+    def __init__(self, engine: Engine, trainer: Trainer, prompts: PromptSource, policy: Policy, config: RunConfig,
+                 lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
+                 mode: ExecutionMode | None = None):
+        self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
+        # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.loop.modes); the
+        # default is the synchronous, collocated step.
+        self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
+        self.mode.bind(engine, config.groups_per_step)
+        self.lower_bound = lower_bound
+        self.oracle_length = oracle_length
+        self.on_step = on_step  # called with each step's row as it completes (progress bars, recorders)
+        self.rng = np.random.default_rng(config.seed)
+        self.policy_rng = np.random.default_rng([config.seed, 1])
+        self._next_rid = 0
+        self._next_group = 0
+        self._carried: list[Request] = []  # unfinished responses waiting for the next step
+        self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
+        self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
+        self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
+        self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
+        self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
+        self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
+        self._batch_samples: dict[int, dict[int, int]] = {}  # loader batch -> prompt -> samples of it generated so far
+        # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
+        self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
+        self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
+        self._step_rows: list[dict] = []
+        self.groups_trained = 0
+        # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
+        self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
+        engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
+        self._bridges = policy.overrides("bridge")
+        # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
+        # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
+        # same results (lssim.loop.core.Engine.set_batch_rollout; vLLM streams events and ignores it).
+        self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
+        # Execution features are set once per run, before the first step (vLLM configures them at start); an
+        # engine that cannot speculate refuses a policy that asks (lssim.loop.core.Engine.set_speculation).
+        engine.set_speculation(policy.needs().speculation)
+        if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
+            if not hasattr(trainer, "set_train_mask"):
+                raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
+                                 f"{type(trainer).__name__} cannot do (no set_train_mask)")
+            trainer.set_train_mask(policy.train_mask)
+
+    def _batch_rollout(self) -> bool:
+        """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
+        end of rollout, top-up) and a mode that neither ends the rollout early nor keeps or interrupts it."""
+        mode = self.mode
+        return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
+                and not mode.keeps_generating and not mode.interrupts
+                and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
+
+    # -- the run -----------------------------------------------------------------------------------
+    def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+            response_columns: Sequence[str] | None = None) -> RunResult:
+        """Every step of the run; the result's responses frame has `response_columns` only, if given (a summary
+        reads a few of them, and a million rows of the others cost time to assemble)."""
+        steps = range(self.config.steps)
+        for step in progress(steps) if progress else steps:
+            # Done once enough groups trained, but not while responses are carried: those run to their end
+            # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
+            if self.groups_trained >= self.config.total_groups and not self._carried and not self._kept:
+                break
+            self.run_step(step)
+        return self.result(response_columns, final=True)
+
+    def result(self, response_columns: Sequence[str] | None = None, *, final: bool = False) -> RunResult:
+        """The run so far; `final`: the run is over, and the responses frame may share the table's memory."""
+        responses = self._responses.frame(response_columns, share=final)
+        steps = pd.DataFrame(self._step_rows)
+        return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
+
+    def run_step(self, step: int) -> dict:
+        """One synchronous RL step; returns its row (lssim.loop.records.step_row)."""
+        s = self._start_step(step)  # carried groups reopen; carried responses resume where they stopped
+        ctx, proposal = self._proposal(s)
+        plan = self._admit(self.policy.plan(ctx, proposal), s)
+        fresh = self._make_requests(plan, s)
+        if self._batched:  # the whole rollout at once, as columns (lssim.sim.fastsim): nothing is carried out of it
+            self._rollout_batch(fresh, s)
+        else:
+            s.fresh = self._register(fresh, s)
+            self._launch(s)  # carried responses and the plan's, in one submission
+            self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
+            self._settle_unfinished(s)  # what still runs is carried or dropped
+        end = self._train(s)
+        row, books = self._record(s, end)
+        self.policy.end_step(step_outcome(s, books, end))
+        if self.on_step:
+            self.on_step(row)
+        return row
+
+    def _start_step(self, step: int) -> StepState:
+        """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
+        before = self.engine.now()
+        self.mode.before_rollout(step)  # disaggregated and hybrid wait here for the weights this step may use
+        t0, version = self.engine.now(), self.mode.version
+        s = StepState(step=step, started=t0, busy_at_start=self.engine.utilization(),
+                      rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
+                      kept_in=list(self._kept.values()), version=version, waited=t0 - before)
+        self._carried, self._kept = [], {}
+        for gid, members in self._waiting_groups.items():
+            s.members[gid] = members
+            s.open_members[gid] = sum(not m.done for m in members)
+        self._waiting_groups = {}
+        for r in s.carried_in:
+            s.context_at_start[r.rid] = r.prompt_len + r.generated
+            note_resume(r, version)
+        for r in s.kept_in:  # still generating: their tokens so far were counted in the steps they ran in
+            s.context_at_start[r.rid] = r.prompt_len + r.generated
+        return s
+
+    def _proposal(self, s: StepState) -> tuple[StepContext, Sequence[GroupSpec]]:
+        """What the policy plans from: its view of the step, and the data loader's default groups for it."""
+        cfg, step = self.config, s.step
+        groups_left = cfg.total_groups - self.groups_trained
+        ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
+                          groups_left=groups_left, carried_groups=len(s.members), pool=self.prompts.pool,
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: list(self._take(int(n))),
+                          reward_scale=cfg.reward_scale)
+        self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
+        default = self._proposal_size(step, ctx.carried_groups, groups_left)
+        n = self.mode.admission(step, self._admitted, default, max(0, groups_left - self._open_groups(s)))
+        return ctx, self._take(n)
+
+    def _admit(self, groups: list[GroupSpec], s: StepState) -> list[GroupSpec]:
+        """The groups the mode lets in now, in order (async: its admission gate; groups the policy drew past it
+        are not generated), counted as admitted."""
+        left = max(0, self.config.total_groups - self.groups_trained - self._open_groups(s))
+        allowed = groups[:self.mode.admission(s.step, self._admitted, len(groups), left)]
+        self._admitted += len(allowed)
+        return allowed
+
+    def _open_groups(self, s: StepState) -> int:
+        """Groups submitted and not yet settled (trained, or dropped): the ones still to come of what was admitted."""
+        return len(s.members)
+
+    def _launch(self, s: StepState) -> None:
+        s.rollout.groups_submitted = len(s.members)
+        for requests in (s.kept_in, s.carried_in, s.fresh):
+            s.in_flight.update((r.rid, r) for r in requests)
+        s.rollout.requests_in_flight = len(s.in_flight)
+        self._drop_stale(s)
+        self._submit([r for r in s.carried_in + s.fresh if not r.done])  # kept ones are running already
+
+    def _drop_stale(self, s: StepState) -> None:
+        """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
+        unfinished members end as aborted ("stale") and the group never trains."""
+        counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
+        running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
+        for gid, members in s.members.items():
+            if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
+                continue
+            for r in members:
+                if not r.done:
+                    if r.rid in running:
+                        self.engine.abort(r)
+                    r.finish_reason, r.stop_reason = ABORT, "stale"
+                    self._end(r, s)
+            s.dropped_groups.add(gid)
+            self._admitted -= 1
+        s.rollout.groups_done, s.rollout.groups_effective = counters
+
+    def _train(self, s: StepState) -> StepEnd:
+        """After the rollout: the completed groups go to the policy's selection and on to the trainer; the
+        others wait for their carried members."""
+        engine, step = self.engine, s.step
+        rollout_end, busy = engine.now(), engine.utilization()
+        for r in s.ended + s.carried_out:
+            r.last_version = self.mode.version
+        done_groups = []
+        if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
+            s.batch.last_version[:] = self.mode.version
+            done_groups = s.groups_done
+        for gid, members in s.members.items():
+            if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
+                self._waiting_groups[gid] = members
+            elif gid not in s.dropped_groups:
+                done_groups.append(Group(members[0].prompt_id, members[0].step, members))
+        trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
+        # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
+        # them, the books do not (they are not trained groups: they train, whole, once their members end).
+        bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
+            if self._bridges else []
+        batch = list(trained) + bridged if bridged else trained
+        # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
+        # beside it: a job whose metrics come when it ends (lssim.loop.modes.TrainJob); otherwise train() prices or blocks.
+        start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
+        job = start(batch, step) if start is not None else None
+        train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
+        timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
+        self.groups_trained += len(trained) + left_out
+        trained_members = gather(trained)
+        end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
+                      trained=trained, trained_members=trained_members, trained_rids=np.sort(trained_members[0].rid),
+                      train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
+        self._last_end = max(self._last_end, timing.end)
+        return end
+
+    def _record(self, s: StepState, end: StepEnd) -> tuple[dict, StepBooks]:
+        """The step's rows: settle earlier members of the groups completed now, add this step's responses
+        (those of groups still open are settled later), and the step's own row."""
+        books = s.books(end, self.engine.counterfactual)
+        self._responses.settle(end, s.step)
+        self._responses.add(books, s.step, s.started, end.trained_rids, open_groups=self._waiting_groups)
+        row = step_row(s, books, end, self.lower_bound, self.engine.n_instances)
+        row.update(mode_fields(s, books, end, self.mode.config, self.engine.n_instances))
+        self._step_rows.append(row)
+        return row, books
+
+    # -- the rollout phase -------------------------------------------------------------------------
+    def _rollout(self, s: StepState) -> None:
+        engine, policy, asks, state, in_flight = self.engine, self.policy, self._asks, s.rollout, s.in_flight
+        mode_ends = type(self.mode).rollout_done is not ExecutionMode.rollout_done
+        while True:
+            events = engine.next_events()
+            if not events:
+                more = policy.top_up(state) if asks["top_up"] else []
+                if not more:
+                    return
+                self._submit_more(more, s)
+                continue
+            for ev in events:
+                r = ev.request
+                if ev.kind == WAKE:  # the mode's timer: weights arriving mid-rollout
+                    self._weights_arrived(s)
+                    continue
+                if r.rid not in in_flight:
+                    continue  # a stale event for a request the controller already ended
+                if ev.kind == FINISHED:
+                    self._end(r, s)
+                    if asks["on_finish"]:
+                        policy.on_finish(r, state)
+                elif asks["on_progress"]:
+                    action = policy.on_progress(r, state)
+                    if action is not None:
+                        self._act(r, action, s)
+            state.now = events[-1].time
+            if mode_ends and in_flight and self.mode.rollout_done(state):
+                return
+            if asks["end_rollout"] and in_flight and policy.end_rollout(state):
+                more = policy.top_up(state) if asks["top_up"] else []
+                if not more:
+                    return
+                self._submit_more(more, s)
+
+    def _weights_arrived(self, s: StepState) -> None:
+        """New weights reached the engine mid-rollout (async): generation pauses for the sync, every response in
+        flight is re-prefilled under the new weights and continues (AReaL's interruptible rollout), and the
+        admission gate may let more groups in."""
+        arrived = self.mode.on_wake()
+        if arrived is None:
+            return
+        running = list(s.in_flight.values())
+        for r in running:
+            self.engine.abort(r)
+        arrived.push(self.engine)  # the simulator's clock moves by the sync; a real engine loads the weights
+        for r in running:
+            note_resume(r, self.mode.version)
+        self._submit(running)
+        left = self.config.total_groups - self.groups_trained - len(s.members)
+        n = self.mode.admission(s.step, self._admitted, 0, max(0, left))  # room the new weights opened
+        more = self._take(n) if n else []
+        if more:
+            self._submit_more(more, s)
+
+    def _act(self, r: Request, action, s: StepState) -> None:
+        self.engine.abort(r)
+        if action.kind == "requeue":  # resume in this step: new priority, maybe another instance
+            if action.priority is not None:
+                r.priority = action.priority
+            r.instance = action.instance
+            self._submit([r])
+            return
+        if action.kind == "stop":
+            r.finish_reason, r.stop_reason = POLICY_STOP, action.reason
+            if action.reward is not None:
+                r.reward = action.reward
+            self._end(r, s)
+            if self._asks["on_finish"]:  # every policy hears of every response that ends during the rollout
+                self.policy.on_finish(r, s.rollout)
+        else:  # carry: pause now, resume next step
+            del s.in_flight[r.rid]
+            s.rollout.requests_in_flight -= 1
+            r.stop_reason = action.reason
+            s.carried_out.append(r)
+
+    def _end(self, r: Request, s: StepState) -> None:
+        state = s.rollout
+        del s.in_flight[r.rid]
+        state.requests_in_flight -= 1
+        state.responses_done += 1
+        s.ended.append(r)
+        s.open_members[r.group_id] -= 1
+        if s.open_members[r.group_id] == 0:
+            state.groups_done += 1
+            rewards = [m.reward for m in s.members[r.group_id]]
+            if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+                state.groups_effective += 1
+
+    def _settle_unfinished(self, s: StepState) -> None:
+        """The rollout ended with requests still running: each is carried or dropped, never lost."""
+        if self.mode.keeps_generating:  # nothing stops: the unfinished run on into the next step
+            running = list(s.in_flight.values())
+            self.engine.refresh(running)
+            for r in running:
+                del s.in_flight[r.rid]
+                s.rollout.requests_in_flight -= 1
+                s.carried_out.append(r)
+                self._kept[r.rid] = r
+        for r in list(s.in_flight.values()):
+            self.engine.abort(r)
+            if self._asks["on_unfinished"] and self.policy.on_unfinished(r) == CARRY:
+                del s.in_flight[r.rid]
+                s.rollout.requests_in_flight -= 1
+                s.carried_out.append(r)
+            else:
+                r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
+                self._end(r, s)
+        self._carried = [r for r in s.carried_out if r.rid not in self._kept]
+
+    # -- the data loader ---------------------------------------------------------------------------
+    def _take(self, n: int) -> Sequence[GroupSpec]:
+        """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
+        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
+        A slice of one batch given as columns (lssim.loop.core.GroupSpecs) stays columns; anything else is a list."""
+        pieces: list[Sequence[GroupSpec]] = []
+        k, i, got = *self._cursor, 0
+        while got < n:
+            batch = self._batch(k)
+            if not batch:
+                break
+            if i >= len(batch):
+                k, i = k + 1, 0
+                continue
+            taken = batch[i:i + n - got]
+            if isinstance(taken, GroupSpecs):
+                taken = taken.from_batch(k)
+            else:
+                for g in taken:
+                    if g.batch is None:
+                        g.batch = k
+            pieces.append(taken)
+            got += len(taken)
+            i += len(taken)
+        self._cursor = (k, i)
+        if len(pieces) == 1:
+            return pieces[0]
+        return [g for piece in pieces for g in piece]
+
+    def _batch(self, k: int) -> list[GroupSpec]:
+        batch = self._batches.get(k)
+        if batch is None:
+            cfg = self.config
+            batch = self._batches[k] = self.prompts.default_groups(k, cfg.groups_per_step, cfg.group_size, cfg.max_tokens)
+            for old in [j for j in self._batches if j < k - 1]:
+                del self._batches[old]
+                self._batch_samples.pop(old, None)
+        return batch
+
+    def _proposal_size(self, step: int, carried: int, groups_left: int) -> int:
+        """Groups the step's proposal takes from the loader: its own batch whole, less the carried groups, within
+        what the run has left. A recorded batch (a trace's step) may differ in size from the run's nominal
+        `groups_per_step`; a dataset's batches are that size. Where the loader was drawn past the step's batch, or
+        the carried groups fill the nominal batch, the nominal size counts (and no batch is fetched that the
+        proposal would not take: a source that is a cursor sees the same stream as before)."""
+        nominal = self.config.groups_per_step
+        if self._cursor == (step, 0) and nominal > carried and groups_left > carried:
+            nominal = len(self._batch(step))
+        return max(0, min(nominal - carried, groups_left - carried))
+
+    def _leave_out(self, selected: list[Group], done: list[Group]) -> tuple[list[Group], int]:
+        """The selected groups less the members their recorded group says were not trained, and how many groups
+        that left empty: those were generated, and used, but not trained, as in the run the trace recorded."""
+        if not self._left_out:
+            return selected, 0
+        left_out, trained, emptied = self._left_out, [], 0
+        out = np.fromiter(left_out, np.int64, len(left_out))
+        for g in selected:
+            keep = ~np.isin(g.column("rid"), out)
+            if keep.all():
+                trained.append(g)
+            elif keep.any():
+                trained.append(g.subset(keep))
+            else:
+                emptied += 1
+        left_out.difference_update(rid for g in done for rid in g.column("rid").tolist())  # settled: forget them
+        return trained, emptied
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """The prompts' lengths: over arrays where the source can (PromptSource.prompt_len), else one by one.
+        (A method, not an attribute set in __init__: the controller's state is pickled into checkpoints.)"""
+        many = getattr(self.prompts, "prompt_lens", None)
+        if many is not None:
+            return many(prompt_ids)
+        return np.fromiter(map(self.prompts.prompt_len, prompt_ids.tolist()), np.int64, len(prompt_ids))
+
+    def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
+        """The plan's requests as columns (lssim.loop.columns.plan_requests), with the run's next ids and seeds."""
+        cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
+                                       version=self.mode.version, rng=self.rng, prompt_lens=self._prompt_lens,
+                                       samples_planned=s.samples_planned, batch_samples=self._batch_samples)
+        self._left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
+        self._next_rid += len(cols)
+        self._next_group += len(plan)
+        return cols
+
+    def _register(self, fresh: RequestColumns, s: StepState) -> list[Request]:
+        """The event route's books for new requests: Request objects, each group's members, open counts."""
+        requests = fresh.to_requests()
+        for r in requests:
+            s.context_at_start[r.rid] = r.prompt_len
+            members = s.members.get(r.group_id)
+            if members is None:
+                members = s.members[r.group_id] = []
+            members.append(r)
+        for gid in np.unique(fresh.group_id).tolist():
+            s.open_members[gid] = len(s.members[gid])
+        return requests
+
+    def _rollout_batch(self, fresh: RequestColumns, s: StepState) -> None:
+        """The batch route: the step's requests in priority order on their instances (the policy's priority and place
+        hooks asked as on the event route), run to their end by the engine in one call, the books closed at once
+        as `_end` closes them one by one."""
+        queue = None  # the rows stay in plan order; the engine is told the order they are queued in
+        if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
+            fresh.priority[:] = self.policy.priorities(fresh)
+            queue = stable_argsort(fresh.priority)
+        if len(fresh) and self._asks["place"]:  # placed in the order they are queued, as `_order` places them
+            if queue is None:
+                fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
+            else:
+                fresh.instance[queue] = self.policy.placements(TakenRows(fresh, queue), self.engine.loads())
+        state = s.rollout
+        s.batch = fresh
+        s.groups_done = groups = s.batch_groups()
+        state.groups_submitted = len(groups)
+        s.batch_ended = self.engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
+        state.responses_done += len(fresh)
+        state.groups_done += len(groups)
+        s.batch_signal = with_signal(fresh.reward[groups.rows], groups.sizes)
+        state.groups_effective += int(s.batch_signal.sum())
+        state.now = self.engine.now()
+
+    def _submit(self, requests: list[Request]) -> None:
+        self.engine.submit(self._order(requests))
+
+    def _order(self, requests: list[Request]) -> list[Request]:
+        """The policy's priorities and placements (where it has an opinion); the requests in priority order."""
+        if self._asks["priority"]:
+            for r in requests:
+                choice = self.policy.priority(r)
+                if choice is not None:
+                    r.priority = choice
+            requests = sorted(requests, key=lambda r: r.priority)  # placed and queued in priority order
+        if self._asks["place"]:
+            loads = self.engine.loads()
+            for r in requests:
+                choice = self.policy.place(r, loads)
+                if choice is not None:
+                    r.instance = choice
+        return requests
+
+    def _submit_more(self, more: list[GroupSpec], s: StepState) -> None:
+        more = self._admit(more, s)
+        if not more:
+            return
+        fresh = self._register(self._make_requests(more, s), s)
+        s.topped_up.extend(fresh)
+        s.rollout.groups_submitted += len(more)
+        s.rollout.extra_rounds += 1
+        s.in_flight.update((r.rid, r) for r in fresh)
+        s.rollout.requests_in_flight += len(fresh)
+        self._submit(fresh)

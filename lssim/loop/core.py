@@ -1,0 +1,516 @@
+"""The objects passed between the controller, the policy and an engine.
+
+One `Request` is one response being generated (a member of a prompt's group). The controller owns it;
+an engine fills in what happened (tokens, finish reason, reward, times); a policy reads it. Engines in
+both worlds -- the simulator and real vLLM -- implement the small `Engine` protocol at the bottom.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from lssim.loop.rewards import RewardScale
+
+# How a response ended. Every response ends in exactly one of these (or is carried to the next step).
+STOP = "stop"  # ended by itself (EOS)
+LENGTH = "length"  # hit its max_tokens budget
+POLICY_STOP = "policy_stop"  # a policy stopped it; Request.stop_reason says why
+ABORT = "abort"  # the rollout ended without it and the policy dropped it
+FINISH_REASONS = (STOP, LENGTH, POLICY_STOP, ABORT)
+
+# What an engine reports (Event.kind). Plain strings, compared on the hot path: the simulator keeps them in
+# its heaps as they are, so an event costs no conversion between the engine and the controller.
+FINISHED = "finished"  # a request ended (Request.finish_reason says how)
+PROGRESS = "progress"  # a request passed a progress checkpoint (every Engine.set_progress_interval tokens)
+WAKE = "wake"  # a timer set with Engine.wake_at went off (Event.request is None): the execution modes' clock
+EVENT_KINDS = (FINISHED, PROGRESS, WAKE)
+
+
+@dataclass(slots=True)
+class GroupSpec:
+    """What a policy asks for one prompt: how many samples, with which budget, priority and placement."""
+
+    prompt_id: int
+    n_samples: int
+    max_tokens: int
+    priority: int = 0  # lower runs first, as in vLLM's priority scheduling
+    instance: int | None = None  # pin to an engine instance; None lets the engine/placement decide
+    # A recorded group (lssim.traces.workload replays a trace's batches as recorded), where its members differ:
+    # member k's own budget, capped by max_tokens (a policy that lowers max_tokens lowers them all), and
+    # whether the recorded run trained member k (False: generated, then left out of training, e.g. a group
+    # DAPO filtered out). None: every member gets max_tokens and may train.
+    member_max_tokens: tuple[int, ...] | None = None
+    member_trained: tuple[bool, ...] | None = None
+    # The data loader's batch (step of the trace or dataset) the group came from; None for groups a policy made.
+    # A group generated in another step than its batch's (drawn ahead, admitted early by an async mode) is still
+    # that batch's sample: the simulator answers it from the batch's recorded responses.
+    batch: int | None = None
+
+    def __post_init__(self):
+        if self.n_samples < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): n_samples must be >= 1, got {self.n_samples}")
+        if self.max_tokens < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): max_tokens must be >= 1, got {self.max_tokens}")
+        if self.member_max_tokens is not None or self.member_trained is not None:
+            self._check_members()
+
+    def _check_members(self) -> None:
+        for name in ("member_max_tokens", "member_trained"):
+            members = getattr(self, name)
+            if members is not None and len(members) != self.n_samples:
+                raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): {name} has {len(members)} entries for "
+                                 f"{self.n_samples} samples")
+        if self.member_max_tokens is not None and min(self.member_max_tokens) < 1:
+            raise ValueError(f"GroupSpec(prompt_id={self.prompt_id}): member_max_tokens must be >= 1")
+
+
+class GroupSpecs(Sequence):
+    """A data loader's batch of groups as columns: a read-only sequence of GroupSpec, each made when first read.
+
+    A trace's Workload gives its recorded batches so (`Workload.default_groups`): the controller slices them and
+    lssim.loop.columns.plan_requests reads the columns, so a step whose policy passes the proposal on (or a slice of it)
+    makes no GroupSpec at all. Read a member and it is a GroupSpec kept for the next reader, so changing one still
+    counts (the plan is then read from the objects). Concatenation gives a list, as policies expect of
+    `proposal + ctx.draw(n)`."""
+
+    __slots__ = ("prompt_id", "n_samples", "max_tokens", "batch", "members", "_made")
+
+    def __init__(self, prompt_id: np.ndarray, n_samples: np.ndarray, max_tokens: np.ndarray, batch: np.ndarray | None = None,
+                 members: dict[int, tuple] | None = None):
+        self.prompt_id, self.n_samples, self.max_tokens = prompt_id, n_samples, max_tokens
+        self.batch = np.full(len(prompt_id), -1, np.int64) if batch is None else batch  # -1: None
+        self.members = members or {}  # group -> (member_max_tokens, member_trained), where its members differ
+        self._made: dict[int, GroupSpec] = {}
+
+    @property
+    def untouched(self) -> bool:
+        """No member was read: the columns are the whole truth."""
+        return not self._made
+
+    def from_batch(self, k: int) -> "GroupSpecs":
+        """The same groups, each of loader batch `k` unless it says otherwise (Controller._take)."""
+        if self._made:  # read already: the objects carry it, as a plain list of specs would
+            for g in self:
+                if g.batch is None:
+                    g.batch = k
+            return self
+        return GroupSpecs(self.prompt_id, self.n_samples, self.max_tokens, np.where(self.batch < 0, k, self.batch),
+                          self.members)
+
+    def __len__(self) -> int:
+        return len(self.prompt_id)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            if self._made:
+                return [self[j] for j in range(*i.indices(len(self)))]
+            members = self.members
+            if members:
+                start, stop, stride = i.indices(len(self))
+                kept = range(start, stop, stride)
+                members = {kept.index(j): m for j, m in members.items() if j in kept}
+            return GroupSpecs(self.prompt_id[i], self.n_samples[i], self.max_tokens[i], self.batch[i], members)
+        n = len(self)
+        j = i + n if -n <= i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"group {i} of {n}")
+        made = self._made.get(j)
+        if made is None:
+            member_max, member_trained = self.members.get(j, (None, None))
+            batch = int(self.batch[j])
+            made = self._made[j] = GroupSpec(int(self.prompt_id[j]), int(self.n_samples[j]), int(self.max_tokens[j]), 0,
+                                             None, member_max, member_trained, None if batch < 0 else batch)
+        return made
+
+    def __iter__(self):
+        return (self[j] for j in range(len(self)))
+
+    def __add__(self, other):
+        return list(self) + list(other)
+
+    def __radd__(self, other):
+        return list(other) + list(self)
+
+    def __eq__(self, other):
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # a sequence compared by its contents, as a list is
+
+    def __repr__(self) -> str:
+        return f"GroupSpecs({list(self)!r})"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One response in flight. Policies must treat it as read-only (`check_policy` verifies this)."""
+
+    rid: int
+    group_id: int  # the group (one prompt's samples, submitted together) it belongs to
+    step: int  # the step it was first submitted in
+    prompt_id: int
+    sample_idx: int
+    prompt_len: int
+    max_tokens: int  # budget for the whole response, tokens already generated included
+    priority: int = 0
+    instance: int | None = None
+    seed: int = 0
+    batch: int = -1  # the data loader's batch it came from (GroupSpec.batch); -1: its own step's
+    batch_sample: int = -1  # its index among the samples of its prompt in that batch (sample_idx counts in the step)
+    # filled in by the engine
+    generated: int = 0  # tokens generated so far (a carried response resumes from here)
+    finish_reason: str = ""
+    stop_reason: str = ""
+    reward: float = float("nan")
+    submit_time: float = float("nan")  # seconds on the world's clock, for the latest submission
+    first_token_time: float = float("nan")
+    finish_time: float = float("nan")
+    first_version: int = -1  # weights versions (train steps applied) that generated its first and last tokens
+    last_version: int = -1
+    # (version, tokens generated before it) each time it resumed under other weights than it last ran with:
+    # a carried response resumed next step, or an async rollout interrupted by new weights. None: never.
+    resumes: list[tuple[int, int]] | None = None
+    tokens_before_resume: int = 0  # tokens generated under older weights (off-policy after a carry)
+    # the engine instance its latest submission ran on: `instance` where pinned, else the engine's dispatcher's
+    # choice (-1: not submitted yet). Kept apart from `instance` so a carried response is not pinned by it.
+    ran_on: int = -1
+    exact: bool = True  # simulator: replayed exactly from the trace (False: modelled)
+    tokens: list[int] | None = None  # real world: generated token ids so far
+    signals: dict = field(default_factory=dict)  # early-exit signals (world-specific), read by policies
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason != ""
+
+
+@dataclass(slots=True)
+class Event:
+    """Something an engine reports: a request finished, or passed a progress checkpoint."""
+
+    kind: str  # FINISHED, PROGRESS or WAKE
+    request: Request | None  # None for WAKE
+    time: float
+
+
+@dataclass(slots=True, frozen=True)
+class InstanceLoad:
+    """What placement rules may see of one engine instance."""
+
+    running: int
+    waiting: int
+    pending_tokens: int  # sum over its unfinished requests of (max_tokens - generated): an upper bound of its work
+
+
+@dataclass(slots=True, frozen=True)
+class PromptPool:
+    """The prompts a policy may choose from, as arrays (fast to filter and sort)."""
+
+    prompt_id: np.ndarray
+    prompt_len: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.prompt_id)
+
+
+@dataclass(slots=True, frozen=True)
+class StepContext:
+    """What a policy sees when it plans a step."""
+
+    step: int
+    groups_per_step: int  # the run's nominal number of groups (prompts) per step
+    group_size: int
+    max_tokens: int
+    groups_left: int  # groups the run may still train on (the run ends at zero)
+    carried_groups: int  # groups carried over from the last step, resubmitted before the plan
+    pool: PromptPool
+    rng: np.random.Generator  # the policy's own generator, seeded by the run
+    oracle_length: object = None  # simulator only: f(step, prompt_id, sample_idx, max_tokens) -> length; None in the real world
+    # draw(n): n more groups from the data loader, continuing where this step's proposal (and earlier draws) left
+    # off; what is drawn is consumed, as in slime's data source. For over-provisioning and top-ups (during the
+    # step's rollout too). None where no loader is attached (a hand-made context).
+    draw: Callable[[int], list[GroupSpec]] | None = None
+    reward_scale: RewardScale = RewardScale()  # the run's reward range: what "correct" and "lowest" mean (lssim.loop.rewards)
+
+
+@dataclass(slots=True)
+class RolloutState:
+    """Counters of the rollout phase in progress, kept by the controller and read by policies."""
+
+    step: int
+    started: float
+    now: float = 0.0
+    groups_submitted: int = 0
+    groups_done: int = 0  # groups whose every member has ended
+    groups_effective: int = 0  # of those, groups whose rewards differ (the ones GRPO learns from)
+    requests_in_flight: int = 0
+    responses_done: int = 0
+    extra_rounds: int = 0  # top-up rounds submitted after the first (DAPO-style)
+
+    @property
+    def elapsed(self) -> float:
+        return self.now - self.started
+
+
+class Group:
+    """A prompt's group as it goes to training: its members and their rewards.
+
+    Members are `Request` objects (the event route, policies' copies) or rows of the step's columns
+    (lssim.loop.columns.RequestColumns, the batch route): then `requests` makes the objects on first use, and
+    `column(name)` reads a field of every member without them."""
+
+    __slots__ = ("prompt_id", "step", "_requests", "columns", "rows")
+
+    def __init__(self, prompt_id: int, step: int, requests: list[Request] | None = None, *, columns=None, rows=None):
+        if (requests is None) == (columns is None):
+            raise ValueError("Group: give its members as requests or as columns and rows, not both")
+        self.prompt_id, self.step, self._requests, self.columns, self.rows = prompt_id, step, requests, columns, rows
+
+    @property
+    def requests(self) -> list[Request]:
+        if self._requests is None:
+            self._requests = self.columns.to_requests(self.rows)
+        return self._requests
+
+    def column(self, name: str) -> np.ndarray:
+        """A field of every member, in member order (lssim.loop.columns.RequestColumns's names and dtypes)."""
+        if self.columns is not None:
+            return getattr(self.columns, name)[self.rows]
+        from lssim.loop.columns import field_of  # columns builds on this module
+
+        return field_of(self._requests, name)
+
+    def __len__(self) -> int:
+        return len(self._requests) if self._requests is not None else len(self.columns.rid[self.rows])
+
+    def subset(self, keep: np.ndarray) -> "Group":
+        """The same group with only the members where `keep` (a boolean per member) is True."""
+        if self._requests is not None and self.columns is None:
+            return Group(self.prompt_id, self.step, [r for r, k in zip(self._requests, keep.tolist()) if k])
+        rows = np.arange(len(self.columns))[self.rows] if isinstance(self.rows, slice) else np.asarray(self.rows)
+        return Group(self.prompt_id, self.step, columns=self.columns, rows=rows[keep])
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.asarray(self.column("reward"), dtype=float)
+
+    @property
+    def has_signal(self) -> bool:
+        """GRPO learns nothing from a group whose rewards are all equal."""
+        rewards = self.rewards
+        return len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0.0
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Group) and (self.prompt_id, self.step) == (other.prompt_id, other.step)
+                and self.requests == other.requests)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Group(prompt_id={self.prompt_id}, step={self.step}, members={len(self)})"
+
+
+def version_spans(r: Request) -> list[tuple[int, int]]:
+    """(weights version, tokens generated under it) of a response, oldest first; versions with no token left out."""
+    starts = [(r.first_version, 0)] + (r.resumes or [])
+    ends = [g for _, g in starts[1:]] + [r.generated]
+    return [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+def note_resume(r: Request, version: int) -> None:
+    """A response resumes under weights `version`: its next tokens are that version's (see version_spans)."""
+    if r.generated == 0:  # it never started: its first token comes from these weights
+        r.first_version, r.resumes = version, None
+    elif (r.resumes[-1][0] if r.resumes else r.first_version) != version:
+        r.resumes = (r.resumes or []) + [(version, r.generated)]
+    r.tokens_before_resume = r.generated
+
+
+def off_policy_tokens(r: Request, train_step: int) -> int:
+    """How many of a response's tokens were generated under weights older than those `train_step` trains from
+    (version `train_step`): tokens before its last resume if it resumed under those weights, all of them if it
+    ended before (its group completed later, as with partial rollouts). A trainer that masks stale tokens masks
+    exactly these."""
+    if r.first_version < 0:  # no version history (a hand-made request): what the last resume says
+        return r.tokens_before_resume if r.last_version >= train_step else r.generated
+    if r.resumes is None:
+        return 0 if r.first_version >= train_step else r.generated
+    return sum(n for v, n in version_spans(r) if v < train_step)
+
+
+def token_lags(r: Request, train_step: int) -> list[tuple[int, int]]:
+    """(versions behind `train_step`, tokens) of a response trained at `train_step`: its staleness by token."""
+    return [(train_step - v, n) for v, n in version_spans(r)]
+
+
+SPECULATION_METHODS = ("ngram", "draft", "layer_skip")
+
+
+@dataclass(slots=True, frozen=True)
+class Speculation:
+    """An execution feature a policy asks of the engine: faster decoding while the running batch is small.
+
+    A policy asks for it in its needs (`PolicyNeeds.speculation`); the controller hands it to the engine once,
+    before the first step (`Engine.set_speculation`, as with the progress interval), and each engine instance
+    applies it whenever it runs at most `max_batch` sequences (TLT turns speculation off above 32 running
+    requests: large batches are compute-bound and verifying drafts costs more than it saves).
+
+    Methods:
+    - "ngram" (lossless): drafts by prompt lookup (vLLM's n-gram proposer; SPEC-RL's reuse of the prompt's
+      previous rollout is the same idea with a better source). Drafting is nearly free (`draft_cost` 0).
+    - "draft" (lossless): a draft model (TLT's adaptive drafter, EAGLE); `draft_cost` is its per-token cost.
+    - "layer_skip" (lossy): each token runs through the first `layer_fraction` of the layers, with no
+      verification. Its cost: those tokens are not samples of the policy being trained (the simulator counts
+      them: `SimEngine.speculated_tokens`).
+
+    For the lossless methods, with acceptance rate alpha (each drafted token accepted with probability alpha,
+    independently, until the first rejection) and gamma drafted tokens per verification, one verification
+    yields (1 - alpha^(gamma+1)) / (1 - alpha) tokens on average, so the expected time per generated token is
+    T_SD = (1 - alpha)(D + T) / (1 - alpha^(gamma+1)), with D the cost of drafting gamma tokens and T the cost
+    of verifying them at the running batch size (lssim.cost.SpeculativeCost prices both).
+
+    alpha is a parameter, not a law: measure it on the real engine (vLLM counts drafted and accepted tokens;
+    `Speculation.alpha_from_counts` turns the counts into alpha) and pass it back, e.g.
+    `lssim replay TRACE --policy "spec_tail(alpha=0.62)"`.
+    """
+
+    method: str = "ngram"
+    alpha: float = 0.5  # probability that a drafted token is accepted (lossless methods)
+    gamma: int = 4  # tokens drafted per verification (lossless methods)
+    draft_cost: float = 0.0  # drafting one token, as a fraction of one target decode iteration at the same batch
+    max_batch: int = 32  # speculate only while an instance runs at most this many sequences
+    layer_fraction: float = 0.5  # layer_skip: the fraction of the layers each token runs through
+
+    def __post_init__(self):
+        if self.method not in SPECULATION_METHODS:
+            raise ValueError(f"Speculation.method must be one of {', '.join(SPECULATION_METHODS)}, got {self.method!r}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"Speculation.alpha must be in [0, 1], got {self.alpha}")
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
+            raise ValueError(f"Speculation.gamma must be an int >= 1, got {self.gamma!r}")
+        if not 0.0 <= self.draft_cost < float("inf"):
+            raise ValueError(f"Speculation.draft_cost must be >= 0 and finite, got {self.draft_cost}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"Speculation.max_batch must be an int >= 1, got {self.max_batch!r}")
+        if not 0.0 < self.layer_fraction <= 1.0:
+            raise ValueError(f"Speculation.layer_fraction must be in (0, 1], got {self.layer_fraction}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.method != "layer_skip"
+
+    def tokens_per_verification(self) -> float:
+        """Expected tokens one verification yields: (1 - alpha^(gamma+1)) / (1 - alpha) (gamma + 1 at alpha 1)."""
+        a, g = self.alpha, self.gamma
+        return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
+
+    @staticmethod
+    def alpha_from_counts(drafts: int, accepted_tokens: int, gamma: int) -> float:
+        """The acceptance rate alpha that explains a real engine's counters: `drafts` verifications of `gamma`
+        drafted tokens each accepted `accepted_tokens` in all (vLLM: spec_decode_num_drafts and
+        spec_decode_num_accepted_tokens). Solves alpha (1 - alpha^gamma) / (1 - alpha) = accepted / drafts."""
+        if drafts <= 0 or gamma < 1:
+            raise ValueError(f"need drafts > 0 and gamma >= 1, got drafts={drafts}, gamma={gamma}")
+        mean = accepted_tokens / drafts
+        if not 0.0 <= mean <= gamma:
+            raise ValueError(f"{accepted_tokens} accepted tokens in {drafts} drafts of {gamma}: more than were drafted")
+        lo, hi = 0.0, 1.0
+        for _ in range(60):  # the mean accepted length grows with alpha: bisect
+            mid = (lo + hi) / 2
+            if sum(mid ** i for i in range(1, gamma + 1)) < mean:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+
+class Engine(Protocol):
+    """A rollout engine: N instances behind one dispatcher, simulated or real.
+
+    The controller calls only these. `next_events` returns the next batch of events, advancing the
+    clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
+    list only when nothing is in flight.
+
+    Every engine has every method: the last three are abilities an engine may lack, and an engine without
+    one answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
+    answers, so an engine that subclasses `Engine` inherits them (lssim.sim.world.SimEngine and
+    real_backend.engine.VLLMEngine implement all three themselves):
+
+    - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
+      None where the engine cannot tell (the real world). The controller records it as natural_len /
+      natural_reward (-1 / NaN for None).
+    - `utilization()`: (busy seconds, sequence-seconds) summed over instances since the engine started; NaNs
+      where the engine cannot tell. The controller turns the step's difference into busy_fraction and
+      mean_running.
+    - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
+      `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
+      otherwise.
+    - `set_batch_rollout(on)` / `run_batch(requests)`: called once before the first step; on=True promises that
+      each rollout is one submission run to its end with no reaction, abort or other submission (no per-event
+      policy hook, a mode that never cuts a rollout short). An engine that can (the simulator, lssim.sim.fastsim)
+      answers True and then takes each rollout whole, as columns, through run_batch; an engine that streams
+      (vLLM) answers False and the controller keeps submitting and draining events.
+    """
+
+    n_instances: int
+
+    def now(self) -> float: ...
+
+    def submit(self, requests: Sequence[Request]) -> None: ...
+
+    def abort(self, request: Request) -> None: ...
+
+    def next_events(self) -> list[Event]: ...
+
+    def loads(self) -> list[InstanceLoad]: ...
+
+    def set_progress_interval(self, tokens: int | None) -> None: ...
+
+    def advance(self, seconds: float) -> None:
+        """The world is busy outside the engine for `seconds` (a blocking train phase, a weight sync with
+        generation paused): virtual time passes in the simulator; on a real engine that work has already taken
+        its time, so nothing happens. The one place the two clocks differ, as in SimPy's RealtimeEnvironment."""
+        ...
+
+    def wake_at(self, time: float) -> None:
+        """Report an Event(WAKE, None, t) from next_events once the clock reaches `time` (t >= time), even with
+        nothing in flight: the execution modes' timer (new weights arriving mid-rollout, the end of a wait)."""
+        raise NotImplementedError(f"{type(self).__name__} has no timers: this execution mode needs them")
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring running requests' `generated` up to the clock (an engine that streams tokens keeps it current)."""
+
+    def counterfactual(self, request: Request) -> tuple[int, float] | None:
+        return None
+
+    def utilization(self) -> tuple[float, float]:
+        return float("nan"), float("nan")
+
+    def set_speculation(self, speculation: Speculation | None) -> None:
+        if speculation is not None:
+            raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
+                             f"cannot do")
+
+    def set_batch_rollout(self, on: bool) -> bool:
+        """The controller's promise that rollouts need no per-event reaction. Returns True if the engine will then
+        take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
+        return False
+
+    def run_batch(self, requests, queue=None) -> np.ndarray:
+        """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
+        (lssim.loop.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
+        fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
+        clock moves to the last finish, and the rows come back in the order the event route would end them.
+        `queue`: the rows in submission order, where that is not row order (None: row order)."""
+        raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
+
+
+class Trainer(Protocol):
+    """The train phase: updates the policy weights from a batch of groups and syncs them to the engine.
+
+    The world's clock advances by however long that takes (modelled in the simulator, real on vLLM).
+    Returns metrics for the step's record (e.g. loss, train_seconds, sync_seconds).
+    """
+
+    def train(self, groups: list[Group], step: int) -> dict: ...

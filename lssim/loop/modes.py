@@ -1,0 +1,337 @@
+"""Execution modes: where rollout and training run, and how far the rollout may run ahead of the weights.
+
+A mode is part of the world the controller runs in, beside the engine and the trainer (DESIGN.md, "The whole
+step"). The controller asks it a few questions and the policy's hooks are asked exactly as before, so every
+rollout policy composes with every mode (april under async, hadb under disaggregated, ...).
+
+Versions: the weights after `j` train steps are version `j`; train step `s` (the update on step `s`'s groups)
+makes version `s + 1`. A token generated under version `v` and trained at step `s` is `s - v` versions stale.
+
+| mode | devices | rollout of step s starts | weights reach the engine | unfinished at the step's end |
+|---|---|---|---|---|
+| collocated | all, in turn | after train s-1 and the context switch | between steps | the policy carries or drops them |
+| disaggregated | R roll out, T train | once train s-2's weights are synced | between steps: staleness exactly 1 | the policy carries or drops them |
+| async K | R roll out, T train | at once; groups are admitted while admitted <= (K + v + 1) B | mid-generation: abort, re-prefill, continue | kept generating |
+| hybrid | R roll out, T train, R join at the end | after train s-1 (on-policy) | between steps | the policy carries or drops them |
+
+What each is, as read in the frameworks' code (commits in the README's "Execution modes"):
+- collocated: verl's hybrid engine: vLLM sleeps (weights and KV dropped) while the actor trains, the actor's
+  state is offloaded while vLLM generates; the switch both ways is a phase of its own (`TrainPhases.switch`).
+- disaggregated: verl's one-step-off-policy recipe and slime's train_async.py: batch s+1 is generated while
+  batch s trains; weights are synced only between batches, with nothing in flight.
+- async: AReaL's interruptible rollout: new rollouts are admitted while the groups admitted so far are at most
+  (K + v + 1) B (staleness_manager.py); when new weights arrive, generation is aborted, the KV cache dropped and
+  each response re-prefilled (prompt + its tokens so far) under the new weights, then continued. A response is
+  never dropped, so one long response can be trained more than K versions late (AReaL bounds admission, not
+  tokens): `variant="areal"`. ROLL's async_generation_ratio also cancels groups older than the bound when a
+  batch is taken (generate_scheduler.py gc): `variant="roll"` (the default) drops a group, and its tokens, once
+  its oldest token would be more than K versions stale, so no trained token ever is.
+- hybrid: RLinf's pipelined mode: finished groups stream into the trainer's micro-batches while the rollout goes
+  on, weights are synced at the step's start (on-policy); with `elastic` the rollout devices join the update
+  once the rollout ends (RLinf's auto-scheduler).
+
+Only the timing of training is world-specific, and the world supplies it as a `TrainJob`: a blocking phase is
+`Engine.advance`d past (virtual time in the simulator, already spent on a real engine); one that overlaps the
+rollout is a job beside it. The simulator's job (`TrainJob` here) is priced up front: its end is known, waiting
+for it advances the virtual clock, its arrival is an `Engine.wake_at` timer and pushing its weights advances the
+clock by the sync. A real trainer's job (real_backend.train_job.ThreadTrainJob, from `GRPOTrainer.start`) runs
+on a thread beside vLLM: waiting joins it, its arrival is a wake from the engine when it finishes, and pushing
+puts its weights into the idle engine. The modes below are written once over that protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lssim.loop.core import Engine, Group, RolloutState
+
+MODES = ("collocated", "disaggregated", "async", "hybrid")
+ASYNC_VARIANTS = ("roll", "areal")
+_PHASES = ("logprob", "reference", "update", "sync", "switch")
+
+
+@dataclass(slots=True, frozen=True)
+class TrainTiming:
+    """When a step's training ran on the world's clock, and what it cost, phase by phase."""
+
+    start: float  # the train devices started on the step's groups
+    end: float  # the new weights are ready (on the rollout engine for blocking modes)
+    phases: dict  # seconds: logprob, reference, update, sync, switch
+    busy_device_seconds: float  # device-seconds the update kept busy (train devices; rollout devices that joined)
+
+
+class TrainJob:
+    """One step's training beside the rollout, as the simulator prices it: it runs on the train devices from
+    `start` to `end` (world clock) and makes weights `version` = step + 1.
+
+    The protocol a mode uses (a real trainer's job answers the same, real_backend.train_job):
+    ready(engine) -- are its weights trained by now?     wait(engine) -- block until they are
+    notify(engine) -- have the engine wake the controller (Event WAKE) once they are
+    push(engine) -- put them into the idle rollout engine (here: the clock moves by the sync's seconds)
+    `metrics`: what the trainer reported (the step row's trainer_* columns); here the priced phases."""
+
+    __slots__ = ("step", "version", "start", "end", "phases", "metrics")
+
+    def __init__(self, step: int, start: float, end: float, phases: dict, metrics: dict | None = None):
+        if end < start:
+            raise ValueError(f"TrainJob of step {step}: end {end} before start {start}")
+        self.step, self.version, self.start, self.end, self.phases = step, step + 1, start, end, phases
+        self.metrics = metrics or {}
+
+    def ready(self, engine: Engine) -> bool:
+        return self.end <= engine.now()
+
+    def wait(self, engine: Engine) -> None:
+        engine.advance(max(0.0, self.end - engine.now()))
+
+    def notify(self, engine: Engine) -> None:
+        engine.wake_at(self.end)
+
+    def push(self, engine: Engine) -> None:
+        engine.advance(self.phases["sync"])
+
+
+@dataclass(slots=True)
+class ModeConfig:
+    """An execution mode and its device split (the CLI's --mode, --staleness, --rollout-devices, --train-devices).
+
+    `rollout_devices` / `train_devices`: for collocated both are the cluster (the same devices take turns); for
+    the others, disjoint groups. `staleness` (async): how many versions the rollout may run ahead of the weights.
+    """
+
+    mode: str = "collocated"
+    rollout_devices: int = 8
+    train_devices: int | None = None  # default: the rollout devices (collocated) or as many (the others)
+    staleness: int = 1
+    variant: str = "roll"  # async: "roll" drops groups that would train over the bound, "areal" never drops
+    elastic: bool = True  # hybrid: rollout devices join the update once the rollout ends
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+        if self.variant not in ASYNC_VARIANTS:
+            raise ValueError(f"unknown async variant {self.variant!r}; known: {', '.join(ASYNC_VARIANTS)}")
+        if self.train_devices is None:
+            self.train_devices = self.rollout_devices
+        for name in ("rollout_devices", "train_devices"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModeConfig.{name} must be an int >= 1, got {value!r}")
+        if self.mode == "collocated" and self.train_devices != self.rollout_devices:
+            raise ValueError(f"collocated: rollout and training share the devices; got {self.rollout_devices} rollout "
+                             f"and {self.train_devices} train devices")
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 1:
+            raise ValueError(f"ModeConfig.staleness must be an int >= 1, got {self.staleness!r}")
+
+    @property
+    def devices(self) -> int:
+        """Devices the run holds in all."""
+        return self.rollout_devices if self.mode == "collocated" else self.rollout_devices + self.train_devices
+
+    @property
+    def collocated(self) -> bool:
+        return self.mode == "collocated"
+
+    def label(self) -> str:
+        if self.mode == "collocated":
+            return f"collocated {self.rollout_devices}"
+        extra = f" K={self.staleness} {self.variant}" if self.mode == "async" else ""
+        return f"{self.mode} {self.rollout_devices}+{self.train_devices}{extra}"
+
+    def build(self) -> "ExecutionMode":
+        return {"collocated": Collocated, "disaggregated": Disaggregated, "async": Async, "hybrid": Hybrid}[self.mode](self)
+
+
+class ExecutionMode:
+    """The questions the controller asks a mode. The base class is synchronous, on-policy and blocking:
+    collocated, with no context switch (subclasses change a few answers)."""
+
+    keeps_generating = False  # unfinished responses stay in flight across the step boundary
+    interrupts = False  # weights arriving mid-rollout interrupt generation (abort, re-prefill, continue)
+    trains_beside = False  # training runs beside the rollout (a trainer with `start` runs it as a job)
+
+    def __init__(self, config: ModeConfig):
+        self.config = config
+        self.version = 0  # the weights version on the rollout engine now
+        self._engine: Engine | None = None
+        self._batch = 1  # the run's groups per step (B)
+        self._lane_free = 0.0  # when the train devices are next free
+        self._ready: list = []  # TrainJobs (or a real trainer's jobs) whose weights are not on the engine yet, by version
+
+    def bind(self, engine: Engine, groups_per_step: int) -> None:
+        self._engine, self._batch = engine, groups_per_step
+
+    # -- before and during the rollout ----------------------------------------------------------------
+    def before_rollout(self, step: int) -> None:
+        """Called when step `step` starts: wait (engine.advance, or a timer) until its weights may be used."""
+
+    def admission(self, step: int, admitted_groups: int, default: int, limit: int) -> int:
+        """Fresh groups to admit now (at the step's start, or when weights arrive mid-rollout): `admitted_groups`
+        so far in the run (less those dropped), `default` what the step would take by itself, `limit` what the
+        run has left to train."""
+        return default
+
+    def rollout_done(self, state: RolloutState) -> bool:
+        """Must the rollout end now, whatever the policy says?"""
+        return False
+
+    def on_wake(self):
+        """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
+        the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
+        return None
+
+    def is_stale(self, step: int, first_version: int) -> bool:
+        """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""
+        return False
+
+    # -- the train phase --------------------------------------------------------------------------------
+    def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
+              job=None) -> TrainTiming:
+        """Put step `step`'s training (priced or measured in `metrics`) on the world's clock. `job`: a real trainer's
+        job already running beside the rollout (modes that `trains_beside` only; its times are known once it ends)."""
+        phases = _phases(metrics)
+        total = sum(phases.values())
+        self._engine.advance(total)  # the simulator's clock moves; a real trainer has taken that long already
+        self.version = step + 1
+        busy = (phases["logprob"] + phases["reference"] + phases["update"]) * self.config.train_devices
+        return TrainTiming(rollout_end, max(self._engine.now(), rollout_end + total), phases, busy)
+
+    # -- helpers for the modes that train beside the rollout --------------------------------------------
+    def _schedule(self, metrics: dict, ready_at: float, step: int, job=None) -> TrainTiming:
+        """Train on the train devices from when they and the batch are ready; the weights are ready at the end.
+        A real trainer's `job` is already running (its own thread is the lane): its times come once it ends."""
+        if job is not None:
+            self._ready.append(job)
+            unknown = float("nan")
+            return TrainTiming(ready_at, unknown, {p: unknown for p in _PHASES}, unknown)
+        phases = _phases(metrics)
+        start = max(ready_at, self._lane_free)
+        compute = phases["logprob"] + phases["reference"] + phases["update"]
+        end = start + compute
+        self._lane_free = end
+        self._ready.append(TrainJob(step, start, end, phases, metrics))
+        return TrainTiming(start, end, phases, compute * self.config.train_devices)
+
+    def _wait_for(self, version: int) -> None:
+        """Block until weights `version` are trained, then sync them into the idle engine."""
+        jobs = [j for j in self._ready if j.version <= version]
+        if not jobs or self.version >= version:
+            return
+        for job in jobs:  # the simulator's clock moves to the last end; a real trainer's threads are joined
+            job.wait(self._engine)
+        self._ready = [j for j in self._ready if j.version > version]
+        jobs[-1].push(self._engine)  # only the newest weights go into the engine
+        self.version = version
+
+
+class Collocated(ExecutionMode):
+    """Rollout on every device, then training on the same devices (verl's default): fully synchronous."""
+
+
+class Disaggregated(ExecutionMode):
+    """R devices generate batch s+1 while T devices train on batch s (one step off-policy)."""
+
+    trains_beside = True
+
+    def before_rollout(self, step: int) -> None:
+        self._wait_for(step - 1)  # rollout s needs train s-2's weights: exactly one version stale
+
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        return self._schedule(metrics, rollout_end, step, job)
+
+
+class Async(ExecutionMode):
+    """The rollout never stops; the trainer takes each batch of B finished groups; weights arrive mid-generation."""
+
+    keeps_generating = True
+    interrupts = True
+    trains_beside = True
+
+    def admission(self, step, admitted_groups, default, limit):
+        if step - self.version > self.config.staleness:  # its first tokens would already be too stale to train
+            return 0
+        capacity = (self.config.staleness + self.version + 1) * self._batch - admitted_groups  # AReaL's gate
+        return max(0, min(capacity, limit))
+
+    def rollout_done(self, state):
+        return state.groups_done >= self._batch
+
+    def is_stale(self, step, first_version):
+        return self.config.variant == "roll" and step - first_version > self.config.staleness
+
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        timing = self._schedule(metrics, rollout_end, step, job)
+        self._ready[-1].notify(self._engine)
+        return timing
+
+    def on_wake(self):
+        """The jobs trained by now, in version order (a job's weights never overtake an older job's still running);
+        the newest of them is pushed."""
+        arrived = 0
+        while arrived < len(self._ready) and self._ready[arrived].ready(self._engine):
+            arrived += 1
+        if not arrived:
+            return None
+        newest = self._ready[arrived - 1]
+        self._ready = self._ready[arrived:]
+        self.version = newest.version
+        return newest
+
+
+class Hybrid(ExecutionMode):
+    """Finished groups stream into training on T devices while R devices roll out; on-policy (RLinf pipelined)."""
+
+    trains_beside = True
+
+    def before_rollout(self, step: int) -> None:
+        self._wait_for(step)
+
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+        if job is not None:  # a real trainer takes the step's groups once the rollout ends: no streaming (yet)
+            return self._schedule(metrics, rollout_end, step, job)
+        phases = _phases(metrics)
+        compute = phases["logprob"] + phases["reference"] + phases["update"]
+        start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
+        self._ready.append(TrainJob(step, start, end, phases, metrics))
+        return TrainTiming(start, end, phases, busy)
+
+
+def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
+            switch: float) -> tuple[float, float, float]:
+    """The train devices take each group as it finishes (its share of the compute, by tokens); once the rollout
+    ends, the rollout devices join (elastic) after their context switch and the rest goes (R + T) / T times
+    faster. Returns (start, end, busy device-seconds)."""
+    if not groups or compute <= 0:
+        return rollout_end, rollout_end, 0.0
+    # A group with a member still carried (a bridged segment, Policy.bridge) is ready when the rollout stops it.
+    from lssim.loop.columns import gather
+
+    cols, sizes = gather(groups)
+    starts = np.cumsum(sizes) - sizes
+    # A member stopped or dropped by a policy has no finish time (NaN): the group is ready at its members' last one.
+    last = np.fmax.reduceat(cols.finish_time, starts) if len(cols) else np.zeros(0)
+    open_ = np.add.reduceat((cols.finish_reason == "").astype(np.int64), starts) > 0 if len(cols) else np.zeros(0, bool)
+    done = np.where(open_, rollout_end, np.fmax(rollout_start, last))
+    tokens = np.add.reduceat((cols.prompt_len + cols.generated).astype(float), starts) if len(cols) else np.zeros(0)
+    order = np.argsort(done, kind="stable")
+    work = compute * tokens[order] / tokens.sum()  # seconds on the train devices alone
+    t, T = float(done[order][0]), config.train_devices
+    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
+    join = rollout_end + switch  # the rollout devices are free once they have switched to training
+    busy = 0.0
+    for ready, w in zip(done[order], work):
+        t = max(t, float(ready))
+        if t < join <= t + w and speedup > 1:  # the helpers arrive mid-way through this group
+            w = (join - t) + (w - (join - t)) / speedup
+        elif t >= join:
+            w /= speedup
+        busy += w * (T * speedup if t >= join else T)
+        t += w
+    return float(done[order][0]), t, busy
+
+
+def _phases(metrics: dict) -> dict:
+    """The phase seconds a trainer reports (keys `<phase>_seconds`; a missing phase took no time)."""
+    return {p: float(metrics.get(f"{p}_seconds", 0.0) or 0.0) for p in _PHASES}

@@ -1,0 +1,467 @@
+"""The controller's books: what it tracks while a step runs, and the records a step leaves behind.
+
+The controller (lssim.loop.controller) creates a `StepState` when a step starts and fills it as the step runs;
+once the step has trained it closes the step with a `StepEnd` and hands both here:
+
+    state.books(end, counterfactual)      the step's responses as columns (StepBooks), from either route
+    ResponseTable.settle(end, step)       members that ended in earlier steps, whose groups completed now:
+                                          their rows learn whether (and when) they trained
+    ResponseTable.add(books, ...)         one row per response that ended in the step (RESPONSE_COLUMNS)
+    step_row(state, books, end, ...)      the step's row (RunResult.steps)
+    step_outcome(state, books, end)       what the policy is told (Policy.end_step)
+
+Both worlds and both routes keep the same books: nothing here knows whether the engine is simulated, and past
+`StepState.books` nothing knows whether the step ran as Request objects (the event route) or as columns (the
+batch route, lssim.sim.fastsim).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Container, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lssim.loop.columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
+from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
+from lssim.loop.policy import StepOutcome
+
+# Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
+# the step (prompt + tokens carried in), tokens generated in the step, and which were still generating when
+# it began (None: none). See lssim.sim.bounds.
+LowerBound = Callable[..., float]
+
+RESPONSE_COLUMNS = ("step", "end_step", "prompt_id", "sample_idx", "group_id", "prompt_len", "response_len", "max_tokens",
+                    "reward", "finish_reason", "stop_reason", "policy_version_first", "policy_version_last",
+                    "tokens_before_resume", "instance", "submit_time", "first_token_time", "finish_time", "exact", "trained",
+                    "train_step", "off_policy_tokens", "natural_len", "natural_reward", "batch")
+# trained / train_step: whether (and in which step) the response's group went to training; a member that ended
+#   before its group completed is settled when the group is (partial rollouts), so its row is updated then.
+# off_policy_tokens: its leading tokens generated under weights older than those of the step that trained it
+#   (lssim.loop.core.off_policy_tokens; for a response never trained, relative to the step it ended in).
+# natural_len / natural_reward: what the response would have been had no policy stopped it (the simulator's
+#   Workload at its budget; -1 / NaN where the engine cannot tell, as on vLLM: Engine.counterfactual).
+# batch: the data loader's batch its group came from (lssim.loop.core.Request.batch; -1: a group the policy chose). A run
+#   that draws groups ahead (april) submits batch k + 1's in step k; a trace that keeps the column lets the
+#   simulator answer them exactly (lssim.traces.workload.Workload.request_key).
+
+
+@dataclass(slots=True, eq=False)
+class StepState:
+    """One step's books, created when the step starts and read by the records when it ends."""
+
+    step: int
+    started: float  # the world's clock at the step's start
+    busy_at_start: tuple[float, float]  # Engine.utilization() at the step's start
+    rollout: RolloutState  # the counters policies read during the rollout
+    carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
+    members: dict[int, list[Request]] = field(default_factory=dict)  # group id -> every member (carried groups too)
+    open_members: dict[int, int] = field(default_factory=dict)  # group id -> members not yet ended
+    context_at_start: dict[int, int] = field(default_factory=dict)  # rid -> prompt + tokens generated before the step
+    samples_planned: dict[int, int] = field(default_factory=dict)  # prompt -> samples planned (keeps sample_idx unique)
+    fresh: list[Request] = field(default_factory=list)  # submitted by the plan
+    topped_up: list[Request] = field(default_factory=list)  # submitted by top-ups during the rollout
+    in_flight: dict[int, Request] = field(default_factory=dict)  # rid -> submitted and not yet ended or carried
+    ended: list[Request] = field(default_factory=list)  # ended in this step, in the order they ended
+    carried_out: list[Request] = field(default_factory=list)  # unfinished, to resume next step (or kept generating)
+    kept_in: list[Request] = field(default_factory=list)  # still generating since an earlier step (async modes)
+    version: int = 0  # the weights version on the rollout engine when the step's rollout started
+    waited: float = 0.0  # seconds between the last rollout's end and this one's start (weights, switches)
+    dropped_groups: set[int] = field(default_factory=set)  # cancelled as stale: never trained
+    batch: RequestColumns | None = None  # the batch route: the step's requests as columns (no Request objects)
+    batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
+    groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
+    batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
+
+    def batch_groups(self) -> GroupBatch:
+        """The batch route's groups, in the order they were planned: rows of the step's columns."""
+        # Members in the order they were made, as on the event route (a priority hook may have reordered the rows; the
+        # trainer packs members in this order): by (group, rid). Rids are made group after group, so rid order is
+        # that order; a batch made otherwise is sorted by both.
+        rid, group = self.batch.rid, self.batch.group_id
+        order = rid_order(rid)
+        ordered = group[order]
+        if len(ordered) > 1 and (ordered[1:] < ordered[:-1]).any():
+            order = np.lexsort((rid, group))
+            ordered = group[order]
+        return GroupBatch(self.batch, order, runs(ordered)[1])
+
+    def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
+        """The step's responses as columns: the same books whichever route the step ran on."""
+        running = None
+        if self.batch is not None:  # nothing carried in or out of a batch-route step
+            ended = ran = self.batch.take(self.batch_ended)
+        else:
+            ended = RequestColumns.of(self.ended, self.context_at_start, counterfactual)
+            ran = RequestColumns.concat([ended, RequestColumns.of(self.carried_out, self.context_at_start)])
+            if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
+                running = np.isin(ran.rid, [r.rid for r in self.kept_in])
+        trained, sizes = end.trained_members
+        reasons = ended.finish_reason
+        # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
+        signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
+        return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+
+
+@dataclass(slots=True, frozen=True)
+class StepBooks:
+    """A step's responses as columns (lssim.loop.columns.RequestColumns), for its records."""
+
+    ended: RequestColumns  # ended in the step, in the order they ended (natural_len / natural_reward filled)
+    ran: RequestColumns  # generated in the step: ended or carried out (context_at_start filled)
+    running: np.ndarray | None  # of `ran`: generating since before the step (async); None: none was
+    trained: RequestColumns  # the members of the groups the step trained, group after group
+    trained_signal: np.ndarray  # per trained group: do its rewards differ
+    stopped: np.ndarray  # of `ended`: ended by itself (finish_reason "stop")
+    truncated: np.ndarray  # of `ended`: cut at its budget ("length")
+
+
+@dataclass(slots=True, frozen=True)
+class StepEnd:
+    """How a step ended: its clock readings, the engine's utilization over its rollout, what trained."""
+
+    rollout_end: float
+    step_end: float
+    busy_at_rollout_end: tuple[float, float]  # Engine.utilization() when the rollout ended
+    done_groups: list[Group]  # groups whose every member has ended (this step or before)
+    trained: list[Group]  # what the policy selected from them (possibly subsets or reshaped copies)
+    trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
+    trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
+    train_metrics: dict
+    timing: "TrainTiming | None" = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
+    previous_end: float = float("nan")  # when the previous step's training ended (the step's time runs from it)
+
+
+class ResponseTable:
+    """The response rows of a run, a step's columns at a time, with the rows of members whose groups are still open,
+    to settle when the groups complete. Numeric columns are written as they come into rows of one preallocated block
+    per dtype (`capacity`: the rows a run is expected to make; it doubles when outgrown): a block is large enough for
+    the kernel to back it with huge pages, and the final frame is a view of it, not a copy made at the end."""
+
+    def __init__(self, capacity: int = 0):
+        self._capacity = max(0, int(capacity))
+        self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows] written
+        self._strings: dict[str, list[np.ndarray]] = {name: [] for name in _STRING_COLUMNS}  # object chunks
+        self._rows = 0
+        self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
+        self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
+
+    def __setstate__(self, state: dict) -> None:
+        chunks = state.pop("_chunks", None)  # a checkpoint written before the blocks: its step chunks, added again
+        if chunks is None:
+            self.__dict__.update(state)
+            return
+        self.__init__()
+        self._pending, self._settled = state["_pending"], state["_settled"]
+        for chunk in chunks:
+            self._store(chunk)
+
+    def frame(self, columns: Sequence[str] | None = None, *, share: bool = False) -> pd.DataFrame:
+        """The rows as one frame: every column of RESPONSE_COLUMNS, or those of `columns`. `share`: the numeric
+        columns are views of the table's own blocks (the run is over: nothing is added or settled after); by default
+        they are copies, so a frame taken between steps (the real backend writes one each step) stays as taken."""
+        wanted = set(RESPONSE_COLUMNS if columns is None else columns)
+        names = [c for c in RESPONSE_COLUMNS if c in wanted]
+        unknown = wanted - set(RESPONSE_COLUMNS)
+        if unknown:
+            raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
+        if not self._columns:  # nothing added (a step with no rows still makes the blocks)
+            return pd.DataFrame({name: [] for name in names})
+        numeric = {name: self._columns[name][:self._rows] for name in names if name not in _STRING_COLUMNS}
+        cols = numeric if share else _in_blocks(numeric)
+        cols.update((name, _strings(self._strings[name])) for name in names if name in _STRING_COLUMNS)
+        cols = {name: cols[name] for name in names}
+        if self._settled:
+            rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
+            for name, value in (("trained", True), ("train_step", steps), ("off_policy_tokens", off)):
+                if name in cols:
+                    cols[name][rows] = value
+        return pd.DataFrame(cols, copy=False)  # the columns are arrays of their own: no copy into consolidated blocks
+
+    def settle(self, end: StepEnd, step: int) -> None:
+        """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
+        if not self._pending:
+            return
+        trained = set(end.trained_rids.tolist())
+        for g in end.done_groups:
+            if not any(rid in self._pending for rid in g.column("rid").tolist()):
+                continue
+            for r in g.requests:
+                idx = self._pending.pop(r.rid, None)
+                if idx is not None and r.rid in trained:
+                    self._settled.append((idx, step, off_policy_tokens(r, step)))
+
+    def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
+        """A row for each response that ended in the step; one whose group is in `open_groups` (not complete)
+        is settled in a later step."""
+        e, n = books.ended, len(books.ended)
+        if open_groups:
+            for i in np.flatnonzero(np.isin(e.group_id, list(open_groups))).tolist():
+                self._pending[int(e.rid[i])] = self._rows + i
+        trained_now = _in_sorted(e.rid, trained_rids)
+        self._store({
+            "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,
+            "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
+            "reward": e.reward, "finish_reason": _finish_reasons(books), "stop_reason": _coded_if_one(e.stop_reason),
+            "policy_version_first": e.first_version, "policy_version_last": e.last_version,
+            "tokens_before_resume": e.tokens_before_resume, "instance": np.where(e.ran_on >= 0, e.ran_on, e.instance), "submit_time": e.submit_time - started,
+            "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
+            "trained": trained_now, "train_step": np.where(trained_now, step, -1),
+            "off_policy_tokens": e.off_policy_tokens(step), "natural_len": e.natural_len, "natural_reward": e.natural_reward,
+            "batch": e.batch,
+        })
+
+    def _store(self, chunk: dict[str, np.ndarray]) -> None:
+        """A step's rows written after the others: numeric columns into their blocks (grown, or a column widened to
+        what np.concatenate would have made of it, where needed), string columns kept as chunks."""
+        n = len(chunk["step"])
+        end = self._rows + n
+        numeric = {name: np.asarray(v) for name, v in chunk.items() if name not in _STRING_COLUMNS}
+        if not self._columns or end > self._capacity:
+            self._capacity = max(end, self._capacity if not self._columns else 2 * self._capacity)
+            old, self._columns = self._columns, _blocks({name: v.dtype for name, v in numeric.items()}, self._capacity)
+            for name, column in old.items():
+                self._columns[name] = _widened(self._columns[name], column.dtype, self._rows)
+                self._columns[name][:self._rows] = column[:self._rows]
+        for name, values in numeric.items():
+            column = self._columns[name]
+            if values.dtype != column.dtype:
+                column = self._columns[name] = _widened(column, np.result_type(column, values), self._rows)
+            column[self._rows:end] = values
+        for name in _STRING_COLUMNS:
+            self._strings[name].append(chunk[name])
+        self._rows = end
+
+
+_STRING_COLUMNS = ("finish_reason", "stop_reason")
+
+
+def _in_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """np.isin(values, sorted_keys) for keys already sorted. Rids are numbered in order, so a step's keys span a
+    short range: a mask over it answers each value in one lookup (a search per value costs more than sorting both)."""
+    if not len(sorted_keys):
+        return np.zeros(len(values), bool)
+    lo, hi = int(sorted_keys[0]), int(sorted_keys[-1])
+    if hi - lo + 1 == len(sorted_keys) and len(values) and lo <= values.min() and values.max() <= hi \
+            and (sorted_keys[1:] > sorted_keys[:-1]).all():  # the keys are the whole range (a step that trained all)
+        return np.ones(len(values), bool)
+    if hi - lo > 8 * (len(sorted_keys) + len(values)):  # spread out: np.isin's sort
+        return np.isin(values, sorted_keys)
+    mask = np.zeros(hi - lo + 1, bool)
+    mask[sorted_keys - lo] = True
+    inside = (values >= lo) & (values <= hi)
+    return np.where(inside, mask[np.clip(values - lo, 0, hi - lo)], False)
+
+
+def _blocks(dtypes: dict[str, np.dtype], capacity: int) -> dict[str, np.ndarray]:
+    """A column per name, the columns of one dtype as rows of one block (one large allocation is backed by huge
+    pages: numpy advises the kernel to for 4 MB and more, where a column of its own would fault every 4 kB)."""
+    by_dtype: dict[np.dtype, list[str]] = {}
+    for name, dtype in dtypes.items():
+        by_dtype.setdefault(np.dtype(dtype), []).append(name)
+    out = {}
+    for dtype, group in by_dtype.items():
+        out.update(zip(group, np.empty((len(group), capacity), dtype)))
+    return out
+
+
+def _widened(column: np.ndarray, dtype: np.dtype, rows: int) -> np.ndarray:
+    """`column` as `dtype` (its first `rows` kept) where that is wider than its own; else `column` itself."""
+    dtype = np.result_type(column.dtype, dtype)
+    if dtype == column.dtype:
+        return column
+    out = np.empty(len(column), dtype)
+    out[:rows] = column[:rows]
+    return out
+
+
+def _in_blocks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copies of the columns, in blocks by dtype (`_blocks`)."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    out = _blocks({name: c.dtype for name, c in columns.items()}, n)
+    for name, c in columns.items():
+        out[name][:] = c
+    return out
+
+
+@dataclass(slots=True, frozen=True)
+class _Coded:
+    """A step's string column as numbers into a few words (Arrow turns it into strings without reading a Python
+    str per row, which costs ~40 ns each)."""
+
+    codes: np.ndarray  # int8, into words
+    words: tuple[str, ...]
+
+    def objects(self) -> np.ndarray:
+        return np.array(self.words, dtype=object)[self.codes]
+
+
+_NATURAL = (LENGTH, STOP)  # _finish_reasons' words: a response that ended by itself or at its budget
+
+
+def _finish_reasons(books: StepBooks):
+    """The ended responses' finish reasons, as numbers where every one ended by itself or at its budget (the books
+    have compared them already), else the objects."""
+    if (books.stopped | books.truncated).all():
+        return _Coded(books.stopped.view(np.int8), _NATURAL)
+    return books.ended.finish_reason
+
+
+def _coded_if_one(values: np.ndarray):
+    """A column of one str throughout (stop_reason: "" unless a policy stopped something) as numbers, else as is."""
+    if len(values) and isinstance(values[0], str) and (values == values[0]).all():
+        return _Coded(np.zeros(len(values), np.int8), (values[0],))
+    return values
+
+
+def _strings(chunks: list):
+    """Object arrays of str (or `_Coded` ones) as one pandas string column: through Arrow, what pandas would infer
+    from the objects (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes
+    seconds)."""
+    inferred = pd.Series(["x"]).dtype
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
+        return np.concatenate([c.objects() if isinstance(c, _Coded) else c for c in chunks])
+    arrow = pa.chunked_array(_arrow_chunks(pa, chunks), type=pa.large_string())
+    return pd.array(arrow, dtype=inferred)
+
+
+def _arrow_chunks(pa, chunks: list) -> list:
+    """The chunks as Arrow string arrays; each run of coded chunks (most runs: every step's) as one take from the
+    words of all of them (a take per step costs more than the rows)."""
+    out, run = [], []
+    for c in [*chunks, None]:
+        if isinstance(c, _Coded):
+            run.append(c)
+            continue
+        if run:
+            vocabulary: dict[str, int] = {}
+            codes = [np.array([vocabulary.setdefault(w, len(vocabulary)) for w in r.words], np.int32)[r.codes] for r in run]
+            out.append(pa.array(list(vocabulary), type=pa.large_string()).take(pa.array(np.concatenate(codes))))
+            run = []
+        if c is not None:
+            out.append(pa.array(c, type=pa.large_string()))
+    return out
+
+
+def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBound | None, n_instances: int) -> dict:
+    """The step's row: times, tokens, how its responses ended (the books balance: responses_in equals the
+    five outcomes), what trained, how busy the engine was."""
+    rollout_s = end.rollout_end - s.started
+    tokens, bound = _tokens_and_bound(books, lower_bound)
+    reasons, trained, step = books.ended.finish_reason, books.trained, s.step
+    stopped, truncated = books.stopped, books.truncated
+    natural = stopped | truncated
+    others = reasons if not natural.all() else reasons[:0]  # (most steps end every response so: no more to compare)
+    # Off-policy share of what trains now: tokens generated under weights older than this step's.
+    off_policy = int(trained.off_policy_tokens(step).sum())
+    trained_tokens = int(trained.generated.sum())
+    busy = end.busy_at_rollout_end[0] - s.busy_at_start[0]
+    seq_seconds = end.busy_at_rollout_end[1] - s.busy_at_start[1]
+    row = {
+        "step": step,
+        "rollout_seconds": rollout_s,
+        "train_seconds": end.step_end - end.rollout_end if end.timing is None else sum(end.timing.phases.values()),
+        "step_seconds": end.step_end - (s.started if end.timing is None else end.previous_end),
+        "tokens": tokens,
+        "tokens_per_second": _per_second(float(tokens), rollout_s),
+        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up) + (len(s.batch) if s.batch is not None else 0),
+        "carried_in": len(s.carried_in) + len(s.kept_in),
+        "finished": int(stopped.sum()),
+        "truncated": int(truncated.sum()),
+        "policy_stopped": int((others == POLICY_STOP).sum()),
+        "dropped": int((others == ABORT).sum()),
+        "carried_out": len(s.carried_out),
+        "groups_trained": len(end.trained),
+        "effective_groups": int(books.trained_signal.sum()),
+        "lower_bound_seconds": bound,
+        "lower_bound_efficiency": _per_second(bound, rollout_s),
+        "long_tail_ratio": _long_tail_ratio(books.ended.finish_time[natural] - s.started),
+        "off_policy_token_fraction": off_policy / trained_tokens if trained_tokens else 0.0,
+        "exact_fraction": np.count_nonzero(books.ended.exact) / len(books.ended) if len(books.ended) else float("nan"),
+        "mean_reward": _nanmean(trained.reward) if len(end.trained) else float("nan"),
+        "busy_fraction": _per_second(busy, n_instances * rollout_s),  # of the instances' time
+        "mean_running": _per_second(seq_seconds, n_instances * rollout_s),  # sequences per instance
+    }
+    row.update({f"trainer_{k}": v for k, v in end.train_metrics.items()})
+    return row
+
+
+def _nanmean(values: np.ndarray) -> float:
+    """np.nanmean, without its NaN masks where there is no NaN (the same sum over the same count: equal bits)."""
+    mean = float(np.mean(values))
+    return mean if mean == mean else float(np.nanmean(values))
+
+
+def _per_second(amount: float, seconds: float) -> float:
+    return amount / seconds if seconds > 0 else float("nan")
+
+
+def _tokens_and_bound(books: StepBooks, lower_bound: LowerBound | None) -> tuple[int, float]:
+    """Tokens generated in the step by the responses that ran in it (ended or carried out), and the lower
+    bound of the time the rollout needed to generate them (NaN without a bound)."""
+    ran = books.ran
+    ctx0 = ran.context_at_start
+    step_tokens = ran.prompt_len + ran.generated - ctx0
+    bound = lower_bound(ran.prompt_len, ctx0, step_tokens, books.running) if lower_bound and len(ran) else float("nan")
+    return int(step_tokens.sum()), bound
+
+
+def _long_tail_ratio(finish: np.ndarray) -> float:
+    """The last finish over the median one (`finish`: of the responses that ended by themselves or at their budget,
+    from the step's start)."""
+    if not len(finish):
+        return float("nan")
+    median = _median(finish)
+    return float(finish.max() / median) if median > 0 else float("nan")
+
+
+def _median(values: np.ndarray) -> float:
+    """np.median, to the bit, by one partition (np.median's checks and copies cost more than the partition here)."""
+    n = len(values)
+    if n < 2 or np.isnan(values).any():
+        return float(np.median(values))
+    half = n // 2
+    if n % 2:
+        return float(np.partition(values, half)[half])
+    part = np.partition(values, (half - 1, half))
+    return float((part[half - 1] + part[half]) / 2)
+
+
+def step_outcome(s: StepState, books: StepBooks, end: StepEnd) -> StepOutcome:
+    """What a policy may remember of the step (Policy.end_step): the responses that ended in it."""
+    e = books.ended
+    return StepOutcome(
+        step=s.step, prompt_id=e.prompt_id, sample_idx=e.sample_idx, response_len=e.generated, max_tokens=e.max_tokens,
+        reward=e.reward, finish_reason=e.finish_reason, rollout_seconds=end.rollout_end - s.started,
+        trained_prompt_ids=prompt_ids(end.trained),
+    )
+
+
+def mode_fields(s: StepState, books: StepBooks, end: StepEnd, mode, n_instances: int) -> dict:
+    """The step's end-to-end fields under an execution mode (lssim.loop.modes.ModeConfig): when its rollout and
+    training ran, each train phase, the devices kept busy, the tokens trained and how stale they were."""
+    timing, trained = end.timing, books.trained
+    lags = trained.token_lags(s.step)
+    busy_instance_seconds = end.busy_at_rollout_end[0] - s.busy_at_start[0]
+    row = {
+        "rollout_start": s.started,
+        "rollout_end": end.rollout_end,
+        "train_start": timing.start,
+        "train_end": timing.end,
+        "wait_seconds": s.waited,
+        "weights_version": s.version,
+        **{f"{phase}_seconds": seconds for phase, seconds in timing.phases.items()},
+        "rollout_busy_device_seconds": busy_instance_seconds * mode.rollout_devices / n_instances,
+        "train_busy_device_seconds": timing.busy_device_seconds,
+        "trained_tokens": int((trained.prompt_len + trained.generated).sum()),
+        "max_staleness": max(lags) if lags else 0,
+        "staleness_histogram": json.dumps({str(k): v for k, v in sorted(lags.items())}),
+        "dropped_stale": sum(len(s.members[g]) for g in s.dropped_groups),
+    }
+    return row

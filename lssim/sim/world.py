@@ -1,0 +1,488 @@
+"""The simulated world: a cluster of continuously-batching engine instances, a train-time model, a clock.
+
+Each instance schedules the way vLLM does: up to `max_num_seqs` running sequences, admission while the
+KV cache has room for the prompt, preemption by recompute (the lowest-priority, latest-admitted
+sequence) when the cache cannot hold the next token, prefill charged to the iteration that admits.
+Time is never stepped token by token: between changes of batch composition every running sequence
+gains one token per iteration, so the instance jumps straight to the next finish, checkpoint or cache
+overflow, and the cost model prices the whole span in closed form.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from lssim.loop.core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
+from lssim.cost.protocol import abort_time_of
+from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
+from lssim.loop.signals import WINDOW_KEY, SignalSpec, signals_from_trace
+from lssim.sim.training import AnalyticTrainCost, TrainCostModel, TrainPhases, check_lengths
+from lssim.traces.workload import EXACT, Workload
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """One engine instance's limits (vLLM's `max_num_seqs` and KV-cache size) and the cluster size."""
+
+    n_instances: int = 8
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int = 500_000
+
+    def __post_init__(self):
+        for name in ("n_instances", "max_num_seqs", "kv_capacity_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class _Instance:
+    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending",
+                 "left_at", "left", "owed", "priced")
+
+    def __init__(self, idx: int, t: float):
+        self.idx = idx
+        self.t = t  # time at the iteration boundary `it`
+        self.it = 0  # decode iterations run so far
+        self.n = 0  # running sequences
+        self.ctx = 0  # sum of running sequences' context lengths at boundary `it` (= KV tokens held)
+        self.running: list = []  # heap of (iteration, seq, event kind, epoch, request): finishes and checkpoints
+        self.waiting: list = []  # heap of (priority, arrival, epoch, request)
+        self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
+        self.busy = 0.0  # seconds with at least one sequence running
+        self.seq_seconds = 0.0  # integral of running sequences over time (mean batch = seq_seconds / busy)
+        self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
+        self.pending = 0  # requests placed here and not yet ended (running + waiting)
+        self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
+        self.owed = 0.0  # departure (re-pack) seconds the next iteration pays; dropped if the batch empties first
+        self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
+
+
+class SimEngine:
+    """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
+
+    def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS,
+                 *, batch_route: bool = True):
+        self.workload, self.cost = workload, cost
+        self.batch_route = batch_route  # False: every rollout on the event route, whatever the controller allows
+        self.base_cost = cost  # the cost model without execution features (set_speculation wraps it)
+        self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
+        self.speculated_tokens = 0  # tokens generated while speculation (or layer skip) was on
+        self.signals = signals  # the window of the early-exit signals put in Request.signals at progress events
+        self.config = config or EngineConfig()
+        self.n_instances = self.config.n_instances
+        self.clock = 0.0
+        self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
+        self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
+        self._timers: list = []  # heap of (time, seq): wake_at's timers (lssim.loop.core.WAKE)
+        self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
+        self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
+        self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward, trace row)
+        self._where: dict[int, _Instance] = {}
+        self._interval: int | None = None
+        self.preemptions = 0
+        self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
+        self._batch = False  # set_batch_rollout: rollouts come whole through run_batch (lssim.sim.fastsim)
+
+    # -- Engine protocol ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` of virtual time pass (a blocking train phase, a paused weight sync); instances catch up
+        lazily (whatever runs on them keeps running)."""
+        self.clock += seconds
+
+    def wake_at(self, time: float) -> None:
+        heapq.heappush(self._timers, (time, next(self._seq)))
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring the running requests' `generated` up to the clock (their instances to the last iteration boundary
+        before it), so a step that ends with them still generating counts the tokens they made in it."""
+        for r in requests:
+            inst = self._where.get(r.rid)
+            if inst is None:
+                continue
+            self._catch_up(inst, self.clock)
+            member = inst.members.get(r.rid)
+            if member is not None:
+                r.generated = member[3] + (inst.it - member[2])
+
+    def set_progress_interval(self, tokens: int | None) -> None:
+        self._interval = tokens
+
+    def set_batch_rollout(self, on: bool) -> bool:
+        """The controller's promise that each rollout is one submission run to its end with no reaction
+        (lssim.loop.core.Engine.set_batch_rollout): rollouts then come whole through run_batch (lssim.sim.fastsim), priced
+        as arrays with the event route's results to the last bit. False when built with batch_route=False."""
+        self._batch = bool(on) and self.batch_route
+        return self._batch
+
+    def run_batch(self, requests, queue=None) -> np.ndarray:
+        """A whole rollout of `requests` (lssim.loop.columns.RequestColumns) on the idle engine; see lssim.sim.fastsim."""
+        if not self._batch:
+            raise RuntimeError("run_batch before set_batch_rollout(True)")
+        from lssim.sim.fastsim import run_batch
+
+        return run_batch(self, requests, queue)
+
+    def set_speculation(self, speculation) -> None:
+        """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost
+        model is wrapped (lssim.cost.SpeculativeCost); None switches it off. Set before the first submit."""
+        from lssim.cost import SpeculativeCost
+
+        self.cost = SpeculativeCost(self.base_cost, speculation) if speculation is not None else self.base_cost
+        self._spec_batch = speculation.max_batch if speculation is not None else 0
+
+    def loads(self) -> list[InstanceLoad]:
+        return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
+        instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
+        by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
+        heapq.heapify(by_load)
+        nan = float("nan")
+        for r in requests:
+            if r.prompt_len + r.max_tokens > capacity:
+                raise ValueError(f"request {r.rid} (prompt {r.prompt_id}) needs {r.prompt_len + r.max_tokens} KV tokens; "
+                                 f"an instance holds {capacity} (raise kv_capacity_tokens or lower max_tokens)")
+            if r.rid not in target:
+                step, sample = self.workload.request_key(r)  # its own step's, or its loader batch's
+                answer = lookup(step, r.prompt_id, sample, r.max_tokens)
+                target[r.rid] = (answer.length, answer.finish_reason, answer.reward, answer.row)
+                self.sources[answer.source] += 1
+                r.exact = answer.source == EXACT
+            if r.instance is None:
+                pending, idx = by_load[0]
+                heapq.heapreplace(by_load, (pending + 1, idx))
+                inst = instances[idx]
+            else:
+                inst = instances[r.instance % self.n_instances]
+            r.ran_on = inst.idx
+            if inst.idx not in touched:
+                self._catch_up(inst, now)
+                touched[inst.idx] = inst
+            r.submit_time = now
+            r.first_token_time = nan
+            epoch = epochs.get(r.rid, 0) + 1
+            epochs[r.rid] = epoch
+            heapq.heappush(inst.waiting, (r.priority, next(seq), epoch, r))
+            inst.pending += 1
+            where[r.rid] = inst
+        for inst in touched.values():
+            self._admit(inst)
+            self._schedule(inst)
+
+    def abort(self, r: Request) -> None:
+        inst = self._where.pop(r.rid, None)
+        if inst is None:
+            return
+        # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
+        self.clock += abort_time_of(self.cost, 1)
+        self._catch_up(inst, self.clock)
+        self._epoch[r.rid] += 1
+        inst.pending -= 1
+        member = inst.members.pop(r.rid, None)
+        if member is not None:  # running: keep the tokens it has, free its KV
+            r.generated = member[3] + (inst.it - member[2])
+            inst.n -= 1
+            inst.ctx -= r.prompt_len + r.generated
+            self._depart(inst, 1)
+        self._admit(inst)
+        self._schedule(inst)
+
+    def next_events(self) -> list[Event]:
+        events, timers = self._events, self._timers
+        while events or timers:
+            if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this
+                t, _ = heapq.heappop(timers)
+                self.clock = max(self.clock, t)
+                return [Event(WAKE, None, self.clock)]
+            t, _, idx, version, target_it = heapq.heappop(events)
+            inst = self.instances[idx]
+            if version != inst.version:
+                continue
+            if t > self.clock:
+                self.clock = t
+            out = self._fire(inst, target_it)
+            self._admit(inst)
+            self._schedule(inst)
+            if out:
+                return out
+        return []
+
+    def counterfactual(self, r: Request) -> tuple[int, float]:
+        """(length, reward) the response would have had had nobody stopped it: the Workload's answer at its
+        budget. The controller records it beside what happened (tokens a stop saved, stops that were wrong)."""
+        length, _, reward, _ = self._target[r.rid]
+        return length, reward
+
+    def utilization(self) -> tuple[float, float]:
+        """(busy seconds, sequence-seconds) summed over instances so far: the controller turns them into
+        each step's busy fraction and mean running batch."""
+        busy = seqs = 0.0
+        for inst in self.instances:
+            self._catch_up(inst, self.clock)
+            # An admission charges its whole prefill at once, so an instance can be ahead of the clock; that time
+            # has not passed yet (a rollout may end, and abort the prefilling requests, before it does).
+            ahead = max(0.0, inst.t - self.clock)
+            busy += inst.busy - ahead
+            seqs += max(0.0, inst.seq_seconds - inst.n * ahead)
+        return busy, seqs
+
+    # -- one instance ------------------------------------------------------------------------------
+    def _run(self, inst: _Instance, k: int) -> None:
+        """Run k decode iterations with the current batch."""
+        if k <= 0:
+            return
+        n, ctx, priced_k, priced = inst.priced
+        # The span _schedule priced is usually the one run next (the event fires): the same call, not made twice.
+        dt = (priced if n == inst.n and ctx == inst.ctx and priced_k == k else self.cost.decode_time(inst.n, inst.ctx, k)) + inst.owed
+        inst.owed = 0.0
+        inst.t += dt
+        inst.busy += dt
+        inst.seq_seconds += inst.n * dt
+        if inst.n <= self._spec_batch and self.cost.factor(inst.n) < 1.0:
+            self.speculated_tokens += inst.n * k
+        inst.ctx += inst.n * k
+        inst.it += k
+
+    def _catch_up(self, inst: _Instance, now: float) -> None:
+        """Bring an instance to the last iteration boundary at or before `now`, short of its next event."""
+        if inst.n == 0:
+            inst.t = max(inst.t, now)  # idle: nothing to run until something arrives
+            return
+        if inst.t + inst.owed >= now:
+            return
+        k = self.cost.iterations_within(inst.n, inst.ctx, now - inst.t - inst.owed)
+        nxt = self._next_iteration(inst)
+        self._run(inst, min(k, nxt - inst.it - 1))
+
+    def _next_iteration(self, inst: _Instance) -> int:
+        """The boundary of the instance's next event: a finish or checkpoint, or the cache filling up."""
+        running, epoch = inst.running, self._epoch
+        while running and running[0][3] != epoch.get(running[0][4].rid):
+            heapq.heappop(running)
+        if not inst.n:
+            return inst.it
+        # Each iteration adds n tokens of KV; past `room // n` iterations the cache cannot hold the next one.
+        overflow = inst.it + (self.config.kv_capacity_tokens - inst.ctx) // inst.n
+        return min(running[0][0], overflow)
+
+    def _schedule(self, inst: _Instance) -> None:
+        inst.version += 1
+        if inst.n == 0:
+            if inst.waiting:
+                raise RuntimeError(f"instance {inst.idx} is idle with {len(inst.waiting)} waiting requests it cannot admit")
+            return
+        target_it = self._next_iteration(inst)
+        k = target_it - inst.it
+        span = self.cost.decode_time(inst.n, inst.ctx, k)
+        inst.priced = (inst.n, inst.ctx, k, span)
+        t = inst.t + inst.owed + span
+        heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version, target_it))
+
+    def _fire(self, inst: _Instance, target_it: int) -> list[Event]:
+        """Run to the event boundary `target_it` and report what happened there."""
+        self._run(inst, target_it - inst.it)
+        out, running, epoch, it, t, members, where, targets = [], inst.running, self._epoch, inst.it, inst.t, inst.members, self._where, self._target
+        n, ctx, pending, heappop = inst.n, inst.ctx, inst.pending, heapq.heappop
+        while running and running[0][0] <= it:
+            _, _, kind, ep, r = heappop(running)
+            rid = r.rid
+            if ep != epoch.get(rid):
+                continue
+            _, _, admit_it, gen0, _ = members[rid]
+            generated = r.generated = gen0 + (it - admit_it)
+            if kind == FINISHED:
+                _, r.finish_reason, r.reward, _ = targets[rid]
+                r.finish_time = t
+                del members[rid], where[rid]
+                epoch[rid] = ep + 1
+                n -= 1
+                pending -= 1
+                ctx -= r.prompt_len + generated
+                out.append(Event(FINISHED, r, t))
+            else:
+                self._push_checkpoint(inst, r, ep)
+                self._measure(r, generated)
+                out.append(Event(PROGRESS, r, t))
+        left = inst.n - n
+        inst.n, inst.ctx, inst.pending = n, ctx, pending
+        if left:
+            self._depart(inst, left)
+        if n and self.config.kv_capacity_tokens - ctx < n:
+            self._preempt(inst)
+        return out
+
+    def _depart(self, inst: _Instance, k: int) -> None:
+        """k sequences left the batch at this boundary: the engine's cost of re-packing it (cost.departure_time),
+        priced once per boundary, so k finishes and aborts at one boundary cost departure_time(k). Nothing to
+        re-pack once the batch is empty (as lssim.cost.batch_features prices a batch's last boundary), so the
+        next iteration pays it: a rollout that aborts everything still running at its end owes nothing."""
+        if not inst.n:
+            inst.owed = 0.0
+            return
+        before = inst.left if inst.left_at == inst.it else 0
+        inst.left_at, inst.left = inst.it, before + k
+        inst.owed += self.cost.departure_time(before + k) - self.cost.departure_time(before)
+
+    def _preempt(self, inst: _Instance) -> None:
+        """Free KV by recompute, as vLLM does: the lowest-priority, latest-admitted sequences go back to waiting."""
+        while inst.n and self.config.kv_capacity_tokens - inst.ctx < inst.n:
+            rid = max(inst.members, key=lambda k: inst.members[k][:2])
+            priority, admit_seq, admit_it, gen0, r = inst.members.pop(rid)
+            r.generated = gen0 + (inst.it - admit_it)
+            inst.n -= 1
+            inst.ctx -= r.prompt_len + r.generated
+            self._epoch[rid] += 1
+            heapq.heappush(inst.waiting, (priority, admit_seq, self._epoch[rid], r))
+            self.preemptions += 1
+
+    def _admit(self, inst: _Instance) -> None:
+        waiting = inst.waiting
+        if not waiting:
+            return
+        capacity, max_seqs, epoch, target, seq = self.config.kv_capacity_tokens, self.config.max_num_seqs, self._epoch, self._target, self._seq
+        members, running, interval, it = inst.members, inst.running, self._interval, inst.it
+        n, ctx, prefill, admitted = inst.n, inst.ctx, 0, []
+        heappop, heappush = heapq.heappop, heapq.heappush
+        while waiting and n < max_seqs:
+            priority, arrival, ep, r = waiting[0]
+            rid = r.rid
+            if ep != epoch.get(rid):
+                heappop(waiting)
+                continue
+            generated = r.generated
+            need = r.prompt_len + generated
+            if ctx + need + n + 1 > capacity:  # after admission, the next iteration needs n + 1 more tokens
+                break
+            heappop(waiting)
+            n += 1
+            ctx += need
+            prefill += need
+            members[rid] = (priority, arrival, it, generated, r)
+            admitted.append(r)
+            length = target[rid][0]
+            heappush(running, (it + max(0, length - generated), next(seq), FINISHED, ep, r))
+            if interval:
+                self._push_checkpoint(inst, r, ep)
+        inst.n, inst.ctx = n, ctx
+        if prefill:
+            dt = self.cost.prefill_time(prefill)
+            inst.t += dt
+            inst.busy += dt
+            first_token = inst.t + self.cost.decode_time(n, ctx, 1)  # the admitting iteration's end
+            for r in admitted:
+                if r.first_token_time != r.first_token_time:  # NaN: not set since this submission
+                    r.first_token_time = first_token
+
+    def _measure(self, r: Request, generated: int) -> None:
+        """The early-exit signals at a progress checkpoint, modelled from the trace (lssim.loop.signals)."""
+        loop, collapse, entropy = self.workload.signal_columns(self._target[r.rid][3])
+        r.signals[WINDOW_KEY] = signals_from_trace(generated, loop, collapse, entropy, self.workload.text_entropy,
+                                                   self.signals.window)
+
+    def _push_checkpoint(self, inst: _Instance, r: Request, ep: int) -> None:
+        if not self._interval:
+            return
+        _, _, admit_it, gen0, _ = inst.members[r.rid]
+        generated = gen0 + (inst.it - admit_it)
+        nxt = (generated // self._interval + 1) * self._interval
+        if nxt < self._target[r.rid][0]:
+            heapq.heappush(inst.running, (admit_it + (nxt - gen0), next(self._seq), PROGRESS, ep, r))
+
+
+@dataclass(slots=True)
+class TrainTimeModel:
+    """The old linear placeholder, kept for tests and back-of-envelope runs: the update takes fixed + per_token x
+    (prompt + response tokens trained), then a fixed weight sync; no log-prob, reference or switch phase.
+
+    Defaults: a 7B model on 8 H100s, 6 * 7e9 FLOPs per token at 40% MFU of 989 TFLOP/s each gives about
+    1.3e-5 s per token; a few seconds of fixed overhead; ~10 s to push weights to the rollout engines. Never
+    measured: lssim.sim.training.AnalyticTrainCost (the simulator's default) and ProfiledTrainCost replace it.
+    It speaks lssim.sim.training.TrainCostModel, ignoring the devices and the mode.
+    """
+
+    seconds_per_token: float = 1.3e-5
+    fixed_seconds: float = 5.0
+    sync_seconds: float = 10.0
+
+    def __post_init__(self):
+        for name in ("seconds_per_token", "fixed_seconds", "sync_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainTimeModel.{name} must be >= 0, got {getattr(self, name)}")
+
+    def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
+        seq, _ = check_lengths(seq_lens, prompt_lens)
+        update = self.fixed_seconds + self.seconds_per_token * float(seq.sum())
+        return TrainPhases(0.0, 0.0, update, self.sync_seconds, 0.0)
+
+    def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
+        seq, _ = check_lengths(seq_lens)
+        return self.seconds_per_token * float(seq.sum()) / (3.0 if forward_only else 1.0)
+
+    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
+        return 0.0
+
+    def describe(self) -> dict:
+        return {"kind": "linear placeholder (never measured)", "seconds_per_token": self.seconds_per_token,
+                "fixed_seconds": self.fixed_seconds, "sync_seconds": self.sync_seconds}
+
+
+class SimTrainer:
+    """The simulated train phase: prices the step's sequences with a training-phase cost model
+    (lssim.sim.training.TrainCostModel); the execution mode puts them on the world's clock (lssim.loop.modes: blocking
+    for collocated, beside the rollout for the others).
+
+    `n_devices`: devices the trainer runs on; `collocated`: rollout shares them (verl's default: a context switch
+    per step, weights synced by IPC). `signal_only`: train only groups whose rewards differ, as real_backend's
+    GRPOTrainer does (verl trains every sequence, zero advantages included)."""
+
+    def __init__(self, engine: SimEngine, model: TrainCostModel | None = None, *, n_devices: int = 8,
+                 collocated: bool = True, signal_only: bool = False):
+        if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
+            raise ValueError(f"SimTrainer: n_devices must be an int >= 1, got {n_devices!r}")
+        self.engine, self.model = engine, model if model is not None else AnalyticTrainCost()
+        self.n_devices, self.collocated, self.signal_only = n_devices, collocated, signal_only
+        self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
+
+    def set_train_mask(self, hook) -> None:
+        """Ask `hook` (Policy.train_mask) which tokens each step trains, and price only those (lssim.sim.train_policy)."""
+        self.train_mask = hook
+
+    def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt + response, prompt) tokens of every sequence this step trains."""
+        from lssim.loop.columns import gather, with_signal
+
+        members, sizes = gather(groups)
+        prompt, seq = members.prompt_len, members.prompt_len + members.generated
+        if self.signal_only:
+            keep = np.repeat(with_signal(members.reward, sizes), sizes)
+            prompt, seq = prompt[keep], seq[keep]
+        return seq, prompt
+
+    def train(self, groups, step: int) -> dict:
+        if self.train_mask is not None:
+            return self._train_masked(groups, step)
+        seq, prompt = self.lengths(groups)
+        phases = self.model.phases(seq, prompt, self.n_devices, collocated=self.collocated)
+        # "seconds": the whole train phase (train_seconds in the step row is the clock's view of the same).
+        return {"seconds": phases.total, **phases.as_metrics(), "tokens": int(seq.sum()), "sequences": len(seq)}
+
+    def _train_masked(self, groups, step: int) -> dict:
+        from lssim.sim.train_policy import price_masked, sim_batch
+
+        batch = sim_batch(groups, step, self.signal_only)
+        mask = self.train_mask(batch)
+        if mask is None:
+            seq = batch.prompt_len + batch.response_len
+            phases, pruning = self.model.phases(seq, batch.prompt_len, self.n_devices, collocated=self.collocated), {}
+        else:
+            phases, pruning = price_masked(self.model, batch, mask.check(batch), self.n_devices, collocated=self.collocated)
+        tokens = int((batch.prompt_len + batch.response_len).sum())
+        return {"seconds": phases.total, **phases.as_metrics(), "tokens": tokens, "sequences": len(batch), **pruning}

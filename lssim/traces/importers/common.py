@@ -1,0 +1,271 @@
+"""What every importer shares: the error, step files, prompt ids, tokenizers, and the trace frame.
+
+An importer reads a framework's dump into :class:`Response` records (one per generated response,
+with whatever the dump measured) and hands them to :func:`build_trace`, which numbers groups and
+samples, fills what the dump did not measure from the cap (``--max-tokens``), and returns the
+frame with extra columns saying where each value came from:
+
+- ``length_source``: ``measured`` (token counts written by the framework) or ``retokenized``
+  (counted again from decoded text with ``--tokenizer``);
+- ``finish_source``: ``measured`` (the framework recorded why generation ended) or ``inferred``
+  (``length`` where the response reaches the cap, ``stop`` below it);
+- ``source_file`` / ``source_record``: the dump file (as reached from SOURCE) and the record in it
+  (the line of a JSON-lines file, else the position in the file's samples or rows, from 0).
+
+:func:`write_imported` writes it with :func:`lssim.traces.trace.write_trace` (atomic: nothing is left
+behind on error) and names the dump's file and record when the trace schema refuses a row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Iterable
+
+import pandas as pd
+
+__all__ = [
+    "DumpError", "Response", "Imported", "prompt_hash", "step_files", "check_no_gaps",
+    "load_tokenizer", "build_trace", "write_imported", "as_reward", "descend",
+]
+
+
+class DumpError(ValueError):
+    """A dump cannot be imported. The message is one line naming the file and the record."""
+
+
+@dataclass
+class Response:
+    """One generated response as a dump recorded it, before groups and samples are numbered.
+
+    ``finish_reason`` None means "the dump does not say": :func:`build_trace` infers it from the
+    cap. ``max_tokens`` None means "the run's cap" (``--max-tokens``, or what the dump implies)."""
+
+    step: int
+    prompt_id: int | str
+    group_key: Hashable
+    """Identifies the response's group within its step (e.g. slime's group_index, AReaL's task id)."""
+    order: int
+    """Sort key of the response within its group (its sample index, or its position in the dump)."""
+    prompt_len: int
+    response_len: int
+    reward: float
+    source_file: str
+    source_record: int
+    length_source: str = "measured"
+    finish_reason: str | None = None
+    max_tokens: int | None = None
+    policy_version_first: int | None = None
+    policy_version_last: int | None = None
+    trained: bool | None = None
+
+
+@dataclass
+class Imported:
+    """An imported trace and what the user should know about how it was made."""
+
+    frame: pd.DataFrame
+    framework: str
+    measured: list[str]
+    inferred: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self, out: str) -> str:
+        f = self.frame
+        steps = f["step"].nunique()
+        groups = len(f.drop_duplicates(["step", "group_id"]))
+        trunc = float((f["finish_reason"] == "length").mean())
+        lines = [f"imported {len(f):,} responses ({steps} steps, {groups} groups, {trunc:.1%} truncated) "
+                 f"from the {self.framework} dump to {out}",
+                 f"measured: {', '.join(self.measured)}",
+                 f"inferred: {', '.join(self.inferred) if self.inferred else 'nothing'}"]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+# --------------------------------------------------------------------------
+# Reading a dump
+# --------------------------------------------------------------------------
+
+
+def prompt_hash(prompt: Any) -> int:
+    """A stable id for a prompt's text (or chat messages): 53 bits of BLAKE2b, so it stays exact as float64."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 11
+
+
+def descend(source: Path, subdir: str) -> Path:
+    """The folder the dump files are in: SOURCE itself, or SOURCE/subdir where the user named its parent."""
+    if not source.exists():
+        raise DumpError(f"{source}: no such file or directory")
+    if not source.is_dir():
+        raise DumpError(f"{source}: not a directory (expected the dump's folder)")
+    inner = source / subdir
+    return inner if inner.is_dir() else source
+
+
+def step_files(root: Path, pattern: str, what: str, skip: Callable[[Path], bool] = lambda p: False) -> dict[int, list[Path]]:
+    """Files under ``root`` (not recursive) whose name matches ``pattern``, by step.
+
+    ``pattern`` is a regular expression whose first group is the step number. A step split over
+    several files (one per rank or partition: ``3.jsonl`` and ``3_rank1.jsonl``) is one step."""
+    steps: dict[int, list[Path]] = defaultdict(list)
+    for path in sorted(root.iterdir()):
+        if not path.is_file() or skip(path):
+            continue
+        m = re.fullmatch(pattern, path.name)
+        if m:
+            steps[int(m.group(1))].append(path)
+    if not steps:
+        raise DumpError(f"{root}: no {what} found")
+    return dict(sorted(steps.items()))
+
+
+def check_no_gaps(steps: Iterable[int], root: Path, what: str, allow_gaps: bool, stride: int = 1) -> None:
+    """Refuse a dump whose step numbering has holes: a lost file would silently shorten the run."""
+    found = sorted(set(steps))
+    if allow_gaps or len(found) < 2:
+        return
+    present = set(found)
+    missing = [s for s in range(found[0], found[-1] + 1, stride) if s not in present]
+    if missing:
+        shown = ", ".join(str(s) for s in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise DumpError(f"{root}: {what} for step {shown} missing (found steps {found[0]}..{found[-1]}); "
+                        "pass --allow-gaps if the run really skipped them")
+
+
+def as_reward(value: Any, where: str, key: str | None = None) -> float:
+    """A finite float reward from a dump value (a dict of rewards needs ``key``)."""
+    if isinstance(value, dict):
+        if key is None:
+            raise DumpError(f"{where}: reward is a dict (keys {', '.join(map(str, value))}); pass --reward-key to pick one")
+        if key not in value:
+            raise DumpError(f"{where}: reward has no key {key!r} (keys {', '.join(map(str, value))})")
+        value = value[key]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+        raise DumpError(f"{where}: reward {value!r} is not a number")
+    if not math.isfinite(value):
+        raise DumpError(f"{where}: reward {value!r} is not finite")
+    return float(value)
+
+
+# --------------------------------------------------------------------------
+# Tokenizers (retokenizing decoded text, for dumps without token counts)
+# --------------------------------------------------------------------------
+
+
+def load_tokenizer(folder: str | Path) -> Callable[[list[str]], list[int]]:
+    """A token counter for a Hugging Face tokenizer folder, loaded offline (never from the hub).
+
+    A folder with ``tokenizer.json`` is read by the fast ``tokenizers`` library alone; any other
+    folder goes through ``transformers.AutoTokenizer(local_files_only=True)``. Special tokens are
+    not added: the dumps' texts already carry what the framework decoded."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise DumpError(f"{folder}: tokenizer folder does not exist")
+    if (path / "tokenizer.json").is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001  (any parse failure is the user's file)
+            raise DumpError(f"{path / 'tokenizer.json'}: not a tokenizers file ({_first_line(e)})") from None
+        return lambda texts: [len(enc.ids) for enc in tok.encode_batch(texts, add_special_tokens=False)]
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise DumpError(f"{folder}: cannot load a tokenizer from this folder ({_first_line(e)})") from None
+    return lambda texts: [len(ids) for ids in hf(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------
+# Building the trace
+# --------------------------------------------------------------------------
+
+
+def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
+    """The lssim trace frame of ``responses``.
+
+    ``cap`` is the run's response-token cap (``--max-tokens``). Responses without a recorded finish
+    reason are ``length`` where they reach it (retokenized lengths above it are clipped to it: the
+    framework stopped there) and ``stop`` below it. Groups are numbered ``group_id`` 0.. within
+    each step in order of first appearance, and samples ``sample_idx`` in ``order`` within the
+    step's prompt, continuing over a prompt's second group, so (step, prompt_id, sample_idx) stays
+    unique."""
+    if not responses:
+        raise DumpError("the dump holds no responses")
+    rows = [_row(r, cap) for r in responses]
+    df = pd.DataFrame(rows)
+    group_ids: dict[tuple[int, Hashable], int] = {}
+    per_step: dict[int, int] = defaultdict(int)
+    for r in responses:
+        if (r.step, r.group_key) not in group_ids:
+            group_ids[(r.step, r.group_key)] = per_step[r.step]
+            per_step[r.step] += 1
+    df["group_id"] = [group_ids[(r.step, r.group_key)] for r in responses]
+    ranked = df.assign(_order=[r.order for r in responses]).sort_values(["step", "group_id", "_order"], kind="stable")
+    ranked["sample_idx"] = ranked.groupby(["step", "prompt_id"], sort=False).cumcount()
+    df["sample_idx"] = ranked["sample_idx"].reindex(df.index)
+    if not all(isinstance(r.prompt_id, int) for r in responses):
+        df["prompt_id"] = df["prompt_id"].map(str)  # ids of mixed kinds: all as written, as text
+    for name in ("policy_version_first", "policy_version_last", "trained"):
+        if df[name].isna().any():
+            df = df.drop(columns=name)  # unknown for some: leave it to the schema's default
+    if "trained" in df:
+        df["trained"] = df["trained"].astype(bool)
+    return df
+
+
+def _row(r: Response, cap: int | None) -> dict[str, Any]:
+    where = f"{r.source_file}: record {r.source_record}"
+    max_tokens = r.max_tokens if r.max_tokens is not None else cap
+    if max_tokens is None:
+        raise DumpError(f"{where}: the dump does not say the response-token cap; pass --max-tokens")
+    response_len, finish, finish_source = r.response_len, r.finish_reason, "measured"
+    if finish is None:
+        finish_source = "inferred"
+        if response_len > max_tokens and r.length_source != "retokenized":
+            raise DumpError(f"{where}: response length {response_len} > --max-tokens {max_tokens}")
+        response_len = min(response_len, max_tokens)
+        finish = "length" if response_len == max_tokens else "stop"
+    elif response_len > max_tokens:
+        raise DumpError(f"{where}: response length {response_len} > the cap {max_tokens}; is --max-tokens right?")
+    if finish == "length":
+        max_tokens = response_len  # the cap in force for this response (a context limit can cut below the run's)
+    return {
+        "step": r.step, "prompt_id": r.prompt_id, "prompt_len": max(1, r.prompt_len), "response_len": response_len,
+        "reward": r.reward, "finish_reason": finish, "max_tokens": max_tokens,
+        "policy_version_first": r.policy_version_first, "policy_version_last": r.policy_version_last,
+        "trained": r.trained, "length_source": r.length_source, "finish_source": finish_source,
+        "source_file": r.source_file, "source_record": r.source_record,
+    }
+
+
+def write_imported(imported: Imported, out: str) -> pd.DataFrame:
+    """Write the trace atomically; a row the schema refuses is named by its dump file and record."""
+    from lssim.traces.trace import TraceError, write_trace
+
+    frame = imported.frame
+    try:
+        return write_trace(frame, out)
+    except TraceError as e:
+        m = re.search(r": row (\d+):", str(e))
+        if m and int(m.group(1)) < len(frame):
+            row = frame.iloc[int(m.group(1))]
+            problem = re.sub(r"row \d+: ", "", str(e).split(": ", 1)[1])
+            raise DumpError(f"{row['source_file']}: record {row['source_record']}: {problem}") from None
+        raise

@@ -1,0 +1,114 @@
+"""verl: the generations dumped by ``trainer.rollout_data_dir``.
+
+Read against volcengine/verl at commit b178a3c (2026-01-29, version 0.8.0.dev):
+``verl/trainer/ppo/ray_trainer.py::RayPPOTrainer._dump_generations`` (called by
+``_log_rollout_data`` after the update of each step; the fully-async, one-step-off and
+TransferQueue trainers call the same writer) writes ``{rollout_data_dir}/{global_steps}.jsonl``,
+one JSON object a line with
+
+- ``input``: the prompt, ``tokenizer.batch_decode(prompts, skip_special_tokens=True)``;
+- ``output``: the response, decoded the same way;
+- ``gts``: the ground truth, ``score``: ``token_level_scores.sum(-1)``, ``step``: ``global_steps``
+  (from 1);
+- every ``reward_extra_infos_dict`` entry with one value per sample (``acc``, ``pred``, ...), and
+  ``request_id`` where the batch carries one.
+
+The rows are the step's trained batch (after any group filtering), in the batch's order after
+sequence balancing, so a group is the step's samples sharing a prompt. No token counts are
+written: lengths are counted again from the decoded text with ``--tokenizer`` (the run's
+tokenizer folder). That count misses the special tokens the decode skipped (chat template markers
+in the prompt, EOS at the end of the response), so prompt lengths are a few tokens short and a
+response that stopped is one short. Truncation is inferred: a response whose count reaches
+``--max-tokens`` (``actor_rollout_ref.rollout.response_length``) is ``length`` at the cap.
+
+Measured: steps, rewards (``score``, or ``--reward-key``), which responses belong to one prompt.
+Inferred: prompt and response lengths (retokenized), finish reasons (from the cap), prompt ids (a
+hash of the prompt text, unless ``--prompt-key`` names a field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lssim.traces.importers.common import DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, load_tokenizer, prompt_hash, step_files
+
+NAME = "verl"
+HELP = "verl trainer.rollout_data_dir files ({global_steps}.jsonl), retokenized"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the run's Hugging Face tokenizer folder (read offline)")
+    p.add_argument("--max-tokens", type=int, required=True, help="the run's rollout.response_length (the response-token cap)")
+    p.add_argument("--prompt-key", metavar="FIELD", help="field to use as prompt id (default: a hash of the prompt text)")
+    p.add_argument("--reward-key", default="score", metavar="FIELD", help="field holding the reward (default: score)")
+
+
+def run(args: argparse.Namespace) -> Imported:
+    return read_verl(args.source, tokenizer=args.tokenizer, max_tokens=args.max_tokens, prompt_key=args.prompt_key,
+                     reward_key=args.reward_key, allow_gaps=args.allow_gaps)
+
+
+def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, prompt_key: str | None = None,
+              reward_key: str = "score", allow_gaps: bool = False) -> Imported:
+    count = load_tokenizer(tokenizer)  # first: a missing tokenizer is reported before the dump is read
+    root = descend(Path(source), "rollout_data")
+    files = step_files(root, r"(\d+)(?:[._-].*)?\.jsonl", "step files ({global_steps}.jsonl)")
+    check_no_gaps(files, root, "step file", allow_gaps)
+    records = [rec for step, paths in files.items() for path in paths for rec in _records(path, step)]
+    for rel, line, rec in records:
+        for key in ("input", "output"):
+            if not isinstance(rec.get(key), str):
+                raise DumpError(f"{rel}: line {line}: no {key!r} text (the {'prompt' if key == 'input' else 'response'})")
+    prompts = sorted({rec["input"] for _, _, rec in records})
+    prompt_len = dict(zip(prompts, count(prompts)))
+    response_len = count([rec["output"] for _, _, rec in records])
+    responses = []
+    for i, ((rel, line, rec), n) in enumerate(zip(records, response_len)):
+        where = f"{rel}: line {line}"
+        pid = _prompt_id(rec, where, prompt_key)
+        responses.append(Response(
+            step=rec["_step"], prompt_id=pid, group_key=pid, order=i, prompt_len=prompt_len[rec["input"]], response_len=n,
+            reward=as_reward(_field(rec, reward_key, where), where), source_file=rel, source_record=line,
+            length_source="retokenized"))
+    frame = build_trace(responses, max_tokens)
+    inferred = ["prompt and response lengths (retokenized)", "finish reasons (from --max-tokens)"]
+    inferred += [] if prompt_key else ["prompt ids (hash of the prompt text)"]
+    notes = [f"tokenizer {tokenizer}: lengths leave out the special tokens verl's decode skipped"]
+    return Imported(frame, NAME, ["steps", "groups (samples sharing a prompt)", f"rewards ({reward_key})"], inferred, notes)
+
+
+def _records(path: Path, step: int) -> list[tuple[str, int, dict]]:
+    rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DumpError(f"{rel}: line {line_no}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise DumpError(f"{rel}: line {line_no}: not a JSON object")
+            if rec.get("step") is not None and int(rec["step"]) != step:
+                raise DumpError(f"{rel}: line {line_no}: step {rec['step']}, but the file name says {step}")
+            rec["_step"] = step
+            out.append((rel, line_no, rec))
+    if not out:
+        raise DumpError(f"{rel}: no records")
+    return out
+
+
+def _field(rec: dict, key: str, where: str):
+    if key not in rec:
+        raise DumpError(f"{where}: no field {key!r} (fields: {', '.join(k for k in rec if k != '_step')})")
+    return rec[key]
+
+
+def _prompt_id(rec: dict, where: str, prompt_key: str | None) -> int | str:
+    if prompt_key is None:
+        return prompt_hash(rec["input"])
+    value = _field(rec, prompt_key, where)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else str(value)
