@@ -1,4 +1,5 @@
-"""Check that every relative markdown link in the repo's docs resolves to a file or folder (and #anchors to a heading)."""
+"""Check every relative markdown link of the README, CHANGELOG and docs/ (`python docs/check_links.py`): each must
+name a file or folder that exists, and an anchor a heading in it; paths other branches create are listed as pending."""
 import re, sys
 from pathlib import Path
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
