@@ -385,7 +385,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         description="Replay TRACE under --policy beside baseline and oracle and write DIR/report.html, one self-contained "
         "page (figures inline): what the trace is, what the policy did, how far each step is from its lower bound, one "
         "step's timeline, what was modelled rather than replayed, and the execution mode's end-to-end figures; the same "
-        "figures as DIR/figures/*.png and tables as DIR/tables/*.csv. Written atomically. See lssim/REPORT.md.",
+        "figures as DIR/figures/*.png and tables as DIR/tables/*.csv. Written atomically. See docs/reports.md.",
     )
     p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
     p.add_argument("--policy", required=True, metavar="SPEC", help="the policy to report on (compose with +)")

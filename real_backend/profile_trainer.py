@@ -14,7 +14,7 @@ cell is repeated, and all of them (sync pushes included) run in one random order
 drift must not pass for a trend in batch size or length.
 
 Writes the JSON (coefficients, forms, fit error by split, how it was measured) and, beside it,
-`<stem>_steps.parquet` with every measurement. lssim/TRAINING.md reports the figures.
+`<stem>_steps.parquet` with every measurement. docs/training.md reports the figures.
 """
 
 from __future__ import annotations

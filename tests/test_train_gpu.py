@@ -29,7 +29,7 @@ def test_measure_times_both_phases_of_every_cell_on_cpu():
 
 
 def test_the_shipped_h100_measurement_is_below_the_analytic_default():
-    """lssim/profiles/h100_train_mfu.csv (a lent H100, 2026-11-26): what TRAINING.md reports."""
+    """lssim/profiles/h100_train_mfu.csv (a lent H100, 2026-11-26): what docs/training.md reports."""
     from pathlib import Path
 
     import lssim

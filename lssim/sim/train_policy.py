@@ -12,7 +12,7 @@ real trainer still ran over when it pruned that way, measured by `python -m real
 (an assumption: the real trainer drops whole sequences and cuts uneven suffixes). What is priced is then the
 trainer's own cost model over the shortened sequences, so padding, packing and attention follow the lengths.
 
-Pricing never makes a step dearer: a trainer may always only mask (the same update, lssim/TRAINING.md) and does
+Pricing never makes a step dearer: a trainer may always only mask (the same update, docs/training.md) and does
 so when the cost model prices the compacted batch higher (packing can be non-monotone in the lengths).
 """
 

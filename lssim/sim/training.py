@@ -25,7 +25,7 @@ verl/workers/actor/dp_actor.py):
 Two calibrations: :class:`AnalyticTrainCost` for GPU clusters (FLOPs at a stated MFU, bytes over stated
 bandwidths, every constant with its source in ``describe()``) and :class:`ProfiledTrainCost`, fitted on this
 machine by ``python -m real_backend.profile_trainer`` (lssim/sim/train_profiled.py). :class:`TrainTimeModel` in
-lssim/sim/world.py, the old linear placeholder, speaks the same protocol. lssim/TRAINING.md says what is modelled.
+lssim/sim/world.py, the old linear placeholder, speaks the same protocol. docs/training.md says what is modelled.
 """
 
 from __future__ import annotations
@@ -453,7 +453,7 @@ class AnalyticTrainCost:
 class ScaledTrainCost:
     """Another TrainCostModel with its forward phases (log-prob, reference) and its update scaled by measured
     factors: what training-side token pruning saves (real_backend/measure_pruning.py measures them on the real
-    trainer; lssim/TRAINING.md says where the saving comes from). Sync and switch are unchanged."""
+    trainer; docs/training.md says where the saving comes from). Sync and switch are unchanged."""
 
     base: TrainCostModel
     logprob_factor: float = 1.0
