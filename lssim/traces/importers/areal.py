@@ -67,13 +67,13 @@ def read_areal(source: str | Path, *, max_tokens: int, batch_size: int, eos_toke
     root = _rollout_folder(Path(source))
     folders = {int(d.name): d for d in root.iterdir() if d.is_dir() and re.fullmatch(r"\d+", d.name)}
     check_no_gaps(folders, root, "version folder", allow_gaps)  # a lost folder loses tasks, and shifts every step after them
-    tasks: dict[int, list[Response]] = {}
-    for _, folder in sorted(folders.items()):
+    tasks: dict[int, tuple[int, list[Response]]] = {}  # task id -> (the version it finished under, its responses)
+    for version, folder in sorted(folders.items()):
         for path in sorted(folder.glob("*.jsonl")):
-            task_id, responses = _task(path, int(folder.name), max_tokens, eos)
+            task_id, responses = _task(path, version, max_tokens, eos)
             if task_id in tasks:
-                raise DumpError(f"{path}: task {task_id} also in {tasks[task_id][0].source_file}")
-            tasks[task_id] = responses
+                raise DumpError(f"{path}: task {task_id} also in {tasks[task_id][1][0].source_file}")
+            tasks[task_id] = (version, responses)
     unknown = sorted(set(rejected) - set(tasks))
     if unknown:
         raise DumpError(f"{root}: --rejected task {unknown[0]} is not in the dump")
@@ -104,7 +104,7 @@ def _rollout_folder(source: Path) -> Path:
     raise DumpError(f"{source}: no version folders (rollout/{{tail_version}}/{{task_id}}.jsonl) here{where}")
 
 
-def _steps(tasks: dict[int, list[Response]], batch_size: int, rejected: set[int]) -> tuple[list[Response], list[int]]:
+def _steps(tasks: dict[int, tuple[int, list[Response]]], batch_size: int, rejected: set[int]) -> tuple[list[Response], list[int]]:
     """Number the steps in task-id order, ``batch_size`` accepted tasks each; return the responses and the ids left out."""
     out: list[Response] = []
     step, accepted, pending = 0, 0, []
@@ -114,12 +114,13 @@ def _steps(tasks: dict[int, list[Response]], batch_size: int, rejected: set[int]
         if accepted < batch_size:
             continue
         for tid in pending:
-            for r in tasks[tid]:
-                if r.policy_version_last > step:
-                    raise DumpError(f"{r.source_file}: task {tid} finished at weight version {r.policy_version_last}, "
-                                    f"but the order of task ids puts it in step {step}: the run rejected a task not named by "
-                                    "--rejected, or consumed tasks out of order, and the dump cannot tell which")
-                r.step, r.trained, r.policy_version_last = step, tid not in rejected, None
+            version, responses = tasks[tid]
+            if version > step:  # step k trains on tasks finished under weights 0..k
+                raise DumpError(f"{responses[0].source_file}: task {tid} finished at weight version {version}, "
+                                f"but the order of task ids puts it in step {step}: the run rejected a task not named by "
+                                "--rejected, or consumed tasks out of order, and the dump cannot tell which")
+            for r in responses:
+                r.step, r.trained = step, tid not in rejected
                 out.append(r)
         step, accepted, pending = step + 1, 0, []
     if not out:
@@ -160,8 +161,7 @@ def _task(path: Path, version: int, max_tokens: int, eos: set[str]) -> tuple[int
                 step=version, prompt_id=prompt_hash(rec.get("prompt", "")), group_key=("task", task_id),
                 order=rec["sample_idx"], prompt_len=rec["prompt_len"], response_len=response_len,
                 reward=as_reward(rec.get("reward"), where), source_file=rel, source_record=line_no,
-                finish_reason=_finish(rec, response_len, max_tokens, eos, where), finish_source="inferred",
-                policy_version_last=version))
+                finish_reason=_finish(rec, response_len, max_tokens, eos, where), finish_source="inferred"))
     if task_id is None:
         raise DumpError(f"{rel}: no records")
     return task_id, out
