@@ -15,10 +15,12 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 
 from lssim.cli import main
 from lssim.traces.importers import FRAMEWORKS, DumpError
 from lssim.traces.importers.common import prompt_hash
+from lssim.traces.importers.areal import read_areal
 from lssim.traces.importers.slime import read_slime
 from lssim.traces.trace import SCHEMA
 
@@ -26,6 +28,8 @@ torch = pytest.importorskip("torch")
 
 CAP = 24
 REFERENCE_TOKENIZER = Path(__file__).resolve().parents[1] / "real_backend" / "reference_model"
+REFERENCE = Tokenizer.from_file(str(REFERENCE_TOKENIZER / "tokenizer.json"))
+EOS_ID, PAD_ID, EOS_TEXT = 2, 0, "<eos>"
 PROMPTS = [f"question {k} : what is {k} + {k + 3} ? answer with one number" for k in range(7)]
 needs_real_traces = pytest.mark.skipif(
     SCHEMA["reward"].max is not None,
@@ -41,7 +45,14 @@ needs_real_traces = pytest.mark.skipif(
 class Group:
     prompt: str
     lengths: list[int]
+    """The framework's own token counts: a response that stopped counts its EOS."""
     rewards: list[float]
+    eos: list[bool] | None = None
+    """Whether each response ended in the EOS (default: those below the cap)."""
+
+    def __post_init__(self):
+        if self.eos is None:
+            self.eos = [n < CAP for n in self.lengths]
 
     @property
     def prompt_len(self) -> int:
@@ -62,6 +73,7 @@ def make_run(seed: int = 0, groups_per_step=(3, 5, 2, 4), sizes=(4, 4, 3, 4)) ->
             groups.append(Group(prompt, lengths, [5.0 if rng.random() < 0.5 else -5.0 for _ in range(size)]))
         steps.append(groups)
     steps[0][0].lengths[1] = CAP  # at least one truncation
+    steps[0][0].lengths[2], steps[0][0].eos[1:3] = CAP, [False, True]  # and one EOS as the last allowed token: a stop
     return steps
 
 
@@ -69,8 +81,8 @@ def expected(run: list[list[Group]], first_step: int = 0) -> dict[int, list[tupl
     """Per step, the sorted (prompt_id, prompt_len, response_len, reward, finish_reason) of every response."""
     out = {}
     for s, groups in enumerate(run):
-        out[first_step + s] = sorted((prompt_hash(g.prompt), g.prompt_len, n, r, "length" if n == CAP else "stop")
-                                     for g in groups for n, r in zip(g.lengths, g.rewards))
+        out[first_step + s] = sorted((prompt_hash(g.prompt), g.prompt_len, n, r, "stop" if e else "length")
+                                     for g in groups for n, r, e in zip(g.lengths, g.rewards, g.eos))
     return out
 
 
@@ -82,6 +94,18 @@ def observed(frame: pd.DataFrame) -> dict[int, list[tuple]]:
 
 def words(n: int) -> str:
     return " ".join(["t", "h"] * (n // 2) + ["t"] * (n % 2))
+
+
+def response_ids(n: int, eos: bool, pad_to: int = 0) -> list[int]:
+    """A response of n tokens of the reference vocabulary ('t' 14, 'h' 15), its last the EOS (2) where it stopped,
+    right-padded (0) to pad_to as verl's batch["responses"] is."""
+    ids = [14 + k % 2 for k in range(n - eos)] + [EOS_ID] * eos
+    return ids + [PAD_ID] * (pad_to - len(ids))
+
+
+def decoded(ids: list[int], skip_special_tokens: bool) -> str:
+    """What the frameworks' writers call: tokenizer.decode of the generated ids."""
+    return REFERENCE.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 # --------------------------------------------------------------------------
@@ -97,11 +121,11 @@ def write_slime(root: Path, run, split_step: int | None = 1, drop_group: tuple[i
     for step, groups in enumerate(run):
         files: list[list[dict]] = [[], []]
         for g, group in enumerate(groups):
-            for n, r in zip(group.lengths, group.rewards):
+            for n, r, e in zip(group.lengths, group.rewards, group.eos):
                 files[g % 2 if step == split_step else 0].append({
                     "group_index": group_index, "index": index, "rollout_id": None, "prompt": group.prompt,
                     "tokens": list(range(group.prompt_len + n)), "response": words(n), "response_length": n,
-                    "label": "7", "reward": r, "loss_mask": None, "status": "truncated" if n == CAP else "completed",
+                    "label": "7", "reward": r, "loss_mask": None, "status": "completed" if e else "truncated",
                     "weight_versions": [str(max(0, step - 1)), str(step)] if g == 0 else [str(step)],
                     "metadata": {"source": "gsm8k"}, "remove_sample": (step, g) == drop_group,
                     "spec_info": {"spec_accept_token_num": 0}, "prefix_cache_info": {"cached_tokens": 0}})
@@ -114,46 +138,76 @@ def write_slime(root: Path, run, split_step: int | None = 1, drop_group: tuple[i
     return root
 
 
-def write_verl(root: Path, run, split_step: int = 2) -> Path:
-    """trainer.rollout_data_dir=root: {global_steps}.jsonl from step 1, rows in balanced (shuffled) order."""
+def write_verl(root: Path, run, split_step: int = 2, uid: bool = True) -> Path:
+    """trainer.rollout_data_dir=root, as RayPPOTrainer._log_rollout_data / _dump_generations write it
+    (volcengine/verl verl/trainer/ppo/ray_trainer.py; with uid, the 0.9 TransferQueue trainer,
+    verl/experimental/transfer_queue/ray_trainer.py): {global_steps}.jsonl from step 1, one JSON line per
+    response with input, output (batch_decode of the padded response ids, skip_special_tokens=True: no EOS),
+    gts, score, step, the reward extras and uid (one uuid per prompt of the batch, shared by its n responses);
+    rows in balanced (shuffled) order."""
     root.mkdir(parents=True)
     rng = np.random.default_rng(1)
     for s, groups in enumerate(run):
         step = s + 1
-        rows = [{"input": g.prompt, "output": words(n), "gts": "7", "score": r, "step": step, "acc": r > 0}
-                for g in groups for n, r in zip(g.lengths, g.rewards)]
+        rows = [{"input": g.prompt, "output": decoded(response_ids(n, e, pad_to=CAP), skip_special_tokens=True), "gts": "7",
+                 "score": r, "step": step, "acc": r > 0, **({"uid": f"uid-{step}-{k}"} if uid else {})}
+                for k, g in enumerate(groups) for n, r, e in zip(g.lengths, g.rewards, g.eos)]
         rows = [rows[i] for i in rng.permutation(len(rows))]
         parts = [rows[: len(rows) // 2], rows[len(rows) // 2:]] if step == split_step else [rows]
         for k, part in enumerate(parts):
             name = f"{step}.jsonl" if k == 0 else f"{step}_rank{k}.jsonl"
-            (root / name).write_text("\n".join(json.dumps(row) for row in part) + "\n")
+            (root / name).write_text("\n".join(json.dumps(row, ensure_ascii=False) for row in part) + "\n")
     return root
 
 
-def write_areal(root: Path, run) -> Path:
-    """dump_to_file: root/rollout/{tail_version}/{task_id}.jsonl, tasks of two executors interleaved."""
+def write_areal(root: Path, run, late: tuple[int, int] = (2, 1), ahead: int = 2, rejected: tuple[int, int] | None = None) -> Path:
+    """dump_to_file, as WorkflowExecutor._dump_trajectory writes it (inclusionAI/AReaL
+    areal/infra/workflow_executor.py): root/rollout/{tail_version}/{task_id}.jsonl, one line per sample with
+    task_id, sample_idx, seqlen, prompt_len, head_version (-1: the prompt tokens' version), tail_version,
+    reward, prompt and completion (decode with skip_special_tokens=False: a stopped response ends in "<eos>").
+
+    Each step of `run` is one submit/wait round consuming its groups as tasks numbered in submission order;
+    the weights are version k while round k generates, except the `late` (step, group) task, submitted ahead
+    and finished under version k - 1; `ahead` tasks submitted after the last round finish under the final
+    version and are never trained; a `rejected` (step, group) task is dumped all the same, plus one more task
+    that the round waited for in its place."""
     task_id = 0
-    for version, groups in enumerate(run):
+
+    def task(group: Group, version: int) -> None:
+        nonlocal task_id
         folder = root / "rollout" / str(version)
-        folder.mkdir(parents=True)
-        for g in groups:
-            lines = [json.dumps({"task_id": task_id, "sample_idx": i, "seqlen": g.prompt_len + n, "prompt_len": g.prompt_len,
-                                 "head_version": -1, "tail_version": version, "reward": r, "prompt": g.prompt,
-                                 "completion": words(n)}) for i, (n, r) in enumerate(zip(g.lengths, g.rewards))]
-            (folder / f"{task_id}.jsonl").write_text("\n".join(lines) + "\n")
-            task_id += 2 if task_id % 2 == 0 else 1  # executor 0 takes even ids, executor 1 the odd ones after
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"task_id": task_id, "sample_idx": i, "seqlen": group.prompt_len + n, "prompt_len": group.prompt_len,
+                             "head_version": -1, "tail_version": version, "reward": r, "prompt": group.prompt,
+                             "completion": decoded(response_ids(n, e), skip_special_tokens=False)})
+                 for i, (n, r, e) in enumerate(zip(group.lengths, group.rewards, group.eos))]
+        with open(folder / f"{task_id}.jsonl", "a") as f:
+            f.write("\n".join(lines) + "\n")
+        task_id += 1
+
+    for version, groups in enumerate(run):
+        for g, group in enumerate(groups):
+            task(group, version - 1 if (version, g) == late else version)
+            if (version, g) == rejected:
+                task(group, version)
+    for k in range(ahead):
+        task(run[-1][k % len(run[-1])], len(run))
     return root
 
 
 def write_trl(root: Path, run, logging_steps: int = 10) -> Path:
-    """log_completions=True: root/completions/completions_{global_step:05d}.parquet, one generation batch each,
-    the last one logged twice (two logging steps inside one generation batch)."""
+    """log_completions=True, as GRPOTrainer.log writes it (huggingface/trl trl/trainer/grpo_trainer.py):
+    root/completions/completions_{global_step:05d}.parquet with step, prompt, completion (batch_decode,
+    skip_special_tokens=True: no EOS), one float column per reward function (rewards_per_func[:, i].tolist()),
+    the reward functions' log_extra columns (here an int one) and advantage; one generation batch each, the
+    last one logged twice (two logging steps inside one generation batch)."""
     d = root / "completions"
     d.mkdir(parents=True)
     tables = []
     for s, groups in enumerate(run):
-        rows = [{"prompt": g.prompt, "completion": words(n), "accuracy_reward": r - 1.0, "format_reward": 1.0, "advantage": 0.0}
-                for g in groups for n, r in zip(g.lengths, g.rewards)]
+        rows = [{"prompt": g.prompt, "completion": decoded(response_ids(n, e), skip_special_tokens=True),
+                 "accuracy_reward": r - 1.0, "format_reward": 1.0, "answer_digits": 3, "advantage": 0.0}
+                for g in groups for n, r, e in zip(g.lengths, g.rewards, g.eos)]
         tables.append(pd.DataFrame(rows))
     tables.append(tables[-1])
     for s, table in enumerate(tables):
@@ -173,6 +227,18 @@ def tokenizer_dir(tmp_path) -> Path:
     return d
 
 
+AREAL_BATCH = 4
+
+
+def run_for(framework: str) -> list[list[Group]]:
+    """TRL's tables are cut into groups by --num-generations (one size); AReaL's steps by --batch-size (one count)."""
+    if framework == "trl":
+        return make_run(sizes=(4,))
+    if framework == "areal":
+        return make_run(groups_per_step=(AREAL_BATCH,) * 4)
+    return make_run()
+
+
 def dump(framework: str, tmp_path: Path, run, tokenizer_dir: Path) -> tuple[Path, list[str]]:
     """Write `run` as `framework` dumps it; return the folder and the import's options."""
     src = tmp_path / f"{framework}-dump"
@@ -181,18 +247,18 @@ def dump(framework: str, tmp_path: Path, run, tokenizer_dir: Path) -> tuple[Path
     if framework == "verl":
         return write_verl(src, run), ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP)]
     if framework == "areal":
-        return write_areal(src, run), ["--max-tokens", str(CAP)]
+        return write_areal(src, run), ["--max-tokens", str(CAP), "--batch-size", str(AREAL_BATCH), "--tokenizer", str(tokenizer_dir)]
     return write_trl(src, run), ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP), "--num-generations", "4"]
 
 
 def imported(framework: str, src: Path, options: list[str]):
     parser_args = {"slime": dict(max_tokens=None, prompt_key=None, reward_key=None, trust_pickle=False),
                    "verl": dict(tokenizer=None, max_tokens=None, prompt_key=None, reward_key="score"),
-                   "areal": dict(max_tokens=None),
+                   "areal": dict(max_tokens=None, batch_size=None, eos_token=None, tokenizer=None, rejected=[]),
                    "trl": dict(tokenizer=None, max_tokens=None, num_generations=None, reward_column=None)}[framework]
     for flag, value in zip(options[::2], options[1::2]):
         key = flag.lstrip("-").replace("-", "_")
-        parser_args[key] = int(value) if key in ("max_tokens", "num_generations") else value
+        parser_args[key] = int(value) if key in ("max_tokens", "num_generations", "batch_size") else value
     return FRAMEWORKS[framework].run(SimpleNamespace(source=str(src), allow_gaps=False, **parser_args))
 
 
@@ -202,8 +268,7 @@ def imported(framework: str, src: Path, options: list[str]):
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_import_gives_back_every_response_as_dumped(framework, tmp_path, tokenizer_dir):
-    sizes = (4,) if framework == "trl" else (4, 4, 3, 4)
-    run = make_run(sizes=sizes)
+    run = run_for(framework)
     src, options = dump(framework, tmp_path, run, tokenizer_dir)
     result = imported(framework, src, options)
     frame = result.frame
@@ -211,13 +276,16 @@ def test_import_gives_back_every_response_as_dumped(framework, tmp_path, tokeniz
     if framework == "trl":  # logging steps 10, 20, ...; the reward is the sum of two reward functions: (r - 1) + 1
         want = {10 * (s + 1): v for s, v in want.items()}
     assert observed(frame) == want
+    # the framework's own token count: every stopped response's EOS counted, the one at the cap included
+    assert int(frame["response_len"].sum()) == sum(sum(g.lengths) for step in run for g in step)
+    assert int((frame["finish_reason"] == "length").sum()) == sum(e is False for step in run for g in step for e in g.eos)
+    assert ((frame["finish_reason"] == "stop") & (frame["response_len"] == CAP)).sum() == 1  # EOS as the last allowed token
     assert (frame.loc[frame["finish_reason"] == "length", "response_len"] == CAP).all()
     assert (frame["max_tokens"] == CAP).all()
     assert set(frame["length_source"]) == {"retokenized" if framework in ("verl", "trl") else "measured"}
     assert set(frame["finish_source"]) == {"measured" if framework == "slime" else "inferred"}
     groups = frame.groupby(["step", "group_id"]).size()
-    if framework != "verl":  # verl cannot tell two groups of one prompt in one step apart: they are one group
-        assert sorted(groups.tolist()) == sorted(len(g.lengths) for step in run for g in step)
+    assert sorted(groups.tolist()) == sorted(len(g.lengths) for step in run for g in step)  # verl: by uid
     assert not frame.duplicated(["step", "prompt_id", "sample_idx"]).any()
 
 
@@ -231,15 +299,101 @@ def test_slime_keeps_weight_versions_and_filtered_groups(tmp_path):
     assert len(untrained) == len(run[2][1].lengths)
 
 
-def test_areal_versions_and_inferred_first_version(tmp_path):
-    result = imported("areal", write_areal(tmp_path / "d", make_run()), ["--max-tokens", str(CAP)])
+def test_areal_steps_are_the_runs_rounds_not_its_version_folders(tmp_path, tokenizer_dir):
+    """4 submit/wait rounds write 5 version folders (the tasks submitted ahead finish under the last update's
+    weights) and a task submitted ahead of its round sits in the previous round's folder: 4 steps, as run."""
+    run = run_for("areal")
+    src, options = dump("areal", tmp_path, run, tokenizer_dir)
+    assert sorted(int(d.name) for d in (src / "rollout").iterdir()) == [0, 1, 2, 3, 4]
+    result = imported("areal", src, options)
     f = result.frame
-    assert (f["policy_version_last"] == f["step"]).all() and (f["policy_version_first"] == f["step"]).all()
-    assert any("head_version -1" in n for n in result.notes)
+    assert observed(f) == expected(run)
+    assert sorted(f["step"].unique()) == [0, 1, 2, 3]
+    assert f["trained"].all()
+    assert "policy_version_last" not in f and "policy_version_first" not in f  # the dump has each task's extremes only
+    assert any("2 task(s) after the last full step of 4 (ids 16..17)" in n for n in result.notes)
+    assert any("does not say which tasks the run rejected" in n for n in result.notes)
+
+
+def test_areal_a_rejected_task_is_untrained_and_not_counted(tmp_path, tokenizer_dir):
+    run = run_for("areal")
+    src = write_areal(tmp_path / "d", run, rejected=(1, 2))  # task 6 rejected, task 7 waited for in its place
+    result = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir, rejected=[6])
+    f = result.frame
+    untrained = f[~f["trained"]]
+    assert set(untrained["source_file"]) == {str(src / "rollout" / "1" / "6.jsonl")}
+    assert set(untrained["step"]) == {1} and len(untrained) == len(run[1][2].lengths)
+    assert observed(f[f["trained"]]) == expected(run)
+
+
+def test_areal_refuses_a_task_finished_after_its_step(tmp_path, tokenizer_dir):
+    """A batch size that is not the run's puts task 4 (finished under version 1) in step 0: the order is wrong."""
+    src = write_areal(tmp_path / "d", run_for("areal"))
+    with pytest.raises(DumpError, match=r"1/4\.jsonl: task 4 finished at weight version 1, but the order of task ids puts it in step 0"):
+        read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH + 1, tokenizer=tokenizer_dir)
+
+
+def test_areal_eos_as_the_last_allowed_token_is_a_stop(tmp_path, tokenizer_dir):
+    src = write_areal(tmp_path / "d", run_for("areal"))
+    with pytest.raises(DumpError, match=r"0/0\.jsonl: line 2: the response reaches --max-tokens 24; .*needs --eos-token"):
+        read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH)
+    by_text = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT]).frame
+    by_tokenizer = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir).frame
+    pd.testing.assert_frame_equal(by_text, by_tokenizer)
+    task0 = by_text[by_text["source_file"] == str(src / "rollout" / "0" / "0.jsonl")].sort_values("source_record")
+    assert task0["response_len"].tolist()[1:3] == [CAP, CAP]
+    assert task0["finish_reason"].tolist()[1:3] == ["length", "stop"]  # sample 1 cut at the cap, sample 2's EOS the last token
+    with pytest.raises(DumpError, match=r"response length 24 > the cap 20"):
+        read_areal(src, max_tokens=20, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir)
+
+
+def test_areal_pointed_at_the_fileroot_names_the_rollout_folder(tmp_path):
+    trial = tmp_path / "fileroot" / "logs" / "me" / "exp" / "trial0"
+    write_areal(trial, run_for("areal"))
+    with pytest.raises(DumpError, match=f"give the trial's folder or its rollout folder: {trial / 'rollout'}"):
+        read_areal(tmp_path / "fileroot", max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT])
+    assert len(read_areal(trial, max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT]).frame) > 0
+
+
+def test_verl_without_uid_groups_the_responses_of_one_prompt(tmp_path, tokenizer_dir):
+    """Before the uid field, two groups of one prompt in one step cannot be told apart: they import as one."""
+    run = make_run()
+    src = write_verl(tmp_path / "d", run, uid=False)
+    frame = imported("verl", src, ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP)]).frame
+    assert observed(frame) == expected(run, 1)
+    assert frame[frame["step"] == 2].groupby("group_id").size().max() == 8  # step 2's prompt sampled twice
+
+
+def test_verl_refuses_a_uid_shared_by_two_prompts(tmp_path, tokenizer_dir):
+    src = write_verl(tmp_path / "d", make_run())
+    rows = [json.loads(line) for line in (src / "1.jsonl").read_text().splitlines()]
+    other = next(i for i, r in enumerate(rows) if r["input"] != rows[0]["input"])
+    rows[other]["uid"] = rows[0]["uid"]
+    (src / "1.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(DumpError, match=f"1\\.jsonl: line {other + 1}: 'uid' uid-1-\\d+ is shared by two prompts"):
+        imported("verl", src, ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP)])
+
+
+@pytest.mark.parametrize("framework", ["verl", "trl"])
+def test_a_max_tokens_below_a_response_is_refused(framework, tmp_path, tokenizer_dir):
+    src, options = dump(framework, tmp_path, run_for(framework), tokenizer_dir)
+    options[options.index("--max-tokens") + 1] = "10"
+    needle = r"\d\.jsonl: line \d+: 'output'" if framework == "verl" else r"completions_00010\.parquet: record \d+: 'completion'"
+    with pytest.raises(DumpError, match=needle + r": \d+ tokens > --max-tokens 10; is --max-tokens the run's"):
+        imported(framework, src, options)
+
+
+def test_trl_never_sums_a_log_extra_int_column_into_the_reward(tmp_path, tokenizer_dir):
+    run = run_for("trl")
+    src, options = dump("trl", tmp_path, run, tokenizer_dir)
+    assert pd.read_parquet(src / "completions" / "completions_00010.parquet")["answer_digits"].dtype == np.int64
+    result = imported("trl", src, options)
+    assert "reward = sum of accuracy_reward, format_reward" in result.notes
+    assert sorted(result.frame["reward"]) == sorted(r for step in run for g in step for r in g.rewards)
 
 
 def test_trl_drops_a_batch_logged_twice_and_cuts_runs_of_one_prompt(tmp_path, tokenizer_dir):
-    run = make_run(sizes=(4,))
+    run = run_for("trl")
     src, options = dump("trl", tmp_path, run, tokenizer_dir)
     result = imported("trl", src, options)
     assert sorted(result.frame["step"].unique()) == [10, 20, 30, 40]
@@ -271,7 +425,7 @@ def test_one_command_imports_and_baseline_replays_it_exactly(framework, tmp_path
     from lssim.analysis.replay import SimSetup, replay
     from lssim.traces.trace import load_trace
 
-    src, options = dump(framework, tmp_path, make_run(sizes=(4,) if framework == "trl" else (4, 4, 3, 4)), tokenizer_dir)
+    src, options = dump(framework, tmp_path, run_for(framework), tokenizer_dir)
     out = tmp_path / "trace.parquet"
     assert main(["import", framework, str(src), "-o", str(out), *options]) == 0
     assert f"to {out}" in capsys.readouterr().out
@@ -336,7 +490,7 @@ BAD = [(fw, p) for fw in FRAMEWORKS for p in ("missing step", "no length")] + [(
 
 @pytest.mark.parametrize("framework, problem", BAD)
 def test_a_bad_dump_fails_with_one_line_naming_file_and_record(framework, problem, tmp_path, tokenizer_dir, capsys):
-    src, options = dump(framework, tmp_path, make_run(sizes=(4,) if framework == "trl" else (4, 4, 3, 4)), tokenizer_dir)
+    src, options = dump(framework, tmp_path, run_for(framework), tokenizer_dir)
     options, needle = _break(framework, problem, src, options, tmp_path)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -377,7 +531,8 @@ def test_trl_reads_the_wandb_table_of_older_versions(tmp_path, tokenizer_dir):
     d = tmp_path / "media" / "table"
     d.mkdir(parents=True)
     for s, groups in enumerate(run):
-        data = [[str(10 * (s + 1)), g.prompt, words(n), r] for g in groups for n, r in zip(g.lengths, g.rewards)]
+        data = [[str(10 * (s + 1)), g.prompt, decoded(response_ids(n, e), skip_special_tokens=True), r]
+                for g in groups for n, r, e in zip(g.lengths, g.rewards, g.eos)]
         (d / f"completions_{3 * s + 7}_0123abcd.table.json").write_text(
             json.dumps({"_type": "table", "columns": ["step", "prompt", "completion", "reward"], "data": data}))
     result = imported("trl", d, ["--tokenizer", str(tokenizer_dir), "--max-tokens", str(CAP)])

@@ -2,24 +2,32 @@
 
 Read against inclusionAI/AReaL at commit 4aef98d (2026-05-21, version 1.0.4):
 ``areal/infra/workflow_executor.py::WorkflowExecutor._dump_trajectory`` appends, for each finished
-rollout task, to ``{fileroot}/logs/{user}/{experiment}/{trial}/rollout/{tail_version}/{task_id}.jsonl``
+rollout task, accepted or rejected alike (it runs before ``should_accept_fn`` is acted on), to
+``{fileroot}/logs/{user}/{experiment}/{trial}/rollout/{tail_version}/{task_id}.jsonl``
 (``eval-rollout/`` for evaluation, not read here) one JSON object per sample of the task's batch:
 ``task_id``, ``sample_idx``, ``seqlen`` (prompt + response tokens, from the attention mask),
 ``prompt_len`` (tokens before the first loss-masked token), ``head_version`` / ``tail_version``
-(min / max of the trajectory's per-token weight versions), ``reward``, ``prompt`` and
-``completion`` (decoded text). A task is one prompt's group (``GroupedRolloutWorkflow`` in
-``areal/infra/remote_inf_engine.py`` runs ``group_size`` episodes and concatenates them), and its
-versions are taken over the whole group. Every executor (one per rollout rank) writes its own
-tasks into the same version folders, so a step is all the task files of one folder. Samples with
-an empty completion are not dumped; rejected trajectories (``should_accept_fn``) are, and the dump
-does not say which they were.
+(min / max of the per-token weight versions of the whole task: every sample and the prompt tokens,
+which carry -1 in ``areal/workflow/rlvr.py``), ``reward``, ``prompt`` and ``completion`` (decoded
+with ``skip_special_tokens=False``: a response that stopped ends in its EOS token's text). A task
+is one prompt's group (``GroupedRolloutWorkflow`` runs ``group_size`` episodes and concatenates
+them). Samples with an empty completion are not dumped.
 
-Measured: steps (the tail weight version, the folder name), groups (tasks), prompt and response
-lengths in tokens, rewards, the last weight version of each group. Inferred: finish reasons (a
-response reaching ``--max-tokens``, AReaL's ``gconfig.max_new_tokens``, is ``length``), the first
-weight version where the dump's ``head_version`` is -1 (the prompt tokens carry version -1 in
-``areal/workflow/rlvr.py``, so their minimum says nothing; the tail version is used), and prompt ids
-(a hash of the prompt text).
+What the folders are not: a version folder is the weight version the task's last token was
+generated with, not the training step that consumed it. ``TaskIdGenerator`` numbers tasks in
+submission order and ``wait_results`` hands out the oldest finished ones first, so a step is the
+next ``--batch-size`` (``train_dataset.batch_size``) accepted tasks in task-id order; tasks the
+run submitted ahead and never consumed (finished after the last update) are left out. The dump
+does not say which tasks ``should_accept_fn`` rejected: name them with ``--rejected`` (imported
+untrained, not counted in a step's batch). A task that finished at a weight version later than
+the step this order gives it proves the order wrong (a rejection not named, or a task consumed
+out of order): refused, naming its file. Per-response weight versions are not in the dump (only
+the task's extremes), so the trace leaves them to its default.
+
+Measured: groups (tasks), prompt and response lengths in tokens (the EOS included), rewards.
+Inferred: steps (task-id order, ``--batch-size`` per step), finish reasons (a response reaching
+``--max-tokens``, AReaL's ``gconfig.max_new_tokens``, is ``length`` unless its completion ends in an
+EOS text: ``--eos-token``, or ``--tokenizer``'s), prompt ids (a hash of the prompt text).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import json
 import re
 from pathlib import Path
 
-from lssim.traces.importers.common import DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, prompt_hash
+from lssim.traces.importers.common import DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, eos_texts, prompt_hash
 
 NAME = "areal"
 HELP = "AReaL dump_to_file trajectories (rollout/{version}/{task_id}.jsonl)"
@@ -37,44 +45,94 @@ HELP = "AReaL dump_to_file trajectories (rollout/{version}/{task_id}.jsonl)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, required=True, help="the run's gconfig.max_new_tokens (the response-token cap)")
+    p.add_argument("--batch-size", type=int, required=True, metavar="N",
+                   help="the run's train_dataset.batch_size: accepted tasks (groups) each training step consumed")
+    p.add_argument("--eos-token", action="append", metavar="TEXT",
+                   help="text of an EOS token (repeatable); needed, or --tokenizer, where a response reaches the cap")
+    p.add_argument("--tokenizer", metavar="DIR", help="the run's tokenizer folder, read for its EOS tokens' texts")
+    p.add_argument("--rejected", type=int, nargs="+", default=[], metavar="TASK_ID",
+                   help="task ids the run's should_accept_fn rejected (the dump does not say)")
 
 
 def run(args: argparse.Namespace) -> Imported:
-    return read_areal(args.source, max_tokens=args.max_tokens, allow_gaps=args.allow_gaps)
+    return read_areal(args.source, max_tokens=args.max_tokens, batch_size=args.batch_size, eos_tokens=args.eos_token,
+                      tokenizer=args.tokenizer, rejected=args.rejected, allow_gaps=args.allow_gaps)
 
 
-def read_areal(source: str | Path, *, max_tokens: int, allow_gaps: bool = False) -> Imported:
-    root = descend(Path(source), "rollout")
-    versions = {int(d.name): d for d in sorted(root.iterdir()) if d.is_dir() and re.fullmatch(r"\d+", d.name)}
-    if not versions:
-        raise DumpError(f"{root}: no version folders (rollout/{{tail_version}}/{{task_id}}.jsonl) found")
-    check_no_gaps(versions, root, "version folder", allow_gaps)
-    responses: list[Response] = []
-    first_unknown = 0
-    for version, folder in sorted(versions.items()):
-        tasks = sorted(folder.glob("*.jsonl"), key=lambda p: (len(p.stem), p.stem))
-        if not tasks:
-            raise DumpError(f"{folder}: no task files ({{task_id}}.jsonl)")
-        for path in tasks:
-            for rec in _task(path, version):
-                first_unknown += rec.policy_version_first is None
-                responses.append(rec)
-    for r in responses:
-        if r.policy_version_first is None:
-            r.policy_version_first = r.policy_version_last
+def read_areal(source: str | Path, *, max_tokens: int, batch_size: int, eos_tokens: list[str] | None = None,
+               tokenizer: str | Path | None = None, rejected: list[int] | tuple[int, ...] = (), allow_gaps: bool = False) -> Imported:
+    if batch_size < 1:
+        raise DumpError(f"--batch-size must be >= 1, got {batch_size}")
+    eos = set(eos_tokens or []) | (eos_texts(tokenizer) if tokenizer is not None else set())
+    root = _rollout_folder(Path(source))
+    folders = {int(d.name): d for d in root.iterdir() if d.is_dir() and re.fullmatch(r"\d+", d.name)}
+    check_no_gaps(folders, root, "version folder", allow_gaps)  # a lost folder loses tasks, and shifts every step after them
+    tasks: dict[int, tuple[int, list[Response]]] = {}  # task id -> (the version it finished under, its responses)
+    for version, folder in sorted(folders.items()):
+        for path in sorted(folder.glob("*.jsonl")):
+            task_id, responses = _task(path, version, max_tokens, eos)
+            if task_id in tasks:
+                raise DumpError(f"{path}: task {task_id} also in {tasks[task_id][1][0].source_file}")
+            tasks[task_id] = (version, responses)
+    unknown = sorted(set(rejected) - set(tasks))
+    if unknown:
+        raise DumpError(f"{root}: --rejected task {unknown[0]} is not in the dump")
+    responses, left_out = _steps(tasks, batch_size, set(rejected))
     frame = build_trace(responses, max_tokens)
-    notes = [f"{first_unknown:,} responses had head_version -1 (prompt tokens): first weight version set to the tail's"] \
-        if first_unknown else []
-    return Imported(frame, NAME, ["steps (tail weight versions)", "groups (tasks)", "prompt and response lengths",
-                                  "rewards", "last weight versions"],
-                    ["finish reasons (from --max-tokens)", "prompt ids (hash of the prompt text)"]
-                    + (["first weight versions"] if first_unknown else []), notes)
+    notes = [f"{len(rejected)} task(s) marked rejected by --rejected: imported untrained" if rejected else
+             "the dump does not say which tasks the run rejected: all imported as trained (name them with --rejected)",
+             "weight versions: the dump records each task's extremes only, so the trace leaves them to its default"]
+    if left_out:
+        notes.append(f"{len(left_out)} task(s) after the last full step of {batch_size} (ids {left_out[0]}..{left_out[-1]}) "
+                     "were submitted ahead and never trained: left out")
+    return Imported(frame, NAME, ["groups (tasks)", "prompt and response lengths", "rewards"],
+                    [f"steps (task-id order, {batch_size} accepted tasks each)",
+                     "finish reasons (from --max-tokens and the completion's EOS)", "prompt ids (hash of the prompt text)"],
+                    notes)
 
 
-def _task(path: Path, version: int) -> list[Response]:
+def _rollout_folder(source: Path) -> Path:
+    """SOURCE itself, or its rollout/ folder; pointed higher (AReaL's fileroot), name the rollout folders below it."""
+    if not source.is_dir():
+        raise DumpError(f"{source}: " + ("not a directory (expected the dump's folder)" if source.exists() else "no such file or directory"))
+    for root in (source, source / "rollout"):
+        if root.is_dir() and any(d.is_dir() and re.fullmatch(r"\d+", d.name) for d in root.iterdir()):
+            return root
+    found = sorted(str(p) for p in source.rglob("rollout") if p.is_dir())
+    where = f"; give the trial's folder or its rollout folder: {', '.join(found[:5])}" if found else \
+        " (expected {fileroot}/logs/{user}/{experiment}/{trial}/rollout/{tail_version}/{task_id}.jsonl)"
+    raise DumpError(f"{source}: no version folders (rollout/{{tail_version}}/{{task_id}}.jsonl) here{where}")
+
+
+def _steps(tasks: dict[int, tuple[int, list[Response]]], batch_size: int, rejected: set[int]) -> tuple[list[Response], list[int]]:
+    """Number the steps in task-id order, ``batch_size`` accepted tasks each; return the responses and the ids left out."""
+    out: list[Response] = []
+    step, accepted, pending = 0, 0, []
+    for task_id in sorted(tasks):
+        pending.append(task_id)
+        accepted += task_id not in rejected
+        if accepted < batch_size:
+            continue
+        for tid in pending:
+            version, responses = tasks[tid]
+            if version > step:  # step k trains on tasks finished under weights 0..k
+                raise DumpError(f"{responses[0].source_file}: task {tid} finished at weight version {version}, "
+                                f"but the order of task ids puts it in step {step}: the run rejected a task not named by "
+                                "--rejected, or consumed tasks out of order, and the dump cannot tell which")
+            for r in responses:
+                r.step, r.trained = step, tid not in rejected
+                out.append(r)
+        step, accepted, pending = step + 1, 0, []
+    if not out:
+        raise DumpError(f"{len(tasks)} task(s) in the dump, fewer than one step of --batch-size {batch_size} accepted tasks")
+    return out, pending
+
+
+def _task(path: Path, version: int, max_tokens: int, eos: set[str]) -> tuple[int, list[Response]]:
     rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
     out: list[Response] = []
     seen: set[int] = set()
+    task_id = None
     with open(path, encoding="utf-8") as f:
         for line_no, text in enumerate(f, start=1):
             if not text.strip():
@@ -84,11 +142,14 @@ def _task(path: Path, version: int) -> list[Response]:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
                 raise DumpError(f"{where}: not JSON ({e.msg})") from None
-            for key in ("seqlen", "prompt_len", "tail_version", "sample_idx"):
+            for key in ("task_id", "seqlen", "prompt_len", "tail_version", "sample_idx"):
                 if not isinstance(rec.get(key), int):
                     raise DumpError(f"{where}: no {key!r}" + (" (no length)" if "len" in key else ""))
             if rec["tail_version"] != version:
                 raise DumpError(f"{where}: tail_version {rec['tail_version']}, but it is in folder {version}")
+            if task_id is not None and rec["task_id"] != task_id:
+                raise DumpError(f"{where}: task_id {rec['task_id']} in the file of task {task_id}")
+            task_id = rec["task_id"]
             if rec["sample_idx"] in seen:
                 raise DumpError(f"{where}: sample_idx {rec['sample_idx']} twice in one task (a restarted run "
                                 "appending to the same folder?)")
@@ -96,13 +157,26 @@ def _task(path: Path, version: int) -> list[Response]:
             response_len = rec["seqlen"] - rec["prompt_len"]
             if rec["prompt_len"] < 1 or response_len < 1:
                 raise DumpError(f"{where}: seqlen {rec['seqlen']} and prompt_len {rec['prompt_len']} leave no prompt or response")
-            head = rec.get("head_version")
             out.append(Response(
-                step=version, prompt_id=prompt_hash(rec.get("prompt", "")), group_key=("task", rec.get("task_id", rel)),
+                step=version, prompt_id=prompt_hash(rec.get("prompt", "")), group_key=("task", task_id),
                 order=rec["sample_idx"], prompt_len=rec["prompt_len"], response_len=response_len,
                 reward=as_reward(rec.get("reward"), where), source_file=rel, source_record=line_no,
-                policy_version_first=head if isinstance(head, int) and 0 <= head <= version else None,
-                policy_version_last=version))
-    if not out:
+                finish_reason=_finish(rec, response_len, max_tokens, eos, where), finish_source="inferred"))
+    if task_id is None:
         raise DumpError(f"{rel}: no records")
-    return out
+    return task_id, out
+
+
+def _finish(rec: dict, response_len: int, max_tokens: int, eos: set[str], where: str) -> str:
+    """``stop`` below the cap; at it, ``stop`` where the completion ends in an EOS text (the last allowed token), else ``length``."""
+    if response_len > max_tokens:
+        raise DumpError(f"{where}: response length {response_len} > the cap {max_tokens}; is --max-tokens the run's cap?")
+    if response_len < max_tokens:
+        return "stop"
+    completion = rec.get("completion")
+    if not isinstance(completion, str):
+        raise DumpError(f"{where}: no 'completion' text to tell whether the response at the cap ended in its EOS")
+    if not eos:
+        raise DumpError(f"{where}: the response reaches --max-tokens {max_tokens}; whether its last token was the EOS "
+                        f"(completion ends {completion[-24:]!r}) needs --eos-token TEXT or --tokenizer DIR")
+    return "stop" if any(completion.endswith(t) for t in eos) else "length"

@@ -8,7 +8,7 @@ frame with extra columns saying where each value came from:
 - ``length_source``: ``measured`` (token counts written by the framework) or ``retokenized``
   (counted again from decoded text with ``--tokenizer``);
 - ``finish_source``: ``measured`` (the framework recorded why generation ended) or ``inferred``
-  (``length`` where the response reaches the cap, ``stop`` below it);
+  (from the cap, and from the EOS where the dump's text shows or drops it: :func:`eos_counted`);
 - ``source_file`` / ``source_record``: the dump file (as reached from SOURCE) and the record in it
   (the line of a JSON-lines file, else the position in the file's samples or rows, from 0).
 
@@ -31,7 +31,7 @@ import pandas as pd
 
 __all__ = [
     "DumpError", "Response", "Imported", "prompt_hash", "step_files", "check_no_gaps",
-    "load_tokenizer", "build_trace", "write_imported", "as_reward", "descend",
+    "load_tokenizer", "build_trace", "write_imported", "as_reward", "descend", "eos_counted", "eos_texts",
 ]
 
 
@@ -59,6 +59,8 @@ class Response:
     source_record: int
     length_source: str = "measured"
     finish_reason: str | None = None
+    finish_source: str = "measured"
+    """Whether ``finish_reason`` (when given) was written by the framework (``measured``) or worked out here."""
     max_tokens: int | None = None
     policy_version_first: int | None = None
     policy_version_last: int | None = None
@@ -139,6 +141,17 @@ def check_no_gaps(steps: Iterable[int], root: Path, what: str, allow_gaps: bool,
                         "pass --allow-gaps if the run really skipped them")
 
 
+def eos_counted(count: int, cap: int, where: str) -> tuple[int, str]:
+    """The framework's own length and finish of a response whose text was decoded with its EOS skipped.
+
+    ``count`` is the decoded text's token count. Below the cap the response stopped at an EOS the
+    framework generated and counted (TRL's completion_mask, verl's response_mask): one token more.
+    At the cap it was cut there (no EOS). Above it ``--max-tokens`` cannot be the run's cap."""
+    if count > cap:
+        raise DumpError(f"{where}: {count} tokens > --max-tokens {cap}; is --max-tokens the run's response-token cap?")
+    return (cap, "length") if count == cap else (count + 1, "stop")
+
+
 def as_reward(value: Any, where: str, key: str | None = None) -> float:
     """A finite float reward from a dump value (a dict of rewards needs ``key``)."""
     if isinstance(value, dict):
@@ -187,6 +200,37 @@ def load_tokenizer(folder: str | Path) -> Callable[[list[str]], list[int]]:
     return lambda texts: [len(ids) for ids in hf(texts, add_special_tokens=False)["input_ids"]]
 
 
+def eos_texts(folder: str | Path) -> set[str]:
+    """The texts of a tokenizer folder's end-of-sequence tokens: ``eos_token`` of tokenizer_config.json and
+    the ``eos_token_id`` (one or a list) of generation_config.json, named through tokenizer.json's added tokens."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise DumpError(f"{folder}: tokenizer folder does not exist")
+    texts: set[str] = set()
+    config = _json_or_empty(path / "tokenizer_config.json")
+    eos = config.get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if isinstance(eos, str):
+        texts.add(eos)
+    ids = _json_or_empty(path / "generation_config.json").get("eos_token_id")
+    added = {t["id"]: t["content"] for t in _json_or_empty(path / "tokenizer.json").get("added_tokens", [])}
+    texts.update(added[i] for i in (ids if isinstance(ids, list) else [ids]) if i in added)
+    if not texts:
+        raise DumpError(f"{folder}: no eos_token in tokenizer_config.json or generation_config.json; pass --eos-token")
+    return texts
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise DumpError(f"{path}: not JSON ({_first_line(e)})") from None
+    return data if isinstance(data, dict) else {}
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -200,9 +244,9 @@ def _first_line(e: BaseException) -> str:
 def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
     """The lssim trace frame of ``responses``.
 
-    ``cap`` is the run's response-token cap (``--max-tokens``). Responses without a recorded finish
-    reason are ``length`` where they reach it (retokenized lengths above it are clipped to it: the
-    framework stopped there) and ``stop`` below it. Groups are numbered ``group_id`` 0.. within
+    ``cap`` is the run's response-token cap (``--max-tokens``); a response longer than it is refused
+    (never clipped). Responses without a finish reason are ``length`` where they reach it and
+    ``stop`` below it. Groups are numbered ``group_id`` 0.. within
     each step in order of first appearance, and samples ``sample_idx`` in ``order`` within the
     step's prompt, continuing over a prompt's second group, so (step, prompt_id, sample_idx) stays
     unique."""
@@ -235,19 +279,16 @@ def _row(r: Response, cap: int | None) -> dict[str, Any]:
     max_tokens = r.max_tokens if r.max_tokens is not None else cap
     if max_tokens is None:
         raise DumpError(f"{where}: the dump does not say the response-token cap; pass --max-tokens")
-    response_len, finish, finish_source = r.response_len, r.finish_reason, "measured"
+    if r.response_len > max_tokens:  # never clipped: a cap below what the framework generated is the wrong cap
+        raise DumpError(f"{where}: response length {r.response_len} > the cap {max_tokens}; is --max-tokens the run's cap?")
+    finish, finish_source = r.finish_reason, r.finish_source
     if finish is None:
         finish_source = "inferred"
-        if response_len > max_tokens and r.length_source != "retokenized":
-            raise DumpError(f"{where}: response length {response_len} > --max-tokens {max_tokens}")
-        response_len = min(response_len, max_tokens)
-        finish = "length" if response_len == max_tokens else "stop"
-    elif response_len > max_tokens:
-        raise DumpError(f"{where}: response length {response_len} > the cap {max_tokens}; is --max-tokens right?")
+        finish = "length" if r.response_len == max_tokens else "stop"
     if finish == "length":
-        max_tokens = response_len  # the cap in force for this response (a context limit can cut below the run's)
+        max_tokens = r.response_len  # the cap in force for this response (a context limit can cut below the run's)
     return {
-        "step": r.step, "prompt_id": r.prompt_id, "prompt_len": max(1, r.prompt_len), "response_len": response_len,
+        "step": r.step, "prompt_id": r.prompt_id, "prompt_len": max(1, r.prompt_len), "response_len": r.response_len,
         "reward": r.reward, "finish_reason": finish, "max_tokens": max_tokens,
         "policy_version_first": r.policy_version_first, "policy_version_last": r.policy_version_last,
         "trained": r.trained, "length_source": r.length_source, "finish_source": finish_source,

@@ -1,11 +1,13 @@
 """TRL: the completion tables of ``GRPOTrainer`` with ``log_completions=True``, retokenized.
 
-Read against huggingface/trl at commit f2cd577 (2026-07-24, version 1.10.0.dev0),
-``trl/trainer/grpo_trainer.py``:
+Read against huggingface/trl at commit f2cd577 (2026-07-24, version 1.10.0.dev0; the 1.16 release
+writes the same table), ``trl/trainer/grpo_trainer.py``:
 
 - ``_generate_and_score_completions`` appends each generation batch's prompts (chat-templated
   text), completions (decoded with ``skip_special_tokens=True``), one reward column per reward
-  function and the advantages to ``self._logs``, deques of ``generation_batch_size`` entries, in
+  function (``rewards_per_func[:, i].tolist()``: always floats, NaN where a function returned
+  None), the columns reward functions logged through ``log_extra`` (any values: an int column
+  there is never a reward) and the advantages to ``self._logs``, deques of ``generation_batch_size`` entries, in
   the batch's order: a prompt's ``num_generations`` completions side by side (``RepeatSampler``).
 - ``log`` (every ``logging_steps``) writes them, with ``step = state.global_step``, to
   ``{output_dir}/completions/completions_{global_step:05d}.parquet`` (columns ``step``,
@@ -17,14 +19,16 @@ Read against huggingface/trl at commit f2cd577 (2026-07-24, version 1.10.0.dev0)
 So a table holds the last generation batch before a logging step: with ``logging_steps`` above
 ``steps_per_generation`` the batches in between are not logged (pass ``--allow-gaps``), and with
 it below, one batch is logged several times (repeats are dropped here). No token counts are
-written: lengths are counted again with ``--tokenizer``; the completion's count misses the EOS the
-decode skipped. A completion whose count reaches ``--max-tokens`` (``max_completion_length``) is
-``length`` at the cap.
+written: lengths are counted again with ``--tokenizer``. The decode skipped the EOS, which TRL
+generated and counted (its ``completion_mask`` runs to the first EOS inclusive): a completion below
+``--max-tokens`` (``max_completion_length``) stopped there and is the count plus one; one whose
+count reaches the cap is ``length`` at the cap; a count above the cap is refused (the cap given is
+not the run's).
 
 Measured: steps (logging steps), rewards (the ``reward`` column, or the sum of the reward
-functions' columns as TRL sums them with its default weights 1, or ``--reward-column``).
-Inferred: prompt and response lengths, finish reasons, groups (runs of one prompt, cut every
-``--num-generations``), prompt ids (a hash of the prompt text).
+functions' float columns as TRL sums them with its default weights 1, or ``--reward-column``).
+Inferred: prompt and response lengths (the EOS counted), finish reasons, groups (runs of one
+prompt, cut every ``--num-generations``), prompt ids (a hash of the prompt text).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.traces.importers.common import DumpError, Imported, Response, build_trace, check_no_gaps, descend, load_tokenizer, prompt_hash
+from lssim.traces.importers.common import (DumpError, Imported, Response, build_trace, check_no_gaps, descend, eos_counted,
+                                           load_tokenizer, prompt_hash)
 
 NAME = "trl"
 HELP = "TRL GRPOTrainer log_completions tables (completions/completions_{step}.parquet or wandb .table.json), retokenized"
@@ -86,14 +91,16 @@ def read_trl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, num_
         n = len(table)
         for i, group in enumerate(_groups(list(table["prompt"]), num_generations)):
             pid = prompt_hash(table["prompt"].iloc[group[0]])
-            responses += [Response(step=step, prompt_id=pid, group_key=(rel, i), order=j, prompt_len=lengths[j],
-                                   response_len=lengths[n + j], reward=rewards[j], source_file=rel, source_record=j,
-                                   length_source="retokenized") for j in group]
+            for j in group:
+                response_len, finish = eos_counted(lengths[n + j], max_tokens, f"{rel}: record {j}: 'completion'")
+                responses.append(Response(step=step, prompt_id=pid, group_key=(rel, i), order=j, prompt_len=lengths[j],
+                                          response_len=response_len, reward=rewards[j], source_file=rel, source_record=j,
+                                          length_source="retokenized", finish_reason=finish, finish_source="inferred"))
     frame = build_trace(responses, max_tokens)
     notes = [f"{repeats} table(s) repeated the previous one (one generation batch logged twice): dropped"] if repeats else []
     notes.append(f"reward = sum of {', '.join(sorted(used))}")
     return Imported(frame, NAME, ["steps (logging steps)", "rewards"],
-                    ["prompt and response lengths (retokenized)", "finish reasons (from --max-tokens)",
+                    ["prompt and response lengths (retokenized, the EOS of a stopped response counted)", "finish reasons (from --max-tokens)",
                      "groups (runs of one prompt)", "prompt ids (hash of the prompt text)"], notes)
 
 
@@ -140,10 +147,9 @@ def _step(table: pd.DataFrame, rel: str, from_name: int) -> int:
 
 
 def _rewards(table: pd.DataFrame, rel: str, columns: list[str] | None) -> tuple[list[float], list[str]]:
-    if columns is None:
+    if columns is None:  # a reward function's column is floats (tolist of a float tensor); log_extra's may be anything
         columns = ["reward"] if "reward" in table else [c for c in table.columns if c not in NOT_REWARDS
-                                                        and pd.api.types.is_numeric_dtype(table[c])
-                                                        and not pd.api.types.is_bool_dtype(table[c])]
+                                                        and pd.api.types.is_float_dtype(table[c])]
     if not columns:
         raise DumpError(f"{rel}: no reward column (columns: {', '.join(map(str, table.columns))}); pass --reward-column")
     for c in columns:

@@ -1,6 +1,8 @@
 """verl: the generations dumped by ``trainer.rollout_data_dir``.
 
-Read against volcengine/verl at commit b178a3c (2026-01-29, version 0.8.0.dev):
+Read against volcengine/verl at commit b178a3c (2026-01-29, version 0.8.0.dev) and the 0.9 line's
+TransferQueue trainer (``verl/experimental/transfer_queue/ray_trainer.py``), whose
+``_log_rollout_data`` adds ``batch.non_tensor_batch["uid"]`` to the dumped fields:
 ``verl/trainer/ppo/ray_trainer.py::RayPPOTrainer._dump_generations`` (called by
 ``_log_rollout_data`` after the update of each step; the fully-async, one-step-off and
 TransferQueue trainers call the same writer) writes ``{rollout_data_dir}/{global_steps}.jsonl``,
@@ -11,19 +13,22 @@ one JSON object a line with
 - ``gts``: the ground truth, ``score``: ``token_level_scores.sum(-1)``, ``step``: ``global_steps``
   (from 1);
 - every ``reward_extra_infos_dict`` entry with one value per sample (``acc``, ``pred``, ...), and
-  ``request_id`` where the batch carries one.
+  ``uid`` (0.9: the uuid ``fit`` gave each prompt before repeating it ``rollout.n`` times, so one
+  group's responses share it).
 
 The rows are the step's trained batch (after any group filtering), in the batch's order after
-sequence balancing, so a group is the step's samples sharing a prompt. No token counts are
-written: lengths are counted again from the decoded text with ``--tokenizer`` (the run's
-tokenizer folder). That count misses the special tokens the decode skipped (chat template markers
-in the prompt, EOS at the end of the response), so prompt lengths are a few tokens short and a
-response that stopped is one short. Truncation is inferred: a response whose count reaches
-``--max-tokens`` (``actor_rollout_ref.rollout.response_length``) is ``length`` at the cap.
+sequence balancing. A group is the step's responses sharing a ``uid``; in dumps without one, the
+step's responses sharing a prompt. No token counts are written: lengths are counted again from the
+decoded text with ``--tokenizer`` (the run's tokenizer folder). The decode skipped special tokens
+(chat template markers in the prompt, so prompt lengths are a few tokens short; the EOS at the end
+of the response): a response below ``--max-tokens`` (``actor_rollout_ref.rollout.response_length``)
+stopped at an EOS, which verl generated and counted in its ``response_mask``, so its length is the
+count plus one; a response whose count reaches the cap is ``length`` there; a count above the cap
+is refused (the cap given is not the run's).
 
-Measured: steps, rewards (``score``, or ``--reward-key``), which responses belong to one prompt.
-Inferred: prompt and response lengths (retokenized), finish reasons (from the cap), prompt ids (a
-hash of the prompt text, unless ``--prompt-key`` names a field).
+Measured: steps, rewards (``score``, or ``--reward-key``), groups (``uid``, or the prompt).
+Inferred: prompt and response lengths (retokenized, the EOS counted), finish reasons (from the
+cap), prompt ids (a hash of the prompt text, unless ``--prompt-key`` names a field).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import argparse
 import json
 from pathlib import Path
 
-from lssim.traces.importers.common import DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, load_tokenizer, prompt_hash, step_files
+from lssim.traces.importers.common import (DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, eos_counted,
+                                           load_tokenizer, prompt_hash, step_files)
 
 NAME = "verl"
 HELP = "verl trainer.rollout_data_dir files ({global_steps}.jsonl), retokenized"
@@ -63,20 +69,25 @@ def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, pro
                 raise DumpError(f"{rel}: line {line}: no {key!r} text (the {'prompt' if key == 'input' else 'response'})")
     prompts = sorted({rec["input"] for _, _, rec in records})
     prompt_len = dict(zip(prompts, count(prompts)))
-    response_len = count([rec["output"] for _, _, rec in records])
+    counts = count([rec["output"] for _, _, rec in records])
+    by_uid = _check_uids(records)
     responses = []
-    for i, ((rel, line, rec), n) in enumerate(zip(records, response_len)):
+    for i, ((rel, line, rec), n) in enumerate(zip(records, counts)):
         where = f"{rel}: line {line}"
         pid = _prompt_id(rec, where, prompt_key)
+        response_len, finish = eos_counted(n, max_tokens, f"{where}: 'output'")
         responses.append(Response(
-            step=rec["_step"], prompt_id=pid, group_key=pid, order=i, prompt_len=prompt_len[rec["input"]], response_len=n,
+            step=rec["_step"], prompt_id=pid, group_key=("uid", str(rec["uid"])) if by_uid else pid, order=i,
+            prompt_len=prompt_len[rec["input"]], response_len=response_len,
             reward=as_reward(_field(rec, reward_key, where), where), source_file=rel, source_record=line,
-            length_source="retokenized"))
+            length_source="retokenized", finish_reason=finish, finish_source="inferred"))
     frame = build_trace(responses, max_tokens)
-    inferred = ["prompt and response lengths (retokenized)", "finish reasons (from --max-tokens)"]
+    inferred = ["prompt and response lengths (retokenized, the EOS of a stopped response counted)",
+                "finish reasons (from --max-tokens)"]
     inferred += [] if prompt_key else ["prompt ids (hash of the prompt text)"]
-    notes = [f"tokenizer {tokenizer}: lengths leave out the special tokens verl's decode skipped"]
-    return Imported(frame, NAME, ["steps", "groups (samples sharing a prompt)", f"rewards ({reward_key})"], inferred, notes)
+    notes = [f"tokenizer {tokenizer}: prompt lengths leave out the special tokens verl's decode skipped"]
+    groups = "groups (uid)" if by_uid else "groups (samples sharing a prompt)"
+    return Imported(frame, NAME, ["steps", groups, f"rewards ({reward_key})"], inferred, notes)
 
 
 def _records(path: Path, step: int) -> list[tuple[str, int, dict]]:
@@ -99,6 +110,21 @@ def _records(path: Path, step: int) -> list[tuple[str, int, dict]]:
     if not out:
         raise DumpError(f"{rel}: no records")
     return out
+
+
+def _check_uids(records: list[tuple[str, int, dict]]) -> bool:
+    """Whether the dump groups by ``uid``: every record has one, and one uid is one prompt (else refused)."""
+    missing = [(rel, line) for rel, line, rec in records if "uid" not in rec]
+    if len(missing) == len(records):
+        return False
+    if missing:
+        raise DumpError(f"{missing[0][0]}: line {missing[0][1]}: no 'uid', but other records have one")
+    prompt_of: dict[str, str] = {}
+    for rel, line, rec in records:
+        uid = str(rec["uid"])
+        if prompt_of.setdefault(uid, rec["input"]) != rec["input"]:
+            raise DumpError(f"{rel}: line {line}: 'uid' {uid} is shared by two prompts, so it does not name a group")
+    return True
 
 
 def _field(rec: dict, key: str, where: str):
