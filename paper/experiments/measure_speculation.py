@@ -46,6 +46,22 @@ def plain_check(engine, cells: pd.DataFrame, max_tokens: int) -> tuple[pd.DataFr
     return plain, figures
 
 
+def with_plain_check(config, prompts, cells: pd.DataFrame, max_tokens: int) -> tuple[pd.DataFrame, dict]:
+    """plain_check on a plain engine started for it (and closed after): the cells with its rows added, its figures."""
+    from dataclasses import replace
+
+    from real_backend.engine import VLLMEngine
+
+    plain_engine = VLLMEngine(replace(config, speculation=None), prompts.prompt_tokens, None)
+    try:
+        run_cell(plain_engine, prompts.pool.prompt_id.tolist()[:8], max_tokens, 0, 10**7)  # warm-up
+        plain, engine_off = plain_check(plain_engine, cells, max_tokens)
+    finally:
+        plain_engine.close()
+    print(f"engine started with speculation, drafting off, over a plain engine: {engine_off}", file=sys.stderr)
+    return pd.concat([cells, plain], ignore_index=True), engine_off
+
+
 def report(summary: dict) -> None:
     for b, r in summary["by_batch"].items():
         print(f"batch {int(b):3d}: on {r['seconds_on']:.2f} s, off {r['seconds_off']:.2f} s, speedup {r['speedup']:.3f}, "
@@ -110,16 +126,7 @@ def main(argv=None) -> int:
         engine.close()
     engine_off = None
     if args.plain_check:
-        from dataclasses import replace
-
-        plain_engine = VLLMEngine(replace(config, speculation=None), prompts.prompt_tokens, None)
-        try:
-            run_cell(plain_engine, pool[:8], args.max_tokens, 0, 10**7)  # warm-up
-            plain, engine_off = plain_check(plain_engine, cells, args.max_tokens)
-        finally:
-            plain_engine.close()
-        cells = pd.concat([cells, plain], ignore_index=True)
-        print(f"engine started with speculation, drafting off, over a plain engine: {engine_off}", file=sys.stderr)
+        cells, engine_off = with_plain_check(config, prompts, cells, args.max_tokens)
     out = Path(args.out)
     summary = {"kind": "speculation_profile", "engine": "vllm (VLLMEngine), n-gram proposer",
                "model": str(task.MODEL_DIR.name), "gamma": args.gamma, "ngram_lookup": list(config.ngram_lookup),
