@@ -1,16 +1,16 @@
 """The paper's numbers that rest on measurements: read from the committed outputs of the real-engine runs (which
 take many minutes) and refitted from the committed GPU kernel measurements (which take a second).
 
-- vLLM on this CPU against the simulator, per world: real_backend/validation/ (summary.csv, stages.csv,
+- vLLM on this CPU against the simulator, per world: paper/experiments/validation/full1 (summary.csv, stages.csv,
   counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
   `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/analysis/fidelity.py,
   real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
   column missing) is refused, naming the file and the column.
-- vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/speculation_cpu.json
-  (`python -m real_backend.measure_speculation --out real_backend/speculation_cpu.json ...`).
-- The GRPO trainer's cost fit: real_backend/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).
+- vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/data/speculation_cpu.json
+  (`python -m paper.experiments.measure_speculation --out real_backend/data/speculation_cpu.json ...`).
+- The GRPO trainer's cost fit: real_backend/data/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).
 - The GPU cost model: `lssim.cost.operator_fit.heldout_table()` fits the kernel curves afresh on the H100
   profiles in lssim/profiles/ (measured on a lent H100 in an earlier round) and scores the held-out points and
   Microsoft Vidur's public H100 kernel times (`python -m lssim.benchmarks.gpu_cost_model` prints the same table).
@@ -27,12 +27,19 @@ import pandas as pd
 from lssim.cost.operator_fit import STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
 from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
+from paper.experiments.validation_noise import folder_table, pooled, pooled_folders, speedups_pooled
+
 from .render import plain, table
 
-VALIDATION = Path("real_backend") / "validation" / "full4"  # the headline run (the README's table)
+VALIDATION = Path("paper") / "experiments" / "validation" / "full4"  # the headline run (the README's table)
 SPECULATING_LAYOUT = "profile_layout1_speculating.json"  # the speculation world's engine, drafting off
-TRAINER_PROFILE = Path("real_backend") / "profile_trainer_cpu.json"
-SPECULATION = Path("real_backend") / "speculation_cpu.json"
+TRAINER_PROFILE = Path("real_backend") / "data" / "profile_trainer_cpu.json"
+SPECULATION = Path("real_backend") / "data" / "speculation_cpu.json"
+# The numbers this module fits afresh (gpu_numbers: the GPU kernel model's least-squares fit): their last digits
+# follow the machine's floating-point library (1e-6 relative between two hosts of the same kind), so they are
+# compared at the precision the paper prints them; every other number here is read as committed and compared exactly.
+REFITTED_PREFIX = "gpu."
+REFITTED_UNPRINTED_FORMAT = ".1f"  # a refitted number the text does not show: the precision its printed siblings use
 VALIDATE = "lssim validate --full --reprofile --repeats 5 --json --out runs/validate-full4"
 
 
@@ -212,7 +219,7 @@ def speculation_numbers(root: Path) -> dict:
     """vLLM's n-gram speculation on this CPU, measured per batch size, and the SpecFit fitted to it."""
     path = root / SPECULATION
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; `python -m real_backend.measure_speculation --out {SPECULATION}` writes it")
+        raise FileNotFoundError(f"{path}: missing; `python -m paper.experiments.measure_speculation --out {SPECULATION}` writes it")
     data = json.loads(path.read_text())
     try:
         fit, params = data["fit"], data["fit"]["params"]
@@ -281,12 +288,12 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     return out, heldout
 
 
-MODES_SUMMARY = Path("real_backend") / "validation" / "modes" / "modes_summary.csv"
+MODES_SUMMARY = Path("paper") / "experiments" / "validation" / "modes" / "modes_summary.csv"
 
 
 def modes_numbers(root: Path) -> tuple[dict, dict]:
     """The execution modes on the real backend against their replays (`lssim validate --mode ...`, written to
-    real_backend/validation/modes/): per mode the per-step error, with the collocated runs' speed level, seconds
+    paper/experiments/validation/modes/): per mode the per-step error, with the collocated runs' speed level, seconds
     per trained group measured and predicted, and the two rankings."""
     path = root / MODES_SUMMARY
     if not path.is_file():
@@ -324,10 +331,8 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
 def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:
     """What an exact model would score against the headline run's repeats (lssim.analysis.fidelity.noise_floor on its
     steps_by_repeat.parquet), and the pooled comparison over every kept validation
-    (`python -m lssim.benchmarks.validation_noise` prints the same, over the same folders)."""
-    from lssim.benchmarks.validation_noise import SHIPPED, folder_table, pooled, speedups_pooled
-
-    tables = {Path(f): folder_table(root / f) for f in SHIPPED if (root / f / "summary.csv").is_file()}
+    (`python -m paper.experiments.validation_noise` prints the same, over the same folders)."""
+    tables = {Path(f): folder_table(root / f) for f in pooled_folders() if (root / f / "summary.csv").is_file()}
     floor = tables[VALIDATION].loc[policies.index]  # the headline validation is one of the kept ones
     pool = pooled(pd.concat(tables.values()))
     out = {"real.floor_median": float(floor["noise_floor_median_pct"].median()),

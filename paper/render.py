@@ -79,6 +79,16 @@ def placeholders(template: str) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def placeholder_formats(template: str) -> dict[str, set[str]]:
+    """Each number the template names, with every format spec it is printed under ('' for plain str())."""
+    formats: dict[str, set[str]] = {}
+    for m in PLACEHOLDER.finditer(template):
+        key, _, spec = m.group(1).strip().partition(":")
+        if key != "table":
+            formats.setdefault(key, set()).add(spec)
+    return formats
+
+
 def table(frame, formats: dict[str, str]) -> dict:
     """A frame (its index a column if named) as a stored table: the columns of `formats`, in that order, with
     their format specs; numpy scalars become plain Python numbers for JSON."""

@@ -10,8 +10,8 @@ a span in the next rollout by reusing its KV cache, is not done.
 
 In the simulator there are no tokens: the policy prunes ``pruned_fraction`` of each sequence's loss tokens and cuts
 the forward to ``computed_fraction`` of the batch's tokens, by default what the real trainer measured with these
-settings (real_backend/pruning_cpu.json, window=16, threshold=0.05 on the reference model; `python -m
-real_backend.measure_pruning`). Both depend on the model's confidence: on another model, measure them.
+settings (lssim/sim/data/pruning_cpu.json, window=16, threshold=0.05 on the reference model; `python -m
+paper.experiments.measure_pruning`). Both depend on the model's confidence: on another model, measure them.
 
 Defaults: window=16, threshold=0.05 nats, compact=True.
 """

@@ -10,7 +10,7 @@ causal model); the update is the same, only cheaper. Interior pruned tokens save
 
 In the simulator there are no tokens: the policy prunes ``fraction`` of each sequence's loss tokens and cuts the
 forward to ``computed_fraction`` of the batch's tokens, by default the share the real trainer still ran over when it
-pruned with these settings (real_backend/pruning_cpu.json, `python -m real_backend.measure_pruning`; measured only
+pruned with these settings (lssim/sim/data/pruning_cpu.json, `python -m paper.experiments.measure_pruning`; measured only
 for fraction=0.4: give computed_fraction= for another). lssim.sim.train_policy spreads it and prices the rest.
 
 Defaults: fraction=0.4 (the plan suggests pruning 30-50% of tokens), compact=True.

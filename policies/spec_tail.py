@@ -20,10 +20,10 @@ it composes with anything (`seer+spec_tail`).
   Quality cost, stated: those tokens are not samples of the policy being trained; the simulator counts them
   (`speculated_tokens` in a run's meta) so a report can put the fraction beside the speedup.
 
-With `profile` (a measured speculation profile, real_backend/speculation_cpu.json), the engine's own step costs
+With `profile` (a measured speculation profile, real_backend/data/speculation_cpu.json), the engine's own step costs
 are priced instead (lssim.cost.SpeculativeCost with a SpecFit: the proposer's draft rate and length, the verify
 step's measured cost), alpha defaults to the measured one, and the factor is not capped at 1: vLLM speculates
-where it is slower too. `lssim validate` of the CPU engine needs it: `spec_tail(profile='real_backend/speculation_cpu.json')`.
+where it is slower too. `lssim validate` of the CPU engine needs it: `spec_tail(profile='real_backend/data/speculation_cpu.json')`.
 
 alpha is an assumption until measured: run the real engine with the same Speculation, read its acceptance
 counters, turn them into alpha (`Speculation.alpha_from_counts`) and replay with it,
@@ -36,13 +36,13 @@ Measured on the real backend (real_backend/README.md, "Speculative decoding"): v
 (lookup 1-4, gamma 4) on the reference model's Collatz traces, greedy (vLLM 0.32's CPU build does not sample
 correctly with speculation at temperature 1): alpha = 0.18-0.21, 5.5-6.8% of drafted tokens accepted. The CPU
 rollout was 2.2x slower with it while the idealized model (capped at 1, verify priced as a bigger batch)
-predicted 1.008x faster. real_backend/measure_speculation.py measured what goes into it
-(real_backend/speculation_cpu.json; together ~1.5x of the 2.2x, the rest unexplained on a noisy machine):
+predicted 1.008x faster. paper/experiments/measure_speculation.py measured what goes into it
+(real_backend/data/speculation_cpu.json; together ~1.5x of the 2.2x, the rest unexplained on a noisy machine):
 a speculating step costs 1.11x a plain one at 1 running sequence and 1.42x at 32 (verify of ~3.5 drafted tokens
 per sequence plus the proposer and rejection sampler), and yields 1.21 tokens per sequence (89% of
 sequence-steps draft, 0.24 accepted per draft): ~9% faster at batch 1, 20% slower at 32; and an engine started
 with speculation is ~1.26x slower even with drafting off (one noisy measurement; among what changes, vLLM
-turns async scheduling off for n-gram speculation). `spec_tail(profile='real_backend/speculation_cpu.json')` prices the first (lssim validate on
+turns async scheduling off for n-gram speculation). `spec_tail(profile='real_backend/data/speculation_cpu.json')` prices the first (lssim validate on
 this CPU: measured 0.94x, predicted 0.95x); the second is a property of the engine both the baseline and the
 policy ran on there. On the real backend only "ngram" runs (vLLM has no layer skip; no draft model is wired in).
 """
@@ -58,7 +58,7 @@ class SpecTail(Policy):
 
     def __init__(self, method: str = "ngram", alpha: float | None = None, gamma: int = 4, draft_cost: float = 0.0,
                  max_batch: int = 32, layer_fraction: float = 0.5, profile: str | None = None):
-        if profile is not None:  # the engine's measured speculation (real_backend/measure_speculation.py)
+        if profile is not None:  # the engine's measured speculation (paper/experiments/measure_speculation.py)
             from lssim.cost.speculative import MeasuredSpeculation, load_spec_fit
 
             fit, measured = load_spec_fit(profile)

@@ -18,8 +18,8 @@ with the threshold at 1 (speculating only for a lone survivor) to keep measuring
 
 Decisions are kept in `self.decisions` (step, drafts, accepted tokens, alpha estimate, threshold).
 
-Defaults: profile = real_backend/speculation_cpu.json (vLLM n-gram, this CPU), cost_profile =
-real_backend/profile_cpu.json (the plain engine's cost model the factors are relative to), gamma 4, max_batch 32
+Defaults: profile = real_backend/data/speculation_cpu.json (vLLM n-gram, this CPU), cost_profile =
+real_backend/data/profile_cpu.json (the plain engine's cost model the factors are relative to), gamma 4, max_batch 32
 (TLT's switch-off), alpha = the profile's measured acceptance, prior_drafts 200, margin 0.02, probe_every 0.
 
 On a GPU: the same policy with a GPU speculation profile (measure_speculation.py on the GPU build) and a GPU cost
@@ -35,7 +35,7 @@ from pathlib import Path
 from lssim.loop.core import Speculation
 from lssim.loop.policy import Policy, PolicyNeeds
 
-_REAL = Path(__file__).resolve().parents[1] / "real_backend"
+_REAL = Path(__file__).resolve().parents[1] / "real_backend" / "data"
 DEFAULT_PROFILE = str(_REAL / "speculation_cpu.json")
 DEFAULT_COST = str(_REAL / "profile_cpu.json")
 

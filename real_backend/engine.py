@@ -579,7 +579,7 @@ def freeze_heap() -> None:
 
     Why: once vLLM and torch are loaded, the driver and each instance's worker process hold 0.7-0.9 million objects
     each, and a full collection holds the process's GIL while it scans them: in the driver every token stream stops,
-    in a worker its instance stops generating (python -m real_backend.measure_gc_stall: a collection forced
+    in a worker its instance stops generating (python -m paper.experiments.measure_gc_stall: a collection forced
     mid-rollout stopped the streams for 0.47-1.36 s in the driver and 0.44-0.46 s in the workers; frozen, for <10 ms).
     Python starts a full collection by itself now and then: 5 of 5280 recorded steps began with every first token
     0.37-0.75 s late on every instance at once (the driver), and in 3 steps of seer runs one instance made no

@@ -18,7 +18,7 @@ another engine even while it does not draft: vLLM turns async scheduling off for
 overlaps the model's forward pass. Its plain runs (drafting off) and the steps a policy leaves undrafted are priced
 with its own layout, measured the same way with drafting off (one instance: the one factor). A speculating step's
 cost over a plain step of the same engine is lssim.cost.SpeculativeCost's, fitted on that engine
-(real_backend/measure_speculation.py), so it applies on top.
+(paper/experiments/measure_speculation.py), so it applies on top.
 
 How: a cell gives each instance its own batch of n requests (distinct random prompts of P tokens, lengths drawn
 from the profile's long tail, `ignore_eos`), all submitted at once, so the instances run beside each other as in

@@ -21,7 +21,7 @@ is linear in all of the model's coefficients (lssim.cost.batch_features), so `fi
 quantity the simulator predicts, and reports the per-iteration error beside.
 
 Aborts (`measure_aborts`): a rollout that ends with requests still running aborts them, and the caller is blocked for
-each (one round trip to vLLM's loop: 0.14-0.19 ms a request on this VM, `real_backend/profile_cpu.json` and
+each (one round trip to vLLM's loop: 0.14-0.19 ms a request on this VM, `real_backend/data/profile_cpu.json` and
 `validation/full7/profile.json`). `profile_engine` measures it after the cells and stores the slope through the
 origin as the model's `abort_seconds` (a1), which the simulator charges to its clock per abort.
 """

@@ -1,6 +1,6 @@
 """Profile the real GRPO trainer on this machine and fit lssim's ProfiledTrainCost (the trainer stage of `lssim profile`).
 
-    python -m real_backend.profile_trainer --out real_backend/profile_trainer_cpu.json
+    python -m real_backend.profile_trainer --out real_backend/data/profile_trainer_cpu.json
 
 What is timed, all through the code a real run uses: `GRPOTrainer.train` on synthetic GRPO batches (its own
 `logprob_seconds` and `update_seconds` metrics; the trainer recomputes old log-probs for this, as verl does), and

@@ -206,7 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU engine: KV-cache size in GiB (default: 1)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")
     p.add_argument("--profile", metavar="JSON", help="a profiled cost model of this engine (`lssim profile`, e.g. "
-                   "real_backend/profile_cpu.json): each step then gets its lower bound and bound efficiency")
+                   "real_backend/data/profile_cpu.json): each step then gets its lower bound and bound efficiency")
     p.add_argument("--out", metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json and "
                    "checkpoint.pt (required unless --resume)")
     p.add_argument("--resume", metavar="DIR", help="go on with the run recorded in DIR from its last checkpoint (a new "

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DEFAULT_PROFILE = Path(__file__).with_name("profile_cpu.json")
+DEFAULT_PROFILE = Path(__file__).parent / "data" / "profile_cpu.json"
 DEFAULT_WORKLOADS = Path(__file__).with_name("validation_workloads.toml")
 
 
@@ -602,8 +602,8 @@ def speculation_path(profile: str | Path) -> Path:
 
 def _measure_speculation(engine, prompts, profile_to: str, length: int = 256) -> Path:
     """--reprofile on an engine started with speculation: what drafting buys and costs on it now
-    (real_backend.measure_speculation.measure_fit), for the speculating policies' runs and twins."""
-    from .measure_speculation import measure_fit
+    (real_backend.speculation_fit.measure_fit), for the speculating policies' runs and twins."""
+    from .speculation_fit import measure_fit
 
     path = speculation_path(profile_to)
     print(f"measuring the engine's speculation into {path} ...", file=sys.stderr)
@@ -752,9 +752,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the measured one (real_backend/validate_modes.py; with --runs, 'any' takes every run)")
     p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
     p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
-    p.add_argument("--train-profile", default=str(Path(__file__).with_name("profile_trainer_cpu.json")), metavar="JSON",
+    p.add_argument("--train-profile", default=str(Path(__file__).parent / "data" / "profile_trainer_cpu.json"), metavar="JSON",
                    help="with --mode: the trainer's profiled cost (python -m real_backend.profile_trainer; default: "
-                        "real_backend/profile_trainer_cpu.json)")
+                        "real_backend/data/profile_trainer_cpu.json)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the runs and the comparison")
     p.add_argument("--overwrite", action="store_true", help="replace what --out holds")
 

@@ -27,7 +27,7 @@ loss saves nothing in the transformer's body. What it can save:
 
 ``compact=True`` does 1 and 2, ``compact=False`` only masks. The kept tokens, their advantages and the loss's
 normalisation (the count of kept tokens) are the same either way, so both give the same update (tested); only
-the time differs. real_backend/measure_pruning.py measures it; lssim.sim.training.ScaledTrainCost takes the result.
+the time differs. paper/experiments/measure_pruning.py measures it; lssim.sim.training.ScaledTrainCost takes the result.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def pruning_policy(method: str = "g2tp", fraction: float = 0.4, window: int = 16
 
 class PruningGRPOTrainer(GRPOTrainer):
     """GRPOTrainer driven by one pruning policy (`pruning_policy`), as `lssim real --policy g2tp` drives the plain
-    GRPOTrainer through the controller: a convenience for measurements (real_backend/measure_pruning.py).
+    GRPOTrainer through the controller: a convenience for measurements (paper/experiments/measure_pruning.py).
 
     ``last_pruning`` (also in the metrics): loss tokens before and after, and the tokens the forward passes
     run over before and after (prompt + response, after compaction)."""

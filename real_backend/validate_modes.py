@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DEFAULT_TRAIN_PROFILE = Path(__file__).with_name("profile_trainer_cpu.json")
+DEFAULT_TRAIN_PROFILE = Path(__file__).parent / "data" / "profile_trainer_cpu.json"
 MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
 
 

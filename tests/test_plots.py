@@ -121,7 +121,7 @@ def test_pareto_front_figure(results):
 
 
 def test_sim_vs_real_reads_the_shipped_validation():
-    steps = pd.read_parquet(ROOT / "real_backend" / "validation" / "steps.parquet")
+    steps = pd.read_parquet(ROOT / "paper" / "experiments" / "validation" / "full1" / "steps.parquet")
     fig = plots.sim_vs_real(steps)
     ax = fig.axes[0]
     assert len(ax.collections) == steps["policy"].nunique() + 1  # a scatter per policy and the band

@@ -154,7 +154,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     from real_backend.validate_modes import compare_modes
     from lssim.analysis.fidelity import load_run
 
-    frames = compare_modes([load_run(out)], "real_backend/profile_cpu.json", "real_backend/profile_trainer_cpu.json")
+    frames = compare_modes([load_run(out)], "real_backend/data/profile_cpu.json", "real_backend/data/profile_trainer_cpu.json")
     table = frames["summary"]
     assert table["mode"].tolist() == ["async"] and table.loc[table.index[0], "predicted_max_staleness"] <= 1
     steps = frames["steps"]

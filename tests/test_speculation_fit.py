@@ -18,7 +18,7 @@ from lssim.loop.policy import make_policy
 from test_sim import make_trace, run
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# the shape of this CPU's profiled engine (real_backend/profile_cpu.json): a fixed cost, then ~linear in n
+# the shape of this CPU's profiled engine (real_backend/data/profile_cpu.json): a fixed cost, then ~linear in n
 BASE = ProfiledCostModel(c0=2.2e-3, c1=5e-5, c2=3e-7, c3=1e-7, p0=3.6e-3, p1=2.7e-5)
 FIT = SpecFit(overhead=0.15, verify_weight=0.5, draft_rate=0.9, draft_len=3.9)
 

@@ -1,4 +1,4 @@
-"""real_backend/measure_speculation.py without vLLM: a fake engine that speaks VLLMEngine's protocol and vLLM's
+"""real_backend/speculation_fit.py (and the experiment paper/experiments/measure_speculation.py) without vLLM: a fake engine that speaks VLLMEngine's protocol and vLLM's
 stat-logger records, so the cells, the per-step rows, the summary and the refit are checked end to end."""
 
 import json
@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from lssim.loop.core import Event
-from real_backend import measure_speculation as ms
+from paper.experiments.measure_speculation import plain_check
+from real_backend import speculation_fit as ms
 from real_backend.spec_stats import SpecCounts
 
 
@@ -65,7 +66,7 @@ def test_measure_runs_each_cell_on_off_and_alternating_and_refits(tmp_path):
     assert 0 in engine.limits and 4 in engine.limits  # the proposer was switched off and on
     on = steps[steps["mode"] == "on"]
     assert (on["draft_tokens"] == 4 * on["drafts"]).all() and (steps.loc[steps["mode"] == "off", "drafts"] == 0).all()
-    plain, figures = ms.plain_check(FakeEngine(speculation=False), cells, 64)
+    plain, figures = plain_check(FakeEngine(speculation=False), cells, 64)
     assert (plain["mode"] == "plain").all() and figures["cells"] == 2 and figures["spec_engine_off_over_plain"] > 0
     cells = pd.concat([cells, plain], ignore_index=True)
     summary = {"kind": "speculation_profile", "gamma": 4, **ms.summarize(cells, steps)}
@@ -73,7 +74,7 @@ def test_measure_runs_each_cell_on_off_and_alternating_and_refits(tmp_path):
     assert summary["by_batch"][4]["accepted_per_draft"] == pytest.approx(0.5, abs=0.15)
     out = tmp_path / "spec.json"
     ms.write(out, summary, cells, steps)
-    refitted = ms.refit(out, ms.Path(ms.__file__).with_name("profile_cpu.json"))
+    refitted = ms.refit(out, ms.Path(ms.__file__).parent / "data" / "profile_cpu.json")
     on_disk = json.loads(out.read_text())
     assert on_disk["fit"]["params"] == refitted["fit"]["params"] and "held_out" in on_disk["fit"]
     assert {c["batch"] for c in on_disk["fit"]["held_out"]["cells"]} == {1, 4}

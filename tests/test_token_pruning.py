@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from lssim.sim.training import AnalyticTrainCost, ScaledTrainCost
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "real_backend" / "pruning_cpu.json"
+SHIPPED = ROOT / "lssim" / "sim" / "data" / "pruning_cpu.json"
 
 torch = pytest.importorskip("torch")
 from real_backend.token_pruning import compact_samples, entropy_masks, g2tp_masks  # noqa: E402

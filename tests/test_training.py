@@ -23,7 +23,7 @@ from lssim.sim.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "real_backend" / "profile_trainer_cpu.json"
+SHIPPED = ROOT / "real_backend" / "data" / "profile_trainer_cpu.json"
 COMPUTE = ("logprob", "reference", "update")
 
 PROFILED = ProfiledTrainCost(l0=4e-3, lB=1e-4, l1=3e-5, l2=3e-8, u0=1e-2, uB=3e-4, u1=9e-5, u2=9e-8, o0=2e-3, k0=5e-3,

@@ -26,7 +26,7 @@ from lssim.traces.workload import Workload
 from real_backend.recorder import Recorder, unfinished_frame, write_unfinished
 
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
-TRAIN_PROFILE = "real_backend/profile_trainer_cpu.json"
+TRAIN_PROFILE = "real_backend/data/profile_trainer_cpu.json"
 MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
 
 

@@ -900,7 +900,7 @@ def test_the_placed_world_binds_each_instance_to_its_cpus(tmp_path):
 
 
 def test_measure_spec_engine_refuses_no_rounds(capsys):
-    from real_backend.measure_spec_engine import main
+    from paper.experiments.measure_spec_engine import main
 
     with pytest.raises(SystemExit) as e:
         main(["--rounds", "0"])
@@ -916,26 +916,26 @@ def test_reprofile_gives_the_speculating_policies_the_speculation_measured_besid
 
     fit = speculation_path("runs/v/profile.json")
     assert fit.as_posix() == "runs/v/profile_speculation.json"
-    assert with_speculation_fit("spec_tail(profile='real_backend/speculation_cpu.json', max_batch=8)", fit,
+    assert with_speculation_fit("spec_tail(profile='real_backend/data/speculation_cpu.json', max_batch=8)", fit,
                                 "runs/v/profile.json") == \
         "spec_tail(profile='runs/v/profile_speculation.json', max_batch=8)"
-    assert with_speculation_fit("tlt(profile='real_backend/speculation_cpu.json')", fit, "runs/v/profile.json") == \
+    assert with_speculation_fit("tlt(profile='real_backend/data/speculation_cpu.json')", fit, "runs/v/profile.json") == \
         "tlt(profile='runs/v/profile_speculation.json', cost_profile='runs/v/profile.json')"
     for unchanged in ("tlt", "spec_tail(max_batch=8)", "baseline", "hadb(warmup_fraction=0.5)", "breaker(check_every=64)"):
         assert with_speculation_fit(unchanged, fit, "runs/v/profile.json") == unchanged
-    assert with_speculation_fit("hadb+spec_tail(profile='real_backend/speculation_cpu.json')", fit, "p.json") == \
+    assert with_speculation_fit("hadb+spec_tail(profile='real_backend/data/speculation_cpu.json')", fit, "p.json") == \
         "hadb+spec_tail(profile='runs/v/profile_speculation.json')"
-    built = make_policy(with_speculation_fit("spec_tail(profile='real_backend/speculation_cpu.json')", "real_backend/speculation_cpu.json", "p.json"))
-    assert built.profile == "real_backend/speculation_cpu.json"  # the rewritten spec builds
+    built = make_policy(with_speculation_fit("spec_tail(profile='real_backend/data/speculation_cpu.json')", "real_backend/data/speculation_cpu.json", "p.json"))
+    assert built.profile == "real_backend/data/speculation_cpu.json"  # the rewritten spec builds
 
 
 def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_bad_folder(tmp_path, capsys):
-    from lssim.benchmarks.validation_noise import folder_table, main
+    from paper.experiments.validation_noise import folder_table, main
 
-    table = folder_table("real_backend/validation/probe2")
+    table = folder_table("paper/experiments/validation/probe2")
     assert {"seer", "hadb", "breaker"} <= set(table.index)
     assert (table["noise_floor_median_pct"] > 0).all() and table["repeats_for_goal"].min() >= 2
-    assert main(["real_backend/validation/probe2"]) == 0
+    assert main(["paper/experiments/validation/probe2"]) == 0
     out = capsys.readouterr().out
     assert "an exact model (noise floor)" in out and "at the probed level" in out
     assert "speedups, pooled" in out and table.loc["seer", "speedup_noise_bound_points"] > 0
@@ -945,7 +945,7 @@ def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_ba
 def test_the_fidelity_table_of_a_folder_written_before_the_speedup_noise_floor_gets_it_from_its_repeats():
     from lssim.analysis.fidelity import markdown_from
 
-    text = markdown_from("real_backend/validation/full5")  # its summary.csv has no speedup_noise_* columns
+    text = markdown_from("paper/experiments/validation/full5")  # its summary.csv has no speedup_noise_* columns
     assert "(an exact model's 95% bound)" in text
     segment = next(line for line in text.splitlines() if line.startswith("| `segment`"))
     assert "+18.5 (" in segment
@@ -1045,7 +1045,7 @@ def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced
 def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
     """measure_run_vs_cell --iterations: one group per engine iteration of an instance, however the driver takes
     its tokens (two iterations back to back, or one in two bursts)."""
-    from real_backend.measure_run_vs_cell import IterationLog
+    from paper.experiments.measure_run_vs_cell import IterationLog
 
     log = IterationLog.__new__(IterationLog)
     log.tag, log.rows = None, []
@@ -1143,10 +1143,10 @@ def test_compare_phases_finds_a_twin_exact_and_places_a_host_slowdown_in_the_sha
 
 
 def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_was_busy():
-    """real_backend.measure_neighbour: instance 0's iterations beside an instance producing tokens are 'other_busy',
+    """paper.experiments.measure_neighbour: instance 0's iterations beside an instance producing tokens are 'other_busy',
     those of a cell where it ran alone, or after the other went quiet, are not; the table takes medians of each."""
-    from real_backend.measure_neighbour import table, with_other_busy
-    from real_backend.measure_run_vs_cell import IterationLog
+    from paper.experiments.measure_neighbour import table, with_other_busy
+    from paper.experiments.measure_run_vs_cell import IterationLog
 
     log = IterationLog.__new__(IterationLog)
     log.tag, log.rows = None, []
@@ -1173,8 +1173,8 @@ def test_measure_neighbour_sorts_instance_zeros_iterations_by_whether_the_other_
 def test_measure_neighbour_grid_reads_each_iteration_beside_the_others_load():
     """--grid: an iteration's other_n is the other instance's sequences while that one still iterates, 0 after it
     finished or in a cell it sat out; the table takes medians by (own, other's) and divides by the alone column."""
-    from real_backend.measure_neighbour import grid_table, with_other_load
-    from real_backend.measure_run_vs_cell import IterationLog
+    from paper.experiments.measure_neighbour import grid_table, with_other_load
+    from paper.experiments.measure_run_vs_cell import IterationLog
 
     log = IterationLog.__new__(IterationLog)
     log.tag, log.rows = None, []
@@ -1194,9 +1194,9 @@ def test_measure_neighbour_grid_reads_each_iteration_beside_the_others_load():
     assert over_alone.loc[2, 4] == pytest.approx(1.5, abs=0.03) and over_alone.loc[2, 0] == 1.0
 
 def test_measure_submit_latency_fits_how_late_first_tokens_come_per_request(capsys):
-    """real_backend.measure_submit_latency: per n, how late the median and last first token are against the twin's
+    """paper.experiments.measure_submit_latency: per n, how late the median and last first token are against the twin's
     price, and a line through the last one's lateness; bad flags and an unknown world exit 2 before any engine."""
-    from real_backend.measure_submit_latency import late_table, main
+    from paper.experiments.measure_submit_latency import late_table, main
 
     cells = pd.DataFrame({"n": [8, 8, 32, 32, 64], "first_median_ms": [9.0, 11.0, 20.0, 20.0, 36.0],
                           "first_last_ms": [11.0, 13.0, 26.0, 26.0, 40.0], "twin_ms": [8.0, 8.0, 11.0, 11.0, 15.0]})
@@ -1209,9 +1209,9 @@ def test_measure_submit_latency_fits_how_late_first_tokens_come_per_request(caps
     assert main(["--world", "nowhere"]) == 2 and "no world 'nowhere'" in capsys.readouterr().err
 
 def test_measure_driver_core_reads_each_instances_last_finish_per_step():
-    """real_backend.measure_driver_core: per step, each instance's last finish (a carried response in the step it ended
+    """paper.experiments.measure_driver_core: per step, each instance's last finish (a carried response in the step it ended
     in; unfinished and never-run ones left out), and per setting how often instance 0 ended last."""
-    from real_backend.measure_driver_core import instance_ends, summary
+    from paper.experiments.measure_driver_core import instance_ends, summary
 
     trace = pd.DataFrame({"step": [0, 0, 0, 0, 1, 1, 1],
                           "end_step": [0, 0, 0, 1, 1, 1, 1],
@@ -1237,7 +1237,7 @@ def test_the_two_instance_measurements_refuse_a_world_of_one_instance_by_name(mo
 
 
 def test_measure_gc_stall_refuses_an_unknown_world_by_name(capsys):
-    from real_backend.measure_gc_stall import main
+    from paper.experiments.measure_gc_stall import main
 
     assert main(["--world", "nowhere"]) == 2
     err = capsys.readouterr().err
@@ -1256,7 +1256,7 @@ def test_the_run_measurements_refuse_an_unknown_world_by_name(module, capsys):
 
 
 def test_measure_stream_interval_summarises_rounds_against_the_first_interval(capsys):
-    from real_backend.measure_stream_interval import main, summary
+    from paper.experiments.measure_stream_interval import main, summary
 
     rows = pd.DataFrame({"interval": [1, 32, 1, 32, 1, 32], "round": [0, 0, 1, 1, 2, 2],
                          "rollout_s": [10.0, 9.0, 8.0, 8.5, 9.0, 8.0], "driver_cpu": [0.4, 0.3, 0.4, 0.3, 0.5, 0.3],

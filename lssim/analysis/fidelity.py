@@ -891,7 +891,7 @@ def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.Data
 
 def markdown_from(folder) -> str:
     """fidelity_markdown of a `lssim validate --out` folder's summary.csv (`load_summary`: the README's table,
-    regenerated without replaying anything): `python -m lssim.analysis.fidelity real_backend/validation`."""
+    regenerated without replaying anything): `python -m lssim.analysis.fidelity paper/experiments/validation/full1`."""
     return fidelity_markdown(load_summary(folder))
 
 
@@ -938,4 +938,4 @@ __all__ = ["step_errors_within_goal", "ends_rollouts", "with_real_cuts", "ACTED_
 if __name__ == "__main__":  # python -m lssim.analysis.fidelity FOLDER: the README's fidelity table of a validation folder
     import sys
 
-    print(markdown_from(sys.argv[1] if len(sys.argv) > 1 else "real_backend/validation"), end="")
+    print(markdown_from(sys.argv[1] if len(sys.argv) > 1 else "paper/experiments/validation/full1"), end="")

@@ -298,7 +298,7 @@ def pareto_front(table: pd.DataFrame, x: str = "off_policy_token_fraction", y: s
 
 def sim_vs_real(steps: pd.DataFrame, band_pct: float | None = None) -> Figure:
     """Predicted against measured rollout seconds per step (lssim.analysis.fidelity frames, e.g.
-    real_backend/validation/steps.parquet), one marker per policy, the diagonal and the ±band (default: the
+    paper/experiments/validation/steps.parquet), one marker per policy, the diagonal and the ±band (default: the
     p90 target of `lssim validate`, lssim.analysis.fidelity.TARGET_P90_PCT)."""
     from lssim.analysis.fidelity import TARGET_P90_PCT
 

@@ -365,7 +365,7 @@ def pruning_summary(s: pd.DataFrame) -> dict:
     """What training-side policies (Policy.train_mask, Policy.bridge) did over the run, from the trainer's step
     metrics: the share of loss tokens taken out and the share of forward tokens still computed (both of the batch
     the trainer was given, bridged copies included), the train seconds that saved (the simulator prices both
-    batches; NaN on a real run, which trains only one: real_backend/measure_pruning.py measures the saving), and
+    batches; NaN on a real run, which trains only one: paper/experiments/measure_pruning.py measures the saving), and
     the share of trained response tokens that value bridging trained before their response ended (with bridging the
     other three are NaN). Empty for a run without such a policy."""
     if "trainer_loss_tokens_before" not in s:

@@ -195,7 +195,7 @@ def bench_real(repeats: int) -> None:
         return float(steps.fillna(0.0).sum().sum())
 
     traces = [p for p in sorted((root / "traces").glob("*.parquet")) if recorded_seconds(p) > 0]  # synthesized ones have none
-    profile, train = root / "real_backend" / "profile_cpu.json", root / "real_backend" / "profile_trainer_cpu.json"
+    profile, train = root / "real_backend" / "data" / "profile_cpu.json", root / "real_backend" / "data" / "profile_trainer_cpu.json"
     print(f"real: traces the real backend recorded, replayed with {profile.name} and {train.name}; goal "
           f"{GOAL_REAL_RATIO:,}x the real run's speed")
     for path in traces:

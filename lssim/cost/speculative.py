@@ -23,7 +23,7 @@ def accepted_per_draft(alpha: float, gamma: int) -> float:
 
 @dataclass(frozen=True)
 class SpecFit:
-    """What speculation costs and yields on one engine, measured (real_backend/measure_speculation.py) and fitted
+    """What speculation costs and yields on one engine, measured (paper/experiments/measure_speculation.py) and fitted
     (`fit_speculation`). A speculating engine step at n running sequences costs
 
         (1 + overhead) * t(n * (1 + verify_weight * draft_rate * draft_len))
@@ -90,14 +90,14 @@ class MeasuredSpeculation(Speculation):
 
 
 def load_spec_fit(path) -> tuple[SpecFit, dict]:
-    """The SpecFit and the measured figures of a speculation profile (real_backend/speculation_cpu.json)."""
+    """The SpecFit and the measured figures of a speculation profile (real_backend/data/speculation_cpu.json)."""
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read the speculation profile {path}: {e}") from e
     if d.get("kind") != "speculation_profile" or "fit" not in d:
         raise ValueError(f"{path} is not a fitted speculation profile (kind 'speculation_profile' with a 'fit'; "
-                         f"made by python -m real_backend.measure_speculation, fitted by lssim.cost.speculative.fit_speculation)")
+                         f"made by python -m paper.experiments.measure_speculation, fitted by lssim.cost.speculative.fit_speculation)")
     return SpecFit.from_dict(d["fit"]["params"], where=f"{path} fit.params"), d
 
 
@@ -121,7 +121,7 @@ class SpeculativeCost:
     (TLT's adaptive engine picks "no speculation" for such batches), so the factor applied is min(1, factor).
 
     Measured (the Speculation is a MeasuredSpeculation with a `fit`, SpecFit): the engine's own step costs, fitted
-    to real_backend/measure_speculation.py's per-step measurements of vLLM,
+    to paper/experiments/measure_speculation.py's per-step measurements of vLLM,
 
         factor(n) = (1 + overhead) t(n (1 + verify_weight * draft_rate * draft_len)) / ((1 + draft_rate * a) t(n))
 

@@ -26,8 +26,9 @@ import numpy as np
 from lssim.loop.policy import TrainBatch, TrainMask
 from lssim.sim.training import TrainCostModel, TrainPhases
 
-MEASUREMENT = Path(__file__).resolve().parents[2] / "real_backend" / "pruning_cpu.json"
-MEASURE_COMMAND = "python -m real_backend.measure_pruning --out real_backend/pruning_cpu.json"
+# The measured fractions, shipped as package data; MEASURE_COMMAND regenerates them on the real trainer.
+MEASUREMENT = Path(__file__).resolve().parent / "data" / "pruning_cpu.json"
+MEASURE_COMMAND = "python -m paper.experiments.measure_pruning --out lssim/sim/data/pruning_cpu.json"
 
 
 def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:

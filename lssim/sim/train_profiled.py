@@ -1,6 +1,6 @@
 """ProfiledTrainCost: the training phase fitted to measurements of real_backend's GRPOTrainer on this machine.
 
-Made by ``python -m real_backend.profile_trainer --out real_backend/profile_trainer_cpu.json``, which times the
+Made by ``python -m real_backend.profile_trainer --out real_backend/data/profile_trainer_cpu.json``, which times the
 trainer's own phases (its ``logprob_seconds`` / ``update_seconds`` metrics, and ``VLLMEngine.update_weights``)
 over a grid of batch sizes x sequence lengths and fits, with non-negative least squares on relative error:
 

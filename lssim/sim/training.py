@@ -452,7 +452,7 @@ class AnalyticTrainCost:
 @dataclass(frozen=True)
 class ScaledTrainCost:
     """Another TrainCostModel with its forward phases (log-prob, reference) and its update scaled by measured
-    factors: what training-side token pruning saves (real_backend/measure_pruning.py measures them on the real
+    factors: what training-side token pruning saves (paper/experiments/measure_pruning.py measures them on the real
     trainer; docs/training.md says where the saving comes from). Sync and switch are unchanged."""
 
     base: TrainCostModel
@@ -481,7 +481,7 @@ class ScaledTrainCost:
             payload = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ValueError(f"pruning measurement {path} does not exist (make one with "
-                             f"`python -m real_backend.measure_pruning --out {path}`)") from None
+                             f"`python -m paper.experiments.measure_pruning --out {path}`)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(payload, dict) or payload.get("kind") != "PruningMeasurement":

@@ -3,8 +3,8 @@
 #
 # `lssim validate` runs each policy on the real vLLM backend, replays the recorded run in the simulator with the same
 # policy, seeds and a profiled cost model, and compares step by step. Running vLLM takes minutes, so this notebook
-# reads the frames that command shipped in `real_backend/validation/` (CPU, the project's tiny reference model).
-# To redo them: `lssim validate --policies all --repeats 5 --out real_backend/validation --overwrite`.
+# reads the frames that command shipped in `paper/experiments/validation/full1` (CPU, the project's tiny reference model).
+# To redo them: `lssim validate --policies all --repeats 5 --out paper/experiments/validation/full1 --overwrite`.
 
 # %%
 import os
@@ -15,7 +15,7 @@ from lssim.analysis import plots
 from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 ROOT = next(p for p in [os.getcwd(), os.path.dirname(os.getcwd())] if os.path.isdir(os.path.join(p, "real_backend")))
-VAL = os.path.join(ROOT, "real_backend", "validation")
+VAL = os.path.join(ROOT, "paper", "experiments", "validation", "full1")
 steps = pd.read_parquet(os.path.join(VAL, "steps.parquet"))          # per policy and step: medians over repeats
 noise = pd.read_parquet(os.path.join(VAL, "noise.parquet"))          # each repeat against its step's median
 summary = pd.read_csv(os.path.join(VAL, "summary.csv"), index_col="policy")

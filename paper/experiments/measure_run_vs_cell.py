@@ -1,10 +1,10 @@
 """The same rollout step inside an RL run and as a bare cell: does the run's harness slow the engine down?
 
-    python -m real_backend.measure_run_vs_cell --world placed     # two instances; ~2 minutes
-    python -m real_backend.measure_run_vs_cell --world tail       # one instance
-    python -m real_backend.measure_run_vs_cell --before push,torch  # also after a weight push, torch work, both
-    python -m real_backend.measure_run_vs_cell --natural --no-train # also natural lengths; runs that do not train
-    python -m real_backend.measure_run_vs_cell --iterations         # also each instance's iteration time by batch size
+    python -m paper.experiments.measure_run_vs_cell --world placed     # two instances; ~2 minutes
+    python -m paper.experiments.measure_run_vs_cell --world tail       # one instance
+    python -m paper.experiments.measure_run_vs_cell --before push,torch  # also after a weight push, torch work, both
+    python -m paper.experiments.measure_run_vs_cell --natural --no-train # also natural lengths; runs that do not train
+    python -m paper.experiments.measure_run_vs_cell --iterations         # also each instance's iteration time by batch size
 
 Each round records one baseline run of the world (real_backend.world.run_real: controller, rewards, trainer, weight
 pushes), then replays each of its rollout steps as a bare cell on the same engine (layout._run_cell: the same
@@ -45,7 +45,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     kind of request as a run's)."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from real_backend.layout import _profiling, _run_cell
 
     cell_prompts: dict[int, list[int]] = {}
     with _profiling(engine, cell_prompts):
@@ -62,7 +62,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_run_vs_cell", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_run_vs_cell", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed", help="a world of real_backend/validation_workloads.toml (default placed)")
     p.add_argument("--rounds", type=int, default=4, help="runs recorded, each replayed step by step (default 4)")
     p.add_argument("--before", default="", metavar="push,torch",
@@ -77,10 +77,10 @@ def main(argv=None) -> int:
     p.add_argument("--iterations", action="store_true",
                    help="also print each instance's iteration time by running sequences, runs against cells, and the "
                         "one-instance profile's (--profile) price of it")
-    p.add_argument("--profile", default="real_backend/validation/until2/profile.json",
+    p.add_argument("--profile", default="paper/experiments/validation/until2/profile.json",
                    help="the one-instance profile --iterations prices iterations with (default: the kept validation's)")
     args = p.parse_args(argv)
-    from .validation_workloads import world_arg
+    from real_backend.validation_workloads import world_arg
 
     world = world_arg(args.world)
     if world is None:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         train_once()
     kinds = befores + (["natural"] if args.natural else [])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .world import prepare, run_real, world_engine
+    from real_backend.world import prepare, run_real, world_engine
 
     rows, traces = [], []
     with world_engine(world) as (setup, config, _, engine):
@@ -236,7 +236,7 @@ def train_once() -> None:
     still pushed): runs without training between their rollouts."""
     import copy
 
-    from .trainer import GRPOTrainer
+    from real_backend.trainer import GRPOTrainer
 
     real, kept = GRPOTrainer.update, {}
 

@@ -1,7 +1,7 @@
 """What the driver's own work costs a rollout on this host: the baseline and april recorded in turn, each also with a
 reward function that spins `--tax` ms per finished response (driver work, nothing else changed).
 
-    python -m real_backend.measure_driver_tax                 # the default world, 4 rounds; ~3 minutes
+    python -m paper.experiments.measure_driver_tax                 # the default world, 4 rounds; ~3 minutes
 
 The driver is this process's controller thread: the controller, the policy, rewards, and the submit and abort calls
 (each blocks until vLLM's front end has taken it). Each run records, per step, the part of the rollout that thread
@@ -39,7 +39,7 @@ def spinning(reward, ms: float):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_driver_tax", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_driver_tax", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="rounds of the four runs (default 4)")
     p.add_argument("--tax", type=float, default=1.0, help="ms of driver work per finished response (default 1)")
     p.add_argument("--world", default="default", help="the validation world (real_backend/validation_workloads.toml)")
@@ -48,8 +48,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import pandas as pd
 
-    from .validation_workloads import world_arg
-    from .world import prepare, run_real, world_engine
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import prepare, run_real, world_engine
 
     world = world_arg(args.world)
     if world is None:

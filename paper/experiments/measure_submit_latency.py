@@ -1,7 +1,7 @@
 """How late a request's first token comes when many are submitted at once, against the simulated twin's price.
 
-    python -m real_backend.measure_submit_latency                 # the default world's engine; ~1 minute
-    python -m real_backend.measure_submit_latency --rounds 8 --sizes 8,32,64
+    python -m paper.experiments.measure_submit_latency                 # the default world's engine; ~1 minute
+    python -m paper.experiments.measure_submit_latency --rounds 8 --sizes 8,32,64
 
 Cells of n requests (8-token random prompts, 16 tokens each) submitted at once to one instance, n from `--sizes`,
 `--rounds` times each in a random order. Per n: the median and the last first token after submission, against what
@@ -11,7 +11,7 @@ n), and a line fitted to the last one's lateness: a fixed part plus a part per r
 Why: the twin admits a step's requests all at once; vLLM's front end takes them one by one. Measured twice on
 2026-11-27 on this 2-core VM (`--rounds 4`): the last first token came 25 ms after submitting 32 requests, 34-50 ms
 after 64 and 53-59 ms after 96. How late that is against the twin depends on the profile's prefill price: against
-the sixth full validation's (`--profile real_backend/validation/full6/profile.json`) 14 / 35 / 39 ms late, 0.8 ms +
+the sixth full validation's (`--profile paper/experiments/validation/full6/profile.json`) 14 / 35 / 39 ms late, 0.8 ms +
 0.44 ms per request; against the shipped profile (the default) 11 / 11 / 20 ms, 1.2 ms + 0.19 ms per request. A
 step that submits many requests and ends soon pays it the most: april submits 32-64 per 0.22-0.41 s step, the
 baseline 32 per 0.5 s step, which is part of why the twin puts april's speedup 15-22 points above the real one
@@ -35,7 +35,7 @@ def measure(engine, profile, sizes=SIZES, rounds: int = 4, seed: int = 3) -> pd.
     from lssim.loop.core import Request
     from lssim.cost import ProfiledCostModel
 
-    from .layout import _profiling, _run_cell
+    from real_backend.layout import _profiling, _run_cell
 
     base = ProfiledCostModel.from_json(profile)
     rng = np.random.default_rng(seed)
@@ -71,11 +71,11 @@ def late_table(cells: pd.DataFrame) -> tuple[pd.DataFrame, float, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_submit_latency", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_submit_latency", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="default", help="a world of real_backend/validation_workloads.toml (its instance 0)")
     p.add_argument("--rounds", type=int, default=4, help="cells of each size (default 4)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="requests submitted at once, comma-separated")
-    p.add_argument("--profile", default="real_backend/profile_cpu.json", help="the profile the twin's price comes from")
+    p.add_argument("--profile", default="real_backend/data/profile_cpu.json", help="the profile the twin's price comes from")
     args = p.parse_args(argv)
     try:
         sizes = tuple(int(v) for v in args.sizes.split(","))
@@ -85,8 +85,8 @@ def main(argv=None) -> int:
         print("error: --sizes must be integers >= 1, comma-separated, and --rounds >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .validation_workloads import world_arg
-    from .world import world_engine
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import world_engine
 
     world = world_arg(args.world)
     if world is None:

@@ -1,8 +1,8 @@
 """How long a full garbage collection stops the token streams, in the driver and in vLLM's worker processes, with
 the heap as Python leaves it and frozen.
 
-    python -m real_backend.measure_gc_stall                  # the default world (one instance), 2 rounds; ~1 minute
-    python -m real_backend.measure_gc_stall --world placed   # two instances
+    python -m paper.experiments.measure_gc_stall                  # the default world (one instance), 2 rounds; ~1 minute
+    python -m paper.experiments.measure_gc_stall --world placed   # two instances
 
 Each rollout submits 16 requests of 256 tokens on the world's engine, and 0.3 s in another thread forces
 gc.collect(), in the driver or in every instance's worker at once (collective_rpc); printed: how long the collection
@@ -86,20 +86,20 @@ def rollout_with_a_collection(engine, prompts, rid0: int, where: str = "driver",
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_gc_stall", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_gc_stall", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="default", help="the validation world (real_backend/validation_workloads.toml)")
     p.add_argument("--rounds", type=int, default=2, help="rollouts per setting (default 2)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
-    from .validation_workloads import world_arg
+    from real_backend.validation_workloads import world_arg
 
     world = world_arg(args.world)
     if world is None:
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .world import world_engine
+    from real_backend.world import world_engine
 
     with world_engine(world) as (_, _, prompts, engine):
         stream_queue = engine._q

@@ -1,6 +1,6 @@
 """Measure what training-side token pruning saves on the real GRPO trainer (real_backend/token_pruning.py).
 
-    python -m real_backend.measure_pruning --out real_backend/pruning_cpu.json
+    python -m paper.experiments.measure_pruning --out lssim/sim/data/pruning_cpu.json
 
 1. Rollouts: a few steps of the task on vLLM under the baseline policy, by the reference model (a trainer that
    only records what it is given: the weights stay fixed, so every step's batch is the same model's).
@@ -26,7 +26,7 @@ import pandas as pd
 
 from lssim.sim.train_profiled import ProfiledTrainCost
 
-from . import task
+from real_backend import task
 
 VARIANTS = {
     "baseline": None,
@@ -51,7 +51,7 @@ class _Capture:
 def rollouts(steps: int, groups_per_step: int, group_size: int, max_tokens: int, seed: int):
     from lssim.loop.controller import RunConfig
 
-    from .world import RealSetup, prepare, run_real, start_engine
+    from real_backend.world import RealSetup, prepare, run_real, start_engine
 
     setup = RealSetup()
     config = RunConfig(steps=steps, groups_per_step=groups_per_step, group_size=group_size, max_tokens=max_tokens, seed=seed)
@@ -67,8 +67,8 @@ def rollouts(steps: int, groups_per_step: int, group_size: int, max_tokens: int,
 
 
 def make_trainers(prompts, threads: int, seed: int) -> dict:
-    from .token_pruning import PruningGRPOTrainer
-    from .trainer import GRPOTrainer
+    from real_backend.token_pruning import PruningGRPOTrainer
+    from real_backend.trainer import GRPOTrainer
 
     common = dict(engine=None, prompts=prompts, lr=1e-6, recompute_logprobs=True, threads=threads, seed=seed)
     return {name: (GRPOTrainer(str(task.MODEL_DIR), **common) if cfg is None else
@@ -116,7 +116,7 @@ def factors(df: pd.DataFrame, profile: ProfiledTrainCost) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m real_backend.measure_pruning", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m paper.experiments.measure_pruning", description=__doc__.split("\n\n")[0],
                                  allow_abbrev=False)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=4)
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", default=str(Path(__file__).with_name("profile_trainer_cpu.json")))
+    ap.add_argument("--profile", default="real_backend/data/profile_trainer_cpu.json")
     args = ap.parse_args(argv)
     out = Path(args.out)
     profile = ProfiledTrainCost.from_json(args.profile, recompute_logprobs=True)
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         tr.train(steps[0], 0)
     df = measure(trainers, steps, args.repeats, np.random.default_rng(args.seed))
     result = {"kind": "PruningMeasurement", "version": 1,
-              "command": "python -m real_backend.measure_pruning " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": "python -m paper.experiments.measure_pruning " + " ".join(argv if argv is not None else sys.argv[1:]),
               "clock": "trainer CPU time (1 thread; a shared machine)", "recompute_logprobs": True,
               "batches": {"steps": args.steps, "groups_per_step": args.groups_per_step, "group_size": args.group_size,
                           "max_tokens": args.max_tokens, "sequences_trained_per_step": df[df.variant == "baseline"]

@@ -1,13 +1,13 @@
 """How much an engine instance slows down beside another one on the same host, by how loaded the other one is.
 
-    python -m real_backend.measure_neighbour              # the placed world's two instances; ~1 minute
-    python -m real_backend.measure_neighbour --rounds 8 --out runs/neighbour.parquet
-    python -m real_backend.measure_neighbour --grid --rounds 2   # every pair of loads 1..32 x 0..32; ~2 minutes
+    python -m paper.experiments.measure_neighbour              # the placed world's two instances; ~1 minute
+    python -m paper.experiments.measure_neighbour --rounds 8 --out runs/neighbour.parquet
+    python -m paper.experiments.measure_neighbour --grid --rounds 2   # every pair of loads 1..32 x 0..32; ~2 minutes
 
 Instance 0 runs the same cell every time, 2 requests of 256 tokens (the few sequences a step's tail leaves on an
 instance), while instance 1 is idle ("alone"), runs 2 requests of 256 tokens ("light"), 16 of 256 ("heavy"), or 16 of
 40 and then idles ("stagger": instance 0 alone after a busy start, as in a step's tail). The kinds run in a random
-order, `--rounds` times each. Printed: instance 0's median iteration time (real_backend.measure_run_vs_cell's
+order, `--rounds` times each. Printed: instance 0's median iteration time (paper.experiments.measure_run_vs_cell's
 IterationLog) while the other instance produced tokens within 10 ms ("beside a busy one") and while it did not.
 
 Why: the simulated twin of a two-instance world (lssim.sim.shared_host) slows every busy instance by one factor s_2 however
@@ -52,7 +52,7 @@ def measure(engine, rounds: int, seed: int = 5):
     instance-0 and instance-1 makespans; iterations: IterationLog's rows of instance 0, each with `other_busy`."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from real_backend.layout import _profiling, _run_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -88,7 +88,7 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
     the other idle), each `rounds` times in a random order: `with_other_load`'s iterations."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from real_backend.layout import _profiling, _run_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -165,7 +165,7 @@ def table(iterations: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_neighbour", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_neighbour", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed", help="a world of two instances in real_backend/validation_workloads.toml")
     p.add_argument("--rounds", type=int, default=5, help="cells of each kind (default 5)")
     p.add_argument("--out", help="also write the iterations here (parquet)")
@@ -175,8 +175,8 @@ def main(argv=None) -> int:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .validation_workloads import world_arg
-    from .world import world_engine
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import world_engine
 
     world = world_arg(args.world, 2)
     if world is None:

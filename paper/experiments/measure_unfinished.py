@@ -1,7 +1,7 @@
 """Issue 16: what a run's unfinished.parquet changes in its simulated twin (groups trained, per-step error).
 
-    python -m real_backend.measure_unfinished RUN [RUN ...]                 # recorded runs (`lssim real --out RUN`)
-    flock /tmp/lssim-vllm.lock python -m real_backend.measure_unfinished --record 3 --steps 4 --total-groups 32 \
+    python -m paper.experiments.measure_unfinished RUN [RUN ...]                 # recorded runs (`lssim real --out RUN`)
+    flock /tmp/lssim-vllm.lock python -m paper.experiments.measure_unfinished --record 3 --steps 4 --total-groups 32 \
         --out runs/unfinished                                               # record async runs first (one engine)
 
 Each run is replayed in its own mode (real_backend.validate_modes.compare_modes, the engine's and the trainer's
@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pandas as pd
 
-PROFILE = "real_backend/profile_cpu.json"
-TRAIN_PROFILE = "real_backend/profile_trainer_cpu.json"
+PROFILE = "real_backend/data/profile_cpu.json"
+TRAIN_PROFILE = "real_backend/data/profile_trainer_cpu.json"
 
 
 def twin_rows(folder, profile: str = PROFILE, train_profile: str = TRAIN_PROFILE) -> list[dict]:
     """The run in `folder` replayed with and without its unfinished.parquet: one row each (see the module)."""
     from lssim.analysis.fidelity import UNFINISHED_FILE, load_run
 
-    from .validate_modes import compare_modes
+    from real_backend.validate_modes import compare_modes
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -58,7 +58,7 @@ def record(n: int, steps: int, total_groups: int | None, out: Path) -> list[Path
     from lssim.loop.controller import RunConfig
     from lssim.loop.modes import ModeConfig
 
-    from .world import RealSetup, prepare, run_real, start_engine
+    from real_backend.world import RealSetup, prepare, run_real, start_engine
 
     setup = RealSetup(n_prompts=16)
     config = RunConfig(steps=steps, groups_per_step=4, group_size=4, max_tokens=96, total_groups=total_groups)
@@ -83,7 +83,7 @@ def record(n: int, steps: int, total_groups: int | None, out: Path) -> list[Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_unfinished", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_unfinished", description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", help="recorded run folders")
     p.add_argument("--record", type=int, default=0, metavar="N", help="record N async runs into --out first")
     p.add_argument("--steps", type=int, default=4)

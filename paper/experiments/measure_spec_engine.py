@@ -2,7 +2,7 @@
 same minutes: both engines up at once, their layout cells (real_backend.layout.measure_layout) run in turn, each
 round's factor against one profile, the order flipped every round so drift reaches both alike.
 
-    python -m real_backend.measure_spec_engine --rounds 3      # ~3 minutes here
+    python -m paper.experiments.measure_spec_engine --rounds 3      # ~3 minutes here
 
 Why: vLLM turns async scheduling off for n-gram speculation, so the validation's speculation world runs on another
 engine than the profile's even where nothing drafts. `lssim validate --reprofile` measures that engine against the
@@ -24,8 +24,8 @@ def measure(profile: str, rounds: int, length: int = 256) -> pd.DataFrame:
     from lssim.loop.controller import RunConfig
     from lssim.cost import ProfiledCostModel
 
-    from .layout import drafting_off, fit_layout, measure_layout
-    from .world import RealSetup, prepare, start_engine
+    from real_backend.layout import drafting_off, fit_layout, measure_layout
+    from real_backend.world import RealSetup, prepare, start_engine
 
     base = ProfiledCostModel.from_json(profile)
     config = RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=length)
@@ -49,8 +49,8 @@ def measure(profile: str, rounds: int, length: int = 256) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_spec_engine", description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", default="real_backend/validation/profile.json", help="the plain engine's profile")
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_spec_engine", description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default="paper/experiments/validation/profile.json", help="the plain engine's profile")
     p.add_argument("--rounds", type=int, default=3, help="rounds of both engines (default: 3)")
     args = p.parse_args(argv)
     if args.rounds < 1:

@@ -1,6 +1,6 @@
 """Measure the reference model's response-length distribution on a real vLLM engine.
 
-    VLLM_CPU_KVCACHE_SPACE=1 python -m real_backend.measure_task --prompts 64 --samples 8
+    VLLM_CPU_KVCACHE_SPACE=1 python -m paper.experiments.measure_task --prompts 64 --samples 8
 
 Samples `--samples` responses per prompt (temperature 1.0, max_tokens 512 by default) for the first
 `--prompts` prompts of prompts.jsonl and prints the figures quoted in TASK.md.

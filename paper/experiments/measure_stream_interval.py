@@ -1,12 +1,12 @@
 """What per-token streaming costs a two-instance rollout: the world's baseline recorded with vLLM sending each
 request's tokens every N (SamplingParams.stream_interval) instead of every token.
 
-    python -m real_backend.measure_stream_interval            # placed_history, N = 1, 8, 32, 4 rounds; ~4 minutes
+    python -m paper.experiments.measure_stream_interval            # placed_history, N = 1, 8, 32, 4 rounds; ~4 minutes
 
 Each round records the world's baseline once per N on one engine (interleaved, so the machine's drift reaches every N
 alike). Printed per N, the median over the rounds: the rollout seconds (summed over the run's steps), the driver's
 CPU per wall-second (psutil; the trainer is in it), and the std of instance 0's last finish minus instance 1's per
-step (real_backend.measure_driver_core.instance_ends); and in how many rounds N's rollout was shorter than N = 1's.
+step (paper.experiments.measure_driver_core.instance_ends); and in how many rounds N's rollout was shorter than N = 1's.
 
 Why: every token of every request wakes the driver (vLLM's output handler, one drain task per request, the
 controller's queue), on a host where the driver shares its cores with the instances (real_backend/README.md, "Two
@@ -28,7 +28,7 @@ def measure(world, intervals: list[int], rounds: int) -> pd.DataFrame:
     """One row per recorded run: interval, round, rollout_s, driver_cpu, finish_diff_std."""
     from .measure_cpu_share import share
     from .measure_driver_core import instance_ends
-    from .world import prepare, run_real, world_engine
+    from real_backend.world import prepare, run_real, world_engine
 
     rows = []
     with world_engine(world) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
@@ -62,7 +62,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_stream_interval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_stream_interval", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed_history", help="a world of two instances (default placed_history)")
     p.add_argument("--intervals", default="1,8,32", help="the stream intervals N, comma-separated (default 1,8,32)")
     p.add_argument("--rounds", type=int, default=4, help="runs per interval (default 4)")
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         print("error: --rounds must be >= 1", file=sys.stderr)
         return 2
-    from .validation_workloads import world_arg
+    from real_backend.validation_workloads import world_arg
 
     world = world_arg(args.world, 2)
     if world is None:

@@ -2,7 +2,7 @@
 token streams, the trainer), vLLM's engine-core processes and its workers, per wall-second, over recorded runs and
 over the speed probe (real_backend.speed_probe).
 
-    python -m real_backend.measure_cpu_share            # the placed world: baseline and seer, 3 rounds; ~2 minutes
+    python -m paper.experiments.measure_cpu_share            # the placed world: baseline and seer, 3 rounds; ~2 minutes
 
 Why: on a 2-core host every phase keeps both cores full (vLLM's workers and engine cores busy-wait on each other's
 shared-memory queues for a second after each message), so what slows a step is which process holds a core when a
@@ -44,14 +44,14 @@ def share(work) -> tuple[float, dict[str, float]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_cpu_share", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_cpu_share", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="rounds of (baseline run, seer run, two probes); default 3")
     p.add_argument("--world", default="placed", help="the validation world (real_backend/validation_workloads.toml)")
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from .speed_probe import measure_probe
-    from .validation_workloads import world_arg
-    from .world import prepare, run_real, world_engine
+    from real_backend.speed_probe import measure_probe
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import prepare, run_real, world_engine
 
     world = world_arg(args.world)
     if world is None:

@@ -1,9 +1,9 @@
 """Which instance finishes a two-instance step last, with the driver process free to move or held on one core.
 
-    python -m real_backend.measure_driver_core              # placed_history baseline, 3 rounds; ~3 minutes
+    python -m paper.experiments.measure_driver_core              # placed_history baseline, 3 rounds; ~3 minutes
 
 The driver is this process: the controller, the policy, the token streams of both instances and the trainer (0.22-0.49
-of a core, real_backend.measure_cpu_share). Each round records the world's baseline three times on one engine: with
+of a core, paper.experiments.measure_cpu_share). Each round records the world's baseline three times on one engine: with
 the driver free (the OS places it), with all its threads held on CPU 0, and on CPU 1 (os.sched_setaffinity, after
 the run's inputs are checked and before it starts; released after). Printed per setting: the steps, how often
 instance 0 finished last, and the median and spread of instance 0's last finish minus instance 1's.
@@ -58,7 +58,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 def measure(world, rounds: int) -> pd.DataFrame:
     """Per step of every run: instance_ends, with its setting and round (`world`: a World of two instances)."""
-    from .world import prepare, run_real, world_engine
+    from real_backend.world import prepare, run_real, world_engine
 
     every = os.sched_getaffinity(0)
     rows = []
@@ -79,7 +79,7 @@ def measure(world, rounds: int) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m real_backend.measure_driver_core", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_driver_core", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed_history", help="a world of two instances (default placed_history)")
     p.add_argument("--rounds", type=int, default=3, help="runs per setting (default 3)")
     args = p.parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
         print("error: needs Linux and CPUs 0 and 1 available to this process", file=sys.stderr)
         return 2
-    from .validation_workloads import world_arg
+    from real_backend.validation_workloads import world_arg
 
     world = world_arg(args.world, 2)
     if world is None:

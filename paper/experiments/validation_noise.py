@@ -1,8 +1,8 @@
 """How much of the real-engine validation's error is the machine's noise, and does the speed probe help, pooled
 over every validation whose outputs are kept.
 
-    python -m lssim.benchmarks.validation_noise                       # the folders shipped in real_backend/validation
-    python -m lssim.benchmarks.validation_noise runs/v1 runs/v2       # any `lssim validate --out` folders
+    python -m paper.experiments.validation_noise                       # the pooled folders of validations.toml
+    python -m paper.experiments.validation_noise runs/v1 runs/v2       # any `lssim validate --out` folders
 
 Per folder and policy: the step error (median / p90 %) with the profile alone and at the probed speed level
 (summary.csv), and the noise floor, what an exact model would score against the same repeats
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +24,19 @@ import pandas as pd
 
 from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
 
-SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
-           "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
-           "real_backend/validation/noise", "real_backend/validation/until", "real_backend/validation/until2",
-           "real_backend/validation/placed", "real_backend/validation/lpt", "real_backend/validation/until3",
-           "real_backend/validation/until4", "real_backend/validation/full5",
-           "real_backend/validation/spec-until", "real_backend/validation/until5", "real_backend/validation/subset5",
-           "real_backend/validation/full6", "real_backend/validation/subset6",
-           "real_backend/validation/full7", "real_backend/validation/full8",
-           "real_backend/validation/subset7", "real_backend/validation/driver")
+MANIFEST = Path(__file__).with_name("validations.toml")
+
+
+def manifest(path=MANIFEST) -> list[dict]:
+    """The entries of the validation manifest (validations.toml), in its order: name, path, command, date, commit,
+    measured, pooled, and where known headline and note."""
+    with open(path, "rb") as f:
+        return tomllib.load(f)["validation"]
+
+
+def pooled_folders(path=MANIFEST) -> list[str]:
+    """The folders the manifest marks pooled, as paths from the repository root, in its order."""
+    return [entry["path"] for entry in manifest(path) if entry["pooled"]]
 
 
 def folder_table(folder) -> pd.DataFrame:
@@ -92,10 +97,10 @@ def pooled(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lssim.benchmarks.validation_noise", description=__doc__.split("\n\n")[0])
-    p.add_argument("folders", nargs="*", help="`lssim validate --out` folders (default: the shipped ones that exist)")
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.validation_noise", description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="*", help="`lssim validate --out` folders (default: those validations.toml pools that exist)")
     args = p.parse_args(argv)
-    folders = args.folders or [f for f in SHIPPED if Path(f, "summary.csv").is_file()]
+    folders = args.folders or [f for f in pooled_folders() if Path(f, "summary.csv").is_file()]
     try:
         rows = pd.concat([folder_table(f) for f in folders])
     except ValueError as e:
