@@ -559,7 +559,7 @@ SUBSET_REPEATS_FACTOR = 3  # a subset's validation records up to this many times
 def default_max_repeats(args) -> int | None:
     """--max-repeats where it is not given: for a subset of policies recorded here, SUBSET_REPEATS_FACTOR x --repeats, so
     that its verdict does not hang on the hour (at 5 repeats this VM's noise alone put an exact model at 6.5-7% median
-    in one hour and within the 3% goal in the next: real_backend/validation/subset5 and until5); with --full or
+    in one hour and within the 3% goal in the next: paper/experiments/validation/subset5 and until5); with --full or
     --policies all (about 100 runs a repeat), or with --runs, --repeats exactly."""
     if args.max_repeats is not None or args.runs or args.full or args.policies.strip() == "all":
         return args.max_repeats

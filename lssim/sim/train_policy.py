@@ -7,8 +7,8 @@ saving a policy falls back on where the world has no tokens, and how the trainer
 The simulator knows each response's length and reward, not its tokens, so a policy that decides per token (G2TP
 scores |advantage| x (1 - p_old) per token; micro-entropy pruning reads per-token surprisal) cannot decide there.
 It gives counts instead (`measured_mask`): the share of loss tokens it prunes and the share of forward tokens the
-real trainer still ran over when it pruned that way, measured by `python -m real_backend.measure_pruning`
-(real_backend/pruning_cpu.json). The cut is spread over the responses' suffixes in proportion to their lengths
+real trainer still ran over when it pruned that way, measured by `python -m paper.experiments.measure_pruning`
+(lssim/sim/data/pruning_cpu.json). The cut is spread over the responses' suffixes in proportion to their lengths
 (an assumption: the real trainer drops whole sequences and cuts uneven suffixes). What is priced is then the
 trainer's own cost model over the shortened sequences, so padding, packing and attention follow the lengths.
 
@@ -73,7 +73,7 @@ def measured_mask(batch: TrainBatch, computed_fraction: float, pruned_fraction: 
 
 
 def _load(path) -> dict:
-    """A PruningMeasurement JSON (real_backend/measure_pruning.py); ValueError naming the file."""
+    """A PruningMeasurement JSON (paper/experiments/measure_pruning.py); ValueError naming the file."""
     try:
         payload = json.loads(Path(path).read_text())
     except FileNotFoundError:
