@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from lssim.analysis.fidelity import FINISH_QUANTILES as BANDS  # the finish bands lssim.analysis.fidelity.finish_profile reports
+from lssim.analysis.fidelity.compare import FINISH_QUANTILES as BANDS  # the finish bands lssim.analysis.fidelity.compare.finish_profile reports
 
 
 def band_medians(finish) -> list[float]:

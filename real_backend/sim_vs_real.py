@@ -105,7 +105,7 @@ def load_recorded(folder):
     writes it after every step, in every mode) where it is of the run's last recorded step; else, for folders
     recorded before it was written (or one a kill left a step ahead of steps.parquet), from the checkpoint
     (collocated runs only; others then go without, and their twin fills the holes from the groups' members)."""
-    from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run
+    from lssim.analysis.fidelity.run import UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run
 
     run = load_run(folder)
     last = int(run.steps["step"].iloc[-1])
@@ -129,7 +129,7 @@ def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
     """The responses carried out of the run's step `last_step`, from the checkpoint `lssim real` writes after every
     step (real_backend.checkpoint: the controller's carried responses); empty when there is none, it cannot be read,
     or it was written after another step."""
-    from lssim.analysis.fidelity import UNFINISHED_COLUMNS
+    from lssim.analysis.fidelity.run import UNFINISHED_COLUMNS
 
     from .checkpoint import CHECKPOINT, load_checkpoint
 
@@ -155,8 +155,8 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup). The
     per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe)."""
-    from lssim.analysis.fidelity import (compare, compare_phases, ends_rollouts, fidelity_table, length_distance, median_over_repeats,
-                                replay_run, speedup_by_repeat, with_real_cuts)
+    from lssim.analysis.fidelity.compare import compare, compare_phases, fidelity_table, length_distance, median_over_repeats, speedup_by_repeat
+    from lssim.analysis.fidelity.run import ends_rollouts, replay_run, with_real_cuts
 
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
     step_frames, response_frames, cut_frames, groups, first_sim, group_rows, phase_frames = [], [], [], {}, {}, [], []
@@ -246,7 +246,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
     if probed is not None:
         rows.append(_stage_row("+ speed level from probes around each run", probed["steps"], probed["summary"], str(profile)))
     if "baseline" in runs and len(runs) > 1:  # the profile again, its level set by the baseline's recorded runs
-        from lssim.analysis.fidelity import anchor_on_baseline, median_over_repeats
+        from lssim.analysis.fidelity.compare import anchor_on_baseline, median_over_repeats
 
         anchored, _ = median_over_repeats(anchor_on_baseline(profiled["steps_by_repeat"]))
         per_policy = anchored.groupby("policy")["ape_pct"]
@@ -283,7 +283,8 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     acted on the real engine (lssim.analysis.fidelity.acted against its world's baseline, median over the repeats) and
     the real engine's run-to-run spread of its step times, and its errors with the world's speed level taken from
     the world's baseline (lssim.analysis.fidelity.anchor_on_baseline; the frame "anchored") (lssim.analysis.fidelity.policy_summary)."""
-    from lssim.analysis.fidelity import acted, anchor_on_baseline, median_over_repeats, policy_summary
+    from lssim.analysis.fidelity.compare import acted, anchor_on_baseline, median_over_repeats
+    from lssim.analysis.fidelity.summary import policy_summary
 
     joined: dict[str, list[pd.DataFrame]] = {}
     acted_rows = []
@@ -573,7 +574,7 @@ def enough_repeats(measured: pd.DataFrame, done: int, minimum: int, maximum: int
     both the per-step errors (lssim.analysis.fidelity.noise_floor) and the speedup over the world's baseline@world
     (lssim.analysis.fidelity.speedup_noise_floor, in points of the seconds' ratio). Prints the floors after each repeat beyond
     the minimum."""
-    from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, noise_floor, speedup_noise_floor, step_errors_within_goal
+    from lssim.analysis.fidelity.noise import TARGET_SPEEDUP_POINTS, noise_floor, speedup_noise_floor, step_errors_within_goal
 
     if done < minimum:
         return False
@@ -663,7 +664,7 @@ def _measure_engine(engine, setup, out: Path, profile_to: str, profile_first: bo
 
 
 def _write(frames: dict, out: Path, profile: str) -> None:
-    from lssim.analysis.fidelity import fidelity_markdown, phases_markdown
+    from lssim.analysis.fidelity.report import fidelity_markdown, phases_markdown
     from lssim.results import atomic_write
 
     for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed", "phases"):
@@ -686,7 +687,7 @@ def _write(frames: dict, out: Path, profile: str) -> None:
 
 def _report(frames: dict, out: Path, as_json: bool) -> int:
     """Print the tables (to stderr with --json, which prints one JSON object on stdout); 1 if a policy did not act."""
-    from lssim.analysis.fidelity import policy_results, unacted
+    from lssim.analysis.fidelity.summary import policy_results, unacted
     from lssim.analysis.tables import format_fidelity
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"

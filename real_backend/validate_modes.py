@@ -55,7 +55,7 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
     twin's steps train more groups than the run's did (an async step trains whatever has ended), it gets there
     first. A run's step the twin never reached (in no repeat) keeps its measured row, with `in_twin` False, predicted
     seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
-    from lssim.analysis.fidelity import replay_run
+    from lssim.analysis.fidelity.run import replay_run
 
     from .sim_vs_real import run_prompts
 

@@ -14,7 +14,7 @@ import pytest
 
 from lssim.loop.controller import RunConfig
 from lssim.cost import ProfiledCostModel
-from lssim.analysis.fidelity import RecordedRun, replay_run
+from lssim.analysis.fidelity.run import RecordedRun, replay_run
 from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.trace import load_trace
 from lssim.traces.workload import Workload
@@ -192,7 +192,8 @@ def test_validation_reports_the_level_the_probed_twin_and_a_stage_for_the_probe(
     summary adds each policy's median speed level and its errors at that level, the JSON both, stages.csv a row
     for the probe. The runs were recorded 1.25x slower than the profile, as their probes say: the profile alone is
     20% short, the probed twin exact."""
-    from lssim.analysis.fidelity import fidelity_markdown, policy_results
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_results
     from real_backend import sim_vs_real
     from real_backend.speed_probe import write_reference
 

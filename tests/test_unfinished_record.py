@@ -18,7 +18,7 @@ import pytest
 from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.core import Request
 from lssim.cost import ProfiledCostModel
-from lssim.analysis.fidelity import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
+from lssim.analysis.fidelity.run import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
 from lssim.loop.policy import make_policy
 from lssim.analysis.replay import SimSetup
 from lssim.traces.trace import load_trace

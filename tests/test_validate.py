@@ -20,7 +20,8 @@ from lssim.loop.controller import RunConfig
 from lssim.cost import ProfiledCostModel
 from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.trace import load_trace
-from lssim.analysis.fidelity import RecordedRun, compare, fidelity_table, length_distance, load_run, replay_run
+from lssim.analysis.fidelity.compare import compare, fidelity_table, length_distance
+from lssim.analysis.fidelity.run import RecordedRun, load_run, replay_run
 from lssim.traces.workload import Workload
 
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
@@ -82,7 +83,7 @@ def test_fidelity_table_errors_and_speedup():
 
 
 def test_median_over_repeats_takes_medians_apart_and_measures_the_spread():
-    from lssim.analysis.fidelity import median_over_repeats
+    from lssim.analysis.fidelity.compare import median_over_repeats
 
     rows = []
     for k, (measured, predicted) in enumerate([(1.0, 1.1), (1.2, 1.0), (1.1, 0.9)]):
@@ -104,7 +105,7 @@ def _repeats(rng, sigma: float, steps: int, repeats: int, policy: str = "p") -> 
 
 
 def test_the_noise_floor_is_what_an_exact_model_scores_against_noisy_repeats():
-    from lssim.analysis.fidelity import noise_floor
+    from lssim.analysis.fidelity.noise import noise_floor
 
     rng = np.random.default_rng(7)
     sigma, steps, k = 0.10, 10, 5
@@ -122,7 +123,7 @@ def test_the_noise_floor_is_what_an_exact_model_scores_against_noisy_repeats():
 @settings(max_examples=15, deadline=None)
 @given(sigma=st.floats(0.02, 0.3), seed=st.integers(0, 2**16))
 def test_the_noise_floor_falls_with_repeats_and_rises_with_noise(sigma, seed):
-    from lssim.analysis.fidelity import noise_floor
+    from lssim.analysis.fidelity.noise import noise_floor
 
     rng = np.random.default_rng(seed)
     # 40 steps: the spread each policy's floor is estimated from is then steady enough that a 2x (repeats) or 3x
@@ -141,7 +142,7 @@ def test_the_noise_floor_falls_with_repeats_and_rises_with_noise(sigma, seed):
 
 
 def test_the_noise_floor_of_one_repeat_or_of_identical_repeats():
-    from lssim.analysis.fidelity import noise_floor
+    from lssim.analysis.fidelity.noise import noise_floor
 
     one = pd.DataFrame({"policy": "p", "step": [0, 1], "repeat": 0, "measured_seconds": [1.0, 2.0]})
     assert noise_floor(one).loc["p"].isna().all()  # one repeat: no spread to speak of
@@ -163,7 +164,7 @@ def _speedup_repeats(rng, sigma: float, steps: int, k: int, speedup: float, worl
 def test_the_speedup_noise_floor_is_what_an_exact_model_scores_against_noisy_repeats():
     """An exact model predicts the true speedup; against per-step medians of noisy repeats it is off by some points.
     From the repeats alone, speedup_noise_floor says how many: typically (the floor) and at worst (the 95% bound)."""
-    from lssim.analysis.fidelity import speedup_noise_floor
+    from lssim.analysis.fidelity.noise import speedup_noise_floor
 
     rng = np.random.default_rng(11)
     scored, floors, bounds = [], [], []
@@ -182,7 +183,7 @@ def test_the_speedup_noise_floor_is_what_an_exact_model_scores_against_noisy_rep
 @settings(max_examples=15, deadline=None)
 @given(sigma=st.floats(0.02, 0.3), seed=st.integers(0, 2**16))
 def test_the_speedup_noise_floor_falls_with_repeats_and_grows_with_noise_and_speedup(sigma, seed):
-    from lssim.analysis.fidelity import speedup_noise_floor
+    from lssim.analysis.fidelity.noise import speedup_noise_floor
 
     rng = np.random.default_rng(seed)
     rows = pd.concat([_speedup_repeats(rng, sigma, 40, 5, 1.5, "few"), _speedup_repeats(rng, sigma, 40, 20, 1.5, "many"),
@@ -196,7 +197,7 @@ def test_the_speedup_noise_floor_falls_with_repeats_and_grows_with_noise_and_spe
 
 
 def test_the_speedup_noise_floor_of_identical_repeats_one_repeat_or_no_baseline():
-    from lssim.analysis.fidelity import speedup_noise_floor
+    from lssim.analysis.fidelity.noise import speedup_noise_floor
 
     same = pd.DataFrame({"policy": ["baseline@w"] * 4 + ["p@w"] * 4, "step": [0, 0, 1, 1] * 2, "repeat": [0, 1] * 4,
                          "measured_seconds": [2.0, 2.0, 4.0, 4.0, 1.0, 1.0, 2.0, 2.0]})
@@ -209,7 +210,7 @@ def test_the_speedup_noise_floor_of_identical_repeats_one_repeat_or_no_baseline(
     assert speedup_noise_floor(same.assign(world="w", policy=same["policy"].str.replace("baseline@w", "reference"))).empty
 
 def test_anchor_on_baseline_takes_the_machines_speed_from_the_reference_and_drops_it():
-    from lssim.analysis.fidelity import anchor_on_baseline
+    from lssim.analysis.fidelity.compare import anchor_on_baseline
 
     rows = []
     for step, measured in enumerate([1.2, 1.2, 1.2, 1.2, 1.8]):  # the machine 20% slow; one step an outlier
@@ -430,7 +431,7 @@ BASE_ROWS = [(s, s, p, k, 64, "stop", 0.01, -1) for s in (0, 1) for p in (0, 1) 
 
 
 def test_acted_counts_each_changed_response_once_and_the_baseline_zero():
-    from lssim.analysis.fidelity import ACTED_KINDS, acted
+    from lssim.analysis.fidelity.compare import ACTED_KINDS, acted
 
     base = _run("baseline", BASE_ROWS)
     assert acted(base, base) == {**{k: 0 for k in ACTED_KINDS}, "acted": 0, "responses": 8}
@@ -459,7 +460,7 @@ def test_acted_counts_each_changed_response_once_and_the_baseline_zero():
 def test_acted_counts_the_responses_of_steps_the_engine_drafted_in():
     from dataclasses import replace
 
-    from lssim.analysis.fidelity import acted
+    from lssim.analysis.fidelity.compare import acted
 
     base = _run("baseline", BASE_ROWS)
     run = _run("tlt", BASE_ROWS)
@@ -488,7 +489,8 @@ def _summary():
 
 
 def test_policy_summary_json_and_markdown_report_acted_spread_and_the_goal():
-    from lssim.analysis.fidelity import fidelity_markdown, policy_results, policy_summary, unacted
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_results, policy_summary, unacted
 
     summary = policy_summary(*_summary())
     assert summary.loc["p", "acted"] == 4 and summary.loc["p", "acted_min"] == 3  # the median repeat, and the fewest
@@ -506,7 +508,9 @@ def test_policy_summary_json_and_markdown_report_acted_spread_and_the_goal():
 
 
 def test_policy_summary_reports_the_noise_floor_and_a_miss_within_it():
-    from lssim.analysis.fidelity import fidelity_markdown, noise_floor, policy_results, policy_summary
+    from lssim.analysis.fidelity.noise import noise_floor
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_results, policy_summary
 
     table, acted_rows, noise = _summary()
     table.loc["q", "speedup_error_points"] = -1.0  # q's speedup within the goal: only its step error is in question
@@ -530,7 +534,8 @@ def test_a_miss_within_noise_at_the_worlds_level_reads_within_noise():
     """A slow hour puts the profile alone 30% off; at the world's level (set by its baseline) q is 10% off one step,
     which repeats 25% apart cannot tell from an exact model: within noise. The same at every level outside the bound
     is a miss."""
-    from lssim.analysis.fidelity import fidelity_markdown, policy_summary
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_summary
 
     table, acted_rows, noise = _summary()
     table.loc["q", "speedup_error_points"] = -1.0
@@ -556,7 +561,7 @@ def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp
     """The small subset's one-instance worlds (breaker: a 512-token budget; hadb: a 32-prompt pool revisited), each
     beside its world's baseline, fewer steps than the table's: each acts, and the JSON has its fields. (seer's
     world needs a two-instance engine: `lssim validate --policies ci` runs it.)"""
-    from lssim.analysis.fidelity import policy_results, unacted
+    from lssim.analysis.fidelity.summary import policy_results, unacted
     from real_backend.sim_vs_real import validate_worlds
     from real_backend.validation_workloads import load_workloads
     from real_backend.world import RealSetup, prepare, run_real
@@ -590,7 +595,7 @@ def test_real_cut_points_replayed_on_the_recording_model(tmp_path, policy):
     """with_real_cuts ends each simulated rollout where the recorded run ended it (once every response it ended has
     ended, or as many) and leaves every other decision to the policy: replayed on the model it was recorded with,
     no cut comes earlier than the recorded one, and where the trace holds every length the run is reproduced."""
-    from lssim.analysis.fidelity import ends_rollouts, with_real_cuts
+    from lssim.analysis.fidelity.run import ends_rollouts, with_real_cuts
 
     other = tmp_path / "other.json"
     ProfiledCostModel(c0=9e-3, c1=2e-5, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5).to_json(other, meta={"command": "test"})
@@ -943,7 +948,7 @@ def test_the_validation_noise_benchmark_reads_shipped_validations_and_names_a_ba
 
 
 def test_the_fidelity_table_of_a_folder_written_before_the_speedup_noise_floor_gets_it_from_its_repeats():
-    from lssim.analysis.fidelity import markdown_from
+    from lssim.analysis.fidelity.report import markdown_from
 
     text = markdown_from("real_backend/validation/full5")  # its summary.csv has no speedup_noise_* columns
     assert "(an exact model's 95% bound)" in text
@@ -955,7 +960,8 @@ def test_the_fidelity_table_of_a_folder_written_before_the_speedup_noise_floor_g
 def test_policy_summary_reads_a_speedup_miss_against_the_speedups_own_noise():
     """A speedup 8 points off: outside the 5-point goal, but where the repeats' noise puts an exact model's speedup
     further off than that 1 time in 20, it is within noise; the bound is in the JSON and the markdown."""
-    from lssim.analysis.fidelity import fidelity_markdown, policy_results, policy_summary
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_results, policy_summary
 
     table, acted_rows, noise = _summary()
     table.loc["q", "speedup_error_points"] = -1.0
@@ -1021,7 +1027,7 @@ def test_a_subset_validation_records_up_to_three_times_its_repeats_until_testabl
 
 
 def test_the_finish_profile_is_flat_for_a_speed_level_and_humped_for_a_mispriced_phase():
-    from lssim.analysis.fidelity import finish_profile
+    from lssim.analysis.fidelity.compare import finish_profile
 
     rng = np.random.default_rng(1)
     rows = []
@@ -1069,7 +1075,7 @@ def test_iteration_log_groups_an_instances_tokens_into_its_iterations():
 def test_instance_phases_split_each_step_into_the_shared_part_and_the_tail():
     """A step is shared while every instance it used is busy, then the last one's tail; a response counts in the
     step it ended in, an unfinished one not at all, and a step on one instance has no tail."""
-    from lssim.analysis.fidelity import instance_phases
+    from lssim.analysis.fidelity.compare import instance_phases
 
     trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1, 1, 1],
                           "end_step": [0, 0, 0, 0, 1, 1, 1, 1, 1],
@@ -1086,7 +1092,7 @@ def test_instance_phases_split_each_step_into_the_shared_part_and_the_tail():
 def test_admission_runs_from_a_steps_first_submission_to_the_last_first_token_of_its_opening_requests():
     """The opening requests of a step are those submitted before its first token; one submitted later (a refill, a
     requeue) is not waited for. A response counts in the step it ended in, with the times of its last submission."""
-    from lssim.analysis.fidelity import admission_seconds, instance_phases
+    from lssim.analysis.fidelity.compare import admission_seconds, instance_phases
 
     trace = pd.DataFrame({"step": [0, 0, 0, 0, 0, 1, 1],
                           "end_step": [0, 0, 0, 0, 1, 1, 1],  # the fifth: carried, resumed at step 1's opening
@@ -1103,7 +1109,8 @@ def test_the_twin_admits_a_steps_opening_requests_as_one_prefill_and_the_table_r
     """Replayed on the profile it was recorded on, a run's admission and generation are predicted exactly; the
     twin's admission of a step's opening requests is one prefill of their prompts and the iteration that admits
     them. A twin whose engine runs 1.5x faster predicts generation 1.5x short: the table's ratio reads 1.5."""
-    from lssim.analysis.fidelity import compare_phases, phases_markdown, phases_table
+    from lssim.analysis.fidelity.compare import compare_phases, phases_table
+    from lssim.analysis.fidelity.report import phases_markdown
 
     base = tmp_path / "profile.json"
     MODEL.to_json(base, meta={"command": "test"})
@@ -1125,7 +1132,8 @@ def test_the_twin_admits_a_steps_opening_requests_as_one_prefill_and_the_table_r
 def test_compare_phases_finds_a_twin_exact_and_places_a_host_slowdown_in_the_shared_part(tmp_path):
     """A two-instance run replayed on the profile it was recorded on: every phase predicted exactly. Priced on a
     shared host that slows busy instances 1.5x and an alone one not at all, the shared part is predicted slower."""
-    from lssim.analysis.fidelity import compare_phases, phases_markdown, phases_table
+    from lssim.analysis.fidelity.compare import compare_phases, phases_table
+    from lssim.analysis.fidelity.report import phases_markdown
 
     base = tmp_path / "profile.json"
     MODEL.to_json(base, meta={"command": "test"})

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
+from lssim.analysis.fidelity.compare import finish_profile
+from lssim.analysis.fidelity.noise import TARGET_SPEEDUP_POINTS, noise_floor, step_errors_within_goal
+from lssim.analysis.fidelity.summary import load_summary
 
 SHIPPED = ("real_backend/validation", "real_backend/validation/full2", "real_backend/validation/full3",
            "real_backend/validation/full4", "real_backend/validation/probe", "real_backend/validation/probe2",
