@@ -52,7 +52,7 @@ def measure(engine, rounds: int, seed: int = 5):
     instance-0 and instance-1 makespans; iterations: IterationLog's rows of instance 0, each with `other_busy`."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from .cells import serving_exactly as _profiling, time_cell as _run_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -88,7 +88,7 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
     the other idle), each `rounds` times in a random order: `with_other_load`'s iterations."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from .cells import serving_exactly as _profiling, time_cell as _run_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)

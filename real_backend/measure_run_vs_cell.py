@@ -45,7 +45,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     kind of request as a run's)."""
     from lssim.loop.core import Request
 
-    from .layout import _profiling, _run_cell
+    from .cells import serving_exactly as _profiling, time_cell as _run_cell
 
     cell_prompts: dict[int, list[int]] = {}
     with _profiling(engine, cell_prompts):

@@ -35,7 +35,7 @@ def measure(engine, profile, sizes=SIZES, rounds: int = 4, seed: int = 3) -> pd.
     from lssim.loop.core import Request
     from lssim.cost import ProfiledCostModel
 
-    from .layout import _profiling, _run_cell
+    from .cells import serving_exactly as _profiling, time_cell as _run_cell
 
     base = ProfiledCostModel.from_json(profile)
     rng = np.random.default_rng(seed)

@@ -20,7 +20,7 @@ from lssim.traces.trace import load_trace
 from lssim.traces.workload import Workload
 from policies.segment import Segment
 
-from test_validate import REAL_TRACE, _setup, profile  # noqa: F401 (profile: the validation tests' profile fixture)
+from fidelity_helpers import REAL_TRACE, profile, twin_setup  # noqa: F401 (profile: the validation tests' profile fixture)
 
 SPEC = "segment(window=32)"
 
@@ -44,7 +44,7 @@ def _recorded(profile, seed: int, steps: int = 4) -> RecordedRun:
     source = load_trace(REAL_TRACE)
     config = RunConfig(steps=steps, groups_per_step=8, group_size=4, max_tokens=256, seed=seed)
     policy = _Watched()
-    result = simulate(Workload(source, seed=seed), policy, _setup(profile), config=config, prompts=Workload(source, seed=seed))
+    result = simulate(Workload(source, seed=seed), policy, twin_setup(profile), config=config, prompts=Workload(source, seed=seed))
     left = [r for r in policy.seen.values() if not r.done]
     unfinished = pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
                                 r.tokens_before_resume, r.max_tokens) for r in left], columns=UNFINISHED_COLUMNS)
@@ -53,7 +53,7 @@ def _recorded(profile, seed: int, steps: int = 4) -> RecordedRun:
 
 
 def _replay(run, profile, seed):
-    return replay_run(run, _setup(profile), prompts=Workload(load_trace(REAL_TRACE), seed=seed))
+    return replay_run(run, twin_setup(profile), prompts=Workload(load_trace(REAL_TRACE), seed=seed))
 
 
 @settings(max_examples=6, deadline=None)

@@ -27,7 +27,7 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         record real runs, each policy in a world where it acts (real_backend/validation_workloads.toml), or take
         recorded ones; replay each in the simulator, report the error and how much each policy acted
         (with --mode: end-to-end step time per execution mode, real_backend/validate_modes.py)
-        (real_backend/sim_vs_real.py, lssim.analysis.fidelity)
+        (real_backend/validate_command.py, lssim.analysis.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
         turn a framework's rollout dump into an lssim trace (lssim.traces.importers)
     lssim plan TRACE --devices N [cluster options]

@@ -330,4 +330,5 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "report": (add_report, _run_report),
     "import": (add_import, _run_import),
 }
-"""Command name -> (the function that adds its parser, its handler); `lssim --help` lists them in this order."""
+"""Command name -> (the function that adds its parser, its handler); `lssim --help` lists them in this order. The
+handlers keep their names: `lssim replay --out` writes its arguments into meta.json, the handler (``func``) among them."""

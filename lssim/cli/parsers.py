@@ -216,7 +216,7 @@ REAL_BACKEND = {
                 "Start the vLLM engine, time decode iterations over a grid of running batch sizes and contexts "
                 "and the time to first token of each batch, fit lssim.cost.ProfiledCostModel, and write it as JSON "
                 "(use it with `lssim replay --profile FILE`); the measurements go beside it as parquet."),
-    "validate": ("real_backend.sim_vs_real", "record real runs (or take recorded ones), replay each in the simulator, report the error",
+    "validate": ("real_backend.validate_command", "record real runs (or take recorded ones), replay each in the simulator, report the error",
                  "For each policy, run it on the real vLLM backend (or take a run recorded by `lssim real`), "
                  "replay its trace in the simulator with the same policy, seeds and a profiled cost model, and compare "
                  "step by step: rollout makespan, finish order and times, tokens, and the speedup over baseline. "

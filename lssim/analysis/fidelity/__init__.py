@@ -8,6 +8,6 @@
 
 The modules: run (a recorded run and its twin), compare (real against predicted), noise (the goal, and what an exact
 model would score against the repeats), summary (per policy, what `lssim validate` reports) and report (markdown and
-plots). `real_backend/sim_vs_real.py` (`lssim validate`) records the runs, replays them and prints these tables.
+plots). `lssim validate` (real_backend/validate_command.py) records the runs, replays them and prints these tables.
 Nothing here needs vLLM. `python -m lssim.analysis.fidelity FOLDER` prints a validation folder's fidelity table.
 """

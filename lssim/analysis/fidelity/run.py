@@ -16,19 +16,11 @@ from lssim.traces.trace import load_trace
 
 
 RUN_FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
-
-
 KEY = ["step", "prompt_id", "sample_idx"]
-
-
 # A response the run left unfinished at its end: its key, group, prompt, its tokens so far (`generated`, of which
 # `tokens_before_resume` came in earlier steps) and its budget.
 UNFINISHED_COLUMNS = [*KEY, "group_id", "prompt_len", "generated", "tokens_before_resume", "max_tokens"]
-
-
 UNFINISHED_FILE = "unfinished.parquet"  # where a run folder may keep them (load_run reads it if present)
-
-
 UNFINISHED_AT_END = "unfinished at run end"  # the stop_reason of their rows in the twin's trace
 
 
