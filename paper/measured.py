@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.cost.operator_fit import STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
-from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
+from lssim.analysis.fidelity.noise import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 from paper.experiments.validation_noise import folder_table, pooled, pooled_folders, speedups_pooled
 

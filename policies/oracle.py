@@ -12,7 +12,7 @@ import numpy as np
 from lssim.sim.assign import least_work
 from lssim.loop.columns import rid_order
 from lssim.loop.policy import Policy, PolicyNeeds
-from lssim.traces.workload import loader_key, loader_keys
+from lssim.traces.workload_index import loader_key, loader_keys
 
 
 class Oracle(Policy):

@@ -46,7 +46,7 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
-from .profile import longtail_lengths
+from .cells import longtail_lengths, serving_exactly, time_cell
 
 LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
 LAYOUT_PROMPT_LENS = (8, 64)
@@ -136,32 +136,6 @@ def twin_cost(profile, n_instances: int, cpus: str | None = None,
     return str(profile), tuple(slowdown), f"{profile} on a shared host, slow-down {' / '.join(f'{v:.3f}' for v in slowdown)} with 1..{len(slowdown)} instances busy ({path})"
 
 
-@contextlib.contextmanager
-def _profiling(engine, prompts: dict):
-    """The engine serving `prompts` (rid -> token ids), no reward, exactly max_tokens tokens per request; put back after."""
-    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
-    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
-    engine.sampling_kwargs["ignore_eos"] = True
-    try:
-        yield
-    finally:
-        engine.abort_all()
-        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
-        engine.sampling_kwargs.clear()
-        engine.sampling_kwargs.update(saved[2])
-
-
-def _run_cell(engine, requests: list[Request]) -> dict[int, float]:
-    """Submit at once, wait for every finish: rid -> seconds from submission to its last token."""
-    t0, finish = engine.now(), {}
-    engine.submit(requests)
-    while len(finish) < len(requests):
-        for ev in engine.next_events():
-            if ev.kind == "finished":
-                finish[ev.request.rid] = ev.time - t0
-    return finish
-
-
 def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PROMPT_LENS, length: int = 256,
                    repeats: int = 2, seed: int = 0, alone_sizes=ALONE_BATCH_SIZES, between_cells=None) -> pd.DataFrame:
     """Measure an engine (nothing in flight) of several instances, or of one started with speculation (call it with
@@ -180,7 +154,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
     cells = [(-1, max(prompt_lens), max(batch_sizes), tuple(range(n_inst)))] + cells
     prompts: dict[int, list[int]] = {}
     rows, rid = [], 0
-    with _profiling(engine, prompts):
+    with serving_exactly(engine, prompts):
         for cell, (rep, p, n, loaded) in enumerate(cells):
             requests, lengths = [], {}
             for inst in loaded:
@@ -190,7 +164,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
                     requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
                                             max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
                     rid += 1
-            finish = _run_cell(engine, requests)
+            finish = time_cell(engine, requests)
             for inst in loaded if rep >= 0 else ():
                 seconds = max(finish[r.rid] for r in requests if r.instance == inst)
                 rows.append({"n_seqs": n, "prompt_len": p, "spread": "longtail", "cut": 1.0, "lengths": lengths[inst],
@@ -198,7 +172,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
             for r in requests:
                 prompts.pop(r.rid, None)
             if between_cells is not None and cell + 1 < len(cells):
-                between_cells(cell)  # a speed probe sets its own prompts and puts these back (_profiling)
+                between_cells(cell)  # a speed probe sets its own prompts and puts these back (serving_exactly)
     return pd.DataFrame(rows)
 
 

@@ -35,17 +35,15 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
+from .cells import longtail_lengths, serving_exactly
+from .layout import layout_path, profile_layout
+from .speed_probe import probed_measurement, write_reference
+
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96)
 DEFAULT_PROMPT_LENS = (8, 64, 256)  # the task's prompts are 7 tokens; a resumed response's prefix is longer
 
 
 SPREADS = ("lockstep", "longtail")
-
-
-def longtail_lengths(rng, n: int, length: int) -> list[int]:
-    """n lengths from a lognormal with median length/4 capped at `length`: about 5% at the cap, like the
-    reference task's responses (real_backend/TASK.md)."""
-    return np.clip(np.round(rng.lognormal(np.log(length / 4), 0.85, size=n)), 1, length).astype(int).tolist()
 
 
 CUTS = (0.25, 0.5, 0.75)  # where a long-tailed batch is also cut: the finish-time curve, not only its end
@@ -154,13 +152,12 @@ def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int =
     which a rollout that ends with requests still running pays before its step can end). Cells of n requests (n from
     `sizes`, `rounds` times each) submitted at once and run until every one has generated tokens, then aborted one by
     one as the controller does (VLLMEngine.abort). Rows: n, seconds (the aborts' wall time)."""
-    from .layout import _profiling  # the engine serving these prompts, exactly max_tokens each; put back after
 
     rng = np.random.default_rng(seed)
     vocab = int(getattr(engine, "vocab_size", 16))
     prompts: dict[int, list[int]] = {}
     rows, rid = [], 10**9  # rids apart from the profile's cells
-    with _profiling(engine, prompts):
+    with serving_exactly(engine, prompts):
         engine.set_progress_interval(4)
         try:
             for n in [n for _ in range(rounds) for n in sizes]:
@@ -247,8 +244,6 @@ def run(args) -> int:
     t0 = time.monotonic()
     engine = start_engine(setup, prompts, seed=0)
     print(f"engine up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    from .speed_probe import probed_measurement, write_reference
-
     models = []
     try:  # with speed probes around it: runs validated against this profile can be scaled to their own level
         probes = probed_measurement(engine, lambda **kw: models.append(profile_engine(
@@ -275,7 +270,6 @@ def _run_layout(args, out) -> int:
 
     from lssim.loop.controller import RunConfig
 
-    from .layout import profile_layout
     from .world import RealSetup, prepare, start_engine
 
     if not out.is_file():
@@ -290,9 +284,6 @@ def _run_layout(args, out) -> int:
         setup.temperature = 0.0  # what prepare asks of a speculating engine on the CPU build (greedy only)
     prompts, _ = prepare(setup, "spec_tail" if args.speculating else "baseline",
                          RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
-    from .layout import layout_path
-    from .speed_probe import probed_measurement, write_reference
-
     engine = start_engine(setup, prompts, seed=0)
     try:
         probes = probed_measurement(engine, lambda **kw: profile_layout(

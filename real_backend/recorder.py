@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.core import Request
-from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
+from lssim.analysis.fidelity.run import UNFINISHED_COLUMNS, UNFINISHED_FILE
 from lssim.results import atomic_write
 from lssim.traces.trace import write_trace
 

@@ -14,7 +14,7 @@ that level without looking at the run: the same work (two lockstep batches of fi
 time so the prefix cache never answers) between every two runs, and before, during (every few cells) and after the
 measurement the twin's cost model comes from. A run's level is the median of the four probes nearest it (one now and then reads
 ~15% slow on its own) over the median of the reference's; the twin scales its cost model by it
-(real_backend.sim_vs_real.sim_setup). Only the engine's speed is taken from the probe, never anything
+(real_backend.validate_twin.sim_setup). Only the engine's speed is taken from the probe, never anything
 the policy did.
 
 Files: the reference lies in the measured cost model's JSON (the profile, or the layout the twin prices with) as
@@ -32,6 +32,9 @@ import numpy as np
 
 from lssim.loop.core import Request
 
+from .cells import serving_exactly, time_cell
+from .layout import drafting_off
+
 # (requests, prompt tokens, tokens each): decode at a small and a typical validation batch, ~2 s in all here.
 PROBE_CELLS = ((8, 64, 256), (32, 64, 256))
 _SEEDS = itertools.count(1)  # every probe draws fresh prompts
@@ -42,13 +45,11 @@ def measure_probe(engine, seed: int | None = None) -> float:
     several instances every instance gets the cell's batch at once, as a run's step loads them all (a probe of one
     instance alone did not follow the two-instance runs' speed, 2026-11-24). An engine started with speculation is
     measured with drafting off (the next run sets its own limit)."""
-    from .layout import _profiling, _run_cell, drafting_off
-
     rng = np.random.default_rng(next(_SEEDS) if seed is None else seed)
     vocab = int(getattr(engine, "vocab_size", 16))
     prompts: dict[int, list[int]] = {}
     total, rid = 0.0, 0
-    with drafting_off(engine), _profiling(engine, prompts):
+    with drafting_off(engine), serving_exactly(engine, prompts):
         for n, prompt_len, tokens in PROBE_CELLS:
             requests = []
             for instance in range(int(engine.n_instances)):
@@ -58,7 +59,7 @@ def measure_probe(engine, seed: int | None = None) -> float:
                     requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
                                             max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=instance))
                     rid += 1
-            total += max(_run_cell(engine, requests).values())
+            total += max(time_cell(engine, requests).values())
             for r in requests:
                 prompts.pop(r.rid, None)
     return total

@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .validate_twin import load_recorded, run_prompts, sim_setup
+
 DEFAULT_TRAIN_PROFILE = Path(__file__).parent / "data" / "profile_trainer_cpu.json"
 MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
 
 
 def mode_sim_setup(run, profile: str, train_profile: str):
     """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`)."""
-    from .sim_vs_real import sim_setup
-
     mode = run.meta.get("mode") or {"mode": "collocated"}
     collocated = mode["mode"] == "collocated"
     return dataclasses.replace(sim_setup(run, profile), train=train_profile, train_signal_only=True, mode=mode["mode"],
@@ -55,9 +55,7 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
     twin's steps train more groups than the run's did (an async step trains whatever has ended), it gets there
     first. A run's step the twin never reached (in no repeat) keeps its measured row, with `in_twin` False, predicted
     seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
-    from lssim.analysis.fidelity import replay_run
-
-    from .sim_vs_real import run_prompts
+    from lssim.analysis.fidelity.run import replay_run
 
     rows = []
     for run in runs:
@@ -150,7 +148,6 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     from lssim.results import policy_dirname
     from lssim.analysis.tables import format_step
 
-    from .sim_vs_real import load_recorded
     from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
@@ -185,7 +182,6 @@ def run(args, specs: list[str], setup, config) -> int:
     """The `lssim validate --mode ...` handler (sim_vs_real.run checked the common options)."""
     from lssim.results import atomic_write
 
-    from .sim_vs_real import load_recorded
 
     out = Path(args.out)
     train_profile = args.train_profile

@@ -129,7 +129,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
     assert lent_engine.weight_version >= 3  # the pushes reached the engine (the last update may end after the run)
     # what the run left unfinished at its end is in unfinished.parquet (issue 16): with the trace, every response it
     # started, none in both; each held with the tokens it had, below its budget
-    from lssim.analysis.fidelity import KEY, UNFINISHED_FILE
+    from lssim.analysis.fidelity.run import KEY, UNFINISHED_FILE
 
     unfinished = pd.read_parquet(out / UNFINISHED_FILE)
     assert unfinished.attrs["after_step"] == 3 and len(unfinished) == steps["carried_out"].iloc[-1]
@@ -152,7 +152,7 @@ def test_async_real_run_bounds_staleness_records_versions_and_replays_in_its_mod
 
     # and `lssim validate --mode any --runs` compares its step times against the simulator in its mode
     from real_backend.validate_modes import compare_modes
-    from lssim.analysis.fidelity import load_run
+    from lssim.analysis.fidelity.run import load_run
 
     frames = compare_modes([load_run(out)], "real_backend/data/profile_cpu.json", "real_backend/data/profile_trainer_cpu.json")
     table = frames["summary"]

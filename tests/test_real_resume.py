@@ -99,8 +99,8 @@ def test_resume_continues_the_run_from_its_checkpoint(lent_engine, real_model_di
     assert ckpt.step == 1 and ckpt.trainer["version"] == 2 and ckpt.mode_version == 2
     first_steps = pd.read_parquet(out / "steps.parquet")
     # both routes to what the run left unfinished agree: the recorder's file and the checkpoint's carried responses
-    from lssim.analysis.fidelity import UNFINISHED_COLUMNS, UNFINISHED_FILE
-    from real_backend.sim_vs_real import unfinished_from_checkpoint
+    from lssim.analysis.fidelity.run import UNFINISHED_COLUMNS, UNFINISHED_FILE
+    from real_backend.validate_twin import unfinished_from_checkpoint
 
     recorded, held = (f[UNFINISHED_COLUMNS].sort_values(KEY, ignore_index=True)
                       for f in (pd.read_parquet(out / UNFINISHED_FILE), unfinished_from_checkpoint(out, 1)))

@@ -6,7 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from lssim.cli import _replay_workers, main
+from lssim.cli import main
+from lssim.cli.handlers import replay_workers
 from lssim.analysis.replay import SimSetup, replay
 from lssim.traces.synth import get_preset, synthesize
 
@@ -40,8 +41,8 @@ def test_cli_workers_print_the_same_table(trace, tmp_path, capsys):
 
 
 def test_default_workers_fork_only_for_big_traces():
-    assert _replay_workers(None, 1_000) == 1 and _replay_workers(3, 1_000) == 3
-    assert _replay_workers(None, 10**6) >= 1
+    assert replay_workers(None, 1_000) == 1 and replay_workers(3, 1_000) == 3
+    assert replay_workers(None, 10**6) >= 1
 
 
 def test_replay_summary_is_summarize_of_replay(trace):

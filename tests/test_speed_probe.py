@@ -14,7 +14,7 @@ import pytest
 
 from lssim.loop.controller import RunConfig
 from lssim.cost import ProfiledCostModel
-from lssim.analysis.fidelity import RecordedRun, replay_run
+from lssim.analysis.fidelity.run import RecordedRun, replay_run
 from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.trace import load_trace
 from lssim.traces.workload import Workload
@@ -122,7 +122,7 @@ def test_a_runs_level_is_the_median_of_the_four_probes_nearest_it(tmp_path):
 def test_the_twin_runs_at_the_probed_speed_level_and_without_probes_as_before(tmp_path):
     """A run whose probes read 1.2x the reference taken around the profile: every predicted step is 1.2x the profile
     alone. probe=False, a profile without a reference, a run without probes, or probes of other cells: unscaled."""
-    from real_backend.sim_vs_real import sim_setup, speed_level
+    from real_backend.validate_twin import sim_setup, speed_level
     from real_backend.speed_probe import write_reference
 
     base = tmp_path / "profile.json"
@@ -148,14 +148,14 @@ def test_a_shared_host_world_scales_by_its_layouts_reference(tmp_path):
     """Two instances: the level is taken against the reference probed around the layout's measurement (the host
     slow-down holds the level of those minutes), and the slow-down is kept."""
     from real_backend.layout import layout_path, write_layout
-    from real_backend.sim_vs_real import sim_setup, speed_level
+    from real_backend.validate_twin import sim_setup, speed_level
     from real_backend.speed_probe import write_reference
 
-    from tests.test_validate import _shared_cells
+    from fidelity_helpers import shared_cells
 
     base = tmp_path / "profile.json"
     MODEL.to_json(base, meta={"command": "test"})
-    write_layout(base, "0|1", _shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
+    write_layout(base, "0|1", shared_cells(MODEL, (1.0, 1.5)), meta={"command": "test"})
     ref = _probe_seconds()
     write_reference(base, [2 * ref])  # the profile's minutes: not what a two-instance twin is calibrated on
     write_reference(layout_path(base, 2), [ref, ref], instances=1)
@@ -175,7 +175,7 @@ def test_a_shared_host_world_scales_by_its_layouts_reference(tmp_path):
     ("fast", "expected {seconds, window, level_s, cells}"),
 ])
 def test_a_bad_reference_is_an_error_naming_the_file(tmp_path, probe, message):
-    from real_backend.sim_vs_real import sim_setup
+    from real_backend.validate_twin import sim_setup
 
     base = tmp_path / "profile.json"
     MODEL.to_json(base, meta={"command": "test"})
@@ -192,7 +192,8 @@ def test_validation_reports_the_level_the_probed_twin_and_a_stage_for_the_probe(
     summary adds each policy's median speed level and its errors at that level, the JSON both, stages.csv a row
     for the probe. The runs were recorded 1.25x slower than the profile, as their probes say: the profile alone is
     20% short, the probed twin exact."""
-    from lssim.analysis.fidelity import fidelity_markdown, policy_results
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_results
     from real_backend import sim_vs_real
     from real_backend.speed_probe import write_reference
 

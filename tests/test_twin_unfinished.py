@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lssim.loop.controller import RunConfig
-from lssim.analysis.fidelity import UNFINISHED_AT_END, UNFINISHED_COLUMNS, RecordedRun, compare, replay_run, twin_trace
+from lssim.analysis.fidelity.compare import compare
+from lssim.analysis.fidelity.run import UNFINISHED_AT_END, UNFINISHED_COLUMNS, RecordedRun, replay_run, twin_trace
 from lssim.analysis.replay import simulate
 from lssim.traces.trace import load_trace
 from lssim.traces.workload import Workload
 from policies.segment import Segment
 
-from test_validate import REAL_TRACE, _setup, profile  # noqa: F401 (profile: the validation tests' profile fixture)
+from fidelity_helpers import REAL_TRACE, profile, twin_setup  # noqa: F401 (profile: the validation tests' profile fixture)
 
 SPEC = "segment(window=32)"
 
@@ -43,7 +44,7 @@ def _recorded(profile, seed: int, steps: int = 4) -> RecordedRun:
     source = load_trace(REAL_TRACE)
     config = RunConfig(steps=steps, groups_per_step=8, group_size=4, max_tokens=256, seed=seed)
     policy = _Watched()
-    result = simulate(Workload(source, seed=seed), policy, _setup(profile), config=config, prompts=Workload(source, seed=seed))
+    result = simulate(Workload(source, seed=seed), policy, twin_setup(profile), config=config, prompts=Workload(source, seed=seed))
     left = [r for r in policy.seen.values() if not r.done]
     unfinished = pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
                                 r.tokens_before_resume, r.max_tokens) for r in left], columns=UNFINISHED_COLUMNS)
@@ -52,7 +53,7 @@ def _recorded(profile, seed: int, steps: int = 4) -> RecordedRun:
 
 
 def _replay(run, profile, seed):
-    return replay_run(run, _setup(profile), prompts=Workload(load_trace(REAL_TRACE), seed=seed))
+    return replay_run(run, twin_setup(profile), prompts=Workload(load_trace(REAL_TRACE), seed=seed))
 
 
 @settings(max_examples=6, deadline=None)
@@ -114,7 +115,7 @@ def _steps(rows):
 
 
 def test_the_speedup_error_is_split_into_groups_and_seconds():
-    from lssim.analysis.fidelity import fidelity_table
+    from lssim.analysis.fidelity.compare import fidelity_table
 
     responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
                                       "finish_time_predicted"])
@@ -134,7 +135,7 @@ def test_the_seconds_part_is_split_again_into_the_drivers_points_and_the_engines
     """A twin that prices the engine exactly but not the driver's own time: the policy's run spent 0.3 s of its 1.3 s
     in the driver, the baseline's 0.1 of 2.1. The seconds part of its speedup error is all the driver's; and the two
     parts add up to the seconds part. Without the driver's column there is no split."""
-    from lssim.analysis.fidelity import fidelity_table
+    from lssim.analysis.fidelity.compare import fidelity_table
 
     responses = pd.DataFrame(columns=["policy", "end_step_measured", "end_step_predicted", "finish_time_measured",
                                       "finish_time_predicted"])
@@ -156,7 +157,9 @@ def test_the_seconds_part_is_split_again_into_the_drivers_points_and_the_engines
 @given(base=st.lists(st.floats(1.0, 3.0), min_size=3, max_size=3), pol=st.lists(st.floats(0.3, 3.0), min_size=3, max_size=3),
        groups=st.lists(st.integers(5, 12), min_size=3, max_size=3))
 def test_speedup_by_repeat_pairs_each_repeat_with_the_baselines_and_the_summary_shows_the_range(base, pol, groups):
-    from lssim.analysis.fidelity import fidelity_markdown, policy_summary, speedup_by_repeat
+    from lssim.analysis.fidelity.compare import speedup_by_repeat
+    from lssim.analysis.fidelity.report import fidelity_markdown
+    from lssim.analysis.fidelity.summary import policy_summary
 
     steps = _steps([("baseline", k, 0, base[k], base[k]) for k in range(3)] + [("p", k, 0, pol[k], pol[k]) for k in range(3)])
     g = pd.DataFrame({"policy": ["baseline"] * 3 + ["p"] * 3, "repeat": [0, 1, 2] * 2, "measured_groups": [10] * 3 + groups})

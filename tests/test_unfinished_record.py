@@ -18,7 +18,7 @@ import pytest
 from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.core import Request
 from lssim.cost import ProfiledCostModel
-from lssim.analysis.fidelity import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
+from lssim.analysis.fidelity.run import KEY, UNFINISHED_COLUMNS, UNFINISHED_FILE, load_run, twin_trace
 from lssim.loop.policy import make_policy
 from lssim.analysis.replay import SimSetup
 from lssim.traces.trace import load_trace
@@ -69,7 +69,7 @@ def test_the_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     write_unfinished(frame, path)
     back = pd.read_parquet(path)
     pd.testing.assert_frame_equal(back, frame)
-    assert back.attrs["after_step"] == 3  # the step it was taken after travels with it (sim_vs_real.load_recorded)
+    assert back.attrs["after_step"] == 3  # the step it was taken after travels with it (validate_twin.load_recorded)
 
     def broken(self, p, **kw):
         with open(p, "wb") as f:
@@ -138,7 +138,7 @@ def test_an_async_run_leaves_every_started_response_in_its_trace_or_its_unfinish
 
 def test_a_collocated_run_writes_what_its_checkpoint_holds(tmp_path):
     """Both routes agree: the file of a collocated run that carries responses (segment) lists the controller's
-    carried responses, the list its checkpoint keeps (real_backend.sim_vs_real.unfinished_from_checkpoint)."""
+    carried responses, the list its checkpoint keeps (real_backend.validate_twin.unfinished_from_checkpoint)."""
     out = tmp_path / "run"
     started, controller = _recorded_async_run(out, tmp_path, steps=3, mode="collocated", policy="segment(window=32)")
     carried = sorted(controller._carried, key=lambda r: r.rid)
@@ -153,7 +153,7 @@ def test_a_collocated_run_writes_what_its_checkpoint_holds(tmp_path):
 
 
 def test_load_recorded_prefers_the_file_and_refuses_one_of_another_step(tmp_path, capsys):
-    from real_backend.sim_vs_real import load_recorded
+    from real_backend.validate_twin import load_recorded
 
     out = tmp_path / "run"
     _recorded_async_run(out, tmp_path, steps=3)

@@ -120,8 +120,8 @@ def test_a_workload_pickles_after_its_lazy_parts_are_built():
                                                   min_size=1, max_size=4))
 @settings(max_examples=60, deadline=None)
 def test_hash01_over_arrays_is_the_scalar_hash_bit_for_bit(seed, parts):
-    from lssim.traces.workload import _hash01, hash01_many
+    from lssim.traces.workload_index import hash01, hash01_many
 
     arrays = [np.array(p, np.int64) for p in parts]
     got = hash01_many(seed, *arrays)
-    assert [float(v) for v in got] == [_hash01(seed, *column) for column in zip(*parts)]
+    assert [float(v) for v in got] == [hash01(seed, *column) for column in zip(*parts)]

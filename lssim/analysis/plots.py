@@ -300,7 +300,7 @@ def sim_vs_real(steps: pd.DataFrame, band_pct: float | None = None) -> Figure:
     """Predicted against measured rollout seconds per step (lssim.analysis.fidelity frames, e.g.
     paper/experiments/validation/steps.parquet), one marker per policy, the diagonal and the ±band (default: the
     p90 target of `lssim validate`, lssim.analysis.fidelity.TARGET_P90_PCT)."""
-    from lssim.analysis.fidelity import TARGET_P90_PCT
+    from lssim.analysis.fidelity.noise import TARGET_P90_PCT
 
     band = TARGET_P90_PCT if band_pct is None else band_pct
     fig, ax = plt.subplots(figsize=(5.8, 5.2))

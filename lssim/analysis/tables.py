@@ -74,7 +74,7 @@ def format_fidelity(frames: dict) -> str:
     run-to-run noise, the error after each modelling stage and the counterfactual predictions."""
     import numpy as np
 
-    from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
+    from lssim.analysis.fidelity.noise import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
     s = frames["summary"]
     cols = {"steps": "steps", "makespan_median_ape_pct": "median APE %", "makespan_p90_ape_pct": "p90 APE %",

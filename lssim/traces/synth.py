@@ -281,13 +281,7 @@ def _synthesize(cfg: SynthConfig) -> pd.DataFrame:
     p_solve = rng.beta(cfg.reward_a, cfg.reward_b, size=n)
 
     # ---- latent length score: AR(1) across epochs ----------------------------
-    rho = cfg.persistence
-    eps = rng.standard_normal((n_epochs, n))
-    u = np.empty((n_epochs, n))
-    u[0] = eps[0]
-    s = math.sqrt(max(0.0, 1.0 - rho * rho))
-    for e in range(1, n_epochs):
-        u[e] = rho * u[e - 1] + s * eps[e]
+    u = _epoch_scores(rng, n_epochs, n, cfg.persistence)
 
     # ---- epoch-wise sampling without replacement ------------------------------
     perms = rng.permuted(np.tile(np.arange(n, dtype=np.int64), (n_epochs, 1)), axis=1)
@@ -322,32 +316,42 @@ def _synthesize(cfg: SynthConfig) -> pd.DataFrame:
     reward[at_cap] = 0.0
 
     entropy = np.where(loops, 0.15 + 0.05 * rng.standard_normal(m), 0.55 + 0.12 * rng.standard_normal(m))
-    # Entropy collapse (drawn last, so a config without it gives the same trace as before the knob).
+    collapse_start, at_cap, entropy = _entropy_collapse(rng, cfg, loops, response_len, reward, at_cap, entropy)
+    finish = np.where(at_cap, "length", "stop")
+    entropy = np.round(np.clip(entropy, 0.01, None), 3)
+
+    df = pd.DataFrame({
+        "step": step, "prompt_id": pid, "sample_idx": sample_idx, "prompt_len": prompt_len[pid], "response_len": response_len,
+        "reward": reward, "finish_reason": finish, "max_tokens": np.full(m, T, dtype=np.int64), "loop_start": loop_start,
+        "entropy_mean": entropy, "entropy_collapse_start": collapse_start,
+    })
+    return validate_trace(df, source=f"synthesize(seed={cfg.seed})")
+
+
+def _epoch_scores(rng: np.random.Generator, n_epochs: int, n: int, rho: float) -> np.ndarray:
+    """Each prompt's latent length score per epoch, an AR(1) across epochs with correlation `rho`: (n_epochs, n)."""
+    eps = rng.standard_normal((n_epochs, n))
+    u = np.empty((n_epochs, n))
+    u[0] = eps[0]
+    s = math.sqrt(max(0.0, 1.0 - rho * rho))
+    for e in range(1, n_epochs):
+        u[e] = rho * u[e - 1] + s * eps[e]
+    return u
+
+
+def _entropy_collapse(rng: np.random.Generator, cfg: SynthConfig, loops: np.ndarray, response_len: np.ndarray,
+                      reward: np.ndarray, at_cap: np.ndarray, entropy: np.ndarray) -> tuple:
+    """Entropy collapse, drawn last, so a config without it gives the same trace as before the knob: a collapsed
+    response runs to the cap with reward 0 (response_len and reward changed in place). Returns (collapse_start,
+    at_cap, entropy)."""
+    m = len(loops)
     collapse_start = np.full(m, -1, dtype=np.int64)
     if cfg.collapse_fraction > 0:
         collapses = (rng.random(m) < cfg.collapse_fraction) & ~loops
         collapse_u = rng.random(m)
         collapse_start[collapses] = np.floor(collapse_u[collapses] * response_len[collapses]).astype(np.int64)
-        response_len[collapses] = T
+        response_len[collapses] = cfg.max_tokens
         reward[collapses] = 0.0
         at_cap = at_cap | collapses
         entropy = np.where(collapses, 0.08 + 0.03 * rng.standard_normal(m), entropy)
-    finish = np.where(at_cap, "length", "stop")
-    entropy = np.round(np.clip(entropy, 0.01, None), 3)
-
-    df = pd.DataFrame(
-        {
-            "step": step,
-            "prompt_id": pid,
-            "sample_idx": sample_idx,
-            "prompt_len": prompt_len[pid],
-            "response_len": response_len,
-            "reward": reward,
-            "finish_reason": finish,
-            "max_tokens": np.full(m, T, dtype=np.int64),
-            "loop_start": loop_start,
-            "entropy_mean": entropy,
-            "entropy_collapse_start": collapse_start,
-        }
-    )
-    return validate_trace(df, source=f"synthesize(seed={cfg.seed})")
+    return collapse_start, at_cap, entropy

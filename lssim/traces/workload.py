@@ -24,6 +24,8 @@ the model, earns the lowest reward of the trace's scale (0 for 0/1 rewards, -5 f
 
 Samples are numbered per (step, prompt) across the prompt's groups at that step (group_id order), as the
 controller numbers a prompt's samples within a step, so a prompt drawn twice in a step replays exactly.
+
+The index and lookup kernels are lssim.traces.workload_index.
 """
 
 from __future__ import annotations
@@ -33,25 +35,15 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from numba import njit
 
 from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool
 from lssim.loop.rewards import RewardScale
-from lssim.traces.checks import is_sorted
+from lssim.traces.workload_index import (answer_rows, drawn_ahead, hash01, hash01_many, loader_key, loader_keys, nearest_many, probe,
+                                         resampled_rows, sorted_rows)
+
 
 EXACT, TRUNCATED, RESAMPLED, GLOBAL = "exact", "truncated", "resampled", "global"
-_MASK = (1 << 64) - 1
 _NAN = float("nan")
-
-
-def _hash01(*parts: int) -> float:
-    """A deterministic uniform in [0, 1) from integer parts (splitmix64): cheap, and no RNG state."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (p & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
-        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & _MASK
-        x ^= x >> 29
-    return (x >> 11) / float(1 << 53)
 
 
 class Outcome(NamedTuple):
@@ -83,7 +75,7 @@ class Workload:
     def __init__(self, trace: pd.DataFrame, seed: int = 0):
         self.seed = seed
         self.n_rows = len(trace)
-        rows, self.prompt_names = _sorted_rows(trace)
+        rows, self.prompt_names = sorted_rows(trace)
         self._rows = rows
         # Runs count steps from 0; a trace may start anywhere or skip steps: its i-th step is run step i.
         step = rows["step"]  # sorted: each new value starts the next run step
@@ -93,7 +85,7 @@ class Workload:
         self.steps = list(range(len(self.trace_steps)))
         self._index_groups(steps, rows["prompt"])
         self._index_batches(steps, rows["prompt"], rows["group"])
-        self._drawn_ahead = _drawn_ahead(steps, rows["prompt"], rows["sample"], rows["batch"])
+        self._drawn_ahead = drawn_ahead(steps, rows["prompt"], rows["sample"], rows["batch"])
         # the pool lists prompts in the order they first appear (a prompt's first row starts its first group)
         first_group = np.sort(np.unique(self._g_pid, return_index=True)[1])
         first = self._g_start[first_group]
@@ -265,13 +257,13 @@ class Workload:
         steps = self._prompt_steps.get(prompt_id)
         if steps is None:
             lo, hi = self._step_rows[self._nearest(self.steps, step)]
-            row = lo + int(_hash01(self.seed, step, prompt_id, sample_idx) * (hi - lo))
+            row = lo + int(hash01(self.seed, step, prompt_id, sample_idx) * (hi - lo))
             return self._from_row(row, max_tokens, GLOBAL, step, prompt_id, sample_idx)
         start, count = self._groups[(self._nearest(steps, step), prompt_id)]
         if sample_idx < count:  # a rotation of the recorded group: its members' spread and rewards stay a group's
-            row = start + (sample_idx + int(_hash01(self.seed, step, prompt_id) * count)) % count
+            row = start + (sample_idx + int(hash01(self.seed, step, prompt_id) * count)) % count
         else:
-            row = start + int(_hash01(self.seed, step, prompt_id, sample_idx) * count)
+            row = start + int(hash01(self.seed, step, prompt_id, sample_idx) * count)
         return self._from_row(row, max_tokens, RESAMPLED, step, prompt_id, sample_idx)
 
     response = lookup  # the same answer, under the name the oracle and the tests read best
@@ -306,7 +298,7 @@ class Workload:
             candidates.extend(r for r in range(start, start + count) if self._len[r] > than)
         if not candidates:
             return None
-        return candidates[int(_hash01(self.seed, step, prompt_id, sample_idx, than) * len(candidates))]
+        return candidates[int(hash01(self.seed, step, prompt_id, sample_idx, than) * len(candidates))]
 
     @staticmethod
     def _nearest(sorted_steps: list[int], step: int) -> int:
@@ -318,14 +310,6 @@ class Workload:
             return sorted_steps[-1]
         before, after = sorted_steps[i - 1], sorted_steps[i]
         return after if after == step or after - step < step - before else before
-
-
-def _prompt_codes(ids: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
-    """(int64 codes, the text id of each code) for text prompt ids; (the ids, None) for integer ones."""
-    if pd.api.types.is_integer_dtype(ids.dtype) and not pd.api.types.is_bool_dtype(ids.dtype):
-        return ids.to_numpy(np.int64), None
-    codes, names = pd.factorize(ids, sort=True)
-    return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
 def _row_list(column: str):
@@ -371,92 +355,12 @@ def _length_function(wl: Workload):
     return length
 
 
-def _sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-    """The columns the Workload reads, as arrays in (step, prompt, group, sample) order (a prompt's groups at a
-    step are one run of rows, group by group), and the text ids of the prompt codes (None for integer ids).
-    A validated trace is usually in that order already: then nothing is reordered (`lssim.traces.checks.is_sorted`)."""
-    n = len(trace)
-    codes, names = _prompt_codes(trace["prompt_id"])
-
-    def column(name, dtype, default):
-        return trace[name].to_numpy(dtype) if name in trace else np.full(n, default, dtype)
-
-    step, group, sample = trace["step"].to_numpy(np.int64), column("group_id", np.int64, 0), trace["sample_idx"].to_numpy(np.int64)
-    reason, reason_names = pd.factorize(trace["finish_reason"], use_na_sentinel=False)
-    rows = {
-        "step": step, "prompt": codes, "group": group, "sample": sample,
-        "length": trace["response_len"].to_numpy(np.int64), "max": trace["max_tokens"].to_numpy(np.int64),
-        "reward": trace["reward"].to_numpy(float), "prompt_len": trace["prompt_len"].to_numpy(np.int64),
-        "reason": reason.astype(np.int64), "loop": column("loop_start", np.int64, -1),
-        "collapse": column("entropy_collapse_start", np.int64, -1), "entropy": column("entropy_mean", float, np.nan),
-        "trained": column("trained", bool, True), "batch": column("batch", np.int64, -1),
-    }
-    keys = (step, codes, group, sample)
-    if not is_sorted(keys):
-        order = np.lexsort(keys[::-1])
-        rows = {k: v[order] for k, v in rows.items()}
-    reason_names = np.asarray(reason_names, dtype=object)
-    rows["reason_names"] = reason_names
-    rows["stopped"] = np.isin(rows["reason"], np.flatnonzero(reason_names == STOP))
-    return rows, names
-
-
 def _recorded_spec(prompt_id: int, budgets: tuple[int, ...], trained: tuple[bool, ...]) -> tuple:
     """A recorded group's GroupSpec arguments: per-member budgets and trained flags only where members differ
     from a plain spec (every member at the group's budget, every member trained)."""
     cap = max(budgets)
     return (prompt_id, len(budgets), cap, 0, None, None if min(budgets) == cap else budgets,
             None if all(trained) else trained)
-
-
-_U = np.uint64
-
-
-def hash01_many(seed: int, *parts: np.ndarray) -> np.ndarray:
-    """`_hash01(seed, *parts)` for arrays of parts, equal to it bit for bit (splitmix64 in wrapping uint64)."""
-    n = len(parts[0])
-    words = np.empty((len(parts) + 1, n), np.int64)
-    words[0] = seed
-    for i, p in enumerate(parts):
-        words[i + 1] = p
-    return _splitmix01(words.view(_U))
-
-
-@njit(cache=True)
-def _splitmix01(words):
-    """Each column's words folded through splitmix64 (wrapping uint64), as a float in [0, 1): one pass, where numpy
-    made two dozen temporaries per call."""
-    k, n = words.shape
-    out = np.empty(n)
-    for j in range(n):
-        x = np.uint64(0x9E3779B97F4A7C15)
-        for i in range(k):
-            x = _fold(x, words[i, j])
-        out[j] = _unit(x)
-    return out
-
-
-@njit(cache=True)
-def _fold(x, word):
-    """One word into the splitmix64 state (wrapping uint64)."""
-    x = (x ^ word) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(29))
-
-
-@njit(cache=True)
-def _unit(x):
-    return float(x >> np.uint64(11)) / 9007199254740992.0  # 2**53
-
-
-@njit(cache=True)
-def _hash01_words(seed, a, b, c, n_words):
-    """_hash01(seed, a, b) (n_words 2) or _hash01(seed, a, b, c) (3) of int64 words, bit for bit hash01_many's."""
-    x = _fold(np.uint64(0x9E3779B97F4A7C15), np.uint64(seed))
-    x = _fold(_fold(x, np.uint64(a)), np.uint64(b))
-    if n_words == 3:
-        x = _fold(x, np.uint64(c))
-    return _unit(x)
 
 
 class _ArrayIndex:
@@ -481,161 +385,12 @@ class _ArrayIndex:
         rows = wl._rows
         self.length, self.max, self.stopped, self.reward = rows["length"], rows["max"], rows["stopped"], rows["reward"]
         self.reason_code, self.reason_names = rows["reason"], rows["reason_names"]
-        # an answer's reason by number (_answer_rows): cut at its budget, ended by itself, or as the trace recorded it
+        # an answer's reason by number (answer_rows): cut at its budget, ended by itself, or as the trace recorded it
         self.answer_reasons = np.array([LENGTH, STOP, *self.reason_names.tolist()], dtype=object)
-
-
-
-@njit(cache=True)
-def _probe(pids, prompt_lo, prompt_hi, prompt_step, prompt_group, group_start, group_count, step, pid, sample):
-    """Each query's prompt code (its place among the trace's sorted prompt ids, the last where it is not one),
-    whether its prompt is known, whether the trace recorded the (step, prompt), whether it recorded the sample too, and
-    that row (0 where not): one pass. The (step, prompt) is searched among the prompt's own recorded steps (a few,
-    where a search of every group misses the cache), once for all the consecutive queries of one group."""
-    n = len(pid)
-    code = np.empty(n, np.int64)
-    known = np.empty(n, np.bool_)
-    hit = np.zeros(n, np.bool_)
-    exact = np.empty(n, np.bool_)
-    row = np.zeros(n, np.int64)
-    last_code = max(len(pids) - 1, 0)
-    c = g = 0
-    is_known = found = False
-    for j in range(n):
-        if j == 0 or pid[j] != pid[j - 1] or step[j] != step[j - 1]:
-            c = min(np.searchsorted(pids, pid[j]), last_code)
-            is_known = len(pids) > 0 and pids[c] == pid[j]
-            found = False
-            if is_known:
-                lo, hi = prompt_lo[c], prompt_hi[c]
-                at = lo + np.searchsorted(prompt_step[lo:hi], step[j])
-                found = at < hi and prompt_step[at] == step[j]
-                if found:
-                    g = prompt_group[at]
-        code[j] = c
-        known[j] = is_known
-        hit[j] = found
-        exact[j] = found and sample[j] < group_count[g]
-        if exact[j]:
-            row[j] = group_start[g] + sample[j]
-    return code, known, hit, exact, row
-
-
-@njit(cache=True)
-def _answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, budget, exact, low):
-    """`Workload._from_row` of each (row, budget), where one row answers it: the length, the reward, the reason as a
-    number into `_ArrayIndex.answer_reasons` (0 cut at the budget, 1 ended by itself, 2 + the trace's own reason:
-    as recorded), whether it was cut, and whether the scalar model must answer it (recorded cut short, asked with
-    more budget)."""
-    n = len(row)
-    length = np.empty(n, np.int64)
-    reward = np.empty(n)
-    reason = np.empty(n, np.int64)
-    cut = np.empty(n, np.bool_)
-    scalar = np.empty(n, np.bool_)
-    for j in range(n):
-        r, b = row[j], budget[j]
-        stopped, rec = rec_stopped[r], rec_length[r]
-        as_recorded = not stopped and exact[j] and b == rec_max[r]
-        natural = (stopped and rec <= b) or as_recorded
-        cut[j] = not natural and (stopped or b <= rec)
-        scalar[j] = not natural and not cut[j]
-        length[j] = rec if natural else b
-        reward[j] = rec_reward[r] if natural else low
-        reason[j] = 0 if cut[j] else 2 + rec_reason[r] if as_recorded else 1 if stopped else 0
-    return length, reward, reason, cut, scalar
-
-
-@njit(cache=True)
-def _resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_group, group_start, group_count, seed, step, code, pid, sample):
-    """The row answering each query of a known prompt at a step the trace did not record it at (lookup_many's
-    resampling): its nearest recorded step (`_nearest_many`; the earlier on a tie), that group, and the sample
-    drawn there (`Workload._resample`'s rotation, or a draw past the group's size). A group's members are consecutive
-    queries of one (step, prompt): searched (among the prompt's own recorded steps) and hashed once for all of them."""
-    n = len(step)
-    rows = np.empty(n, np.int64)
-    start = count = rotate = 0
-    for j in range(n):
-        s, c = step[j], code[j]
-        if j == 0 or s != step[j - 1] or c != code[j - 1] or pid[j] != pid[j - 1]:
-            lo, hi = prompt_lo[c], prompt_hi[c]
-            g = prompt_group[_nearest_place(prompt_step, lo, hi, lo + np.searchsorted(prompt_step[lo:hi], s), s)]
-            start, count = group_start[g], group_count[g]
-            rotate = np.int64(np.floor(_hash01_words(seed, s, pid[j], 0, 2) * count))
-        if sample[j] < count:
-            rows[j] = start + (sample[j] + rotate) % max(count, 1)
-        else:
-            rows[j] = start + np.int64(np.floor(_hash01_words(seed, s, pid[j], sample[j], 3) * count))
-    return rows
-
-
-@njit(cache=True)
-def _nearest_place(sorted_steps, lo, hi, i, step):
-    """Where in sorted_steps[lo:hi] the step nearest to `step` is (the earlier one on a tie), `i` being `step`'s place
-    there (bisect_left): `_nearest_at`'s answer, as a place (the resampling reads that entry's group)."""
-    if i == lo:
-        return lo
-    if i == hi:
-        return max(hi - 1, lo)
-    return i if sorted_steps[i] == step or sorted_steps[i] - step < step - sorted_steps[i - 1] else i - 1
-
-
-@njit(cache=True)
-def _nearest_at(sorted_steps, lo, hi, i, step):
-    """`Workload._nearest`: the step of sorted_steps[lo:hi] nearest to `step` (the earlier one on a tie), `i` being
-    `step`'s place there (bisect_left)."""
-    return sorted_steps[_nearest_place(sorted_steps, lo, hi, i, step)]
-
-
-@njit(cache=True)
-def _nearest_many(sorted_steps, lo, hi, step, keys, query):
-    """`_nearest_at` of each step within its sorted_steps[lo:hi]. `keys` are the sorted (range, step) pairs as one int
-    and `query` each step's pair: one search finds its place in its range (other ranges' keys sort outside it)."""
-    at = np.searchsorted(keys, query)
-    out = np.empty(len(step), np.int64)
-    for j in range(len(step)):
-        out[j] = _nearest_at(sorted_steps, lo[j], hi[j], at[j], step[j])
-    return out
 
 
 SOURCES = np.array([RESAMPLED, EXACT, GLOBAL, TRUNCATED], dtype=object)  # lookup_coded's source numbers (0: resampled)
 _SOURCE_NUMBER = {name: i for i, name in enumerate(SOURCES.tolist())}
-
-
-def _drawn_ahead(steps, prompts, samples, batches) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(loader batch, prompt) -> the (step, sample) of each of its responses, in order, for the rows a run recorded at
-    a step other than their batch's (the trace's `batch` column); empty for a trace without them."""
-    ahead = np.flatnonzero((batches >= 0) & (batches != steps))
-    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for i in ahead[np.lexsort((samples[ahead], steps[ahead]))].tolist():
-        out.setdefault((int(batches[i]), int(prompts[i])), []).append((int(steps[i]), int(samples[i])))
-    return out
-
-
-def loader_key(request, drawn_ahead: dict | None = None) -> tuple[int, int]:
-    """The (step, sample) a request is answered by (lssim.loop.core.Request.batch): a loader group's from its batch, unless
-    `drawn_ahead` (a Workload's `_drawn_ahead`: its trace's `batch` column) says its run recorded the group at a step of
-    its own (april draws batch k + 1 in step k), then from there; any other request from its own step."""
-    if request.batch < 0:
-        return request.step, request.sample_idx
-    drawn = drawn_ahead.get((request.batch, request.prompt_id)) if drawn_ahead else None
-    if drawn is not None and request.batch_sample < len(drawn):
-        return drawn[request.batch_sample]
-    return request.batch, request.batch_sample
-
-
-def loader_keys(requests, drawn_ahead: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`loader_key` of every request of columns (lssim.loop.columns.RequestColumns): (step, sample) arrays."""
-    loader = requests.batch >= 0
-    step = np.where(loader, requests.batch, requests.step)
-    sample = np.where(loader, requests.batch_sample, requests.sample_idx)
-    if drawn_ahead:
-        batch, pid = requests.batch, requests.prompt_id
-        for i in np.flatnonzero(loader).tolist():
-            drawn = drawn_ahead.get((int(batch[i]), int(pid[i])))
-            if drawn is not None and sample[i] < len(drawn):
-                step[i], sample[i] = drawn[sample[i]]
-    return step, sample
 
 
 def lookup_many(wl: Workload, step, prompt_id, sample_idx, budget) -> tuple:
@@ -666,17 +421,17 @@ def lookup_coded(wl: Workload, step, prompt_id, sample_idx, budget, keep: bool =
 
 def _lookup_coded(wl: Workload, step, pid, sample, budget) -> tuple:
     index = wl._array_index  # built on the first call (Workload.__getattr__)
-    code, known, hit, exact, row = _probe(index.pids, index.prompt_lo, index.prompt_hi, index.prompt_step, index.prompt_group,
+    code, known, hit, exact, row = probe(index.pids, index.prompt_lo, index.prompt_hi, index.prompt_step, index.prompt_group,
                                           index.group_start, index.group_count, step, pid, sample)
     source = exact.astype(np.int8)  # SOURCES: 1 exact, 0 resampled
     other = known & ~exact
     if other.any():
-        row[other] = _resampled_rows(index.prompt_step, index.prompt_lo, index.prompt_hi, index.prompt_group, index.group_start,
+        row[other] = resampled_rows(index.prompt_step, index.prompt_lo, index.prompt_hi, index.prompt_group, index.group_start,
                                      index.group_count, wl.seed, step[other], code[other], pid[other], sample[other])
     unknown = ~known
     if unknown.any():
         s = step[unknown]
-        near = _nearest_many(index.steps, np.zeros(len(s), np.int64), np.full(len(s), len(index.steps)), s, index.steps, s)
+        near = nearest_many(index.steps, np.zeros(len(s), np.int64), np.full(len(s), len(index.steps)), s, index.steps, s)
         at = np.searchsorted(index.steps, near)
         lo, hi = index.step_lo[at], index.step_hi[at]
         row[unknown] = lo + np.floor(hash01_many(wl.seed, s, pid[unknown], sample[unknown]) * (hi - lo)).astype(np.int64)
@@ -693,7 +448,7 @@ def _lookup_coded(wl: Workload, step, pid, sample, budget) -> tuple:
 
 def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, keys) -> tuple:
     """`Workload._from_row` over arrays; rows it cannot answer alone are asked of `wl.lookup` one by one."""
-    length, reward, reason, cut, scalar = _answer_rows(index.length, index.stopped, index.max, index.reward, index.reason_code,
+    length, reward, reason, cut, scalar = answer_rows(index.length, index.stopped, index.max, index.reward, index.reason_code,
                                                        row, budget, exact, float(wl._low))
     reason = index.answer_reasons[reason]
     source = source.copy()

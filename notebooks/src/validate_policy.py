@@ -12,7 +12,7 @@ import os
 import pandas as pd
 
 from lssim.analysis import plots
-from lssim.analysis.fidelity import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
+from lssim.analysis.fidelity.noise import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 ROOT = next(p for p in [os.getcwd(), os.path.dirname(os.getcwd())] if os.path.isdir(os.path.join(p, "real_backend")))
 VAL = os.path.join(ROOT, "paper", "experiments", "validation", "full1")

@@ -41,7 +41,7 @@ def hold(cpus: set[int]) -> None:
 
 def instance_ends(trace: pd.DataFrame) -> pd.DataFrame:
     """Per step: end0, end1 (each instance's last finish, lssim.analysis.fidelity.instance_last_finish) and diff = end0 - end1."""
-    from lssim.analysis.fidelity import instance_last_finish
+    from lssim.analysis.fidelity.compare import instance_last_finish
 
     ends = instance_last_finish(trace).unstack("instance")
     out = pd.DataFrame({"end0": ends.get(0), "end1": ends.get(1)}).dropna()

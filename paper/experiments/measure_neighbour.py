@@ -52,7 +52,7 @@ def measure(engine, rounds: int, seed: int = 5):
     instance-0 and instance-1 makespans; iterations: IterationLog's rows of instance 0, each with `other_busy`."""
     from lssim.loop.core import Request
 
-    from real_backend.layout import _profiling, _run_cell
+    from real_backend.cells import serving_exactly, time_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -71,8 +71,8 @@ def measure(engine, rounds: int, seed: int = 5):
                                         max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
                 rid += 1
         log.tag = f"{kind}.{j}" if j else None
-        with _profiling(engine, prompts):
-            finish = _run_cell(engine, requests)
+        with serving_exactly(engine, prompts):
+            finish = time_cell(engine, requests)
         log.tag = None
         if j:
             ends = [max((finish[r.rid] for r in requests if r.instance == i), default=0.0) for i in (0, 1)]
@@ -88,7 +88,7 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
     the other idle), each `rounds` times in a random order: `with_other_load`'s iterations."""
     from lssim.loop.core import Request
 
-    from real_backend.layout import _profiling, _run_cell
+    from real_backend.cells import serving_exactly, time_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -106,8 +106,8 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
                                         max_tokens=256, seed=int(rng.integers(1 << 30)), instance=inst))
                 rid += 1
         log.tag = f"{loads[0]}_{loads[1]}.{j}" if j else None
-        with _profiling(engine, prompts):
-            _run_cell(engine, requests)
+        with serving_exactly(engine, prompts):
+            time_cell(engine, requests)
         log.tag = None
     return with_other_load(log)
 

@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from lssim.analysis.fidelity import FINISH_QUANTILES as BANDS  # the finish bands lssim.analysis.fidelity.finish_profile reports
+from lssim.analysis.fidelity.compare import FINISH_QUANTILES as BANDS  # the finish bands lssim.analysis.fidelity.compare.finish_profile reports
 
 
 def band_medians(finish) -> list[float]:
@@ -45,10 +45,10 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     kind of request as a run's)."""
     from lssim.loop.core import Request
 
-    from real_backend.layout import _profiling, _run_cell
+    from real_backend.cells import serving_exactly, time_cell
 
     cell_prompts: dict[int, list[int]] = {}
-    with _profiling(engine, cell_prompts):
+    with serving_exactly(engine, cell_prompts):
         if natural:
             engine.sampling_kwargs["ignore_eos"] = False
         requests = []
@@ -57,7 +57,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
             requests.append(Request(rid=i, group_id=int(r.group_id), step=0, prompt_id=i, sample_idx=int(r.sample_idx),
                                     prompt_len=int(r.prompt_len), max_tokens=budget if natural else max(1, int(r.response_len)),
                                     seed=seed + i, instance=int(r.instance)))
-        finish = _run_cell(engine, requests)
+        finish = time_cell(engine, requests)
     return [finish[i] for i in range(len(requests))]
 
 

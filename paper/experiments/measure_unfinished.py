@@ -32,7 +32,7 @@ TRAIN_PROFILE = "real_backend/data/profile_trainer_cpu.json"
 
 def twin_rows(folder, profile: str = PROFILE, train_profile: str = TRAIN_PROFILE) -> list[dict]:
     """The run in `folder` replayed with and without its unfinished.parquet: one row each (see the module)."""
-    from lssim.analysis.fidelity import UNFINISHED_FILE, load_run
+    from lssim.analysis.fidelity.run import UNFINISHED_FILE, load_run
 
     from real_backend.validate_modes import compare_modes
 

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.analysis.fidelity import TARGET_SPEEDUP_POINTS, finish_profile, load_summary, noise_floor, step_errors_within_goal
+from lssim.analysis.fidelity.compare import finish_profile
+from lssim.analysis.fidelity.noise import TARGET_SPEEDUP_POINTS, noise_floor, step_errors_within_goal
+from lssim.analysis.fidelity.summary import load_summary
 
 MANIFEST = Path(__file__).with_name("validations.toml")
 
