@@ -131,7 +131,7 @@ def test_the_two_instance_measurements_refuse_a_world_of_one_instance_by_name(mo
     """--world must name a world of two instances (WorkloadTable.world_of): exit status 2, nothing started."""
     import importlib
 
-    main_ = importlib.import_module(f"real_backend.{module}").main
+    main_ = importlib.import_module(f"paper.experiments.{module}").main
     assert main_(["--world", "default"]) == 2
     assert "--world 'default': not a world of 2 instances" in capsys.readouterr().err
     assert main_(["--world", "nowhere"]) == 2
@@ -152,7 +152,7 @@ def test_the_run_measurements_refuse_an_unknown_world_by_name(module, capsys):
     """An unknown --world exits 2 naming the worlds there are, before any engine starts (not a KeyError)."""
     import importlib
 
-    assert importlib.import_module(f"real_backend.{module}").main(["--world", "nowhere"]) == 2
+    assert importlib.import_module(f"paper.experiments.{module}").main(["--world", "nowhere"]) == 2
     err = capsys.readouterr().err
     assert "no world 'nowhere'" in err and "placed" in err
 
