@@ -163,13 +163,12 @@ class _Unpickler(pickle.Unpickler):
 
 
 def loader_state(prompts) -> dict:
-    """The prompt source's cursor (TaskPrompts: epoch, order, position); {} for a source with none."""
-    return {k: getattr(prompts, k) for k in ("_epoch", "_order", "_cursor") if hasattr(prompts, k)}
+    """The prompt source's cursor (PromptSource.loader_state; TaskPrompts: epoch, order, position)."""
+    return prompts.loader_state()
 
 
 def set_loader_state(prompts, state: dict) -> None:
-    for k, v in state.items():
-        setattr(prompts, k, v)
+    prompts.set_loader_state(state)
 
 
 __all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "loader_state", "set_loader_state"]

@@ -57,6 +57,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from lssim.cost.speculative import MeasuredSpeculation
+from lssim.loop.contracts import Engine
 from lssim.loop.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
 from lssim.loop.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
@@ -76,13 +78,13 @@ class EngineError(RuntimeError):
     """The vLLM engine failed (died, stalled, or refused a request); the run cannot go on."""
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     def __init__(self, config: VLLMConfig, prompt_tokens: Callable[[int], list[int]],
                  reward_fn: Callable[[Request], float] | None = None):
         """Start vLLM as `config` says (about 30 s on this CPU, warm-up included).
 
         prompt_tokens: prompt_id -> the prompt's token ids. reward_fn: Request -> reward, called when a response
-        finishes (r.tokens holds the response). Both may be replaced between runs (world.run_real does).
+        finishes (r.tokens holds the response). Both may be replaced between runs (`serve`: world.run_real does).
         """
         if not isinstance(config, VLLMConfig):
             raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
@@ -180,7 +182,7 @@ class VLLMEngine:
         # A policy that switches speculation while the run goes (policies/tlt.py) hands a live switch with it
         # (lssim.cost.speculative.AdaptiveSpeculation): its max_batch is pushed into the workers' proposer whenever
         # it changes (`set_draft_limit`), and it reads this engine's counters to measure the acceptance.
-        self._switch = getattr(speculation, "switch", None)
+        self._switch = speculation.switch if isinstance(speculation, MeasuredSpeculation) else None
         if self._switch is not None:
             self._switch.counters = self.spec_counters
         if speculation is not None:
@@ -200,6 +202,10 @@ class VLLMEngine:
     def _follow_switch(self) -> None:
         if self._switch is not None:
             self.set_draft_limit(self._switch.max_batch)
+
+    def serve(self, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None) -> None:
+        """Serve another prompt source from now on: its prompts' token ids and its reward (a run on a reused engine)."""
+        self.prompt_tokens, self.reward_fn = prompt_tokens, reward_fn
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters since the last reset: drafts (request-steps that drafted), draft_tokens,

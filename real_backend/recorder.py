@@ -55,10 +55,10 @@ UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinishe
 def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
     """`steps` with `driver_seconds`: the seconds of each rollout the controller's thread did not wait for the engine
     (VLLMEngine.driver_seconds), the driver's own work; unchanged for an engine that cannot tell."""
-    own = getattr(engine, "driver_seconds", None)
-    if own is None or steps.empty:
+    if steps.empty:
         return steps
-    return steps.assign(driver_seconds=[own(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])])
+    own = [engine.driver_seconds(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])]
+    return steps if None in own else steps.assign(driver_seconds=own)
 
 
 class Recorder:

@@ -246,11 +246,10 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
     engine.abort_all()
-    engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
+    engine.serve(prompts.prompt_tokens, prompts.reward)
     spec = policy.needs().speculation
     engine.set_speculation(spec)  # before anything else: refuses an engine started without it
-    if hasattr(engine, "reset_spec_counters"):
-        engine.reset_spec_counters()
+    engine.reset_spec_counters()
     if resume is not None and resume.policy is not policy:
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
     mode = mode or ModeConfig(rollout_devices=engine.n_instances)
@@ -259,14 +258,13 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
                          f"updates still running and the responses in flight)")
     checkpoint = checkpoint and mode.collocated
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
-    trainer.job_cpus = setup.trainer_cpus
     recorder = Recorder(out_dir, decode=prompts.decode, meta={
         "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
-        "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
+        "engine": {"model": engine.model, "start_seconds": engine.start_seconds,
                    "vllm": _vllm_version(), "n_instances": engine.n_instances,
                    # what vLLM was started with, whatever this run asks of it (a plain run on an engine started with
                    # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
-                   "speculation": _as_dict(getattr(engine, "speculation", None))},
+                   "speculation": _as_dict(engine.speculation)},
         "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
     if not mode.collocated:
         recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
@@ -298,10 +296,10 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
     result = _run_recorded(controller, recorder, engine, first)
     if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
-        from .train_job import fill_step_rows, shutdown
+        from .train_job import fill_step_rows
 
-        shutdown(trainer)
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
+        trainer.finish_jobs()
+        fill_step_rows(controller._step_rows, trainer.started_jobs(), mode.train_devices)
         recorder.write()
         result = controller.result()
     if spec is not None:
@@ -319,7 +317,7 @@ def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, con
     mask = setup.mask_resumed or policy.needs().mask_stale_tokens
     return GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
                        mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed,
-                       threads=setup.trainer_threads, sync_on_start=sync)
+                       threads=setup.trainer_threads, sync_on_start=sync, job_cpus=setup.trainer_cpus)
 
 
 def _resume(ckpt, controller, trainer, prompts, recorder) -> int:
@@ -346,7 +344,7 @@ def _fill_job_rows(controller, trainer, mode: ModeConfig) -> None:
     written = controller.on_step
 
     def on_step(row: dict) -> None:
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
+        fill_step_rows(controller._step_rows, trainer.started_jobs(), mode.train_devices)
         written(row)
 
     controller.on_step = on_step
@@ -417,7 +415,8 @@ def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
     accepted with probability alpha until the first rejection). The n-gram proposer drafts fewer than gamma
     tokens, or none, when its lookup finds no match, so two more figures: `token_acceptance` (accepted over
     drafted tokens, vLLM's "draft acceptance rate") and `tokens_per_step` (tokens generated per engine step).
-    A policy that switches speculation while it runs (policies/tlt.py) adds its `decisions` (one per step).
+    A policy that switches speculation while it runs (policies/tlt.py) adds its `decisions` (one per step: its
+    `run_notes`, lssim.loop.contracts.PolicyHooks).
     """
     drafts, accepted = counts["drafts"], counts["accepted_tokens"]
     alpha = Speculation.alpha_from_counts(drafts, accepted, spec.gamma) if drafts > 0 else None
@@ -425,8 +424,7 @@ def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
             "token_acceptance": accepted / counts["draft_tokens"] if counts["draft_tokens"] else None,
             "mean_draft_len": counts["draft_tokens"] / drafts if drafts else None,
             "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
-    if isinstance(getattr(policy, "decisions", None), list):
-        meta["decisions"] = list(policy.decisions)
+    meta.update(policy.run_notes() if policy is not None else {})
     return meta
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from lssim.loop.checks import PolicyCheckError, check_policy
 from lssim.loop.controller import Controller, RunConfig
-from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Engine, Speculation
+from lssim.loop.contracts import Engine
+from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Speculation
 from lssim.loop.policy import Compose, Policy, PolicyNeeds, make_policy
 from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
 from lssim.traces.workload import Workload

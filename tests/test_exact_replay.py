@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lssim.loop.contracts import PromptSource
 from lssim.loop.controller import RunConfig
 from lssim.loop.policy import available_policies
 from lssim.analysis.replay import SimSetup, simulate
@@ -139,7 +140,7 @@ def test_a_bad_cell_is_named_by_file_column_and_row(seed, which, at):
     assert str(e.value).startswith(f"run.parquet: column {col!r}: row {row}: {problem}"), str(e.value)
 
 
-class Stream:
+class Stream(PromptSource):
     """A data loader that is a cursor (as real_backend's TaskPrompts): batch k holds prompts 100k..100k+n-1,
     whatever step asks. It counts what is fetched."""
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from lssim.cost.catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
+from lssim.loop.contracts import CostModel
 from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
@@ -264,7 +265,7 @@ def head_seconds(p: KernelProfile, kernels: LayerKernels, rows, tokens, gemms: G
 # ----------------------------------------------------------------------------------------------
 
 
-class OperatorCostModel:
+class OperatorCostModel(CostModel):
     """The CostModel of a decoder on a GPU whose kernels were measured (module docstring).
 
     ``profile``: a KernelProfile, or a hardware key whose fitted profile ships with lssim (``"H100"``).

@@ -12,6 +12,7 @@ import numbers
 from pathlib import Path
 
 from lssim.cost.fitting import _DECODE_COLUMNS, _PREFILL_COLUMNS, _ape_summary, _load_batches, _load_table, _nnls_relative
+from lssim.loop.contracts import CostModel
 from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["ProfiledCostModel", "batch_features"]
@@ -23,7 +24,7 @@ _ABORT_FORM = "t_abort = a1*aborted: the caller blocked while the serving API ab
 _COEFFICIENTS = ("c0", "c1", "c2", "c3", "p0", "p1", "f0", "f1")
 
 
-class ProfiledCostModel:
+class ProfiledCostModel(CostModel):
     """Table-driven model fitted to per-iteration measurements of a real engine (the Vidur approach).
 
     Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``; when

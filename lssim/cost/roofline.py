@@ -7,12 +7,13 @@ from dataclasses import asdict
 import numpy as np
 
 from lssim.cost.catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
+from lssim.loop.contracts import CostModel
 from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
 
 __all__ = ["RooflineCostModel"]
 
 
-class RooflineCostModel:
+class RooflineCostModel(CostModel):
     """Analytic roofline: per-iteration time = max(compute, memory) + fixed overhead.
 
     * memory  = (weight_bytes/tp + kv_bytes_per_token_per_gpu x ctx) / (bandwidth x bandwidth_efficiency)

@@ -12,38 +12,20 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, GroupSpecs, PromptPool, Request, RolloutState, StepContext, Trainer,
-                   note_resume)
+from lssim.loop.contracts import Engine, ModeHooks, PromptSource, Trainer
+from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, GroupSpecs, Request, RolloutState, StepContext,
+                             note_resume)
+from lssim.loop.decisions import CARRY
 from lssim.loop.modes import ExecutionMode, ModeConfig
-from lssim.loop.policy import CARRY, Policy
+from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rewards import RewardScale
-
-
-class PromptSource(Protocol):
-    """Where prompts come from: the trace's own prompts (simulator) or a task's dataset (real)."""
-
-    pool: PromptPool
-
-    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
-        """What a policy with no opinion trains on at `step` (verl's default: a random batch; a trace's Workload:
-        the batch it recorded at that step, with its own group sizes and budgets).
-
-        The controller asks for each step's batch once, steps in increasing order, always with the run's
-        `groups_per_step`, and proposes it whole, less the groups carried in (see `Controller._proposal_size`
-        and `Controller._take`)."""
-        ...
-
-    def prompt_len(self, prompt_id: int) -> int:
-        """A prompt's length in tokens. A source may also answer arrays, `prompt_lens(prompt_ids) -> array`:
-        the controller asks that once a step where it exists (lssim.traces.workload.Workload has it)."""
-        ...
 
 
 @dataclass(slots=True)
@@ -125,10 +107,9 @@ class Controller:
         # engine that cannot speculate refuses a policy that asks (lssim.loop.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
         if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
-            if not hasattr(trainer, "set_train_mask"):
+            if not trainer.set_train_mask(policy.train_mask):
                 raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
                                  f"{type(trainer).__name__} cannot do (no set_train_mask)")
-            trainer.set_train_mask(policy.train_mask)
 
     def _batch_rollout(self) -> bool:
         """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
@@ -136,7 +117,7 @@ class Controller:
         mode = self.mode
         return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
                 and not mode.keeps_generating and not mode.interrupts
-                and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
+                and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
@@ -273,8 +254,7 @@ class Controller:
         batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
         # beside it: a job whose metrics come when it ends (lssim.loop.modes.TrainJob); otherwise train() prices or blocks.
-        start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
-        job = start(batch, step) if start is not None else None
+        job = self.trainer.start(batch, step) if self.mode.trains_beside and batch else None
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
@@ -299,7 +279,7 @@ class Controller:
     # -- the rollout phase -------------------------------------------------------------------------
     def _rollout(self, s: StepState) -> None:
         engine, policy, asks, state, in_flight = self.engine, self.policy, self._asks, s.rollout, s.in_flight
-        mode_ends = type(self.mode).rollout_done is not ExecutionMode.rollout_done
+        mode_ends = type(self.mode).rollout_done is not ModeHooks.rollout_done
         while True:
             events = engine.next_events()
             if not events:
@@ -477,12 +457,9 @@ class Controller:
 
     # -- requests ----------------------------------------------------------------------------------
     def _prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
-        """The prompts' lengths: over arrays where the source can (PromptSource.prompt_len), else one by one.
-        (A method, not an attribute set in __init__: the controller's state is pickled into checkpoints.)"""
-        many = getattr(self.prompts, "prompt_lens", None)
-        if many is not None:
-            return many(prompt_ids)
-        return np.fromiter(map(self.prompts.prompt_len, prompt_ids.tolist()), np.int64, len(prompt_ids))
+        """The prompts' lengths (PromptSource.prompt_lens). (A method, not an attribute set in __init__: a bound
+        method of the source would travel with the controller's state.)"""
+        return self.prompts.prompt_lens(prompt_ids)
 
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests as columns (lssim.loop.columns.plan_requests), with the run's next ids and seeds."""

@@ -26,7 +26,8 @@ import pandas as pd
 
 from lssim.loop.columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
 from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
-from lssim.loop.policy import StepOutcome
+from lssim.loop.contracts import TrainTiming
+from lssim.loop.decisions import StepOutcome
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
 # the step (prompt + tokens carried in), tokens generated in the step, and which were still generating when
@@ -130,7 +131,7 @@ class StepEnd:
     trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
     trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
     train_metrics: dict
-    timing: "TrainTiming | None" = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
+    timing: TrainTiming | None = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
     previous_end: float = float("nan")  # when the previous step's training ended (the step's time runs from it)
 
 

@@ -439,39 +439,14 @@ def _merge(kind, rinst, event_t, touched_rank, n_inst):
 
 
 def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit: the model's own
-    array form where it has one (`decode_times`, the roofline's), else the scalar call per span."""
-    many = getattr(cost, "decode_times", None)
-    if many is not None:
-        return many(n, ctx, k)
-    return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
-                       dtype=float, count=len(n))
-
-
-def _price_prefill(cost, tokens: np.ndarray) -> np.ndarray:
-    """cost.prefill_time of each: the model's array form (`prefill_times`) where it has one."""
-    many = getattr(cost, "prefill_times", None)
-    return many(tokens) if many is not None else _price_each(cost.prefill_time, tokens)
+    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit (CostModel.decode_times:
+    the model's own array form, the roofline's, or the contract's default over the scalar call)."""
+    return cost.decode_times(n, ctx, k)
 
 
 def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray) -> np.ndarray:
-    """What the departures at each boundary add: departure_time(after) - departure_time(before), through the model's
-    array form (`departure_times`) where it has one."""
-    many = getattr(cost, "departure_times", None)
-    if many is not None:
-        return many(leaving_after) - many(leaving_before)
-    return _price_each(cost.departure_time, leaving_after) - _price_each(cost.departure_time, leaving_before)
-
-
-def _price_each(fn, values: np.ndarray) -> np.ndarray:
-    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
-    admit nothing and end nothing: v <= 0 costs 0 (lssim.cost.protocol.CostModel), only the rest are sorted."""
-    out = np.zeros(len(values))
-    live = np.flatnonzero(values > 0)
-    if len(live):
-        uniq, inverse = np.unique(values[live], return_inverse=True)
-        out[live] = np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse]
-    return out
+    """What the departures at each boundary add: departure_time(after) - departure_time(before)."""
+    return cost.departure_times(leaving_after) - cost.departure_times(leaving_before)
 
 
 def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
@@ -529,7 +504,7 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
-    prefill, departure = _price_prefill(cost, rpf), _price_departure(cost, rbefore + rleft, rbefore)
+    prefill, departure = cost.prefill_times(rpf), _price_departure(cost, rbefore + rleft, rbefore)
     t0 = np.array([max(x.t, now) for x in instances])
     busy0 = np.array([x.busy for x in instances])
     seqs0 = np.array([x.seq_seconds for x in instances])

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
+from lssim.loop.contracts import PromptSource
 from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool
 from lssim.loop.rewards import RewardScale
 from lssim.traces.checks import is_sorted
@@ -67,7 +68,7 @@ class Outcome(NamedTuple):
     row: int  # the trace row the answer comes from
 
 
-class Workload:
+class Workload(PromptSource):
     """Counterfactual responses from a trace (a validated frame, see lssim.traces.trace), and the trace's own
     batches (a `PromptSource`: `default_groups` gives each step's recorded groups, as recorded).
 
