@@ -88,7 +88,7 @@ class VLLMEngine(Engine):
         """
         if not isinstance(config, VLLMConfig):
             raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
-        if config.speculation is not None and config.temperature != 0.0 and _cpu_platform():
+        if config.speculation is not None and config.temperature != 0.0 and cpu_platform():
             # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
             # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
             # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
@@ -155,7 +155,7 @@ class VLLMEngine(Engine):
         if self.speculation is not None:
             counts, spec_logger = self._spec, make_spec_logger_class()
             loggers = [lambda vllm_config, engine_index=0: spec_logger(counts)]
-        args = engine_args(self.config, on_cpu=_cpu_platform())
+        args = engine_args(self.config, on_cpu=cpu_platform())
         # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
         # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
@@ -612,7 +612,7 @@ class _Live:
         self.instance = instance  # the data-parallel rank it runs on
 
 
-def _cpu_platform() -> bool:
+def cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

@@ -139,9 +139,9 @@ def resumed_run(args: argparse.Namespace):
     from lssim.loop.rewards import RewardScale
 
     from .checkpoint import load_checkpoint
-    from .world import RealSetup, _old_meta
+    from .world import RealSetup, old_meta
 
-    recorded_mode = _old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
+    recorded_mode = old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
     if recorded_mode != "collocated":
         raise ValueError(f"--resume {args.resume}: that run is in mode {recorded_mode}; only collocated runs are "
                          f"checkpointed and can be resumed")

@@ -153,7 +153,7 @@ class GRPOTrainer(Trainer):
         return metrics
 
     # -- internals ---------------------------------------------------------------------------------
-    def _samples(self, groups: list[Group], step: int) -> list["_Sample"]:
+    def _samples(self, groups: list[Group], step: int) -> list["Sample"]:
         out = []
         for gi, g in enumerate(groups):
             members = [r for r in g.requests if math.isfinite(r.reward) and r.tokens is not None and r.generated > 0]
@@ -168,7 +168,7 @@ class GRPOTrainer(Trainer):
                 out.append(self._sample(r, float(a), gi, step))
         return self._pruned(out, step) if self.train_mask is not None else out
 
-    def _pruned(self, samples: list["_Sample"], step: int) -> list["_Sample"]:
+    def _pruned(self, samples: list["Sample"], step: int) -> list["Sample"]:
         """The samples as the policy's train_mask leaves them: pruned tokens out of the loss, each sample cut to the
         tokens still computed (none: dropped)."""
         batch = TrainBatch(step, np.array([len(s.prompt) for s in samples], np.int64),
@@ -188,11 +188,11 @@ class GRPOTrainer(Trainer):
         out = []
         for s, keep, end in zip(samples, mask.keep, mask.computed.tolist()):
             if end:
-                out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
+                out.append(Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
                                    s.advantage, s.group, s.rid))
         return out
 
-    def _sample(self, r: Request, advantage: float, group: int, step: int) -> "_Sample":
+    def _sample(self, r: Request, advantage: float, group: int, step: int) -> "Sample":
         prompt = list(self.prompts.prompt_tokens(r.prompt_id))
         response = list(r.tokens[:r.generated])
         behaviour = list(r.signals["logprobs"][:r.generated])
@@ -202,9 +202,9 @@ class GRPOTrainer(Trainer):
         if self.mask_resumed:
             for i in range(min(off_policy_tokens(r, step), len(mask))):
                 mask[i] = 0.0
-        return _Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
+        return Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
 
-    def _update(self, samples: list["_Sample"]) -> tuple[float, float, float, float]:
+    def _update(self, samples: list["Sample"]) -> tuple[float, float, float, float]:
         """One optimizer step on `samples`; returns (loss, grad norm, clip fraction, mean |logp - behaviour|)."""
         n_tokens = sum(s.n_loss for s in samples)
         if n_tokens == 0:
@@ -231,7 +231,7 @@ class GRPOTrainer(Trainer):
         return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
 
     @torch.no_grad()
-    def _recompute_logprobs(self, samples: list["_Sample"]) -> None:
+    def _recompute_logprobs(self, samples: list["Sample"]) -> None:
         """The current weights' log-prob of each response token becomes the sample's old log-prob (verl's
         compute_log_prob): one forward pass over the whole batch, packed as the update packs it."""
         for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
@@ -243,13 +243,13 @@ class GRPOTrainer(Trainer):
                 P, R = len(s.prompt), len(s.response)
                 s.behaviour = logp[row, P - 1:P + R - 1].tolist()  # position j predicts token j + 1
 
-    def _micro_batches(self, samples: list["_Sample"]):
+    def _micro_batches(self, samples: list["Sample"]):
         """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.sim.training.pack_padded,
         the rule its ProfiledTrainCost prices)."""
         for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
             yield self._collate([samples[i] for i in idx])
 
-    def _collate(self, batch: list["_Sample"]):
+    def _collate(self, batch: list["Sample"]):
         T = max(s.length for s in batch)
         B = len(batch)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
@@ -267,7 +267,7 @@ class GRPOTrainer(Trainer):
         return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
 
 
-class _Sample:
+class Sample:
     __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group", "rid")
 
     def __init__(self, prompt, response, behaviour, mask, advantage, group, rid=-1):

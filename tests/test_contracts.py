@@ -112,16 +112,14 @@ def test_check_policy_refuses_needs_that_are_not_a_policy_needs():
 
 @pytest.mark.parametrize("policy", ["baseline", "april", "hadb"])
 def test_the_controllers_own_state_pickles_as_a_checkpoint_takes_it(policy):
-    """real_backend.checkpoint pickles the controller's __dict__ less the parts it rebuilds (_NOT_STATE): nothing else
-    in it may be a lambda or another unpicklable object (a run would lose its checkpoints; only a real run shows it)."""
+    """real_backend.checkpoint pickles the controller's state (Controller.state()): nothing in it may be a lambda or
+    another unpicklable object (a run would lose its checkpoints; only a real run shows it)."""
     import pickle
-
-    from real_backend.checkpoint import _NOT_STATE
 
     wl = Workload(make_trace([[[30, 10], [20, 40]], [[50, 5], [25, 35]]]))
     cfg = RunConfig(steps=2, groups_per_step=2, group_size=2, max_tokens=wl.max_tokens)
     engine = SimEngine(wl, COST, EngineConfig(1, 8, 10**6))
     controller = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy(policy), cfg)
     controller.run_step(0)
-    state = {k: v for k, v in controller.__dict__.items() if k not in _NOT_STATE}
+    state = controller.state()
     assert pickle.loads(pickle.dumps(state)).keys() == state.keys()

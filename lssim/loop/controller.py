@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from lssim.loop.contracts import Engine, ModeHooks, PromptSource, Trainer
+from lssim.loop.contracts import Engine, ModeHooks, PromptSource, StepObserver, Trainer
 from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, GroupSpecs, Request, RolloutState, StepContext,
                              note_resume)
 from lssim.loop.decisions import CARRY
@@ -68,8 +68,7 @@ class Controller:
     the run (the same seed gives the same result); what a step tracks while it runs is its `StepState`."""
 
     def __init__(self, engine: Engine, trainer: Trainer, prompts: PromptSource, policy: Policy, config: RunConfig,
-                 lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
-                 mode: ExecutionMode | None = None):
+                 lower_bound: LowerBound | None = None, oracle_length=None, mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.loop.modes); the
         # default is the synchronous, collocated step.
@@ -77,7 +76,7 @@ class Controller:
         self.mode.bind(engine, config.groups_per_step)
         self.lower_bound = lower_bound
         self.oracle_length = oracle_length
-        self.on_step = on_step  # called with each step's row as it completes (progress bars, recorders)
+        self._observers: list[StepObserver] = []  # told each step's row as it completes (add_observer)
         self.rng = np.random.default_rng(config.seed)
         self.policy_rng = np.random.default_rng([config.seed, 1])
         self._next_rid = 0
@@ -119,12 +118,21 @@ class Controller:
                 and not mode.keeps_generating and not mode.interrupts
                 and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
 
+    def set_lower_bound(self, bound: LowerBound | None) -> None:
+        """The bound each step's row prices its rollout against (made once the engine's cost model is set up)."""
+        self.lower_bound = bound
+
+    def add_observer(self, observer: StepObserver) -> None:
+        """Tell `observer` each step's row once the step is recorded; observers are told in the order added."""
+        self._observers.append(observer)
+
     # -- the run -----------------------------------------------------------------------------------
-    def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+    def run(self, first_step: int = 0, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
             response_columns: Sequence[str] | None = None) -> RunResult:
-        """Every step of the run; the result's responses frame has `response_columns` only, if given (a summary
-        reads a few of them, and a million rows of the others cost time to assemble)."""
-        steps = range(self.config.steps)
+        """The run's steps from `first_step` (a resumed run's next) to its end; the result's responses frame has
+        `response_columns` only, if given (a summary reads a few of them, and a million rows of the others cost time
+        to assemble)."""
+        steps = range(first_step, self.config.steps)
         for step in progress(steps) if progress else steps:
             # Done once enough groups trained, but not while responses are carried: those run to their end
             # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
@@ -138,6 +146,59 @@ class Controller:
         responses = self._responses.frame(response_columns, share=final)
         steps = pd.DataFrame(self._step_rows)
         return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
+
+    # -- what lives on between steps ---------------------------------------------------------------
+    @property
+    def step_rows(self) -> list[dict]:
+        """Each finished step's row, in order: the live rows (a real run fills in its jobs' times once they end)."""
+        return self._step_rows
+
+    @property
+    def carried(self) -> list[Request]:
+        """Unfinished responses waiting for the next step (paused: they resume there)."""
+        return list(self._carried)
+
+    @property
+    def kept(self) -> list[Request]:
+        """Unfinished responses still generating in the engine across the step boundary (async modes)."""
+        return list(self._kept.values())
+
+    def held(self) -> dict[str, list[Request]]:
+        """Every response held between steps, by where: carried, kept, and every member of a group still open
+        (ended or not); a response may be in two lists (a kept member of an open group)."""
+        return {"carried": self.carried, "kept": self.kept,
+                "open group": [r for members in self._waiting_groups.values() for r in members]}
+
+    def state(self) -> dict:
+        """The run's state between steps, exactly what a checkpoint needs (real_backend.checkpoint): the generators,
+        the id counters, the admission count, the data loader's cursor and the batches it fetched, the responses
+        table and step rows so far, the groups trained, the carried responses and their open groups, the weights
+        version on the engine. Not the world (engine, trainer, prompts, policy, mode) nor anything on the engine's
+        clock; nothing may be generating across the boundary (`kept` empty: only such modes resume)."""
+        if self._kept:
+            raise ValueError(f"{len(self._kept)} responses still generating across the step boundary: the state "
+                             f"between steps cannot hold them (only modes that stop at the boundary can resume)")
+        return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
+                "carried": self._carried, "admitted": self._admitted, "waiting_groups": self._waiting_groups,
+                "batches": self._batches, "cursor": self._cursor, "batch_samples": self._batch_samples,
+                "responses": self._responses, "left_out": self._left_out, "step_rows": self._step_rows,
+                "groups_trained": self.groups_trained, "mode_version": self.mode.version}
+
+    def restore(self, state: dict) -> None:
+        """Put back a `state()` into this controller, built for the same run with the same policy object. The
+        engine is new: the next step's time counts from its clock now."""
+        # A checkpoint written before state() existed holds the controller's attributes under their own names
+        # (_carried, ...), and more of them (derived from the policy and engine, rebuilt here): the same pieces.
+        s = {k.lstrip("_"): v for k, v in state.items()}
+        self.rng, self.policy_rng = s["rng"], s["policy_rng"]
+        self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
+        self._carried, self._kept, self._waiting_groups = s["carried"], {}, s["waiting_groups"]
+        self._batches, self._cursor, self._batch_samples = s["batches"], s["cursor"], s["batch_samples"]
+        self._responses, self._left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
+        self.groups_trained = s["groups_trained"]
+        if "mode_version" in s:
+            self.mode.version = s["mode_version"]
+        self._last_end = self.engine.now()
 
     def run_step(self, step: int) -> dict:
         """One synchronous RL step; returns its row (lssim.loop.records.step_row)."""
@@ -155,8 +216,8 @@ class Controller:
         end = self._train(s)
         row, books = self._record(s, end)
         self.policy.end_step(step_outcome(s, books, end))
-        if self.on_step:
-            self.on_step(row)
+        for observe in self._observers:
+            observe(row)
         return row
 
     def _start_step(self, step: int) -> StepState:
@@ -185,7 +246,7 @@ class Controller:
         groups_left = cfg.total_groups - self.groups_trained
         ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
                           groups_left=groups_left, carried_groups=len(s.members), pool=self.prompts.pool,
-                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: list(self._take(int(n))),
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self.draw(n),
                           reward_scale=cfg.reward_scale)
         self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
         default = self._proposal_size(step, ctx.carried_groups, groups_left)
@@ -388,6 +449,10 @@ class Controller:
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
+    def draw(self, n: int) -> list[GroupSpec]:
+        """StepContext.draw: the loader's next `n` groups (a checkpoint's restored context draws here too)."""
+        return list(self._take(int(n)))
+
     def _take(self, n: int) -> Sequence[GroupSpec]:
         """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
         Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
