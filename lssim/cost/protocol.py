@@ -42,9 +42,9 @@ import math
 
 from lssim.loop.contracts import CostModel
 
-__all__ = ["solo_decode_time", "peak_tokens_per_second", "no_time_to_run"]
+__all__ = ["solo_decode_time", "peak_tokens_per_second", "no_time_to_run", "settle_iterations", "ramp_count", "INF"]
 
-_INF = float("inf")
+INF = float("inf")
 
 
 def no_time_to_run(n_seqs: int, seconds: float) -> bool:
@@ -52,7 +52,7 @@ def no_time_to_run(n_seqs: int, seconds: float) -> bool:
     True when the span is empty (no iteration fits in it)."""
     if n_seqs <= 0:
         raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
-    if not seconds < _INF:
+    if not seconds < INF:
         raise ValueError(f"seconds must be finite, got {seconds}")
     return seconds <= 0.0
 
@@ -65,7 +65,7 @@ def no_time_to_run(n_seqs: int, seconds: float) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def _settle(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int) -> int:
+def settle_iterations(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int) -> int:
     """Move an estimate k of `iterations_within` to the exact answer against the forward formula:
     the largest k with decode_time(n_seqs, ctx_tokens, k) <= seconds (float rounding moves k by one)."""
     while decode_time(n_seqs, ctx_tokens, k + 1) <= seconds:
@@ -75,7 +75,7 @@ def _settle(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int)
     return k
 
 
-def _ramp_count(a: float, b: float, seconds: float) -> float:
+def ramp_count(a: float, b: float, seconds: float) -> float:
     """Real k >= 0 solving ``k*a + b*k*(k-1)/2 == seconds`` (a > 0, b >= 0, seconds >= 0).
 
     Written as ``(b/2) k^2 + B k - seconds = 0`` with ``B = a - b/2``; the form

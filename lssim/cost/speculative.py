@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from lssim.loop.core import Speculation
-from lssim.cost.protocol import _settle
+from lssim.cost.protocol import settle_iterations
 from lssim.loop.contracts import CostModel
 
 __all__ = ["SpeculativeCost", "SpecFit", "SpeculationSwitch", "MeasuredSpeculation", "fit_speculation",
@@ -196,7 +196,7 @@ class SpeculativeCost(CostModel):
             return 0
         k = self.base.iterations_within(n_seqs, ctx_tokens, seconds / f)
         # the division may round either way: settle against the forward formula
-        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def prefill_time(self, n_tokens: int) -> float:
         return self.base.prefill_time(n_tokens)

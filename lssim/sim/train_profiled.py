@@ -26,7 +26,7 @@ import numpy as np
 
 from lssim.loop.contracts import TrainCostModel
 from lssim.sim.train_batches import TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
-from lssim.cost.fitting import _nnls_relative
+from lssim.cost.fitting import nnls_relative
 
 LOGPROB_TERMS = ("l0", "lB", "l1", "l2")
 UPDATE_TERMS = ("u0", "uB", "u1", "u2", "o0", "k0")
@@ -145,7 +145,7 @@ class ProfiledTrainCost(TrainCostModel):
         coef = {}
         for terms, col in zip((LOGPROB_TERMS, UPDATE_TERMS), CLOCKS[clock]):
             X = np.array([[f[t] for t in terms] for f in feats], dtype=float)
-            coef.update(zip(terms, _nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
+            coef.update(zip(terms, nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
         fit_syncs = syncs[syncs["split"] == "fit"]["sync_seconds"].to_numpy(float)
         if not len(fit_syncs):
             raise ValueError(f"{source}: no sync measurements (rows with kind='sync') to fit s0")
