@@ -164,7 +164,7 @@ class Stream(PromptSource):
 
 @pytest.mark.parametrize("policy", ["baseline", "april", "segment(window=32)", "dapo", "hadb"])
 def test_a_cursor_source_is_fetched_only_for_batches_that_are_used(policy):
-    """The proposal takes a recorded batch whole (Controller._proposal_size), but never fetches a batch from a
+    """The proposal takes a recorded batch whole (DataLoader.proposal_size), but never fetches a batch from a
     source of equal batches that the step does not draw from (carried groups fill it): such a source sees the
     same stream as before. (rollpacker is left out: it drops part of a proposal by design.)"""
     from lssim.loop.controller import RunConfig

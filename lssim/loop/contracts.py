@@ -207,8 +207,8 @@ class PromptSource(Protocol):
         the batch it recorded at that step, with its own group sizes and budgets).
 
         The controller asks for each step's batch once, steps in increasing order, always with the run's
-        `groups_per_step`, and proposes it whole, less the groups carried in (see `Controller._proposal_size`
-        and `Controller._take`)."""
+        `groups_per_step`, and proposes it whole, less the groups carried in (see `DataLoader.proposal_size`
+        and `DataLoader.take`, lssim.loop.loader)."""
         ...
 
     def prompt_len(self, prompt_id: int) -> int:

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.contracts import Engine, ModeHooks, PromptSource, StepObserver, Trainer
-from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, GroupSpecs, Request, RolloutState, StepContext,
+from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, Request, RolloutState, StepContext,
                              note_resume)
 from lssim.loop.decisions import CARRY
+from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
@@ -31,7 +32,7 @@ from lssim.loop.rewards import RewardScale
 @dataclass(slots=True)
 class RunConfig:
     """The RL run's shape. A run ends after `steps` steps or once `total_groups` groups have trained (a recorded
-    group that the recorded run left out of training counts as used: see `Controller._leave_out`)."""
+    group that the recorded run left out of training counts as used: see `DataLoader.leave_out`)."""
 
     steps: int
     groups_per_step: int
@@ -86,12 +87,9 @@ class Controller:
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
-        self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
-        self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
-        self._batch_samples: dict[int, dict[int, int]] = {}  # loader batch -> prompt -> samples of it generated so far
+        self.loader = DataLoader(prompts, config)  # the data loader's batches, cursor and samples drawn
         # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
         self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
-        self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
         self._step_rows: list[dict] = []
         self.groups_trained = 0
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
@@ -180,8 +178,8 @@ class Controller:
                              f"between steps cannot hold them (only modes that stop at the boundary can resume)")
         return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
                 "carried": self._carried, "admitted": self._admitted, "waiting_groups": self._waiting_groups,
-                "batches": self._batches, "cursor": self._cursor, "batch_samples": self._batch_samples,
-                "responses": self._responses, "left_out": self._left_out, "step_rows": self._step_rows,
+                "batches": self.loader.batches, "cursor": self.loader.cursor, "batch_samples": self.loader.batch_samples,
+                "responses": self._responses, "left_out": self.loader.left_out, "step_rows": self._step_rows,
                 "groups_trained": self.groups_trained, "mode_version": self.mode.version}
 
     def restore(self, state: dict) -> None:
@@ -193,8 +191,8 @@ class Controller:
         self.rng, self.policy_rng = s["rng"], s["policy_rng"]
         self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
         self._carried, self._kept, self._waiting_groups = s["carried"], {}, s["waiting_groups"]
-        self._batches, self._cursor, self._batch_samples = s["batches"], s["cursor"], s["batch_samples"]
-        self._responses, self._left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
+        self.loader.batches, self.loader.cursor, self.loader.batch_samples = s["batches"], s["cursor"], s["batch_samples"]
+        self._responses, self.loader.left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
         self.groups_trained = s["groups_trained"]
         if "mode_version" in s:
             self.mode.version = s["mode_version"]
@@ -248,10 +246,10 @@ class Controller:
                           groups_left=groups_left, carried_groups=len(s.members), pool=self.prompts.pool,
                           rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self.draw(n),
                           reward_scale=cfg.reward_scale)
-        self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
-        default = self._proposal_size(step, ctx.carried_groups, groups_left)
+        self.loader.start_step(step)
+        default = self.loader.proposal_size(step, ctx.carried_groups, groups_left)
         n = self.mode.admission(step, self._admitted, default, max(0, groups_left - self._open_groups(s)))
-        return ctx, self._take(n)
+        return ctx, self.loader.take(n)
 
     def _admit(self, groups: list[GroupSpec], s: StepState) -> list[GroupSpec]:
         """The groups the mode lets in now, in order (async: its admission gate; groups the policy drew past it
@@ -307,7 +305,7 @@ class Controller:
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
                 done_groups.append(Group(members[0].prompt_id, members[0].step, members))
-        trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
+        trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
@@ -389,7 +387,7 @@ class Controller:
         self._submit(running)
         left = self.config.total_groups - self.groups_trained - len(s.members)
         n = self.mode.admission(s.step, self._admitted, 0, max(0, left))  # room the new weights opened
-        more = self._take(n) if n else []
+        more = self.loader.take(n) if n else []
         if more:
             self._submit_more(more, s)
 
@@ -451,87 +449,15 @@ class Controller:
     # -- the data loader ---------------------------------------------------------------------------
     def draw(self, n: int) -> list[GroupSpec]:
         """StepContext.draw: the loader's next `n` groups (a checkpoint's restored context draws here too)."""
-        return list(self._take(int(n)))
-
-    def _take(self, n: int) -> Sequence[GroupSpec]:
-        """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
-        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
-        A slice of one batch given as columns (lssim.loop.core.GroupSpecs) stays columns; anything else is a list."""
-        pieces: list[Sequence[GroupSpec]] = []
-        k, i, got = *self._cursor, 0
-        while got < n:
-            batch = self._batch(k)
-            if not batch:
-                break
-            if i >= len(batch):
-                k, i = k + 1, 0
-                continue
-            taken = batch[i:i + n - got]
-            if isinstance(taken, GroupSpecs):
-                taken = taken.from_batch(k)
-            else:
-                for g in taken:
-                    if g.batch is None:
-                        g.batch = k
-            pieces.append(taken)
-            got += len(taken)
-            i += len(taken)
-        self._cursor = (k, i)
-        if len(pieces) == 1:
-            return pieces[0]
-        return [g for piece in pieces for g in piece]
-
-    def _batch(self, k: int) -> list[GroupSpec]:
-        batch = self._batches.get(k)
-        if batch is None:
-            cfg = self.config
-            batch = self._batches[k] = self.prompts.default_groups(k, cfg.groups_per_step, cfg.group_size, cfg.max_tokens)
-            for old in [j for j in self._batches if j < k - 1]:
-                del self._batches[old]
-                self._batch_samples.pop(old, None)
-        return batch
-
-    def _proposal_size(self, step: int, carried: int, groups_left: int) -> int:
-        """Groups the step's proposal takes from the loader: its own batch whole, less the carried groups, within
-        what the run has left. A recorded batch (a trace's step) may differ in size from the run's nominal
-        `groups_per_step`; a dataset's batches are that size. Where the loader was drawn past the step's batch, or
-        the carried groups fill the nominal batch, the nominal size counts (and no batch is fetched that the
-        proposal would not take: a source that is a cursor sees the same stream as before)."""
-        nominal = self.config.groups_per_step
-        if self._cursor == (step, 0) and nominal > carried and groups_left > carried:
-            nominal = len(self._batch(step))
-        return max(0, min(nominal - carried, groups_left - carried))
-
-    def _leave_out(self, selected: list[Group], done: list[Group]) -> tuple[list[Group], int]:
-        """The selected groups less the members their recorded group says were not trained, and how many groups
-        that left empty: those were generated, and used, but not trained, as in the run the trace recorded."""
-        if not self._left_out:
-            return selected, 0
-        left_out, trained, emptied = self._left_out, [], 0
-        out = np.fromiter(left_out, np.int64, len(left_out))
-        for g in selected:
-            keep = ~np.isin(g.column("rid"), out)
-            if keep.all():
-                trained.append(g)
-            elif keep.any():
-                trained.append(g.subset(keep))
-            else:
-                emptied += 1
-        left_out.difference_update(rid for g in done for rid in g.column("rid").tolist())  # settled: forget them
-        return trained, emptied
+        return list(self.loader.take(int(n)))
 
     # -- requests ----------------------------------------------------------------------------------
-    def _prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
-        """The prompts' lengths (PromptSource.prompt_lens). (A method, not an attribute set in __init__: a bound
-        method of the source would travel with the controller's state.)"""
-        return self.prompts.prompt_lens(prompt_ids)
-
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests as columns (lssim.loop.columns.plan_requests), with the run's next ids and seeds."""
         cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
-                                       version=self.mode.version, rng=self.rng, prompt_lens=self._prompt_lens,
-                                       samples_planned=s.samples_planned, batch_samples=self._batch_samples)
-        self._left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
+                                       version=self.mode.version, rng=self.rng, prompt_lens=self.prompts.prompt_lens,
+                                       samples_planned=s.samples_planned, batch_samples=self.loader.batch_samples)
+        self.loader.left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
         self._next_rid += len(cols)
         self._next_group += len(plan)
         return cols

@@ -91,7 +91,7 @@ class GroupSpecs(Sequence):
         return not self._made
 
     def from_batch(self, k: int) -> "GroupSpecs":
-        """The same groups, each of loader batch `k` unless it says otherwise (Controller._take)."""
+        """The same groups, each of loader batch `k` unless it says otherwise (lssim.loop.loader.DataLoader.take)."""
         if self._made:  # read already: the objects carry it, as a plain list of specs would
             for g in self:
                 if g.batch is None:

@@ -459,48 +459,14 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
-    m = len(requests)
-    prompt, budget = requests.prompt_len, requests.max_tokens
-    too_big = np.flatnonzero(prompt + budget > capacity)
-    if len(too_big):
-        j = int(too_big[0])
-        raise ValueError(f"request {int(requests.rid[j])} (prompt {int(requests.prompt_id[j])}) needs "
-                         f"{int(prompt[j] + budget[j])} KV tokens; an instance holds {capacity} (raise kv_capacity_tokens "
-                         f"or lower max_tokens)")
+    _check_fits(requests, capacity)
     length, reason, reward, exact = _answers(engine, requests)
-    # least-loaded dispatch from an idle cluster: the j-th unplaced request goes to instance j mod N
-    pinned = requests.instance
-    free = pinned < 0
-    inst = np.where(free, 0, pinned % n_inst)
-    if queue is None:
-        inst[free] = np.arange(int(free.sum())) % n_inst
-        order, touched = np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
-    else:
-        free_queued = queue[free[queue]]
-        inst[free_queued] = np.arange(len(free_queued)) % n_inst
-        touched = _touched_rank(inst[queue], n_inst)
-        queued = requests.priority[queue]
-        if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
-            order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
-        else:
-            submitted = np.empty(m, np.int64)
-            submitted[queue] = np.arange(m)  # each row's place in the submission
-            order = np.lexsort((submitted, requests.priority, inst))
+    inst, order, touched = _dispatch(requests, n_inst, queue)
     requests.ran_on[:] = inst
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
-    room = _room(m, n_inst)
-    while True:
-        gen = requests.generated.copy()
-        (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
-         preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs, room)
-        if error != _OUT_OF_ROOM:
-            break
-        room *= 4
-    if error >= 0:
-        raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
-    if error < -1:
-        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
-                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
+    gen = requests.generated.copy()
+    (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
+     preemptions) = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs, n_inst)
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
@@ -527,6 +493,60 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
     requests.natural_len[:], requests.natural_reward[:] = length, reward  # nobody stopped them: their natural end
     return ended
+
+
+def _check_fits(requests, capacity: int) -> None:
+    """Every request's prompt and budget fit one instance's KV cache (ValueError naming the first that does not)."""
+    prompt, budget = requests.prompt_len, requests.max_tokens
+    too_big = np.flatnonzero(prompt + budget > capacity)
+    if len(too_big):
+        j = int(too_big[0])
+        raise ValueError(f"request {int(requests.rid[j])} (prompt {int(requests.prompt_id[j])}) needs "
+                         f"{int(prompt[j] + budget[j])} KV tokens; an instance holds {capacity} (raise kv_capacity_tokens "
+                         f"or lower max_tokens)")
+
+
+def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-loaded dispatch from an idle cluster (the j-th unplaced request goes to instance j mod N): each row's
+    instance, the rows in the order each instance admits them (by instance, priority, submission), and the order
+    the instances were first given work (_touched_rank)."""
+    m = len(requests)
+    pinned = requests.instance
+    free = pinned < 0
+    inst = np.where(free, 0, pinned % n_inst)
+    if queue is None:
+        inst[free] = np.arange(int(free.sum())) % n_inst
+        return inst, np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
+    free_queued = queue[free[queue]]
+    inst[free_queued] = np.arange(len(free_queued)) % n_inst
+    touched = _touched_rank(inst[queue], n_inst)
+    queued = requests.priority[queue]
+    if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
+        order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
+    else:
+        submitted = np.empty(m, np.int64)
+        submitted[queue] = np.arange(m)  # each row's place in the submission
+        order = np.lexsort((submitted, requests.priority, inst))
+    return inst, order, touched
+
+
+def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int) -> tuple:
+    """_structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
+    an instance cannot go on."""
+    room = _room(len(prompt), n_inst)
+    start = gen.copy()
+    while True:
+        gen[:] = start
+        *records, error = _structure(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
+        if error != _OUT_OF_ROOM:
+            break
+        room *= 4
+    if error >= 0:
+        raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
+    if error < -1:
+        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
+                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
+    return tuple(records)
 
 
 def _answers(engine, requests) -> tuple:
