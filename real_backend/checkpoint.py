@@ -61,6 +61,12 @@ class Checkpoint:
     run: dict  # config, setup, policy_spec, meta of the run that wrote it
     draw: "_Draw | None" = None  # what a kept StepContext.draw calls: bound to the new controller by `restore`
 
+    @property
+    def carried(self) -> list:
+        """The responses the run carried into the step after the checkpoint (Controller.carried, as saved)."""
+        state = self.controller  # a file written before Controller.state() names it by the attribute, _carried
+        return state["carried"] if "carried" in state else state.get("_carried", [])
+
 
 def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict) -> Path:
     """Write `out_dir/checkpoint.pt` for the state after step `step` (atomically; raises if anything cannot be

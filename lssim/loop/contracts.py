@@ -44,10 +44,9 @@ class Engine(Protocol):
     clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
     list only when nothing is in flight.
 
-    Every engine has every method: the last three are abilities an engine may lack, and an engine without
-    one answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
-    answers, so an engine that subclasses `Engine` inherits them (lssim.sim.world.SimEngine and
-    real_backend.engine.VLLMEngine implement all three themselves):
+    Every engine has every method: those below are abilities an engine may lack, and an engine without one
+    answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
+    answers, so an engine that subclasses `Engine` inherits them:
 
     - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
       None where the engine cannot tell (the real world). The controller records it as natural_len /
