@@ -65,6 +65,9 @@ class TLT(Policy):
     def needs(self):
         return PolicyNeeds(speculation=self.speculation)
 
+    def run_notes(self) -> dict:
+        return {"decisions": list(self.decisions)}
+
     def threshold(self, alpha: float) -> int:
         """The largest batch size n <= max_batch such that speculation pays (factor < 1 - margin) at every batch
         size up to n, priced with the measured model at acceptance `alpha`; 0 if it does not pay at batch 1."""

@@ -10,8 +10,7 @@ It holds, as torch.save of plain objects:
 
 - the trainer: `model.state_dict()`, `optimizer.state_dict()` (AdamW's moments and step counts), its weights
   version, its numpy generator (mini-batch order) and torch's CPU generator state;
-- the controller's own state (its `__dict__` less the engine, trainer, prompts, mode, config, hooks and lower
-  bound): the run's generators (request seeds, the policy's generator), the id counters, the data loader's
+- the controller's own state (`Controller.state()`, a plain dict): the run's generators (request seeds, the policy's generator), the id counters, the data loader's
   cursor in the controller and the batches it fetched, the response table and step rows so far, the groups
   trained, and the carried responses (with their tokens and logprobs) and their open groups. A carried response
   resumes in the next step on the new engine exactly as it would have (prompt + its tokens, re-prefilled);
@@ -22,8 +21,8 @@ It holds, as torch.save of plain objects:
 - the mode's weights version, and what the run was started with (config, setup, policy spec) for the CLI.
 
 What it does not hold: the engine (a new one is started; the weights are pushed into it) and anything on the old
-engine's clock (the next step's times start from the new engine's clock; `_last_end` is reset to it, so the
-first resumed step's step_seconds counts from the resume). Only modes that leave nothing generating across the
+engine's clock (the next step's times start from the new engine's clock: `Controller.restore` counts the first
+resumed step's step_seconds from the resume). Only modes that leave nothing generating across the
 step boundary can be checkpointed this way (collocated; an async run's in-flight responses are not in the file).
 
 Pickle: the file runs code when loaded (as any torch checkpoint with weights_only=False): load only your own.
@@ -43,9 +42,7 @@ from lssim.results import atomic_write
 
 from .recorder import CHECKPOINT
 
-FORMAT = 1
-# Controller attributes that belong to the world or to this process, not to the run's state.
-_NOT_STATE = ("engine", "trainer", "prompts", "policy", "config", "mode", "on_step", "lower_bound", "oracle_length", "_asks")
+FORMAT = 1  # format 1 files written before Controller.state() hold the controller's attributes: restore reads both
 
 
 @dataclass
@@ -64,14 +61,20 @@ class Checkpoint:
     run: dict  # config, setup, policy_spec, meta of the run that wrote it
     draw: "_Draw | None" = None  # what a kept StepContext.draw calls: bound to the new controller by `restore`
 
+    @property
+    def carried(self) -> list:
+        """The responses the run carried into the step after the checkpoint (Controller.carried, as saved)."""
+        state = self.controller  # a file written before Controller.state() names it by the attribute, _carried
+        return state["carried"] if "carried" in state else state.get("_carried", [])
+
 
 def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict) -> Path:
     """Write `out_dir/checkpoint.pt` for the state after step `step` (atomically; raises if anything cannot be
     pickled, naming it)."""
-    if controller._kept:
-        raise ValueError(f"step {step}: {len(controller._kept)} responses still generating across the step boundary; "
-                         f"a checkpoint cannot hold them (only modes that stop at the boundary can resume)")
-    state = {k: v for k, v in controller.__dict__.items() if k not in _NOT_STATE}
+    try:
+        state = controller.state()
+    except ValueError as e:
+        raise ValueError(f"step {step}: a checkpoint cannot be taken: {e}") from e
     try:
         buf = io.BytesIO()
         _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"controller": state, "policy": controller.policy})
@@ -85,7 +88,7 @@ def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, 
         "trainer": {"version": trainer.version, "rng": trainer.rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
         "state": blob,
         "prompts": loader_state(prompts),
-        "recorder": {"signals": dict(recorder._signals)},
+        "recorder": {"signals": recorder.signals()},
         "mode_version": int(controller.mode.version),
         "run": run_info,
     }
@@ -122,13 +125,11 @@ def restore(ckpt: Checkpoint, controller, trainer, prompts, recorder) -> None:
     trainer.rng = np.random.default_rng()
     trainer.rng.bit_generator.state = ckpt.trainer["rng"]
     torch.set_rng_state(ckpt.trainer["torch_rng"])
-    controller.__dict__.update(ckpt.controller)
+    controller.restore({**ckpt.controller, "mode_version": ckpt.mode_version})  # counts the next step from now
     if ckpt.draw is not None:
         ckpt.draw.controller = controller
-    controller.mode.version = ckpt.mode_version
-    controller._last_end = controller.engine.now()  # the old engine's clock is gone: the next step counts from now
     set_loader_state(prompts, ckpt.prompts)
-    recorder._signals.update(ckpt.recorder["signals"])
+    recorder.restore_signals(ckpt.recorder["signals"])
 
 
 class _Draw:
@@ -140,7 +141,7 @@ class _Draw:
     def __call__(self, n: int):
         if self.controller is None:
             raise RuntimeError("a restored StepContext.draw was called before its controller was restored")
-        return self.controller._take(int(n))
+        return self.controller.draw(n)
 
 
 _DRAW = "Controller._proposal.<locals>.<lambda>"
@@ -163,13 +164,12 @@ class _Unpickler(pickle.Unpickler):
 
 
 def loader_state(prompts) -> dict:
-    """The prompt source's cursor (TaskPrompts: epoch, order, position); {} for a source with none."""
-    return {k: getattr(prompts, k) for k in ("_epoch", "_order", "_cursor") if hasattr(prompts, k)}
+    """The prompt source's cursor (PromptSource.loader_state; TaskPrompts: epoch, order, position)."""
+    return prompts.loader_state()
 
 
 def set_loader_state(prompts, state: dict) -> None:
-    for k, v in state.items():
-        setattr(prompts, k, v)
+    prompts.set_loader_state(state)
 
 
 __all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "loader_state", "set_loader_state"]

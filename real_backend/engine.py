@@ -46,7 +46,6 @@ real_backend/README.md).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import gc
 import heapq
 import itertools
@@ -57,10 +56,13 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from lssim.cost.speculative import MeasuredSpeculation
+from lssim.loop.contracts import Engine
 from lssim.loop.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
 from lssim.loop.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
 from . import weights
+from .engine_books import BusyMeter, WaitLog, freeze_heap, worker_freeze_heap
 from .engine_config import VLLMConfig, engine_args
 from .spec_stats import ALWAYS, SpecCounts, limit_drafts, make_spec_logger_class
 
@@ -76,23 +78,15 @@ class EngineError(RuntimeError):
     """The vLLM engine failed (died, stalled, or refused a request); the run cannot go on."""
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     def __init__(self, config: VLLMConfig, prompt_tokens: Callable[[int], list[int]],
                  reward_fn: Callable[[Request], float] | None = None):
         """Start vLLM as `config` says (about 30 s on this CPU, warm-up included).
 
         prompt_tokens: prompt_id -> the prompt's token ids. reward_fn: Request -> reward, called when a response
-        finishes (r.tokens holds the response). Both may be replaced between runs (world.run_real does).
+        finishes (r.tokens holds the response). Both may be replaced between runs (`serve`: world.run_real does).
         """
-        if not isinstance(config, VLLMConfig):
-            raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
-        if config.speculation is not None and config.temperature != 0.0 and _cpu_platform():
-            # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
-            # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
-            # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
-            # Greedy (temperature 0) is exact (the same tokens as without speculation).
-            raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
-                             "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
+        _check_startable(config)
         # vLLM reads these when it spawns its engine core: set them first.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable (weights.py)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(config.kv_cache_gib)))))
@@ -120,15 +114,8 @@ class VLLMEngine:
         self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
         self._pending_wakes = 0  # wake_when's futures not yet done
         self._wake_generation = 0  # abort_all starts a new one: a late wake of an earlier run is ignored
-        self._in_flight = [0] * config.n_instances  # requests in flight per instance
-        self._busy = 0.0  # instance-seconds with at least one request in flight (summed over instances)
-        self._seq_seconds = 0.0  # integral of requests in flight over time
-        self._acc_t = 0.0  # time up to which the two are accounted
-        # When the caller (the controller's thread) waited for the streams: engine-clock starts and ends, in order, and
-        # the running total at each end (waited_between: the driver's own time in a span is the rest)
-        self._wait_starts: list[float] = []
-        self._wait_ends: list[float] = []
-        self._waited_total: list[float] = []
+        self._meter = BusyMeter(config.n_instances)  # requests in flight per instance, busy and request-seconds
+        self._waits = WaitLog()  # when the caller waited for the streams (waited_between)
         self._closed = False
 
         t0 = time.monotonic()
@@ -153,7 +140,7 @@ class VLLMEngine:
         if self.speculation is not None:
             counts, spec_logger = self._spec, make_spec_logger_class()
             loggers = [lambda vllm_config, engine_index=0: spec_logger(counts)]
-        args = engine_args(self.config, on_cpu=_cpu_platform())
+        args = engine_args(self.config, on_cpu=cpu_platform())
         # Straight into attributes: a local would keep the engine alive in this frame (vLLM keeps a traceback
         # through it), and AsyncLLM.__del__ at interpreter exit prints a harmless but noisy TypeError.
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
@@ -180,7 +167,7 @@ class VLLMEngine:
         # A policy that switches speculation while the run goes (policies/tlt.py) hands a live switch with it
         # (lssim.cost.speculative.AdaptiveSpeculation): its max_batch is pushed into the workers' proposer whenever
         # it changes (`set_draft_limit`), and it reads this engine's counters to measure the acceptance.
-        self._switch = getattr(speculation, "switch", None)
+        self._switch = speculation.switch if isinstance(speculation, MeasuredSpeculation) else None
         if self._switch is not None:
             self._switch.counters = self.spec_counters
         if speculation is not None:
@@ -200,6 +187,10 @@ class VLLMEngine:
     def _follow_switch(self) -> None:
         if self._switch is not None:
             self.set_draft_limit(self._switch.max_batch)
+
+    def serve(self, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None) -> None:
+        """Serve another prompt source from now on: its prompts' token ids and its reward (a run on a reused engine)."""
+        self.prompt_tokens, self.reward_fn = prompt_tokens, reward_fn
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters since the last reset: drafts (request-steps that drafted), draft_tokens,
@@ -245,8 +236,8 @@ class VLLMEngine:
         """(busy instance-seconds, request-seconds) so far: time with at least one request in flight, summed
         over instances, and the integral of requests in flight (the controller turns them into busy_fraction
         and mean_running per instance)."""
-        self._account(self.now())
-        return self._busy, self._seq_seconds
+        self._meter.account(self.now())
+        return self._meter.busy, self._meter.seq_seconds
 
     def counterfactual(self, request: Request) -> None:
         """What a stopped response would have been: vLLM cannot tell (the tokens were never generated)."""
@@ -277,12 +268,12 @@ class VLLMEngine:
             key = f"{r.rid}.{next(self._keys)}"
             r.submit_time, r.first_token_time, r.finish_time = now, math.nan, math.nan
             r.finish_reason = ""
-            self._account(now)
+            self._meter.account(now)
             # the policy's placement, else the instance with the fewest requests in flight
-            instance = r.instance % self.n_instances if r.instance is not None else self._in_flight.index(min(self._in_flight))
+            instance = r.instance % self.n_instances if r.instance is not None else self._meter.least_loaded()
             r.ran_on = instance
             self._live[key] = _Live(r, instance)
-            self._in_flight[instance] += 1
+            self._meter.in_flight[instance] += 1
             self._by_rid[r.rid] = key
             batch.append((key, prompt, params, r.priority, instance if self.n_instances > 1 else None))
         if batch:
@@ -361,12 +352,7 @@ class VLLMEngine:
         The rest of a rollout is the driver's own work on the caller's thread: the controller, the policy, rewards,
         and the submit and abort calls (each blocks until the front end has taken it); on a host whose cores the driver
         shares with the engine, time the engine loses (real_backend.recorder writes it as `driver_seconds`)."""
-        starts, ends, total = self._wait_starts, self._wait_ends, self._waited_total
-        i, j = bisect.bisect_right(ends, start), bisect.bisect_left(starts, end)  # the waits overlapping the span
-        if i >= j:
-            return 0.0
-        inner = total[j - 1] - (total[i - 1] if i else 0.0)
-        return inner - max(0.0, start - starts[i]) - max(0.0, ends[j - 1] - end)
+        return self._waits.waited_between(start, end)
 
     def driver_seconds(self, start: float, end: float) -> float:
         """The caller's own seconds in [start, end]: the span less waited_between (a run's steps.parquet records it per
@@ -380,10 +366,7 @@ class VLLMEngine:
         try:
             return self._wait_for_items(until)
         finally:
-            ended = self.now()
-            self._wait_starts.append(began)
-            self._wait_ends.append(ended)
-            self._waited_total.append((self._waited_total[-1] if self._waited_total else 0.0) + ended - began)
+            self._waits.record(began, self.now())
 
     def _wait_for_items(self, until: float | None) -> list:
         deadline = time.monotonic() + self.stall_timeout
@@ -481,7 +464,7 @@ class VLLMEngine:
         """freeze_heap in this process and in every instance's worker process (where the model runs; vLLM freezes
         its engine cores' heaps, not the workers'); returns the objects now frozen in the first worker."""
         freeze_heap()
-        return self._call(self._llm.collective_rpc(_worker_freeze_heap))[0]
+        return self._call(self._llm.collective_rpc(worker_freeze_heap))[0]
 
     def _warm_up(self) -> None:
         """The first generation after start is slow (lazy initialization, ~5-20 s on this CPU): pay it here,
@@ -545,19 +528,11 @@ class VLLMEngine:
         self._thread.join(timeout=30)
 
     def _forget(self, key: str, t: float) -> None:
-        self._account(t)
+        self._meter.account(t)
         lv = self._live.pop(key, None)
         if lv is not None:
             self._by_rid.pop(lv.request.rid, None)
-            self._in_flight[lv.instance] -= 1
-
-    def _account(self, t: float) -> None:
-        dt = t - self._acc_t
-        if dt > 0:
-            if self._live:
-                self._busy += dt * sum(1 for k in self._in_flight if k)
-                self._seq_seconds += dt * len(self._live)
-            self._acc_t = t
+            self._meter.in_flight[lv.instance] -= 1
 
     def _update_signals(self, r: Request) -> None:
         """The shared window signals (lssim.loop.signals) and, if the response ends in a loop, where it starts."""
@@ -574,29 +549,6 @@ class VLLMEngine:
 _WAKE_KEY = object()  # the queue item of a wake_when future (never a request's key)
 
 
-def freeze_heap() -> None:
-    """Collect, then move every object alive into the collector's permanent generation (gc.freeze).
-
-    Why: once vLLM and torch are loaded, the driver and each instance's worker process hold 0.7-0.9 million objects
-    each, and a full collection holds the process's GIL while it scans them: in the driver every token stream stops,
-    in a worker its instance stops generating (python -m paper.experiments.measure_gc_stall: a collection forced
-    mid-rollout stopped the streams for 0.47-1.36 s in the driver and 0.44-0.46 s in the workers; frozen, for <10 ms).
-    Python starts a full collection by itself now and then: 5 of 5280 recorded steps began with every first token
-    0.37-0.75 s late on every instance at once (the driver), and in 3 steps of seer runs one instance made no
-    progress for 0.5-1.0 s while the other's tokens kept arriving (its worker, most likely). Called in the driver
-    and, through VLLMEngine.freeze_heaps, in the workers, once the engine is warm and before every real run. Objects
-    frozen are still freed when their last reference goes; only reference cycles among them wait for `gc.unfreeze()`.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def _worker_freeze_heap(worker) -> int:
-    """freeze_heap in a vLLM worker process (run there by collective_rpc); the objects frozen there."""
-    freeze_heap()
-    return gc.get_freeze_count()
-
-
 class _Live:
     __slots__ = ("request", "started", "instance")
 
@@ -606,7 +558,19 @@ class _Live:
         self.instance = instance  # the data-parallel rank it runs on
 
 
-def _cpu_platform() -> bool:
+def _check_startable(config: VLLMConfig) -> None:
+    if not isinstance(config, VLLMConfig):
+        raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
+    if config.speculation is not None and config.temperature != 0.0 and cpu_platform():
+        # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
+        # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
+        # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
+        # Greedy (temperature 0) is exact (the same tokens as without speculation).
+        raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
+                         "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
+
+
+def cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from lssim.loop.contracts import PromptSource
 from lssim.loop.core import GroupSpec, PromptPool, Request
 
 from . import task
 
 
-class TaskPrompts:
+class TaskPrompts(PromptSource):
     def __init__(self, prompts: list[task.Prompt], tokenizer, seed: int = 0):
         if not prompts:
             raise ValueError("no prompts")
@@ -56,6 +57,13 @@ class TaskPrompts:
 
     def prompt_len(self, prompt_id: int) -> int:
         return len(self._tokens[prompt_id])
+
+    def loader_state(self) -> dict:
+        """The loader's cursor: epoch, shuffled order, position in it (a checkpoint keeps it)."""
+        return {"_epoch": self._epoch, "_order": self._order, "_cursor": self._cursor}
+
+    def set_loader_state(self, state: dict) -> None:
+        self._epoch, self._order, self._cursor = state["_epoch"], state["_order"], state["_cursor"]
 
     # -- what the engine and trainer need ------------------------------------------------------------
     def prompt_tokens(self, prompt_id: int) -> list[int]:

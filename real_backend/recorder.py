@@ -55,10 +55,10 @@ UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinishe
 def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
     """`steps` with `driver_seconds`: the seconds of each rollout the controller's thread did not wait for the engine
     (VLLMEngine.driver_seconds), the driver's own work; unchanged for an engine that cannot tell."""
-    own = getattr(engine, "driver_seconds", None)
-    if own is None or steps.empty:
+    if steps.empty:
         return steps
-    return steps.assign(driver_seconds=[own(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])])
+    own = [engine.driver_seconds(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])]
+    return steps if None in own else steps.assign(driver_seconds=own)
 
 
 class Recorder:
@@ -87,15 +87,19 @@ class Recorder:
         }
 
     def attach(self, controller) -> None:
+        """Record `controller`'s run: its files are rewritten at each step's row (add it as an observer: `on_step`)."""
         self.controller = controller
-        previous = controller.on_step
 
-        def on_step(row: dict) -> None:
-            self.write()
-            if previous:
-                previous(row)
+    def on_step(self, row: dict) -> None:
+        """A step observer (lssim.loop.contracts.StepObserver): the files, rewritten with the step just recorded."""
+        self.write()
 
-        controller.on_step = on_step
+    def signals(self) -> dict:
+        """The per-response signals kept so far (a checkpoint keeps them)."""
+        return dict(self._signals)
+
+    def restore_signals(self, signals: dict) -> None:
+        self._signals.update(signals)
 
     # -- files -------------------------------------------------------------------------------------
     def write(self) -> None:
@@ -193,37 +197,28 @@ class Recorder:
         return df
 
 
-# What the controller holds a request in (lssim.loop.controller.Controller), in the order unfinished_frame looks.
-_HELD = (("carried", "_carried"), ("kept", "_kept"), ("open group", "_waiting_groups"))
-
-
 def unfinished_frame(controller) -> pd.DataFrame:
     """The responses `controller` holds unfinished between steps, one row each (lssim.analysis.fidelity.UNFINISHED_COLUMNS
     and `held`: carried, kept or open group, where it was first found), in the order they were made (rid).
 
-    Where the controller keeps them (lssim.loop.controller): `_carried`, unfinished responses to resume next step
-    (partial rollouts, collocated checkpoints hold the same list); `_kept`, responses still generating in the
-    engine across the step boundary (async); `_waiting_groups`, every member of a group not yet complete, ended
-    or not. A member that ended is in the response table (the trace) already and is left out here, so the trace
+    Where the controller keeps them (lssim.loop.controller.Controller.held): carried, unfinished responses to resume
+    next step (partial rollouts, collocated checkpoints hold the same list); kept, responses still generating in the
+    engine across the step boundary (async); open group, every member of a group not yet complete, ended or not. A member that ended is in the response table (the trace) already and is left out here, so the trace
     and this frame never share a response. `generated` is what the controller has seen of it: for a request the
     engine still runs, the tokens of the last events it processed (what the next step would go on from).
     The frame's attrs hold `after_step`: the last step the controller finished (-1 before the first)."""
     seen: dict[int, tuple[str, Request]] = {}
-    for label, name in _HELD:
-        held = getattr(controller, name)
-        if isinstance(held, dict):
-            held = held.values()
-        for item in held:
-            for r in item if isinstance(item, list) else [item]:  # _waiting_groups: gid -> its members
-                if not r.done and r.rid not in seen:
-                    seen[r.rid] = (label, r)
+    for label, held in controller.held().items():
+        for r in held:
+            if not r.done and r.rid not in seen:
+                seen[r.rid] = (label, r)
     rows = [seen[rid] for rid in sorted(seen)]
     frame = pd.DataFrame({
         # UNFINISHED_COLUMNS are Request fields of the same names
         **{col: np.array([getattr(r, col) for _, r in rows], dtype=np.int64) for col in UNFINISHED_COLUMNS},
         "held": pd.Series([label for label, _ in rows], dtype=str),
     })
-    step_rows = getattr(controller, "_step_rows", [])
+    step_rows = controller.step_rows
     frame.attrs["after_step"] = int(step_rows[-1]["step"]) if step_rows else -1
     return frame
 

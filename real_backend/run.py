@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
     if ckpt is not None:
-        say(f"lssim real: resuming {out} after step {ckpt.step} ({len(ckpt.controller['_carried'])} carried responses)")
+        say(f"lssim real: resuming {out} after step {ckpt.step} ({len(ckpt.carried)} carried responses)")
     say(f"lssim real: mode {mode.label()}, policy {policy.name}, {config.steps} steps x {config.groups_per_step} groups x {config.group_size} samples, "
         f"max_tokens {config.max_tokens}, {len(prompts.pool)} prompts, model {setup.model_dir}")
     say("starting the vLLM engine ...")
@@ -139,9 +139,9 @@ def resumed_run(args: argparse.Namespace):
     from lssim.loop.rewards import RewardScale
 
     from .checkpoint import load_checkpoint
-    from .world import RealSetup, _old_meta
+    from .world import RealSetup, old_meta
 
-    recorded_mode = _old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
+    recorded_mode = old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
     if recorded_mode != "collocated":
         raise ValueError(f"--resume {args.resume}: that run is in mode {recorded_mode}; only collocated runs are "
                          f"checkpointed and can be resumed")

@@ -36,19 +36,19 @@ import numpy as np
 
 from lssim.loop.policy import Policy, TrainBatch
 
-from .trainer import GRPOTrainer, _Sample
+from .trainer import GRPOTrainer, Sample
 
 METHODS = ("g2tp", "entropy")
 
 
-def _batch(samples: list[_Sample]) -> TrainBatch:
+def _batch(samples: list[Sample]) -> TrainBatch:
     return TrainBatch(0, np.array([len(s.prompt) for s in samples], np.int64), np.array([len(s.response) for s in samples], np.int64),
                       np.array([s.advantage for s in samples], float), np.array([s.group for s in samples], np.int64),
                       logprobs=tuple(np.asarray(s.behaviour, float) for s in samples),
                       in_loss=tuple(np.asarray(s.mask, float) > 0 for s in samples))
 
 
-def g2tp_masks(samples: list[_Sample], fraction: float) -> list[np.ndarray]:
+def g2tp_masks(samples: list[Sample], fraction: float) -> list[np.ndarray]:
     """Per sample, 1 for a token kept in the loss, 0 for one pruned: the batch's lowest ``fraction`` of
     |advantage| x (1 - p_old) among the tokens in the loss now (ties broken by position, stably); policies/g2tp.py."""
     from policies.g2tp import g2tp_keep
@@ -58,7 +58,7 @@ def g2tp_masks(samples: list[_Sample], fraction: float) -> list[np.ndarray]:
     return [k.astype(float) for k in g2tp_keep(_batch(samples), fraction)]
 
 
-def entropy_masks(samples: list[_Sample], window: int, threshold: float) -> list[np.ndarray]:
+def entropy_masks(samples: list[Sample], window: int, threshold: float) -> list[np.ndarray]:
     """Per sample, 0 over each window of ``window`` response tokens whose mean surprisal is below ``threshold``
     (policies/entropy_prune.py; here the tokens already out of the loss are not looked at)."""
     from policies.entropy_prune import entropy_keep
@@ -70,7 +70,7 @@ def entropy_masks(samples: list[_Sample], window: int, threshold: float) -> list
                                                              batch.group, batch.logprobs), window, threshold)]
 
 
-def compact_samples(samples: list[_Sample]) -> list[_Sample]:
+def compact_samples(samples: list[Sample]) -> list[Sample]:
     """Drop samples with no kept token; cut each sample after its last kept token."""
     out = []
     for s in samples:
@@ -78,7 +78,7 @@ def compact_samples(samples: list[_Sample]) -> list[_Sample]:
         if not len(kept):
             continue
         end = int(kept[-1]) + 1
-        out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group, s.rid))
+        out.append(Sample(s.prompt, s.response[:end], s.behaviour[:end], s.mask[:end], s.advantage, s.group, s.rid))
     return out
 
 

@@ -1,11 +1,11 @@
 """A real GRPO step as a job beside the rollout: the execution modes that train beside it (lssim.loop.modes) on vLLM.
 
-    job = trainer.start(groups, step)     # GRPOTrainer.start: the update runs on the trainer's thread
+    job = trainer.start(groups, step)     # GRPOTrainer.start: the update runs on the trainer's lane (TrainLane)
     job.ready(engine) / job.wait(engine)  # done yet? / block until done (the trainer's error, if any, is raised)
     job.notify(engine)                    # the engine reports Event(WAKE) when the job is done
     job.push(engine)                      # its weights into the idle engine (nothing may be in flight)
 
-The same protocol as the simulator's priced `lssim.loop.modes.TrainJob`, so the modes are written once. Where it runs:
+The contract lssim.loop.contracts.TrainJob, as the simulator's priced `lssim.loop.modes.PricedTrainJob`, so the modes are written once. Where it runs:
 one thread per trainer (a one-worker executor: jobs run one after another, in the order started, as on a train
 device group), beside the controller's thread and vLLM's engine core (a separate process). torch releases the GIL
 in its kernels, so the update and the engine's decoding overlap on two cores. The trainer's torch threads are
@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from lssim.loop.contracts import TrainJob
 from lssim.loop.core import Group
 
 
-class ThreadTrainJob:
+class ThreadTrainJob(TrainJob):
     __slots__ = ("step", "version", "start", "end", "metrics", "future", "_state")
 
     def __init__(self, step: int):
@@ -64,7 +66,8 @@ class ThreadTrainJob:
         return {"logprob": m.get("logprob_seconds", 0.0), "reference": 0.0, "update": m.get("update_seconds", 0.0),
                 "sync": m.get("sync_seconds", 0.0), "switch": 0.0}
 
-    def _run(self, trainer, groups: list[Group], clock) -> None:
+    def run(self, trainer, groups: list[Group], clock) -> None:
+        """The update, on the lane's thread: times, a snapshot of the weights, the metrics."""
         self.start = clock()
         metrics = trainer.update(groups, self.step)
         self._state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
@@ -72,19 +75,32 @@ class ThreadTrainJob:
         self.metrics = metrics
 
 
-def start_job(trainer, groups: list[Group], step: int) -> ThreadTrainJob:
-    """Queue `trainer.update(groups, step)` on the trainer's own thread (made on first use)."""
-    pool = getattr(trainer, "_job_pool", None)
-    if pool is None:
-        cpus = getattr(trainer, "job_cpus", None)
-        pool = trainer._job_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-trainer",
-                                                      initializer=_pin, initargs=(cpus,))
-    engine = trainer.engine
-    clock = engine.now if engine is not None else _monotonic
-    job = ThreadTrainJob(step)
-    job.future = pool.submit(job._run, trainer, groups, clock)
-    trainer.jobs = [*getattr(trainer, "jobs", []), job]
-    return job
+class TrainLane:
+    """A trainer's own thread for its jobs (one worker: jobs run one after another, in the order started), made on
+    first use, pinned to `cpus` (None: not pinned); `jobs`: every job started, in order."""
+
+    def __init__(self, cpus: tuple[int, ...] | None = None):
+        self.cpus = cpus
+        self.jobs: list[ThreadTrainJob] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, trainer, groups: list[Group], step: int) -> ThreadTrainJob:
+        """Queue `trainer.update(groups, step)` on the lane's thread; its times on the trainer's engine's clock."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-trainer", initializer=_pin,
+                                            initargs=(self.cpus,))
+        engine = trainer.engine
+        clock = engine.now if engine is not None else time.monotonic
+        job = ThreadTrainJob(step)
+        job.future = self._pool.submit(job.run, trainer, groups, clock)
+        self.jobs.append(job)
+        return job
+
+    def shutdown(self) -> None:
+        """Wait for the jobs and end the thread (a run's end); a later job starts a new one."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1) -> None:
@@ -110,23 +126,9 @@ def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: 
         previous = end
 
 
-def shutdown(trainer) -> None:
-    """Wait for the trainer's jobs and end its thread (a run's end)."""
-    pool = getattr(trainer, "_job_pool", None)
-    if pool is not None:
-        pool.shutdown(wait=True)
-        trainer._job_pool = None
-
-
 def _pin(cpus) -> None:
     if cpus:
         os.sched_setaffinity(threading.get_native_id(), set(cpus))
 
 
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()
-
-
-__all__ = ["ThreadTrainJob", "start_job", "shutdown", "fill_step_rows"]
+__all__ = ["ThreadTrainJob", "TrainLane", "fill_step_rows"]

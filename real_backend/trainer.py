@@ -44,21 +44,26 @@ import time
 import numpy as np
 import torch
 
+from lssim.loop.contracts import Trainer
 from lssim.loop.core import Group, Request, off_policy_tokens
-from lssim.sim.training import pack_padded
+from lssim.loop.decisions import TrainBatch
+from lssim.sim.train_batches import pack_padded
+
+from .train_job import ThreadTrainJob, TrainLane
 
 
-class GRPOTrainer:
+class GRPOTrainer(Trainer):
     def __init__(self, model_dir: str, engine=None, prompts=None, *, lr: float = 2e-5, clip: float = 0.2, eps: float = 1e-6,
                  mini_batches: int = 1, max_grad_norm: float = 1.0, weight_decay: float = 0.0, micro_batch_tokens: int = 16384,
                  mask_resumed: bool = False, recompute_logprobs: bool = False, device: str = "cpu", dtype: str = "float32",
-                 seed: int = 0, threads: int | None = None, sync_on_start: bool = True):
+                 seed: int = 0, threads: int | None = None, sync_on_start: bool = True, job_cpus: tuple[int, ...] | None = None):
         """
         engine: where new weights go after each step (anything with update_weights(state_dict)); None: nowhere.
         prompts: gives each prompt's token ids (prompt_tokens(prompt_id)).
         micro_batch_tokens: padded tokens per forward/backward pass (gradients accumulate over them).
         sync_on_start: push the checkpoint's weights into the engine now, so a reused engine starts from
             the checkpoint whatever ran on it before.
+        job_cpus: the CPUs the thread of the jobs beside the rollout is pinned to (`start`; None: not pinned).
         """
         if mini_batches < 1:
             raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
@@ -84,13 +89,15 @@ class GRPOTrainer:
         self.last_sync_seconds = 0.0
         self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
         self.last_pruning: dict = {}  # what the hook pruned at the last step (in its metrics too)
+        self.lane = TrainLane(job_cpus)  # where `start`'s jobs run
         if sync_on_start and engine is not None:
             self.last_sync_seconds = engine.update_weights(self.model.state_dict(), version=0)
 
     # -- Trainer protocol --------------------------------------------------------------------------
-    def set_train_mask(self, hook) -> None:
+    def set_train_mask(self, hook) -> bool:
         """Ask `hook` (lssim.loop.policy.Policy.train_mask) each step which tokens are trained."""
         self.train_mask = hook
+        return True
 
     def train(self, groups: list[Group], step: int) -> dict:
         """One RL step, blocking: the update, then the new weights into the engine (the collocated step)."""
@@ -102,13 +109,17 @@ class GRPOTrainer:
         metrics["sync_seconds"] = sync
         return metrics
 
-    def start(self, groups: list[Group], step: int):
+    def start(self, groups: list[Group], step: int) -> ThreadTrainJob:
         """One RL step as a job beside the rollout (the execution modes that train beside it, lssim.loop.modes): the
         update runs on the trainer's thread; its weights reach the engine when the mode pushes them
         (real_backend.train_job.ThreadTrainJob.push). Jobs run one after another, in the order started."""
-        from .train_job import start_job
+        return self.lane.start(self, groups, step)
 
-        return start_job(self, groups, step)
+    def started_jobs(self) -> list[ThreadTrainJob]:
+        return self.lane.jobs
+
+    def finish_jobs(self) -> None:
+        self.lane.shutdown()
 
     def update(self, groups: list[Group], step: int) -> dict:
         """The step's update alone (no weight push): its metrics, `sync_seconds` 0."""
@@ -142,7 +153,7 @@ class GRPOTrainer:
         return metrics
 
     # -- internals ---------------------------------------------------------------------------------
-    def _samples(self, groups: list[Group], step: int) -> list["_Sample"]:
+    def _samples(self, groups: list[Group], step: int) -> list["Sample"]:
         out = []
         for gi, g in enumerate(groups):
             members = [r for r in g.requests if math.isfinite(r.reward) and r.tokens is not None and r.generated > 0]
@@ -157,11 +168,9 @@ class GRPOTrainer:
                 out.append(self._sample(r, float(a), gi, step))
         return self._pruned(out, step) if self.train_mask is not None else out
 
-    def _pruned(self, samples: list["_Sample"], step: int) -> list["_Sample"]:
+    def _pruned(self, samples: list["Sample"], step: int) -> list["Sample"]:
         """The samples as the policy's train_mask leaves them: pruned tokens out of the loss, each sample cut to the
         tokens still computed (none: dropped)."""
-        from lssim.loop.policy import TrainBatch
-
         batch = TrainBatch(step, np.array([len(s.prompt) for s in samples], np.int64),
                            np.array([len(s.response) for s in samples], np.int64),
                            np.array([s.advantage for s in samples], float), np.array([s.group for s in samples], np.int64),
@@ -179,11 +188,11 @@ class GRPOTrainer:
         out = []
         for s, keep, end in zip(samples, mask.keep, mask.computed.tolist()):
             if end:
-                out.append(_Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
+                out.append(Sample(s.prompt, s.response[:end], s.behaviour[:end], keep[:end].astype(float).tolist(),
                                    s.advantage, s.group, s.rid))
         return out
 
-    def _sample(self, r: Request, advantage: float, group: int, step: int) -> "_Sample":
+    def _sample(self, r: Request, advantage: float, group: int, step: int) -> "Sample":
         prompt = list(self.prompts.prompt_tokens(r.prompt_id))
         response = list(r.tokens[:r.generated])
         behaviour = list(r.signals["logprobs"][:r.generated])
@@ -193,9 +202,9 @@ class GRPOTrainer:
         if self.mask_resumed:
             for i in range(min(off_policy_tokens(r, step), len(mask))):
                 mask[i] = 0.0
-        return _Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
+        return Sample(prompt, response, behaviour, mask, advantage, group, r.rid)
 
-    def _update(self, samples: list["_Sample"]) -> tuple[float, float, float, float]:
+    def _update(self, samples: list["Sample"]) -> tuple[float, float, float, float]:
         """One optimizer step on `samples`; returns (loss, grad norm, clip fraction, mean |logp - behaviour|)."""
         n_tokens = sum(s.n_loss for s in samples)
         if n_tokens == 0:
@@ -222,7 +231,7 @@ class GRPOTrainer:
         return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
 
     @torch.no_grad()
-    def _recompute_logprobs(self, samples: list["_Sample"]) -> None:
+    def _recompute_logprobs(self, samples: list["Sample"]) -> None:
         """The current weights' log-prob of each response token becomes the sample's old log-prob (verl's
         compute_log_prob): one forward pass over the whole batch, packed as the update packs it."""
         for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
@@ -234,13 +243,13 @@ class GRPOTrainer:
                 P, R = len(s.prompt), len(s.response)
                 s.behaviour = logp[row, P - 1:P + R - 1].tolist()  # position j predicts token j + 1
 
-    def _micro_batches(self, samples: list["_Sample"]):
+    def _micro_batches(self, samples: list["Sample"]):
         """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.sim.training.pack_padded,
         the rule its ProfiledTrainCost prices)."""
         for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
             yield self._collate([samples[i] for i in idx])
 
-    def _collate(self, batch: list["_Sample"]):
+    def _collate(self, batch: list["Sample"]):
         T = max(s.length for s in batch)
         B = len(batch)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
@@ -258,7 +267,7 @@ class GRPOTrainer:
         return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
 
 
-class _Sample:
+class Sample:
     __slots__ = ("prompt", "response", "behaviour", "mask", "advantage", "group", "rid")
 
     def __init__(self, prompt, response, behaviour, mask, advantage, group, rid=-1):

@@ -40,9 +40,9 @@ def _speculating(specs) -> list[str]:
 def greedy_world(specs: list[tuple]) -> bool:
     """vLLM's CPU build speculates correctly only greedily: in a world where a policy speculates, all run greedy
     (its baseline included, on the same engine with drafting off)."""
-    from .world import _vllm_on_cpu
+    from .world import vllm_on_cpu
 
-    return bool(_speculating([spec for _, spec in specs])) and _vllm_on_cpu()
+    return bool(_speculating([spec for _, spec in specs])) and vllm_on_cpu()
 
 
 def world_config(world, args):

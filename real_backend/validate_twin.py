@@ -113,6 +113,6 @@ def unfinished_from_checkpoint(folder, last_step: int) -> pd.DataFrame:
     if ckpt.step != last_step:
         print(f"warning: {folder}: its checkpoint is of step {ckpt.step}, its last recorded step {last_step}", file=sys.stderr)
         return empty
-    carried = ckpt.controller.get("_carried", [])
+    carried = ckpt.carried
     return pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
                           r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)

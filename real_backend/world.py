@@ -22,17 +22,21 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from lssim.cost import ProfiledCostModel
+from lssim.loop.contracts import StepObserver
 from lssim.loop.controller import Controller, RunConfig, RunResult
 from lssim.loop.core import Speculation
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
+from lssim.sim.bounds import make_lower_bound
 
 from . import task
 from .engine_config import VLLMConfig
 from .prompts import TaskPrompts
 from .recorder import CHECKPOINT, FILES, Recorder
+from .train_job import fill_step_rows
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -105,8 +109,6 @@ class RealSetup:
             if problem:
                 raise ValueError(problem)
         if self.profile is not None:
-            from lssim.cost import ProfiledCostModel
-
             ProfiledCostModel.from_json(self.profile)  # a missing or bad file fails here, naming itself
         self.engine_config()  # the engine's limits, checked now rather than when vLLM starts
 
@@ -134,7 +136,7 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     if spec is not None and spec.method != "ngram":
         raise ValueError(f"policy {built.name} asks for speculative decoding with a draft model (method={spec.method!r}), "
                          f"but the vLLM backend has no draft model to give vLLM; use method='ngram'")
-    if spec is not None and setup.temperature != 0 and _vllm_on_cpu():
+    if spec is not None and setup.temperature != 0 and vllm_on_cpu():
         raise ValueError(f"policy {built.name} asks for speculative decoding, which vLLM 0.32's CPU build does not sample "
                          f"correctly at temperature > 0 (measured: degenerate text; real_backend/README.md); on CPU it "
                          f"runs greedy only (RealSetup(temperature=0.0)), or use a GPU build")
@@ -227,7 +229,7 @@ def _cpus_available() -> set[int] | None:
 
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
-             on_step: Callable[[dict], None] | None = None, trainer=None, meta: dict | None = None,
+             on_step: StepObserver | None = None, trainer=None, meta: dict | None = None,
              resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None) -> RunResult:
     """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
@@ -237,8 +239,9 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
     collocated only: a checkpoint between steps would miss the updates still running and the responses in flight.
 
-    `engine` may have served other runs: its in-flight requests are aborted, it is pointed at `prompts`,
+    `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on,
     and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
+    on_step: told each step's row, after the files are written (before the checkpoint).
     checkpoint: after every step, `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs.
     resume: a checkpoint of this run (`load_checkpoint(out_dir)`): its state is restored (`policy` must be
     `resume.policy`), its weights pushed into the engine, and the run goes on from the step after it, up to
@@ -246,62 +249,37 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
     engine.abort_all()
-    engine.prompt_tokens, engine.reward_fn = prompts.prompt_tokens, prompts.reward
+    engine.serve(prompts.prompt_tokens, prompts.reward)
     spec = policy.needs().speculation
     engine.set_speculation(spec)  # before anything else: refuses an engine started without it
-    if hasattr(engine, "reset_spec_counters"):
-        engine.reset_spec_counters()
+    engine.reset_spec_counters()
     if resume is not None and resume.policy is not policy:
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
     mode = mode or ModeConfig(rollout_devices=engine.n_instances)
     if resume is not None and not mode.collocated:
         raise ValueError(f"resume: only a collocated run can be resumed, not {mode.mode} (its checkpoint would miss the "
                          f"updates still running and the responses in flight)")
-    checkpoint = checkpoint and mode.collocated
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
-    trainer.job_cpus = setup.trainer_cpus
-    recorder = Recorder(out_dir, decode=prompts.decode, meta={
-        "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
-        "engine": {"model": engine.model, "start_seconds": getattr(engine, "start_seconds", None),
-                   "vllm": _vllm_version(), "n_instances": engine.n_instances,
-                   # what vLLM was started with, whatever this run asks of it (a plain run on an engine started with
-                   # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
-                   "speculation": _as_dict(getattr(engine, "speculation", None))},
-        "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
-    if not mode.collocated:
-        recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
-    controller = Controller(engine, trainer, prompts, policy, config, on_step=on_step, mode=mode.build())
-    if setup.profile:  # the same bound the simulator prices, with this engine's measured cost model
-        from lssim.sim.bounds import make_lower_bound
-        from lssim.cost import ProfiledCostModel
-
-        controller.lower_bound = make_lower_bound(ProfiledCostModel.from_json(setup.profile), engine.n_instances, setup.max_num_seqs)
+    recorder = _recorder(setup, policy, config, out_dir, engine, prompts, mode, meta)
+    controller = Controller(engine, trainer, prompts, policy, config, lower_bound=_lower_bound(setup, engine),
+                            mode=mode.build())
     recorder.attach(controller)
     if resume is None:
         recorder.remove_stale()
         first = 0
     else:
         first = _resume(resume, controller, trainer, prompts, recorder)
-    if checkpoint:
-        _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config, meta)
-    if spec is not None:
-        previous = controller.on_step
-
-        def on_step(row: dict) -> None:  # the measured acceptance rate so far, in meta.json at every step
-            recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
-            previous(row)
-
-        controller.on_step = on_step
+    run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
+    checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint and mode.collocated else None
+    for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, checkpointer):
+        controller.add_observer(observer)
     if not mode.collocated:
-        _fill_job_rows(controller, trainer, mode)
         recorder.write_in_background()
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
     result = _run_recorded(controller, recorder, engine, first)
     if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
-        from .train_job import fill_step_rows, shutdown
-
-        shutdown(trainer)
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
+        trainer.finish_jobs()
+        fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
         recorder.write()
         result = controller.result()
     if spec is not None:
@@ -309,6 +287,45 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     recorder.finish("finished")
     result.meta.update(recorder.meta)
     return result
+
+
+def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
+                   on_step: StepObserver | None, checkpointer: StepObserver | None) -> list[StepObserver]:
+    """What a real run does with each step's row, in this order (Controller.add_observer): the times of the updates
+    that ended since into the step rows (modes that train beside the rollout: train_job.fill_step_rows), the
+    measured acceptance rate so far into meta.json (speculation), the files rewritten (the recorder), the caller's
+    on_step, the checkpoint of the state after the step (collocated; after the files, which it may lead)."""
+    observers: list[StepObserver] = []
+    if not mode.collocated:
+        observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices))
+    if spec is not None:
+        engine, policy = controller.engine, controller.policy
+        observers.append(lambda row: recorder.meta.update(speculation=speculation_meta(spec, engine.spec_counters(), policy)))
+    observers.append(recorder.on_step)
+    observers += [o for o in (on_step, checkpointer) if o is not None]
+    return observers
+
+
+def _recorder(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, engine, prompts: TaskPrompts, mode: ModeConfig,
+              meta: dict | None) -> Recorder:
+    recorder = Recorder(out_dir, decode=prompts.decode, meta={
+        "world": "real", "policy": policy.name, "policy_repr": repr(policy), "config": asdict(config), "setup": asdict(setup),
+        "engine": {"model": engine.model, "start_seconds": engine.start_seconds,
+                   "vllm": _vllm_version(), "n_instances": engine.n_instances,
+                   # what vLLM was started with, whatever this run asks of it (a plain run on an engine started with
+                   # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
+                   "speculation": _as_dict(engine.speculation)},
+        "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
+    if not mode.collocated:
+        recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
+    return recorder
+
+
+def _lower_bound(setup: RealSetup, engine):
+    """The bound the simulator prices, with this engine's measured cost model (setup.profile); None without one."""
+    if not setup.profile:
+        return None
+    return make_lower_bound(ProfiledCostModel.from_json(setup.profile), engine.n_instances, setup.max_num_seqs)
 
 
 def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, config: RunConfig, sync: bool):
@@ -319,48 +336,31 @@ def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, con
     mask = setup.mask_resumed or policy.needs().mask_stale_tokens
     return GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
                        mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed,
-                       threads=setup.trainer_threads, sync_on_start=sync)
+                       threads=setup.trainer_threads, sync_on_start=sync, job_cpus=setup.trainer_cpus)
 
 
-def _resume(ckpt, controller, trainer, prompts, recorder) -> int:
+def _resume(ckpt, controller: Controller, trainer, prompts, recorder: Recorder) -> int:
     """Restore a checkpoint into the run's fresh objects, push its weights, rewrite the files from its state (they
     may lag the checkpoint by one step after a kill, or lead it); returns the first step to run."""
     from .checkpoint import restore
 
     restore(ckpt, controller, trainer, prompts, recorder)
     trainer.last_sync_seconds = controller.engine.update_weights(trainer.model.state_dict(), version=trainer.version)
-    old = _old_meta(recorder.out)
+    old = old_meta(recorder.out)
     # meta.json says where the run was resumed, with what command, and how many carried responses came back
     resumes = list(old.get("resumes", [])) + [{"after_step": ckpt.step, "at": time.time(), "command": recorder.meta.get("command"),
-                                                "carried_in": len(controller._carried)}]
+                                                "carried_in": len(controller.carried)}]
     recorder.meta.update({k: v for k, v in old.items() if k == "command"}, resumes=resumes)
     recorder.remove_partial()
     recorder.write()
     return ckpt.step + 1
 
 
-def _fill_job_rows(controller, trainer, mode: ModeConfig) -> None:
-    """Before each step's files are written: the rows of steps whose update has finished since (train_job)."""
-    from .train_job import fill_step_rows
-
-    written = controller.on_step
-
-    def on_step(row: dict) -> None:
-        fill_step_rows(controller._step_rows, getattr(trainer, "jobs", []), mode.train_devices)
-        written(row)
-
-    controller.on_step = on_step
-
-
-def _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config, meta) -> None:
-    """After each step's files are written, the checkpoint of the state after it (real_backend.checkpoint)."""
+def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, run_info: dict) -> StepObserver:
+    """The checkpoint of the state after each step (real_backend.checkpoint), once the step's files are written."""
     from .checkpoint import save_checkpoint
 
-    run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
-    written = controller.on_step
-
-    def on_step(row: dict) -> None:
-        written(row)
+    def checkpoint(row: dict) -> None:
         if recorder.meta.get("checkpoint", "on") != "on":
             return
         try:
@@ -370,19 +370,14 @@ def _checkpoint_every_step(controller, trainer, prompts, recorder, setup, config
             recorder.meta["checkpoint"] = f"off: {e}"
             recorder.remove_checkpoint()
 
-    controller.on_step = on_step
+    return checkpoint
 
 
-def _run_recorded(controller, recorder, engine, first: int) -> RunResult:
-    """The steps from `first` on (Controller.run's loop, started later), recording how the run ended."""
+def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int) -> RunResult:
+    """The steps from `first` on (Controller.run), recording how the run ended."""
     engine.observers.append(recorder.observe)
     try:
-        cfg = controller.config
-        for step in range(first, cfg.steps):
-            if controller.groups_trained >= cfg.total_groups and not controller._carried and not controller._kept:
-                break  # as Controller.run: done once enough groups trained and nothing is carried
-            controller.run_step(step)
-        return controller.result()
+        return controller.run(first_step=first)
     except KeyboardInterrupt:
         recorder.finish("interrupted")
         raise
@@ -397,7 +392,8 @@ def _run_recorded(controller, recorder, engine, first: int) -> RunResult:
             pass
 
 
-def _old_meta(out: Path) -> dict:
+def old_meta(out: Path) -> dict:
+    """The meta.json a run left in `out` ({} if none, or unreadable)."""
     try:
         return json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
@@ -417,7 +413,8 @@ def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
     accepted with probability alpha until the first rejection). The n-gram proposer drafts fewer than gamma
     tokens, or none, when its lookup finds no match, so two more figures: `token_acceptance` (accepted over
     drafted tokens, vLLM's "draft acceptance rate") and `tokens_per_step` (tokens generated per engine step).
-    A policy that switches speculation while it runs (policies/tlt.py) adds its `decisions` (one per step).
+    A policy that switches speculation while it runs (policies/tlt.py) adds its `decisions` (one per step: its
+    `run_notes`, lssim.loop.contracts.PolicyHooks).
     """
     drafts, accepted = counts["drafts"], counts["accepted_tokens"]
     alpha = Speculation.alpha_from_counts(drafts, accepted, spec.gamma) if drafts > 0 else None
@@ -425,17 +422,16 @@ def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
             "token_acceptance": accepted / counts["draft_tokens"] if counts["draft_tokens"] else None,
             "mean_draft_len": counts["draft_tokens"] / drafts if drafts else None,
             "tokens_per_step": counts["generation_tokens"] / counts["steps"] if counts["steps"] else None, **counts}
-    if isinstance(getattr(policy, "decisions", None), list):
-        meta["decisions"] = list(policy.decisions)
+    meta.update(policy.run_notes() if policy is not None else {})
     return meta
 
 
-def _vllm_on_cpu() -> bool:
+def vllm_on_cpu() -> bool:
     """Whether the installed vLLM is the CPU build (False without vLLM: the engine will say what is missing)."""
     try:
-        from .engine import _cpu_platform
+        from .engine import cpu_platform
 
-        return _cpu_platform()
+        return cpu_platform()
     except ImportError:
         return False
 

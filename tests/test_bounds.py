@@ -111,11 +111,11 @@ def test_the_bound_is_the_brute_force_one_bit_for_bit(rows, which, instances, rn
 @settings(max_examples=150, deadline=None)
 @given(responses)
 def test_the_one_pass_terms_are_solo_candidates_and_the_sums(rows):
-    from lssim.sim.bounds import _bound_terms
+    from lssim.sim.bounds import bound_terms
 
     _, ctx0, tokens = columns(rows)
     ran = tokens > 0
-    n_ran, c, t, step_tokens, reads, prefilled = _bound_terms(ctx0, tokens)
+    n_ran, c, t, step_tokens, reads, prefilled = bound_terms(ctx0, tokens)
     assert n_ran == ran.sum() and step_tokens == tokens[ran].sum() and prefilled == ctx0[ran].sum()
     assert reads == (tokens * ctx0 + tokens * (tokens - 1) // 2)[ran].sum()
     if ran.any():

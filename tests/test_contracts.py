@@ -7,7 +7,8 @@ import pytest
 
 from lssim.loop.checks import PolicyCheckError, check_policy
 from lssim.loop.controller import Controller, RunConfig
-from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Engine, Speculation
+from lssim.loop.contracts import Engine
+from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Speculation
 from lssim.loop.policy import Compose, Policy, PolicyNeeds, make_policy
 from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
 from lssim.traces.workload import Workload
@@ -111,16 +112,89 @@ def test_check_policy_refuses_needs_that_are_not_a_policy_needs():
 
 @pytest.mark.parametrize("policy", ["baseline", "april", "hadb"])
 def test_the_controllers_own_state_pickles_as_a_checkpoint_takes_it(policy):
-    """real_backend.checkpoint pickles the controller's __dict__ less the parts it rebuilds (_NOT_STATE): nothing else
-    in it may be a lambda or another unpicklable object (a run would lose its checkpoints; only a real run shows it)."""
+    """real_backend.checkpoint pickles the controller's state (Controller.state()): nothing in it may be a lambda or
+    another unpicklable object (a run would lose its checkpoints; only a real run shows it)."""
     import pickle
-
-    from real_backend.checkpoint import _NOT_STATE
 
     wl = Workload(make_trace([[[30, 10], [20, 40]], [[50, 5], [25, 35]]]))
     cfg = RunConfig(steps=2, groups_per_step=2, group_size=2, max_tokens=wl.max_tokens)
     engine = SimEngine(wl, COST, EngineConfig(1, 8, 10**6))
     controller = Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy(policy), cfg)
     controller.run_step(0)
-    state = {k: v for k, v in controller.__dict__.items() if k not in _NOT_STATE}
+    state = controller.state()
     assert pickle.loads(pickle.dumps(state)).keys() == state.keys()
+
+
+# -- the contracts module: optional abilities answer "unknown", implementations subclass -------------------------
+
+def test_the_optional_abilities_of_a_trainer_a_source_and_a_cost_model_have_their_unknown_answers():
+    import numpy as np
+
+    from lssim.loop.contracts import CostModel, PromptSource, Trainer
+    from lssim.loop.core import PromptPool
+
+    class Bare(Trainer):
+        def train(self, groups, step):
+            return {}
+
+    trainer = Bare()
+    assert trainer.set_train_mask(lambda batch: None) is False and trainer.start([], 0) is None
+    assert trainer.started_jobs() == [] and trainer.finish_jobs() is None
+
+    class Source(PromptSource):
+        pool = PromptPool(np.arange(3), np.array([5, 6, 7]))
+
+        def default_groups(self, step, n_groups, group_size, max_tokens):
+            return []
+
+        def prompt_len(self, prompt_id):
+            return int(self.pool.prompt_len[prompt_id])
+
+    source = Source()
+    assert source.prompt_lens(np.array([2, 0])).tolist() == [7, 5] and source.loader_state() == {}
+    with pytest.raises(ValueError, match="no loader state"):
+        source.set_loader_state({"_cursor": 1})
+    # the array forms a model leaves out are the scalar calls, to the last bit; abort_time unknown: free
+    n, ctx, k = np.array([1, 3, 8]), np.array([16.0, 90.0, 400.0]), np.array([1, 7, 0])
+    assert COST.decode_times(n, ctx, k).tolist() == [COST.decode_time(*a) for a in zip(n.tolist(), ctx.tolist(), k.tolist())]
+    assert COST.prefill_times(np.array([0, 16, 16])).tolist() == [0.0, COST.prefill_time(16), COST.prefill_time(16)]
+    assert isinstance(COST, CostModel) and CostModel.abort_time(COST, 3) == 0.0
+
+
+def test_an_engine_without_timers_or_counters_refuses_or_answers_unknown():
+    engine = _Bare()
+    assert engine.spec_counters() is None and engine.driver_seconds(0.0, 1.0) is None
+    engine.reset_spec_counters()
+    with pytest.raises(NotImplementedError, match="_Bare"):
+        engine.wake_when(None)
+
+
+def _controller(policy="baseline", steps=2):
+    wl = Workload(make_trace([[[30, 10], [20, 40]], [[50, 5], [25, 35]]]))
+    cfg = RunConfig(steps=steps, groups_per_step=2, group_size=2, max_tokens=wl.max_tokens)
+    engine = SimEngine(wl, COST, EngineConfig(1, 8, 10**6))
+    return Controller(engine, SimTrainer(engine, NO_TRAIN), wl, make_policy(policy) if isinstance(policy, str) else policy, cfg)
+
+
+def test_observers_are_told_each_steps_row_in_the_order_added():
+    controller, told = _controller(), []
+    controller.add_observer(lambda row: told.append(("first", row["step"])))
+    controller.add_observer(lambda row: told.append(("second", row["step"])))
+    result = controller.run()
+    assert told == [("first", 0), ("second", 0), ("first", 1), ("second", 1)]
+    assert [row["step"] for row in controller.step_rows] == result.steps["step"].tolist() == [0, 1]
+
+
+def test_a_controller_restored_from_state_goes_on_as_the_uninterrupted_one():
+    import pickle
+
+    straight = _controller("april").run()
+    first = _controller("april")
+    first.run_step(0)
+    state = pickle.loads(pickle.dumps(first.state()))
+    resumed = _controller(first.policy)  # the policy object travels beside the state (a checkpoint pickles both)
+    resumed.restore(state)
+    result = resumed.run(first_step=1)
+    same = [c for c in straight.responses.columns if c not in ("submit_time", "first_token_time", "finish_time")]
+    assert result.responses[same].equals(straight.responses[same])
+    assert result.steps["step"].tolist() == [0, 1]

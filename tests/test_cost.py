@@ -300,7 +300,6 @@ def test_profiled_json_keeps_departures(tmp_path):
 
 
 def test_profiled_json_keeps_the_abort_time_and_reads_older_profiles_as_free_aborts(tmp_path):
-    from lssim.cost.protocol import abort_time_of
     from lssim.sim.shared_host import ScaledCost
 
     m = ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, abort_seconds=2e-4)
@@ -311,8 +310,8 @@ def test_profiled_json_keeps_the_abort_time_and_reads_older_profiles_as_free_abo
     del payload["abort_coefficients"]  # a profile measured before aborts were
     (tmp_path / "old.json").write_text(json.dumps(payload))
     assert ProfiledCostModel.from_json(tmp_path / "old.json").abort_time(10) == 0
-    assert abort_time_of(ScaledCost(m, 1.7), 3) == pytest.approx(6e-4)  # the caller's time: not the host's slow-down
-    assert abort_time_of(RooflineCostModel("qwen2.5-7b", "H100"), 3) == 0.0  # a model without it: free
+    assert ScaledCost(m, 1.7).abort_time(3) == pytest.approx(6e-4)  # the caller's time: not the host's slow-down
+    assert RooflineCostModel("qwen2.5-7b", "H100").abort_time(3) == 0.0  # a model without it: free
     with pytest.raises(ValueError, match="a1"):
         ProfiledCostModel(c0=2e-3, c1=3e-5, c2=3e-7, abort_seconds=-1.0)
 

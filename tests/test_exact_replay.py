@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lssim.loop.contracts import PromptSource
 from lssim.loop.controller import RunConfig
 from lssim.loop.policy import available_policies
 from lssim.analysis.replay import SimSetup, simulate
@@ -139,7 +140,7 @@ def test_a_bad_cell_is_named_by_file_column_and_row(seed, which, at):
     assert str(e.value).startswith(f"run.parquet: column {col!r}: row {row}: {problem}"), str(e.value)
 
 
-class Stream:
+class Stream(PromptSource):
     """A data loader that is a cursor (as real_backend's TaskPrompts): batch k holds prompts 100k..100k+n-1,
     whatever step asks. It counts what is fetched."""
 
@@ -163,7 +164,7 @@ class Stream:
 
 @pytest.mark.parametrize("policy", ["baseline", "april", "segment(window=32)", "dapo", "hadb"])
 def test_a_cursor_source_is_fetched_only_for_batches_that_are_used(policy):
-    """The proposal takes a recorded batch whole (Controller._proposal_size), but never fetches a batch from a
+    """The proposal takes a recorded batch whole (DataLoader.proposal_size), but never fetches a batch from a
     source of equal batches that the step does not draw from (carried groups fill it): such a source sees the
     same stream as before. (rollpacker is left out: it drops part of a proposal by design.)"""
     from lssim.loop.controller import RunConfig

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from lssim.loop.checks import check_policy
 from lssim.cli import main
 from lssim.loop.controller import Controller, RunConfig
-from lssim.loop.core import Engine, GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
+from lssim.loop.contracts import Engine
+from lssim.loop.core import GroupSpec, InstanceLoad, PromptPool, Speculation, StepContext
 from lssim.cost import RooflineCostModel, SpeculativeCost, solo_decode_time
 from lssim.loop.history import LengthHistory
 from lssim.loop.policy import StepOutcome, make_policy

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lssim.loop.modes import Async, Disaggregated, ModeConfig, TrainJob
+from lssim.loop.modes import Async, Disaggregated, ModeConfig, PricedTrainJob
 
 SHAPE = ["--n-prompts", "16", "--groups-per-step", "4", "--group-size", "4", "--max-tokens", "96"]
 
@@ -57,7 +57,7 @@ class _Job:
 
 def test_sim_train_job_protocol_moves_the_clock():
     clock = _Clock()
-    job = TrainJob(3, start=1.0, end=2.5, phases={"logprob": 0, "reference": 0, "update": 1.5, "sync": 0.25, "switch": 0})
+    job = PricedTrainJob(3, start=1.0, end=2.5, phases={"logprob": 0, "reference": 0, "update": 1.5, "sync": 0.25, "switch": 0})
     assert job.version == 4 and not job.ready(clock)
     job.notify(clock)
     assert clock.timers == [2.5]
@@ -66,7 +66,7 @@ def test_sim_train_job_protocol_moves_the_clock():
     job.push(clock)
     assert clock.now() == 2.75
     with pytest.raises(ValueError, match="end 1.0 before start 2.0"):
-        TrainJob(0, start=2.0, end=1.0, phases={})
+        PricedTrainJob(0, start=2.0, end=1.0, phases={})
 
 
 def test_async_takes_jobs_in_version_order_and_pushes_the_newest():

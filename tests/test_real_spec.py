@@ -34,9 +34,9 @@ def test_prepare_takes_ngram_and_puts_it_into_the_setup(real_model_dir):
 
 
 def test_prepare_refuses_sampled_speculation_on_the_cpu_build(real_model_dir):
-    from real_backend.world import _vllm_on_cpu
+    from real_backend.world import vllm_on_cpu
 
-    if not _vllm_on_cpu():
+    if not vllm_on_cpu():
         pytest.skip("not vLLM's CPU build")
     with pytest.raises(ValueError, match="temperature > 0"):
         _prepare(real_model_dir, SPEC)  # temperature 1: not lossless on vLLM 0.32's CPU build (measured)

@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.loop.records import _STRING_COLUMNS, RESPONSE_COLUMNS, ResponseTable, _strings
+from lssim.loop.records import STRING_COLUMNS, RESPONSE_COLUMNS, ResponseTable, string_column
 
 FLOATS = {"reward", "submit_time", "first_token_time", "finish_time", "natural_reward"}
 BOOLS = {"exact", "trained"}
@@ -19,7 +19,7 @@ def chunk(rng: np.random.Generator, n: int, widen: str | None = None) -> dict[st
     """One step's columns as ResponseTable.add makes them; `widen`: that int column arrives as float this time."""
     out = {}
     for name in RESPONSE_COLUMNS:
-        if name in _STRING_COLUMNS:
+        if name in STRING_COLUMNS:
             out[name] = np.array(["stop", "length", ""], object)[rng.integers(0, 3, n)]
         elif name in FLOATS or name == widen:
             out[name] = rng.random(n) * 100
@@ -32,7 +32,7 @@ def chunk(rng: np.random.Generator, n: int, widen: str | None = None) -> dict[st
 
 def concatenated(chunks) -> pd.DataFrame:
     """The frame as the table built it before its blocks: each column's chunks concatenated at the end."""
-    return pd.DataFrame({name: _strings([c[name] for c in chunks]) if name in _STRING_COLUMNS else
+    return pd.DataFrame({name: string_column([c[name] for c in chunks]) if name in STRING_COLUMNS else
                          np.concatenate([c[name] for c in chunks]) for name in RESPONSE_COLUMNS})
 
 
@@ -88,9 +88,9 @@ def test_an_empty_table_gives_the_empty_frame():
 
 def test_string_columns_kept_as_numbers_give_the_same_strings():
     """A step whose responses all ended by themselves or at their budget keeps finish_reason as numbers, and a
-    stop_reason of one str throughout as numbers too (records._finish_reasons, _coded_if_one); mixed with steps
+    stop_reason of one str throughout as numbers too (records._finish_reasons, coded_if_one); mixed with steps
     kept as objects, the frame has the strings the objects give."""
-    from lssim.loop.records import _coded_if_one, _Coded
+    from lssim.loop.records import coded_if_one, Coded
 
     rng = np.random.default_rng(2)
     chunks = [chunk(rng, n) for n in (6, 4, 0, 9)]
@@ -99,11 +99,11 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
         c = dict(c)
         if i % 2 == 0:
             stopped = rng.random(len(c["step"])) < 0.5
-            c["finish_reason"] = _Coded(stopped.view(np.int8), ("length", "stop"))
+            c["finish_reason"] = Coded(stopped.view(np.int8), ("length", "stop"))
             chunks[i]["finish_reason"] = np.where(stopped, "stop", "length").astype(object)
             chunks[i]["stop_reason"] = np.full(len(c["step"]), "", object)
-            c["stop_reason"] = _coded_if_one(chunks[i]["stop_reason"])
-            assert isinstance(c["stop_reason"], _Coded) or not len(c["step"])
+            c["stop_reason"] = coded_if_one(chunks[i]["stop_reason"])
+            assert isinstance(c["stop_reason"], Coded) or not len(c["step"])
         table._store(c)
     pd.testing.assert_frame_equal(table.frame(), concatenated(chunks), check_exact=True)
 
@@ -113,7 +113,7 @@ def test_string_columns_kept_as_numbers_give_the_same_strings():
        far=st.booleans())
 def test_in_sorted_is_isin(keys, values, far):
     """Keys in a short range (a mask over it) and spread out (`far`: np.isin's sort)."""
-    from lssim.loop.records import _in_sorted
+    from lssim.loop.records import in_sorted
 
     keys, values = np.sort(np.array(keys + [10**9] * far, np.int64)), np.array(values + [10**9] * far, np.int64)
-    assert _in_sorted(values, keys).tolist() == np.isin(values, keys).tolist()
+    assert in_sorted(values, keys).tolist() == np.isin(values, keys).tolist()

@@ -16,12 +16,12 @@ SHIPPED = ROOT / "lssim" / "sim" / "data" / "pruning_cpu.json"
 
 torch = pytest.importorskip("torch")
 from real_backend.token_pruning import compact_samples, entropy_masks, g2tp_masks  # noqa: E402
-from real_backend.trainer import _Sample  # noqa: E402
+from real_backend.trainer import Sample  # noqa: E402
 
 
 def sample(behaviour, advantage=1.0, mask=None, prompt=(1, 5, 6)):
     n = len(behaviour)
-    return _Sample(list(prompt), list(range(4, 4 + n)), list(behaviour), list(mask or [1.0] * n), advantage, 0)
+    return Sample(list(prompt), list(range(4, 4 + n)), list(behaviour), list(mask or [1.0] * n), advantage, 0)
 
 
 logprobs = st.lists(st.floats(-6.0, 0.0), min_size=1, max_size=40)

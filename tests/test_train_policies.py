@@ -162,7 +162,9 @@ def test_a_trainer_that_cannot_prune_refuses_the_policy():
     from lssim.traces.synth import SynthConfig, synthesize
     from lssim.traces.workload import Workload
 
-    class Plain:
+    from lssim.loop.contracts import Trainer
+
+    class Plain(Trainer):  # no set_train_mask of its own: the contract's answer, False
         def train(self, groups, step):
             return {}
 

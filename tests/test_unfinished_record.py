@@ -41,8 +41,8 @@ def _held_state():
     open group (in the trace already), r4 a member of that group that has not ended, r5 ended and kept by mistake."""
     r1, r2, r3, r4, r5 = (_request(1, 7, 0, 40), _request(2, 8, 1, 12, step=3), _request(3, 8, 0, 30, done=True),
                           _request(4, 8, 2, 5), _request(5, 9, 0, 96, done=True))
-    return SimpleNamespace(_carried=[r1], _kept={5: r5, 2: r2}, _waiting_groups={8: [r3, r2, r4]},
-                           _step_rows=[{"step": s} for s in range(4)])
+    held = {"carried": [r1], "kept": [r5, r2], "open group": [r3, r2, r4]}  # as Controller.held() lists them
+    return SimpleNamespace(held=lambda: held, step_rows=[{"step": s} for s in range(4)])
 
 
 def test_the_writer_lists_each_held_response_that_has_not_ended_once_in_rid_order():
@@ -56,7 +56,7 @@ def test_the_writer_lists_each_held_response_that_has_not_ended_once_in_rid_orde
 
 
 def test_a_controller_holding_nothing_writes_an_empty_file_of_the_same_columns(tmp_path):
-    frame = unfinished_frame(SimpleNamespace(_carried=[], _kept={}, _waiting_groups={}, _step_rows=[]))
+    frame = unfinished_frame(SimpleNamespace(held=lambda: {"carried": [], "kept": [], "open group": []}, step_rows=[]))
     assert frame.empty and frame.attrs["after_step"] == -1
     write_unfinished(frame, tmp_path / UNFINISHED_FILE)
     back = pd.read_parquet(tmp_path / UNFINISHED_FILE)
@@ -115,6 +115,7 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: s
     engine.submit = watched
     recorder = Recorder(folder, meta={"policy": policy, "config": asdict(config), "mode": asdict(mode)})
     recorder.attach(controller)
+    controller.add_observer(recorder.on_step)
     controller.run()
     recorder.finish("finished")
     return started, controller
@@ -125,7 +126,7 @@ def test_an_async_run_leaves_every_started_response_in_its_trace_or_its_unfinish
     started, controller = _recorded_async_run(out, tmp_path)
     run = load_run(out)
     u = run.unfinished
-    assert len(controller._kept) > 0 and len(u) == len(controller._kept)  # the run ended with responses generating
+    assert len(controller.kept) > 0 and len(u) == len(controller.kept)  # the run ended with responses generating
     assert set(u["held"]) == {"kept"} and u.attrs["after_step"] == int(run.steps["step"].iloc[-1])
     assert (u["generated"] < u["max_tokens"]).all() and (u["generated"] >= u["tokens_before_resume"]).all()
     traced = set(map(tuple, run.trace[KEY].to_numpy().tolist()))
@@ -141,7 +142,7 @@ def test_a_collocated_run_writes_what_its_checkpoint_holds(tmp_path):
     carried responses, the list its checkpoint keeps (real_backend.validate_twin.unfinished_from_checkpoint)."""
     out = tmp_path / "run"
     started, controller = _recorded_async_run(out, tmp_path, steps=3, mode="collocated", policy="segment(window=32)")
-    carried = sorted(controller._carried, key=lambda r: r.rid)
+    carried = sorted(controller.carried, key=lambda r: r.rid)
     assert len(carried) > 0
     from_checkpoint = pd.DataFrame([(r.step, r.prompt_id, r.sample_idx, r.group_id, r.prompt_len, r.generated,
                                      r.tokens_before_resume, r.max_tokens) for r in carried], columns=UNFINISHED_COLUMNS)

@@ -24,6 +24,7 @@ from lssim.cost.operators import KERNEL_PROFILES, OperatorCostModel
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
 from lssim.loop.rewards import RewardScale
+from lssim.sim.shared_host import SharedHostEngine, slowdown_problem
 from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
 from lssim.sim.training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from lssim.traces.workload import OracleLengths, Workload
@@ -73,8 +74,6 @@ class SimSetup:
         if self.cost == "operators" and self.model not in SHAPES:
             raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
         if self.host_slowdown is not None:
-            from lssim.sim.shared_host import slowdown_problem
-
             if slowdown_problem(self.host_slowdown):
                 raise ValueError(f"SimSetup.{slowdown_problem(self.host_slowdown)}")
         self.train_cost()  # a missing or bad file fails here, naming itself
@@ -126,6 +125,23 @@ def _load_numba_target() -> None:
         pass
 
 
+def _sim_engine(workload: Workload, setup: SimSetup, batch_route: bool) -> SimEngine:
+    """The simulated engine `setup` describes: instances sharing a host where it measured their slow-down."""
+    if setup.host_slowdown is None:
+        return SimEngine(workload, setup.cost_model(), setup.engine_config(), batch_route=batch_route)
+    return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown)
+
+
+def _trace_config(workload: Workload, steps: int | None, seed: int) -> RunConfig:
+    """Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run left
+    out of training count as used); policies that batch differently take more or fewer steps to get there (up to
+    twice the trace's). The baseline proposes each recorded batch whole: it replays the trace."""
+    n_steps = steps or len(workload.steps)
+    return RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
+                     max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
+                     reward_scale=workload.reward_scale)
+
+
 def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: int | None = None, seed: int = 0,
              progress: bool = False, *, config: RunConfig | None = None, prompts=None, batch_route: bool = True,
              response_columns: Sequence[str] | None = None) -> RunResult:
@@ -138,37 +154,23 @@ def simulate(workload: Workload, policy: Policy | str, setup: SimSetup, steps: i
     on the event engine (the batch route, lssim.sim.fastsim, gives the same results; the tests compare them).
     `response_columns` keeps only those columns of the responses frame (`run_summary` needs SUMMARY_RESPONSE_COLUMNS)."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
-    cost = setup.cost_model()
-    engine_cfg = setup.engine_config()
-    if setup.host_slowdown is None:
-        engine = SimEngine(workload, cost, engine_cfg, batch_route=batch_route)
-    else:
-        from lssim.sim.shared_host import SharedHostEngine
-
-        engine = SharedHostEngine(workload, cost, engine_cfg, slowdown=setup.host_slowdown)
-    mode_cfg = setup.mode_config()
+    engine_cfg, mode_cfg = setup.engine_config(), setup.mode_config()
+    engine = _sim_engine(workload, setup, batch_route)
     trainer = SimTrainer(engine, setup.train_cost(), n_devices=mode_cfg.train_devices, collocated=mode_cfg.collocated,
                          signal_only=setup.train_signal_only)
-    if config is None:
-        n_steps = steps or len(workload.steps)
-        # Every policy trains on the same number of groups as the trace's steps recorded (those the recorded run
-        # left out of training count as used); policies that batch differently take more or fewer steps to get
-        # there (up to twice the trace's). The baseline proposes each recorded batch whole: it replays the trace.
-        config = RunConfig(steps=2 * n_steps, groups_per_step=workload.groups_per_step, group_size=workload.group_size,
-                           max_tokens=workload.max_tokens, total_groups=workload.groups_in(n_steps), seed=seed,
-                           reward_scale=workload.reward_scale)
+    config = config or _trace_config(workload, steps, seed)
     oracle = OracleLengths(workload)
     controller = Controller(engine, trainer, prompts if prompts is not None else workload, policy, config, oracle_length=oracle,
                             mode=mode_cfg.build())
     # The bound is priced with the engine's cost model as the policy set it up (speculation makes small batches
     # cheaper: a bound from the plain model would not hold), so it is made once the controller has done that.
-    controller.lower_bound = make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs)
+    controller.set_lower_bound(make_lower_bound(engine.cost, engine_cfg.n_instances, engine_cfg.max_num_seqs))
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=config.total_groups, desc=policy.name, unit="group", leave=False)
-        controller.on_step = lambda row: bar.update(row["groups_trained"])
+        controller.add_observer(lambda row: bar.update(row["groups_trained"]))  # the progress bar observes the steps
     # The run allocates millions of small objects and frees none of them in cycles; the cyclic collector
     # would rescan them all again and again (a million-response run was 4x slower with it on).
     gc_was_enabled = gc.isenabled()

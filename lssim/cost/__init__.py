@@ -22,7 +22,8 @@ Every public name is re-exported here, so ``from lssim.cost import X`` works for
 from lssim.cost.catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware, ModelSpec, kv_capacity_tokens
 from lssim.cost.operators import KernelProfile, OperatorCostModel
 from lssim.cost.profiled import ProfiledCostModel, batch_features
-from lssim.cost.protocol import CostModel, peak_tokens_per_second, solo_decode_time
+from lssim.cost.protocol import peak_tokens_per_second, solo_decode_time
+from lssim.loop.contracts import CostModel
 from lssim.cost.roofline import RooflineCostModel
 from lssim.cost.speculative import SpeculativeCost
 

@@ -146,7 +146,7 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def _lookup(value, table: dict, what: str):
+def lookup_spec(value, table: dict, what: str):
     if isinstance(value, str):
         try:
             return table[value]
@@ -167,8 +167,8 @@ def kv_capacity_tokens(
     KV bytes per token. ``reserved_bytes_per_gpu`` (default 2 GiB) stands in for what vLLM's
     profiling run finds for activations, CUDA graphs and non-torch allocations. Returns 0 if the
     weights do not fit."""
-    model = _lookup(model, MODELS, "model")
-    hardware = _lookup(hardware, HARDWARE, "hardware")
+    model = lookup_spec(model, MODELS, "model")
+    hardware = lookup_spec(hardware, HARDWARE, "hardware")
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if not 0 < gpu_memory_utilization <= 1:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lssim.cost.protocol import _INF
+from lssim.cost.protocol import INF
 
 _BATCH_COLUMNS = ("n_seqs", "prompt_len", "lengths", "seconds")
-_DECODE_COLUMNS = ("n_seqs", "ctx_tokens", "seconds")
-_PREFILL_COLUMNS = ("prefill_tokens", "seconds")
+DECODE_COLUMNS = ("n_seqs", "ctx_tokens", "seconds")
+PREFILL_COLUMNS = ("prefill_tokens", "seconds")
 
 
-def _ape_summary(predicted, measured) -> dict:
+def ape_summary(predicted, measured) -> dict:
     """Median / p90 / max absolute percentage error (in %) of predictions against measurements, and their count."""
     import numpy as np
 
@@ -19,7 +19,7 @@ def _ape_summary(predicted, measured) -> dict:
     return {"median_ape_pct": float(np.median(ape)), "p90_ape_pct": float(np.percentile(ape, 90)),
             "max_ape_pct": float(ape.max()), "n_points": int(len(ape))}
 
-def _load_batches(data):
+def load_batches(data):
     """Batch makespan measurements, checked (see ProfiledCostModel.fit_makespans)."""
     import pandas as pd
 
@@ -38,7 +38,7 @@ def _load_batches(data):
     return df, source
 
 
-def _load_table(data, required: tuple[str, ...], what: str):
+def load_table(data, required: tuple[str, ...], what: str):
     """A DataFrame from ``data`` (DataFrame or .csv/.parquet/.json path), checked: required columns
     present, numeric, finite, non-negative, ``seconds`` > 0. Returns (df, label for messages)."""
     import pandas as pd
@@ -66,7 +66,7 @@ def _load_table(data, required: tuple[str, ...], what: str):
         values = pd.to_numeric(df[col], errors="coerce")
         if values.isna().any():
             raise ValueError(f"{source}: column {col!r} has missing or non-numeric values")
-        if not values.abs().lt(_INF).all():
+        if not values.abs().lt(INF).all():
             raise ValueError(f"{source}: column {col!r} has infinite values")
         if (values < 0).any():
             raise ValueError(f"{source}: column {col!r} has negative values")
@@ -75,7 +75,7 @@ def _load_table(data, required: tuple[str, ...], what: str):
     return df, source
 
 
-def _nnls_relative(X, y, source: str):
+def nnls_relative(X, y, source: str):
     """Non-negative least squares minimising relative error: rows scaled by 1/y, columns
     normalised for conditioning and un-normalised after."""
     import numpy as np

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lssim.cost.catalog import MODELS, SHAPES, DecoderShape, ModelSpec, _lookup
-from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.catalog import MODELS, SHAPES, DecoderShape, ModelSpec, lookup_spec
+from lssim.loop.contracts import CostModel
+from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "decoder_kernels", "gemm_seconds", "elementwise_seconds",
            "OperatorCostModel", "KERNEL_PROFILES", "load_kernel_profile"]
@@ -80,7 +81,7 @@ class KernelProfile:
         for f in fitted_fields():
             value = getattr(self, f)
             positive = f.endswith(("bandwidth", "flops"))
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= value < _INF) \
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= value < INF) \
                     or (positive and value <= 0):
                 raise ValueError(f"KernelProfile.{f} must be {'> 0' if positive else '>= 0'} and finite, got {value!r}")
         if isinstance(self.gemm_tile_rows, bool) or not isinstance(self.gemm_tile_rows, int) or self.gemm_tile_rows < 1:
@@ -154,7 +155,7 @@ class LayerKernels:
 def decoder_kernels(model: ModelSpec | str, shape: DecoderShape | None = None, tp: int = 1) -> LayerKernels:
     """The kernels of ``model`` on one of ``tp`` GPUs: heads, MLP width and vocabulary split between them
     (KV heads replicated when ``tp`` exceeds them, as vLLM does)."""
-    spec = _lookup(model, MODELS, "model")
+    spec = lookup_spec(model, MODELS, "model")
     if shape is None:
         if spec.name not in SHAPES:
             raise ValueError(f"no DecoderShape for model {spec.name!r}; pass shape= (known: {sorted(SHAPES)})")
@@ -264,7 +265,7 @@ def head_seconds(p: KernelProfile, kernels: LayerKernels, rows, tokens, gemms: G
 # ----------------------------------------------------------------------------------------------
 
 
-class OperatorCostModel:
+class OperatorCostModel(CostModel):
     """The CostModel of a decoder on a GPU whose kernels were measured (module docstring).
 
     ``profile``: a KernelProfile, or a hardware key whose fitted profile ships with lssim (``"H100"``).
@@ -289,7 +290,7 @@ class OperatorCostModel:
     def __init__(self, model: ModelSpec | str, profile: KernelProfile | str = "H100", tp: int = 1, *,
                  shape: DecoderShape | None = None, iteration_overhead_s: float = 0.0,
                  gemms: GemmTable | str | Path | None = None) -> None:
-        self.model = _lookup(model, MODELS, "model")
+        self.model = lookup_spec(model, MODELS, "model")
         if isinstance(gemms, str) and gemms in GEMM_TABLES:  # a hardware key: the GEMMs measured on it
             if isinstance(profile, str) and profile == gemms:  # ... with the profile fitted around them
                 profile = KernelProfile.from_json(GEMM_TABLE_PROFILES[gemms])
@@ -298,7 +299,7 @@ class OperatorCostModel:
         self.profile = load_kernel_profile(profile) if isinstance(profile, str) else profile
         if not isinstance(self.profile, KernelProfile):
             raise ValueError(f"profile must be a KernelProfile or a hardware key, got {type(profile).__name__}")
-        if not 0 <= iteration_overhead_s < _INF:
+        if not 0 <= iteration_overhead_s < INF:
             raise ValueError(f"iteration_overhead_s must be >= 0 and finite, got {iteration_overhead_s}")
         self.kernels = decoder_kernels(self.model, shape, tp)
         self.tp = tp
@@ -336,8 +337,8 @@ class OperatorCostModel:
         a = self._a.get(n_seqs)
         if a is None:
             a = self._decode_fixed(n_seqs)
-        k = int(_ramp_count(a + self._b * ctx_tokens, self._b * n_seqs, seconds))
-        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
+        k = int(ramp_count(a + self._b * ctx_tokens, self._b * n_seqs, seconds))
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # Iterations with n_i sequences cost sum A(n_i) + B * context_reads, and sum A(n_i) = sum n_i * A(n_i)/n_i

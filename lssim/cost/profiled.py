@@ -11,8 +11,9 @@ import math
 import numbers
 from pathlib import Path
 
-from lssim.cost.fitting import _DECODE_COLUMNS, _PREFILL_COLUMNS, _ape_summary, _load_batches, _load_table, _nnls_relative
-from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.fitting import DECODE_COLUMNS, PREFILL_COLUMNS, ape_summary, load_batches, load_table, nnls_relative
+from lssim.loop.contracts import CostModel
+from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["ProfiledCostModel", "batch_features"]
 
@@ -23,7 +24,7 @@ _ABORT_FORM = "t_abort = a1*aborted: the caller blocked while the serving API ab
 _COEFFICIENTS = ("c0", "c1", "c2", "c3", "p0", "p1", "f0", "f1")
 
 
-class ProfiledCostModel:
+class ProfiledCostModel(CostModel):
     """Table-driven model fitted to per-iteration measurements of a real engine (the Vidur approach).
 
     Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``; when
@@ -57,11 +58,11 @@ class ProfiledCostModel:
     ) -> None:
         coeffs = {"c0": c0, "c1": c1, "c2": c2, "c3": c3, "p0": p0, "p1": p1, "f0": f0, "f1": f1}
         for key, value in coeffs.items():
-            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 <= value < _INF):
+            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 <= value < INF):
                 raise ValueError(f"ProfiledCostModel coefficient {key} must be finite and >= 0, got {value!r}")
         if c0 + c1 + c3 <= 0:
             raise ValueError("ProfiledCostModel: c0 + c1 + c3 must be > 0 (an iteration must take time)")
-        if isinstance(abort_seconds, bool) or not (isinstance(abort_seconds, numbers.Real) and 0 <= abort_seconds < _INF):
+        if isinstance(abort_seconds, bool) or not (isinstance(abort_seconds, numbers.Real) and 0 <= abort_seconds < INF):
             raise ValueError(f"ProfiledCostModel abort_seconds (a1) must be finite and >= 0, got {abort_seconds!r}")
         self.c0, self.c1, self.c2, self.c3, self.p0, self.p1, self.f0, self.f1 = (float(v) for v in coeffs.values())
         self.abort_seconds = float(abort_seconds)
@@ -80,8 +81,8 @@ class ProfiledCostModel:
         if no_time_to_run(n_seqs, seconds):
             return 0
         a = self.c0 + (self.c1 + self.c3 * n_seqs) * n_seqs + self.c2 * ctx_tokens
-        k = int(_ramp_count(a, self.c2 * n_seqs, seconds))
-        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
+        k = int(ramp_count(a, self.c2 * n_seqs, seconds))
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def prefill_time(self, n_tokens: int) -> float:
         if n_tokens <= 0:
@@ -129,7 +130,7 @@ class ProfiledCostModel:
         non-positive times, or too few distinct points."""
         import numpy as np
 
-        ddf, dsrc = _load_table(decode_df, _DECODE_COLUMNS, "decode measurements")
+        ddf, dsrc = load_table(decode_df, DECODE_COLUMNS, "decode measurements")
         n = ddf["n_seqs"].to_numpy(float)
         ctx = ddf["ctx_tokens"].to_numpy(float)
         y = ddf["seconds"].to_numpy(float)
@@ -139,19 +140,19 @@ class ProfiledCostModel:
                 f"{dsrc}: too few distinct points to fit {_DECODE_FORM}: need >= {3 if quadratic_n else 2} "
                 "distinct n_seqs and >= 2 distinct ctx_tokens values"
             )
-        c = _nnls_relative(np.column_stack(columns), y, dsrc)
+        c = nnls_relative(np.column_stack(columns), y, dsrc)
         c0, c1, c2 = c[:3]
         c3 = c[3] if quadratic_n else 0.0
 
         p0 = p1 = 0.0
         if prefill_df is not None:
-            pdf, psrc = _load_table(prefill_df, _PREFILL_COLUMNS, "prefill measurements")
+            pdf, psrc = load_table(prefill_df, PREFILL_COLUMNS, "prefill measurements")
             tok = pdf["prefill_tokens"].to_numpy(float)
             if len(np.unique(tok)) < 2:
                 raise ValueError(f"{psrc}: too few distinct points: need >= 2 distinct prefill_tokens values")
             if (tok <= 0).any():
                 raise ValueError(f"{psrc}: column 'prefill_tokens' must be > 0")
-            p0, p1 = _nnls_relative(np.column_stack([np.ones_like(tok), tok]), pdf["seconds"].to_numpy(float), psrc)
+            p0, p1 = nnls_relative(np.column_stack([np.ones_like(tok), tok]), pdf["seconds"].to_numpy(float), psrc)
 
         if c0 + c1 + c3 <= 0:
             raise ValueError(f"{dsrc}: fit gave zero time for an iteration; check the 'seconds' column units")
@@ -168,12 +169,12 @@ class ProfiledCostModel:
         spread (a batch whose requests all finish together says nothing about departures)."""
         import numpy as np
 
-        df, src = _load_batches(batches)
+        df, src = load_batches(batches)
         terms = [k for k in _COEFFICIENTS if quadratic_n or k != "c3"]
         X = np.array([[f[k] for k in terms] for f in (batch_features(l, p) for l, p in zip(df["lengths"], df["prompt_len"]))])
         if len(np.unique(df["n_seqs"])) < 3 or len(np.unique(df["prompt_len"])) < 2:
             raise ValueError(f"{src}: too few distinct points: need >= 3 distinct n_seqs and >= 2 distinct prompt_len values")
-        coef = dict(zip(terms, _nnls_relative(X, df["seconds"].to_numpy(float), src)))
+        coef = dict(zip(terms, nnls_relative(X, df["seconds"].to_numpy(float), src)))
         if coef["c0"] + coef["c1"] + coef.get("c3", 0.0) <= 0:
             raise ValueError(f"{src}: fit gave zero time for an iteration; check the 'seconds' column units")
         model = cls(**{k: float(coef.get(k, 0.0)) for k in _COEFFICIENTS}, name=name)
@@ -184,18 +185,18 @@ class ProfiledCostModel:
         """Median / p90 / max absolute percentage error (in %) of :meth:`makespan` over measured batches."""
         import numpy as np
 
-        df, _ = _load_batches(batches)
+        df, _ = load_batches(batches)
         pred = np.array([self.makespan(l, p) for l, p in zip(df["lengths"], df["prompt_len"])])
-        return {**_ape_summary(pred, df["seconds"].to_numpy(float)), "of": "batch makespan"}
+        return {**ape_summary(pred, df["seconds"].to_numpy(float)), "of": "batch makespan"}
 
     def fit_error(self, decode_df) -> dict:
         """Median / p90 / max absolute percentage error (in %) of the per-iteration time predicted
         for the rows of ``decode_df`` (same columns as :meth:`fit`), and the number of points."""
-        ddf, _ = _load_table(decode_df, _DECODE_COLUMNS, "decode measurements")
+        ddf, _ = load_table(decode_df, DECODE_COLUMNS, "decode measurements")
         n = ddf["n_seqs"].to_numpy(float)
         y = ddf["seconds"].to_numpy(float)
         pred = self.c0 + (self.c1 + self.c3 * n) * n + self.c2 * ddf["ctx_tokens"].to_numpy(float)
-        return _ape_summary(pred, y)
+        return ape_summary(pred, y)
 
     # -- persistence ---------------------------------------------------------------------------
 

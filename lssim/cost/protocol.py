@@ -8,7 +8,7 @@ Every model here has a per-iteration time that is piecewise linear in ``ctx`` wi
 pieces, so the span is summed in closed form and inverted (``iterations_within``) by solving a
 quadratic, then nudged by at most a step or two so the inverse is exact for the forward formula.
 
-Conventions shared by all models (the ``CostModel`` protocol):
+Conventions shared by all models (the contract: lssim.loop.contracts.CostModel):
 
 * ``decode_time(n, ctx, k)``: seconds for ``k`` decode iterations; ``ctx`` is the summed context
   (prompt + generated so far) at the first of them. 0 when ``k == 0`` or ``n == 0``.
@@ -26,7 +26,7 @@ Conventions shared by all models (the ``CostModel`` protocol):
 * ``abort_time(n)`` (optional): seconds the caller of the serving API is blocked while it aborts ``n`` requests (the
   client side of an abort: vLLM's AsyncLLM.abort, one round trip each). The simulator moves its clock by it when a
   controller aborts running requests (a rollout's end carrying or dropping them, a stop, a requeue). A model without
-  it costs 0 (``abort_time_of``); a profile measures it (``lssim profile``; on this VM 0.14-0.19 ms a request).
+  it costs 0 (the contract's default); a profile measures it (``lssim profile``; on this VM 0.14-0.19 ms a request).
 
 Hot-path methods use plain float arithmetic only (no numpy, no allocation); constants are
 precomputed in ``__init__``.
@@ -39,11 +39,12 @@ Vidur) and ``SpeculativeCost`` (lssim.cost.speculative: any of them with specula
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
 
-__all__ = ["CostModel", "solo_decode_time", "peak_tokens_per_second", "abort_time_of"]
+from lssim.loop.contracts import CostModel
 
-_INF = float("inf")
+__all__ = ["solo_decode_time", "peak_tokens_per_second", "no_time_to_run", "settle_iterations", "ramp_count", "INF"]
+
+INF = float("inf")
 
 
 def no_time_to_run(n_seqs: int, seconds: float) -> bool:
@@ -51,55 +52,9 @@ def no_time_to_run(n_seqs: int, seconds: float) -> bool:
     True when the span is empty (no iteration fits in it)."""
     if n_seqs <= 0:
         raise ValueError("iterations_within needs n_seqs >= 1 (an idle engine never advances)")
-    if not seconds < _INF:
+    if not seconds < INF:
         raise ValueError(f"seconds must be finite, got {seconds}")
     return seconds <= 0.0
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    """What the simulator needs from an execution-time model (see module docstring)."""
-
-    name: str
-
-    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
-        """Seconds for ``n_iters`` consecutive decode iterations of one engine instance with
-        ``n_seqs`` running sequences, where ``ctx_tokens`` is the sum of the sequences' context
-        lengths (prompt + generated) at the first of those iterations; the sum grows by ``n_seqs``
-        each iteration. Exact for the model's per-iteration formula (closed form), monotone
-        non-decreasing in every argument, and 0 for ``n_iters == 0``."""
-        ...
-
-    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        """The largest ``k >= 0`` with ``decode_time(n_seqs, ctx_tokens, k) <= seconds``."""
-        ...
-
-    def prefill_time(self, n_tokens: int) -> float:
-        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration);
-        0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
-        ...
-
-    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
-        """A lower bound on the summed decode seconds of any schedule that generates ``tokens`` tokens with at
-        most ``max_num_seqs`` sequences per iteration, where ``context_reads`` is the sum over those tokens of
-        the context each was decoded at (schedule-independent: a response of ``L`` tokens on a context of
-        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.sim.bounds)."""
-        ...
-
-    def departure_time(self, n_leaving: int) -> float:
-        """Seconds added when ``n_leaving`` sequences leave the running batch at one iteration boundary;
-        0 for ``n_leaving <= 0``, non-negative otherwise."""
-        ...
-
-    def describe(self) -> dict:
-        """The model's parameters, for reports."""
-        ...
-
-
-def abort_time_of(cost, n_aborted: int) -> float:
-    """``cost.abort_time(n_aborted)`` where the model has it (the optional part of the contract), else 0."""
-    fn = getattr(cost, "abort_time", None)
-    return fn(n_aborted) if fn is not None and n_aborted > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,7 +65,7 @@ def abort_time_of(cost, n_aborted: int) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-def _settle(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int) -> int:
+def settle_iterations(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int) -> int:
     """Move an estimate k of `iterations_within` to the exact answer against the forward formula:
     the largest k with decode_time(n_seqs, ctx_tokens, k) <= seconds (float rounding moves k by one)."""
     while decode_time(n_seqs, ctx_tokens, k + 1) <= seconds:
@@ -120,7 +75,7 @@ def _settle(decode_time, n_seqs: int, ctx_tokens: float, seconds: float, k: int)
     return k
 
 
-def _ramp_count(a: float, b: float, seconds: float) -> float:
+def ramp_count(a: float, b: float, seconds: float) -> float:
     """Real k >= 0 solving ``k*a + b*k*(k-1)/2 == seconds`` (a > 0, b >= 0, seconds >= 0).
 
     Written as ``(b/2) k^2 + B k - seconds = 0`` with ``B = a - b/2``; the form

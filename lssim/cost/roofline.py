@@ -6,13 +6,14 @@ from dataclasses import asdict
 
 import numpy as np
 
-from lssim.cost.catalog import HARDWARE, MODELS, Hardware, ModelSpec, _lookup
-from lssim.cost.protocol import _INF, _ramp_count, _settle, no_time_to_run
+from lssim.cost.catalog import HARDWARE, MODELS, Hardware, ModelSpec, lookup_spec
+from lssim.loop.contracts import CostModel
+from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["RooflineCostModel"]
 
 
-class RooflineCostModel:
+class RooflineCostModel(CostModel):
     """Analytic roofline: per-iteration time = max(compute, memory) + fixed overhead.
 
     * memory  = (weight_bytes/tp + kv_bytes_per_token_per_gpu x ctx) / (bandwidth x bandwidth_efficiency)
@@ -56,14 +57,14 @@ class RooflineCostModel:
         iteration_overhead_s: float = 5e-4,
         prefill_includes_weight_read: bool = True,
     ) -> None:
-        self.model = model = _lookup(model, MODELS, "model")
-        self.hardware = hw = _lookup(hardware, HARDWARE, "hardware")
+        self.model = model = lookup_spec(model, MODELS, "model")
+        self.hardware = hw = lookup_spec(hardware, HARDWARE, "hardware")
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp must be an int >= 1, got {tp!r}")
         for label, value in (("bandwidth_efficiency", bandwidth_efficiency), ("mfu", mfu), ("prefill_mfu", prefill_mfu)):
             if not 0 < value <= 1:
                 raise ValueError(f"{label} must be in (0, 1], got {value}")
-        if not 0 <= iteration_overhead_s < _INF:
+        if not 0 <= iteration_overhead_s < INF:
             raise ValueError(f"iteration_overhead_s must be >= 0 and finite, got {iteration_overhead_s}")
         self.tp = tp
         self.bandwidth_efficiency = float(bandwidth_efficiency)
@@ -117,13 +118,13 @@ class RooflineCostModel:
             return 0  # every iteration takes > 0 s (the weight read)
         v0, s0, v1, s1 = self._sides(n_seqs, ctx_tokens)
         ov = self._ov
-        est = _ramp_count(v0 + ov, s0, seconds)
+        est = ramp_count(v0 + ov, s0, seconds)
         if s1 > s0:
             j = int((v0 - v1) / (s1 - s0)) + 1
             if est > j:
                 rest = seconds - j * (v0 + s0 * (j - 1) * 0.5 + ov)
-                est = j + _ramp_count(v1 + s1 * j + ov, s1, max(rest, 0.0))
-        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, int(est))
+                est = j + ramp_count(v1 + s1 * j + ov, s1, max(rest, 0.0))
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, int(est))
 
     def prefill_time(self, n_tokens: int) -> float:
         if n_tokens <= 0:

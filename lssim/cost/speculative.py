@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from lssim.loop.core import Speculation
-from lssim.cost.protocol import CostModel, _settle, abort_time_of
+from lssim.cost.protocol import settle_iterations
+from lssim.loop.contracts import CostModel
 
 __all__ = ["SpeculativeCost", "SpecFit", "SpeculationSwitch", "MeasuredSpeculation", "fit_speculation",
            "load_spec_fit", "accepted_per_draft"]
@@ -101,7 +102,7 @@ def load_spec_fit(path) -> tuple[SpecFit, dict]:
     return SpecFit.from_dict(d["fit"]["params"], where=f"{path} fit.params"), d
 
 
-class SpeculativeCost:
+class SpeculativeCost(CostModel):
     """A cost model with speculation (lssim.loop.core.Speculation) applied while ``n_seqs <= max_batch``.
 
     Speculation changes the time per generated token by a factor that depends on the running batch only,
@@ -143,8 +144,9 @@ class SpeculativeCost:
         self.base, self.speculation = base, speculation
         spec = speculation
         self.max_batch = spec.max_batch
-        self.fit = getattr(spec, "fit", None)
-        self.switch = getattr(spec, "switch", None)
+        measured = isinstance(spec, MeasuredSpeculation)  # a plain Speculation has neither a fit nor a live switch
+        self.fit = spec.fit if measured else None
+        self.switch = spec.switch if measured else None
         factors = [1.0]  # index 0 unused (an idle instance decodes nothing)
         for n in range(1, spec.max_batch + 1):
             f = self._raw_factor(n)
@@ -194,7 +196,7 @@ class SpeculativeCost:
             return 0
         k = self.base.iterations_within(n_seqs, ctx_tokens, seconds / f)
         # the division may round either way: settle against the forward formula
-        return _settle(self.decode_time, n_seqs, ctx_tokens, seconds, k)
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, k)
 
     def prefill_time(self, n_tokens: int) -> float:
         return self.base.prefill_time(n_tokens)
@@ -203,7 +205,7 @@ class SpeculativeCost:
         return self.base.departure_time(n_leaving)
 
     def abort_time(self, n_aborted: int) -> float:
-        return abort_time_of(self.base, n_aborted)
+        return self.base.abort_time(n_aborted)
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # every iteration costs at least the smallest factor times its plain cost

@@ -17,13 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from lssim.loop.core import Group, GroupSpecs, Request
-
-# What a request is created with, and what the engine and the controller fill in (lssim.loop.core.Request's fields).
-_INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
-         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume", "ran_on")
-_FLOATS = ("reward", "submit_time", "first_token_time", "finish_time")
-
+from lssim.loop.core import REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of
 
 @dataclass(slots=True, eq=False)
 class RequestColumns:
@@ -71,9 +65,9 @@ class RequestColumns:
         n = len(created["rid"])
         cols = {name: np.asarray(created[name], np.int64) for name in created}
         # the rest start at their defaults, each a row of one block (an allocation per default, not per column)
-        unset = [c for c in _INTS if c not in cols and c in _UNSET_INTS]
-        zero = [c for c in _INTS if c not in cols and c not in _UNSET_INTS]
-        nan = [c for c in _FLOATS if c not in cols]
+        unset = [c for c in REQUEST_INTS if c not in cols and c in _UNSET_INTS]
+        zero = [c for c in REQUEST_INTS if c not in cols and c not in _UNSET_INTS]
+        nan = [c for c in REQUEST_FLOATS if c not in cols]
         cols.update(zip(unset, np.full((len(unset), n), -1, np.int64)))
         cols.update(zip(zero, np.zeros((len(zero), n), np.int64)))
         cols.update(zip(nan, np.full((len(nan), n), np.nan)))
@@ -88,7 +82,7 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.loop.core.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = {name: field_of(requests, name) for name in _INTS + _FLOATS + ("exact", "finish_reason", "stop_reason")}
+        cols = {name: field_of(requests, name) for name in REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")}
         natural = [counterfactual(r) if counterfactual else None for r in requests]
         resumes = [r.resumes for r in requests]
         return RequestColumns(
@@ -125,7 +119,7 @@ class RequestColumns:
     def to_requests(self, rows=None) -> list[Request]:
         """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
         picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
-        cols = {name: getattr(self, name)[picked].tolist() for name in _INTS + _FLOATS}
+        cols = {name: getattr(self, name)[picked].tolist() for name in REQUEST_INTS + REQUEST_FLOATS}
         cols["instance"] = [None if i < 0 else i for i in cols["instance"]]
         cols["exact"] = self.exact[picked].tolist()
         cols["finish_reason"] = self.finish_reason[picked].tolist()
@@ -197,12 +191,6 @@ class TakenRows:
         if self._whole is None:
             self._whole = self._columns.take(self._rows)
         return getattr(self._whole, name)
-
-
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), object)
-    out[:] = values
-    return out
 
 
 def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -294,20 +282,8 @@ def gather(groups, name: str | None = None):
             sizes[i] = len(g.requests)
     flush()
     if name:
-        return (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, _DTYPES.get(name, float))), sizes
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, REQUEST_DTYPES.get(name, float))), sizes
     return RequestColumns.concat(parts), sizes
-
-
-_DTYPES = {**{n: np.int64 for n in _INTS}, **{n: float for n in _FLOATS}, "exact": bool}
-
-
-def field_of(requests: list[Request], name: str) -> np.ndarray:
-    """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
-    if name == "instance":
-        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
-    if name in _DTYPES:
-        return np.fromiter((getattr(r, name) for r in requests), _DTYPES[name], len(requests))
-    return _objects([getattr(r, name) for r in requests])
 
 
 def with_signal(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:

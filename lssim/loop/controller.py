@@ -12,44 +12,27 @@ The books themselves -- a step's state while it runs, the rows it leaves behind 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Engine, Group, GroupSpec, GroupSpecs, PromptPool, Request, RolloutState, StepContext, Trainer,
-                   note_resume)
+from lssim.loop.contracts import Engine, ModeHooks, PromptSource, StepObserver, Trainer
+from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, Request, RolloutState, StepContext,
+                             note_resume)
+from lssim.loop.decisions import CARRY
+from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
-from lssim.loop.policy import CARRY, Policy
+from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rewards import RewardScale
 
 
-class PromptSource(Protocol):
-    """Where prompts come from: the trace's own prompts (simulator) or a task's dataset (real)."""
-
-    pool: PromptPool
-
-    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:
-        """What a policy with no opinion trains on at `step` (verl's default: a random batch; a trace's Workload:
-        the batch it recorded at that step, with its own group sizes and budgets).
-
-        The controller asks for each step's batch once, steps in increasing order, always with the run's
-        `groups_per_step`, and proposes it whole, less the groups carried in (see `Controller._proposal_size`
-        and `Controller._take`)."""
-        ...
-
-    def prompt_len(self, prompt_id: int) -> int:
-        """A prompt's length in tokens. A source may also answer arrays, `prompt_lens(prompt_ids) -> array`:
-        the controller asks that once a step where it exists (lssim.traces.workload.Workload has it)."""
-        ...
-
-
 @dataclass(slots=True)
 class RunConfig:
     """The RL run's shape. A run ends after `steps` steps or once `total_groups` groups have trained (a recorded
-    group that the recorded run left out of training counts as used: see `Controller._leave_out`)."""
+    group that the recorded run left out of training counts as used: see `DataLoader.leave_out`)."""
 
     steps: int
     groups_per_step: int
@@ -86,8 +69,7 @@ class Controller:
     the run (the same seed gives the same result); what a step tracks while it runs is its `StepState`."""
 
     def __init__(self, engine: Engine, trainer: Trainer, prompts: PromptSource, policy: Policy, config: RunConfig,
-                 lower_bound: LowerBound | None = None, oracle_length=None, on_step: Callable[[dict], None] | None = None,
-                 mode: ExecutionMode | None = None):
+                 lower_bound: LowerBound | None = None, oracle_length=None, mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.loop.modes); the
         # default is the synchronous, collocated step.
@@ -95,7 +77,7 @@ class Controller:
         self.mode.bind(engine, config.groups_per_step)
         self.lower_bound = lower_bound
         self.oracle_length = oracle_length
-        self.on_step = on_step  # called with each step's row as it completes (progress bars, recorders)
+        self._observers: list[StepObserver] = []  # told each step's row as it completes (add_observer)
         self.rng = np.random.default_rng(config.seed)
         self.policy_rng = np.random.default_rng([config.seed, 1])
         self._next_rid = 0
@@ -105,12 +87,9 @@ class Controller:
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
-        self._batches: dict[int, list[GroupSpec]] = {}  # the data loader's batches fetched so far, by step
-        self._cursor = (0, 0)  # (batch, offset) of the next group the data loader gives
-        self._batch_samples: dict[int, dict[int, int]] = {}  # loader batch -> prompt -> samples of it generated so far
+        self.loader = DataLoader(prompts, config)  # the data loader's batches, cursor and samples drawn
         # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
         self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
-        self._left_out: set[int] = set()  # rids a recorded group says were not trained (GroupSpec.member_trained)
         self._step_rows: list[dict] = []
         self.groups_trained = 0
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
@@ -125,10 +104,9 @@ class Controller:
         # engine that cannot speculate refuses a policy that asks (lssim.loop.core.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
         if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
-            if not hasattr(trainer, "set_train_mask"):
+            if not trainer.set_train_mask(policy.train_mask):
                 raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
                                  f"{type(trainer).__name__} cannot do (no set_train_mask)")
-            trainer.set_train_mask(policy.train_mask)
 
     def _batch_rollout(self) -> bool:
         """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
@@ -136,14 +114,23 @@ class Controller:
         mode = self.mode
         return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
                 and not mode.keeps_generating and not mode.interrupts
-                and type(mode).rollout_done is ExecutionMode.rollout_done and type(mode).on_wake is ExecutionMode.on_wake)
+                and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
+
+    def set_lower_bound(self, bound: LowerBound | None) -> None:
+        """The bound each step's row prices its rollout against (made once the engine's cost model is set up)."""
+        self.lower_bound = bound
+
+    def add_observer(self, observer: StepObserver) -> None:
+        """Tell `observer` each step's row once the step is recorded; observers are told in the order added."""
+        self._observers.append(observer)
 
     # -- the run -----------------------------------------------------------------------------------
-    def run(self, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+    def run(self, first_step: int = 0, progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
             response_columns: Sequence[str] | None = None) -> RunResult:
-        """Every step of the run; the result's responses frame has `response_columns` only, if given (a summary
-        reads a few of them, and a million rows of the others cost time to assemble)."""
-        steps = range(self.config.steps)
+        """The run's steps from `first_step` (a resumed run's next) to its end; the result's responses frame has
+        `response_columns` only, if given (a summary reads a few of them, and a million rows of the others cost time
+        to assemble)."""
+        steps = range(first_step, self.config.steps)
         for step in progress(steps) if progress else steps:
             # Done once enough groups trained, but not while responses are carried: those run to their end
             # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
@@ -157,6 +144,59 @@ class Controller:
         responses = self._responses.frame(response_columns, share=final)
         steps = pd.DataFrame(self._step_rows)
         return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
+
+    # -- what lives on between steps ---------------------------------------------------------------
+    @property
+    def step_rows(self) -> list[dict]:
+        """Each finished step's row, in order: the live rows (a real run fills in its jobs' times once they end)."""
+        return self._step_rows
+
+    @property
+    def carried(self) -> list[Request]:
+        """Unfinished responses waiting for the next step (paused: they resume there)."""
+        return list(self._carried)
+
+    @property
+    def kept(self) -> list[Request]:
+        """Unfinished responses still generating in the engine across the step boundary (async modes)."""
+        return list(self._kept.values())
+
+    def held(self) -> dict[str, list[Request]]:
+        """Every response held between steps, by where: carried, kept, and every member of a group still open
+        (ended or not); a response may be in two lists (a kept member of an open group)."""
+        return {"carried": self.carried, "kept": self.kept,
+                "open group": [r for members in self._waiting_groups.values() for r in members]}
+
+    def state(self) -> dict:
+        """The run's state between steps, exactly what a checkpoint needs (real_backend.checkpoint): the generators,
+        the id counters, the admission count, the data loader's cursor and the batches it fetched, the responses
+        table and step rows so far, the groups trained, the carried responses and their open groups, the weights
+        version on the engine. Not the world (engine, trainer, prompts, policy, mode) nor anything on the engine's
+        clock; nothing may be generating across the boundary (`kept` empty: only such modes resume)."""
+        if self._kept:
+            raise ValueError(f"{len(self._kept)} responses still generating across the step boundary: the state "
+                             f"between steps cannot hold them (only modes that stop at the boundary can resume)")
+        return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
+                "carried": self._carried, "admitted": self._admitted, "waiting_groups": self._waiting_groups,
+                "batches": self.loader.batches, "cursor": self.loader.cursor, "batch_samples": self.loader.batch_samples,
+                "responses": self._responses, "left_out": self.loader.left_out, "step_rows": self._step_rows,
+                "groups_trained": self.groups_trained, "mode_version": self.mode.version}
+
+    def restore(self, state: dict) -> None:
+        """Put back a `state()` into this controller, built for the same run with the same policy object. The
+        engine is new: the next step's time counts from its clock now."""
+        # A checkpoint written before state() existed holds the controller's attributes under their own names
+        # (_carried, ...), and more of them (derived from the policy and engine, rebuilt here): the same pieces.
+        s = {k.lstrip("_"): v for k, v in state.items()}
+        self.rng, self.policy_rng = s["rng"], s["policy_rng"]
+        self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
+        self._carried, self._kept, self._waiting_groups = s["carried"], {}, s["waiting_groups"]
+        self.loader.batches, self.loader.cursor, self.loader.batch_samples = s["batches"], s["cursor"], s["batch_samples"]
+        self._responses, self.loader.left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
+        self.groups_trained = s["groups_trained"]
+        if "mode_version" in s:
+            self.mode.version = s["mode_version"]
+        self._last_end = self.engine.now()
 
     def run_step(self, step: int) -> dict:
         """One synchronous RL step; returns its row (lssim.loop.records.step_row)."""
@@ -174,8 +214,8 @@ class Controller:
         end = self._train(s)
         row, books = self._record(s, end)
         self.policy.end_step(step_outcome(s, books, end))
-        if self.on_step:
-            self.on_step(row)
+        for observe in self._observers:
+            observe(row)
         return row
 
     def _start_step(self, step: int) -> StepState:
@@ -204,12 +244,12 @@ class Controller:
         groups_left = cfg.total_groups - self.groups_trained
         ctx = StepContext(step=step, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size, max_tokens=cfg.max_tokens,
                           groups_left=groups_left, carried_groups=len(s.members), pool=self.prompts.pool,
-                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: list(self._take(int(n))),
+                          rng=self.policy_rng, oracle_length=self.oracle_length, draw=lambda n: self.draw(n),
                           reward_scale=cfg.reward_scale)
-        self._cursor = max(self._cursor, (step, 0))  # a step's proposal starts at its own batch (or past what was drawn)
-        default = self._proposal_size(step, ctx.carried_groups, groups_left)
+        self.loader.start_step(step)
+        default = self.loader.proposal_size(step, ctx.carried_groups, groups_left)
         n = self.mode.admission(step, self._admitted, default, max(0, groups_left - self._open_groups(s)))
-        return ctx, self._take(n)
+        return ctx, self.loader.take(n)
 
     def _admit(self, groups: list[GroupSpec], s: StepState) -> list[GroupSpec]:
         """The groups the mode lets in now, in order (async: its admission gate; groups the policy drew past it
@@ -265,7 +305,7 @@ class Controller:
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
                 done_groups.append(Group(members[0].prompt_id, members[0].step, members))
-        trained, left_out = self._leave_out(self.policy.select(done_groups, step), done_groups)
+        trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
@@ -273,8 +313,7 @@ class Controller:
         batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
         # beside it: a job whose metrics come when it ends (lssim.loop.modes.TrainJob); otherwise train() prices or blocks.
-        start = getattr(self.trainer, "start", None) if self.mode.trains_beside and batch else None
-        job = start(batch, step) if start is not None else None
+        job = self.trainer.start(batch, step) if self.mode.trains_beside and batch else None
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
@@ -299,7 +338,7 @@ class Controller:
     # -- the rollout phase -------------------------------------------------------------------------
     def _rollout(self, s: StepState) -> None:
         engine, policy, asks, state, in_flight = self.engine, self.policy, self._asks, s.rollout, s.in_flight
-        mode_ends = type(self.mode).rollout_done is not ExecutionMode.rollout_done
+        mode_ends = type(self.mode).rollout_done is not ModeHooks.rollout_done
         while True:
             events = engine.next_events()
             if not events:
@@ -348,7 +387,7 @@ class Controller:
         self._submit(running)
         left = self.config.total_groups - self.groups_trained - len(s.members)
         n = self.mode.admission(s.step, self._admitted, 0, max(0, left))  # room the new weights opened
-        more = self._take(n) if n else []
+        more = self.loader.take(n) if n else []
         if more:
             self._submit_more(more, s)
 
@@ -408,88 +447,17 @@ class Controller:
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
-    def _take(self, n: int) -> Sequence[GroupSpec]:
-        """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
-        Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
-        A slice of one batch given as columns (lssim.loop.core.GroupSpecs) stays columns; anything else is a list."""
-        pieces: list[Sequence[GroupSpec]] = []
-        k, i, got = *self._cursor, 0
-        while got < n:
-            batch = self._batch(k)
-            if not batch:
-                break
-            if i >= len(batch):
-                k, i = k + 1, 0
-                continue
-            taken = batch[i:i + n - got]
-            if isinstance(taken, GroupSpecs):
-                taken = taken.from_batch(k)
-            else:
-                for g in taken:
-                    if g.batch is None:
-                        g.batch = k
-            pieces.append(taken)
-            got += len(taken)
-            i += len(taken)
-        self._cursor = (k, i)
-        if len(pieces) == 1:
-            return pieces[0]
-        return [g for piece in pieces for g in piece]
-
-    def _batch(self, k: int) -> list[GroupSpec]:
-        batch = self._batches.get(k)
-        if batch is None:
-            cfg = self.config
-            batch = self._batches[k] = self.prompts.default_groups(k, cfg.groups_per_step, cfg.group_size, cfg.max_tokens)
-            for old in [j for j in self._batches if j < k - 1]:
-                del self._batches[old]
-                self._batch_samples.pop(old, None)
-        return batch
-
-    def _proposal_size(self, step: int, carried: int, groups_left: int) -> int:
-        """Groups the step's proposal takes from the loader: its own batch whole, less the carried groups, within
-        what the run has left. A recorded batch (a trace's step) may differ in size from the run's nominal
-        `groups_per_step`; a dataset's batches are that size. Where the loader was drawn past the step's batch, or
-        the carried groups fill the nominal batch, the nominal size counts (and no batch is fetched that the
-        proposal would not take: a source that is a cursor sees the same stream as before)."""
-        nominal = self.config.groups_per_step
-        if self._cursor == (step, 0) and nominal > carried and groups_left > carried:
-            nominal = len(self._batch(step))
-        return max(0, min(nominal - carried, groups_left - carried))
-
-    def _leave_out(self, selected: list[Group], done: list[Group]) -> tuple[list[Group], int]:
-        """The selected groups less the members their recorded group says were not trained, and how many groups
-        that left empty: those were generated, and used, but not trained, as in the run the trace recorded."""
-        if not self._left_out:
-            return selected, 0
-        left_out, trained, emptied = self._left_out, [], 0
-        out = np.fromiter(left_out, np.int64, len(left_out))
-        for g in selected:
-            keep = ~np.isin(g.column("rid"), out)
-            if keep.all():
-                trained.append(g)
-            elif keep.any():
-                trained.append(g.subset(keep))
-            else:
-                emptied += 1
-        left_out.difference_update(rid for g in done for rid in g.column("rid").tolist())  # settled: forget them
-        return trained, emptied
+    def draw(self, n: int) -> list[GroupSpec]:
+        """StepContext.draw: the loader's next `n` groups (a checkpoint's restored context draws here too)."""
+        return list(self.loader.take(int(n)))
 
     # -- requests ----------------------------------------------------------------------------------
-    def _prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
-        """The prompts' lengths: over arrays where the source can (PromptSource.prompt_len), else one by one.
-        (A method, not an attribute set in __init__: the controller's state is pickled into checkpoints.)"""
-        many = getattr(self.prompts, "prompt_lens", None)
-        if many is not None:
-            return many(prompt_ids)
-        return np.fromiter(map(self.prompts.prompt_len, prompt_ids.tolist()), np.int64, len(prompt_ids))
-
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
         """The plan's requests as columns (lssim.loop.columns.plan_requests), with the run's next ids and seeds."""
         cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
-                                       version=self.mode.version, rng=self.rng, prompt_lens=self._prompt_lens,
-                                       samples_planned=s.samples_planned, batch_samples=self._batch_samples)
-        self._left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
+                                       version=self.mode.version, rng=self.rng, prompt_lens=self.prompts.prompt_lens,
+                                       samples_planned=s.samples_planned, batch_samples=self.loader.batch_samples)
+        self.loader.left_out.update(left_out)  # a recorded group says these were not trained (GroupSpec.member_trained)
         self._next_rid += len(cols)
         self._next_group += len(plan)
         return cols

@@ -2,13 +2,13 @@
 
 One `Request` is one response being generated (a member of a prompt's group). The controller owns it;
 an engine fills in what happened (tokens, finish reason, reward, times); a policy reads it. Engines in
-both worlds -- the simulator and real vLLM -- implement the small `Engine` protocol at the bottom.
+both worlds -- the simulator and real vLLM -- implement the `Engine` contract (lssim.loop.contracts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ class GroupSpecs(Sequence):
         return not self._made
 
     def from_batch(self, k: int) -> "GroupSpecs":
-        """The same groups, each of loader batch `k` unless it says otherwise (Controller._take)."""
+        """The same groups, each of loader batch `k` unless it says otherwise (lssim.loop.loader.DataLoader.take)."""
         if self._made:  # read already: the objects carry it, as a plain list of specs would
             for g in self:
                 if g.batch is None:
@@ -183,6 +183,31 @@ class Request:
     @property
     def done(self) -> bool:
         return self.finish_reason != ""
+
+
+# What a request is created with, and what the engine and the controller fill in (lssim.loop.core.Request's fields).
+REQUEST_INTS = ("rid", "group_id", "step", "prompt_id", "sample_idx", "prompt_len", "max_tokens", "priority", "instance", "seed",
+         "batch", "batch_sample", "generated", "first_version", "last_version", "tokens_before_resume", "ran_on")
+REQUEST_FLOATS = ("reward", "submit_time", "first_token_time", "finish_time")
+
+
+REQUEST_DTYPES = {**{n: np.int64 for n in REQUEST_INTS}, **{n: float for n in REQUEST_FLOATS}, "exact": bool}
+
+
+def field_of(requests: list[Request], name: str) -> np.ndarray:
+    """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
+    if name == "instance":
+        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
+    if name in REQUEST_DTYPES:
+        return np.fromiter((getattr(r, name) for r in requests), REQUEST_DTYPES[name], len(requests))
+    return object_array([getattr(r, name) for r in requests])
+
+
+def object_array(values: list) -> np.ndarray:
+    """A list as a numpy object array (a column of strings or lists)."""
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
 
 
 @dataclass(slots=True)
@@ -277,8 +302,6 @@ class Group:
         """A field of every member, in member order (lssim.loop.columns.RequestColumns's names and dtypes)."""
         if self.columns is not None:
             return getattr(self.columns, name)[self.rows]
-        from lssim.loop.columns import field_of  # columns builds on this module
-
         return field_of(self._requests, name)
 
     def __len__(self) -> int:
@@ -423,94 +446,3 @@ class Speculation:
             else:
                 hi = mid
         return (lo + hi) / 2
-
-
-class Engine(Protocol):
-    """A rollout engine: N instances behind one dispatcher, simulated or real.
-
-    The controller calls only these. `next_events` returns the next batch of events, advancing the
-    clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
-    list only when nothing is in flight.
-
-    Every engine has every method: the last three are abilities an engine may lack, and an engine without
-    one answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
-    answers, so an engine that subclasses `Engine` inherits them (lssim.sim.world.SimEngine and
-    real_backend.engine.VLLMEngine implement all three themselves):
-
-    - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
-      None where the engine cannot tell (the real world). The controller records it as natural_len /
-      natural_reward (-1 / NaN for None).
-    - `utilization()`: (busy seconds, sequence-seconds) summed over instances since the engine started; NaNs
-      where the engine cannot tell. The controller turns the step's difference into busy_fraction and
-      mean_running.
-    - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
-      `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
-      otherwise.
-    - `set_batch_rollout(on)` / `run_batch(requests)`: called once before the first step; on=True promises that
-      each rollout is one submission run to its end with no reaction, abort or other submission (no per-event
-      policy hook, a mode that never cuts a rollout short). An engine that can (the simulator, lssim.sim.fastsim)
-      answers True and then takes each rollout whole, as columns, through run_batch; an engine that streams
-      (vLLM) answers False and the controller keeps submitting and draining events.
-    """
-
-    n_instances: int
-
-    def now(self) -> float: ...
-
-    def submit(self, requests: Sequence[Request]) -> None: ...
-
-    def abort(self, request: Request) -> None: ...
-
-    def next_events(self) -> list[Event]: ...
-
-    def loads(self) -> list[InstanceLoad]: ...
-
-    def set_progress_interval(self, tokens: int | None) -> None: ...
-
-    def advance(self, seconds: float) -> None:
-        """The world is busy outside the engine for `seconds` (a blocking train phase, a weight sync with
-        generation paused): virtual time passes in the simulator; on a real engine that work has already taken
-        its time, so nothing happens. The one place the two clocks differ, as in SimPy's RealtimeEnvironment."""
-        ...
-
-    def wake_at(self, time: float) -> None:
-        """Report an Event(WAKE, None, t) from next_events once the clock reaches `time` (t >= time), even with
-        nothing in flight: the execution modes' timer (new weights arriving mid-rollout, the end of a wait)."""
-        raise NotImplementedError(f"{type(self).__name__} has no timers: this execution mode needs them")
-
-    def refresh(self, requests: Sequence[Request]) -> None:
-        """Bring running requests' `generated` up to the clock (an engine that streams tokens keeps it current)."""
-
-    def counterfactual(self, request: Request) -> tuple[int, float] | None:
-        return None
-
-    def utilization(self) -> tuple[float, float]:
-        return float("nan"), float("nan")
-
-    def set_speculation(self, speculation: Speculation | None) -> None:
-        if speculation is not None:
-            raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
-                             f"cannot do")
-
-    def set_batch_rollout(self, on: bool) -> bool:
-        """The controller's promise that rollouts need no per-event reaction. Returns True if the engine will then
-        take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
-        return False
-
-    def run_batch(self, requests, queue=None) -> np.ndarray:
-        """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
-        (lssim.loop.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
-        fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
-        clock moves to the last finish, and the rows come back in the order the event route would end them.
-        `queue`: the rows in submission order, where that is not row order (None: row order)."""
-        raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
-
-
-class Trainer(Protocol):
-    """The train phase: updates the policy weights from a batch of groups and syncs them to the engine.
-
-    The world's clock advances by however long that takes (modelled in the simulator, real on vLLM).
-    Returns metrics for the step's record (e.g. loss, train_seconds, sync_seconds).
-    """
-
-    def train(self, groups: list[Group], step: int) -> dict: ...

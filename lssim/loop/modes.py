@@ -45,28 +45,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lssim.loop.core import Engine, Group, RolloutState
+from lssim.loop.contracts import Engine, ModeHooks, TrainJob, TrainTiming
+from lssim.loop.core import Group
 
 MODES = ("collocated", "disaggregated", "async", "hybrid")
 ASYNC_VARIANTS = ("roll", "areal")
 _PHASES = ("logprob", "reference", "update", "sync", "switch")
 
 
-@dataclass(slots=True, frozen=True)
-class TrainTiming:
-    """When a step's training ran on the world's clock, and what it cost, phase by phase."""
-
-    start: float  # the train devices started on the step's groups
-    end: float  # the new weights are ready (on the rollout engine for blocking modes)
-    phases: dict  # seconds: logprob, reference, update, sync, switch
-    busy_device_seconds: float  # device-seconds the update kept busy (train devices; rollout devices that joined)
-
-
-class TrainJob:
+class PricedTrainJob(TrainJob):
     """One step's training beside the rollout, as the simulator prices it: it runs on the train devices from
     `start` to `end` (world clock) and makes weights `version` = step + 1.
 
-    The protocol a mode uses (a real trainer's job answers the same, real_backend.train_job):
+    The contract a mode uses (lssim.loop.contracts.TrainJob; a real trainer's job answers the same, real_backend.train_job):
     ready(engine) -- are its weights trained by now?     wait(engine) -- block until they are
     notify(engine) -- have the engine wake the controller (Event WAKE) once they are
     push(engine) -- put them into the idle rollout engine (here: the clock moves by the sync's seconds)
@@ -76,7 +67,7 @@ class TrainJob:
 
     def __init__(self, step: int, start: float, end: float, phases: dict, metrics: dict | None = None):
         if end < start:
-            raise ValueError(f"TrainJob of step {step}: end {end} before start {start}")
+            raise ValueError(f"PricedTrainJob of step {step}: end {end} before start {start}")
         self.step, self.version, self.start, self.end, self.phases = step, step + 1, start, end, phases
         self.metrics = metrics or {}
 
@@ -144,13 +135,10 @@ class ModeConfig:
         return {"collocated": Collocated, "disaggregated": Disaggregated, "async": Async, "hybrid": Hybrid}[self.mode](self)
 
 
-class ExecutionMode:
-    """The questions the controller asks a mode. The base class is synchronous, on-policy and blocking:
-    collocated, with no context switch (subclasses change a few answers)."""
-
-    keeps_generating = False  # unfinished responses stay in flight across the step boundary
-    interrupts = False  # weights arriving mid-rollout interrupt generation (abort, re-prefill, continue)
-    trains_beside = False  # training runs beside the rollout (a trainer with `start` runs it as a job)
+class ExecutionMode(ModeHooks):
+    """The base mode: synchronous, on-policy and blocking: collocated, with no context switch (subclasses change a
+    few answers). Every question and its synchronous answer is lssim.loop.contracts.ModeHooks; this prices the
+    train phase and keeps the jobs whose weights are not on the engine yet."""
 
     def __init__(self, config: ModeConfig):
         self.config = config
@@ -158,33 +146,10 @@ class ExecutionMode:
         self._engine: Engine | None = None
         self._batch = 1  # the run's groups per step (B)
         self._lane_free = 0.0  # when the train devices are next free
-        self._ready: list = []  # TrainJobs (or a real trainer's jobs) whose weights are not on the engine yet, by version
+        self._ready: list[TrainJob] = []  # jobs whose weights are not on the engine yet, by version
 
     def bind(self, engine: Engine, groups_per_step: int) -> None:
         self._engine, self._batch = engine, groups_per_step
-
-    # -- before and during the rollout ----------------------------------------------------------------
-    def before_rollout(self, step: int) -> None:
-        """Called when step `step` starts: wait (engine.advance, or a timer) until its weights may be used."""
-
-    def admission(self, step: int, admitted_groups: int, default: int, limit: int) -> int:
-        """Fresh groups to admit now (at the step's start, or when weights arrive mid-rollout): `admitted_groups`
-        so far in the run (less those dropped), `default` what the step would take by itself, `limit` what the
-        run has left to train."""
-        return default
-
-    def rollout_done(self, state: RolloutState) -> bool:
-        """Must the rollout end now, whatever the policy says?"""
-        return False
-
-    def on_wake(self):
-        """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
-        the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
-        return None
-
-    def is_stale(self, step: int, first_version: int) -> bool:
-        """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""
-        return False
 
     # -- the train phase --------------------------------------------------------------------------------
     def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
@@ -211,7 +176,7 @@ class ExecutionMode:
         compute = phases["logprob"] + phases["reference"] + phases["update"]
         end = start + compute
         self._lane_free = end
-        self._ready.append(TrainJob(step, start, end, phases, metrics))
+        self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)
 
     def _wait_for(self, version: int) -> None:
@@ -294,7 +259,7 @@ class Hybrid(ExecutionMode):
         phases = _phases(metrics)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
         start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
-        self._ready.append(TrainJob(step, start, end, phases, metrics))
+        self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, busy)
 
 

@@ -26,7 +26,8 @@ import pandas as pd
 
 from lssim.loop.columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
 from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
-from lssim.loop.policy import StepOutcome
+from lssim.loop.contracts import TrainTiming
+from lssim.loop.decisions import StepOutcome
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
 # the step (prompt + tokens carried in), tokens generated in the step, and which were still generating when
@@ -130,7 +131,7 @@ class StepEnd:
     trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
     trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
     train_metrics: dict
-    timing: "TrainTiming | None" = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
+    timing: TrainTiming | None = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
     previous_end: float = float("nan")  # when the previous step's training ended (the step's time runs from it)
 
 
@@ -143,7 +144,7 @@ class ResponseTable:
     def __init__(self, capacity: int = 0):
         self._capacity = max(0, int(capacity))
         self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows] written
-        self._strings: dict[str, list[np.ndarray]] = {name: [] for name in _STRING_COLUMNS}  # object chunks
+        self._strings: dict[str, list[np.ndarray]] = {name: [] for name in STRING_COLUMNS}  # object chunks
         self._rows = 0
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
         self._settled: list[tuple[int, int, int]] = []  # (row, train step, off-policy tokens) of members settled later
@@ -169,9 +170,9 @@ class ResponseTable:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
         if not self._columns:  # nothing added (a step with no rows still makes the blocks)
             return pd.DataFrame({name: [] for name in names})
-        numeric = {name: self._columns[name][:self._rows] for name in names if name not in _STRING_COLUMNS}
+        numeric = {name: self._columns[name][:self._rows] for name in names if name not in STRING_COLUMNS}
         cols = numeric if share else _in_blocks(numeric)
-        cols.update((name, _strings(self._strings[name])) for name in names if name in _STRING_COLUMNS)
+        cols.update((name, string_column(self._strings[name])) for name in names if name in STRING_COLUMNS)
         cols = {name: cols[name] for name in names}
         if self._settled:
             rows, steps, off = (np.array(x, np.int64) for x in zip(*self._settled))
@@ -200,11 +201,11 @@ class ResponseTable:
         if open_groups:
             for i in np.flatnonzero(np.isin(e.group_id, list(open_groups))).tolist():
                 self._pending[int(e.rid[i])] = self._rows + i
-        trained_now = _in_sorted(e.rid, trained_rids)
+        trained_now = in_sorted(e.rid, trained_rids)
         self._store({
             "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,
             "group_id": e.group_id, "prompt_len": e.prompt_len, "response_len": e.generated, "max_tokens": e.max_tokens,
-            "reward": e.reward, "finish_reason": _finish_reasons(books), "stop_reason": _coded_if_one(e.stop_reason),
+            "reward": e.reward, "finish_reason": _finish_reasons(books), "stop_reason": coded_if_one(e.stop_reason),
             "policy_version_first": e.first_version, "policy_version_last": e.last_version,
             "tokens_before_resume": e.tokens_before_resume, "instance": np.where(e.ran_on >= 0, e.ran_on, e.instance), "submit_time": e.submit_time - started,
             "first_token_time": e.first_token_time - started, "finish_time": e.finish_time - started, "exact": e.exact,
@@ -218,7 +219,7 @@ class ResponseTable:
         what np.concatenate would have made of it, where needed), string columns kept as chunks."""
         n = len(chunk["step"])
         end = self._rows + n
-        numeric = {name: np.asarray(v) for name, v in chunk.items() if name not in _STRING_COLUMNS}
+        numeric = {name: np.asarray(v) for name, v in chunk.items() if name not in STRING_COLUMNS}
         if not self._columns or end > self._capacity:
             self._capacity = max(end, self._capacity if not self._columns else 2 * self._capacity)
             old, self._columns = self._columns, _blocks({name: v.dtype for name, v in numeric.items()}, self._capacity)
@@ -230,15 +231,15 @@ class ResponseTable:
             if values.dtype != column.dtype:
                 column = self._columns[name] = _widened(column, np.result_type(column, values), self._rows)
             column[self._rows:end] = values
-        for name in _STRING_COLUMNS:
+        for name in STRING_COLUMNS:
             self._strings[name].append(chunk[name])
         self._rows = end
 
 
-_STRING_COLUMNS = ("finish_reason", "stop_reason")
+STRING_COLUMNS = ("finish_reason", "stop_reason")
 
 
-def _in_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+def in_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     """np.isin(values, sorted_keys) for keys already sorted. Rids are numbered in order, so a step's keys span a
     short range: a mask over it answers each value in one lookup (a search per value costs more than sorting both)."""
     if not len(sorted_keys):
@@ -287,7 +288,7 @@ def _in_blocks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 @dataclass(slots=True, frozen=True)
-class _Coded:
+class Coded:
     """A step's string column as numbers into a few words (Arrow turns it into strings without reading a Python
     str per row, which costs ~40 ns each)."""
 
@@ -305,19 +306,19 @@ def _finish_reasons(books: StepBooks):
     """The ended responses' finish reasons, as numbers where every one ended by itself or at its budget (the books
     have compared them already), else the objects."""
     if (books.stopped | books.truncated).all():
-        return _Coded(books.stopped.view(np.int8), _NATURAL)
+        return Coded(books.stopped.view(np.int8), _NATURAL)
     return books.ended.finish_reason
 
 
-def _coded_if_one(values: np.ndarray):
+def coded_if_one(values: np.ndarray):
     """A column of one str throughout (stop_reason: "" unless a policy stopped something) as numbers, else as is."""
     if len(values) and isinstance(values[0], str) and (values == values[0]).all():
-        return _Coded(np.zeros(len(values), np.int8), (values[0],))
+        return Coded(np.zeros(len(values), np.int8), (values[0],))
     return values
 
 
-def _strings(chunks: list):
-    """Object arrays of str (or `_Coded` ones) as one pandas string column: through Arrow, what pandas would infer
+def string_column(chunks: list):
+    """Object arrays of str (or `Coded` ones) as one pandas string column: through Arrow, what pandas would infer
     from the objects (its str dtype) at a fraction of the cost (inferring it from a million Python strings takes
     seconds)."""
     inferred = pd.Series(["x"]).dtype
@@ -326,7 +327,7 @@ def _strings(chunks: list):
     except ImportError:
         pa = None
     if pa is None or inferred == object:  # no Arrow, or a pandas that keeps str as objects: pandas infers it
-        return np.concatenate([c.objects() if isinstance(c, _Coded) else c for c in chunks])
+        return np.concatenate([c.objects() if isinstance(c, Coded) else c for c in chunks])
     arrow = pa.chunked_array(_arrow_chunks(pa, chunks), type=pa.large_string())
     return pd.array(arrow, dtype=inferred)
 
@@ -336,7 +337,7 @@ def _arrow_chunks(pa, chunks: list) -> list:
     words of all of them (a take per step costs more than the rows)."""
     out, run = [], []
     for c in [*chunks, None]:
-        if isinstance(c, _Coded):
+        if isinstance(c, Coded):
             run.append(c)
             continue
         if run:

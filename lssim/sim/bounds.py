@@ -63,7 +63,7 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
 
     def lower_bound(prompt_lens: np.ndarray, ctx0: np.ndarray, tokens: np.ndarray, running: np.ndarray | None = None) -> float:
         if running is None or not np.any(running):  # the usual step (no response kept generating): one pass
-            n_ran, c_rows, t_rows, step_tokens, context_reads, prefilled = _bound_terms(
+            n_ran, c_rows, t_rows, step_tokens, context_reads, prefilled = bound_terms(
                 np.asarray(ctx0, np.int64), np.asarray(tokens, np.int64))
             if not n_ran:
                 return 0.0
@@ -94,7 +94,7 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
 
 
 @njit(cache=True)
-def _bound_terms(ctx0, tokens):
+def bound_terms(ctx0, tokens):
     """`lower_bound`'s terms over the responses that ran (tokens > 0), none of them kept generating: how many ran,
     the solo candidates (`solo_candidates`: most tokens first), the tokens, the context reads (integers: exact) and
     the prompt tokens to prefill."""

@@ -439,39 +439,14 @@ def _merge(kind, rinst, event_t, touched_rank, n_inst):
 
 
 def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit: the model's own
-    array form where it has one (`decode_times`, the roofline's), else the scalar call per span."""
-    many = getattr(cost, "decode_times", None)
-    if many is not None:
-        return many(n, ctx, k)
-    return np.fromiter((cost.decode_time(a, b, c) for a, b, c in zip(n.tolist(), ctx.tolist(), k.tolist())),
-                       dtype=float, count=len(n))
-
-
-def _price_prefill(cost, tokens: np.ndarray) -> np.ndarray:
-    """cost.prefill_time of each: the model's array form (`prefill_times`) where it has one."""
-    many = getattr(cost, "prefill_times", None)
-    return many(tokens) if many is not None else _price_each(cost.prefill_time, tokens)
+    """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit (CostModel.decode_times:
+    the model's own array form, the roofline's, or the contract's default over the scalar call)."""
+    return cost.decode_times(n, ctx, k)
 
 
 def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray) -> np.ndarray:
-    """What the departures at each boundary add: departure_time(after) - departure_time(before), through the model's
-    array form (`departure_times`) where it has one."""
-    many = getattr(cost, "departure_times", None)
-    if many is not None:
-        return many(leaving_after) - many(leaving_before)
-    return _price_each(cost.departure_time, leaving_after) - _price_each(cost.departure_time, leaving_before)
-
-
-def _price_each(fn, values: np.ndarray) -> np.ndarray:
-    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
-    admit nothing and end nothing: v <= 0 costs 0 (lssim.cost.protocol.CostModel), only the rest are sorted."""
-    out = np.zeros(len(values))
-    live = np.flatnonzero(values > 0)
-    if len(live):
-        uniq, inverse = np.unique(values[live], return_inverse=True)
-        out[live] = np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse]
-    return out
+    """What the departures at each boundary add: departure_time(after) - departure_time(before)."""
+    return cost.departure_times(leaving_after) - cost.departure_times(leaving_before)
 
 
 def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
@@ -484,52 +459,18 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
-    m = len(requests)
-    prompt, budget = requests.prompt_len, requests.max_tokens
-    too_big = np.flatnonzero(prompt + budget > capacity)
-    if len(too_big):
-        j = int(too_big[0])
-        raise ValueError(f"request {int(requests.rid[j])} (prompt {int(requests.prompt_id[j])}) needs "
-                         f"{int(prompt[j] + budget[j])} KV tokens; an instance holds {capacity} (raise kv_capacity_tokens "
-                         f"or lower max_tokens)")
+    _check_fits(requests, capacity)
     length, reason, reward, exact = _answers(engine, requests)
-    # least-loaded dispatch from an idle cluster: the j-th unplaced request goes to instance j mod N
-    pinned = requests.instance
-    free = pinned < 0
-    inst = np.where(free, 0, pinned % n_inst)
-    if queue is None:
-        inst[free] = np.arange(int(free.sum())) % n_inst
-        order, touched = np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
-    else:
-        free_queued = queue[free[queue]]
-        inst[free_queued] = np.arange(len(free_queued)) % n_inst
-        touched = _touched_rank(inst[queue], n_inst)
-        queued = requests.priority[queue]
-        if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
-            order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
-        else:
-            submitted = np.empty(m, np.int64)
-            submitted[queue] = np.arange(m)  # each row's place in the submission
-            order = np.lexsort((submitted, requests.priority, inst))
+    inst, order, touched = _dispatch(requests, n_inst, queue)
     requests.ran_on[:] = inst
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
-    room = _room(m, n_inst)
-    while True:
-        gen = requests.generated.copy()
-        (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
-         preemptions, error) = _structure(order, inst_start, prompt, gen, length, capacity, cfg.max_num_seqs, room)
-        if error != _OUT_OF_ROOM:
-            break
-        room *= 4
-    if error >= 0:
-        raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
-    if error < -1:
-        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
-                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
+    gen = requests.generated.copy()
+    (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
+     preemptions) = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs, n_inst)
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
-    prefill, departure = _price_prefill(cost, rpf), _price_departure(cost, rbefore + rleft, rbefore)
+    prefill, departure = cost.prefill_times(rpf), _price_departure(cost, rbefore + rleft, rbefore)
     t0 = np.array([max(x.t, now) for x in instances])
     busy0 = np.array([x.busy for x in instances])
     seqs0 = np.array([x.seq_seconds for x in instances])
@@ -552,6 +493,60 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
     requests.natural_len[:], requests.natural_reward[:] = length, reward  # nobody stopped them: their natural end
     return ended
+
+
+def _check_fits(requests, capacity: int) -> None:
+    """Every request's prompt and budget fit one instance's KV cache (ValueError naming the first that does not)."""
+    prompt, budget = requests.prompt_len, requests.max_tokens
+    too_big = np.flatnonzero(prompt + budget > capacity)
+    if len(too_big):
+        j = int(too_big[0])
+        raise ValueError(f"request {int(requests.rid[j])} (prompt {int(requests.prompt_id[j])}) needs "
+                         f"{int(prompt[j] + budget[j])} KV tokens; an instance holds {capacity} (raise kv_capacity_tokens "
+                         f"or lower max_tokens)")
+
+
+def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-loaded dispatch from an idle cluster (the j-th unplaced request goes to instance j mod N): each row's
+    instance, the rows in the order each instance admits them (by instance, priority, submission), and the order
+    the instances were first given work (_touched_rank)."""
+    m = len(requests)
+    pinned = requests.instance
+    free = pinned < 0
+    inst = np.where(free, 0, pinned % n_inst)
+    if queue is None:
+        inst[free] = np.arange(int(free.sum())) % n_inst
+        return inst, np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
+    free_queued = queue[free[queue]]
+    inst[free_queued] = np.arange(len(free_queued)) % n_inst
+    touched = _touched_rank(inst[queue], n_inst)
+    queued = requests.priority[queue]
+    if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
+        order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
+    else:
+        submitted = np.empty(m, np.int64)
+        submitted[queue] = np.arange(m)  # each row's place in the submission
+        order = np.lexsort((submitted, requests.priority, inst))
+    return inst, order, touched
+
+
+def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int) -> tuple:
+    """_structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
+    an instance cannot go on."""
+    room = _room(len(prompt), n_inst)
+    start = gen.copy()
+    while True:
+        gen[:] = start
+        *records, error = _structure(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
+        if error != _OUT_OF_ROOM:
+            break
+        room *= 4
+    if error >= 0:
+        raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
+    if error < -1:
+        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
+                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
+    return tuple(records)
 
 
 def _answers(engine, requests) -> tuple:

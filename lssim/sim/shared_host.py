@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from lssim.cost.protocol import abort_time_of
+from lssim.loop.contracts import CostModel
 from lssim.sim.world import SimEngine
 
 
@@ -37,7 +37,7 @@ def slowdown_problem(slowdown) -> str | None:
     return None
 
 
-class ScaledCost:
+class ScaledCost(CostModel):
     """A cost model whose every time is `factor` times its base's."""
 
     def __init__(self, base, factor: float):
@@ -56,7 +56,7 @@ class ScaledCost:
         return self.scale * self.base.departure_time(n_leaving)
 
     def abort_time(self, n_aborted: int) -> float:  # the caller's, not the instances': not slowed by their sharing
-        return abort_time_of(self.base, n_aborted)
+        return self.base.abort_time(n_aborted)
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         return self.scale * self.base.work_time(tokens, context_reads, max_num_seqs)

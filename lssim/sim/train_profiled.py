@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lssim.sim.training import TrainPhases, _check_devices, check_lengths, pack_padded
-from lssim.cost.fitting import _nnls_relative
+from lssim.loop.contracts import TrainCostModel
+from lssim.sim.train_batches import TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
+from lssim.cost.fitting import nnls_relative
 
 LOGPROB_TERMS = ("l0", "lB", "l1", "l2")
 UPDATE_TERMS = ("u0", "uB", "u1", "u2", "o0", "k0")
@@ -42,7 +43,7 @@ _TRAINER_KEYS = ("micro_batch_tokens", "mini_batches", "recompute_logprobs")
 
 
 @dataclass(frozen=True)
-class ProfiledTrainCost:
+class ProfiledTrainCost(TrainCostModel):
     """Coefficients (seconds) of the forms in FORMS, and the trainer settings they are used with."""
 
     l0: float
@@ -110,7 +111,7 @@ class ProfiledTrainCost:
 
     def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
         seq, _ = check_lengths(seq_lens, prompt_lens)
-        n = _check_devices(n_devices)
+        n = check_devices(n_devices)
         if not len(seq):
             return TrainPhases.zero()
         logprob, update = self.step_seconds(self._share(seq, n))
@@ -118,7 +119,7 @@ class ProfiledTrainCost:
 
     def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
         seq, _ = check_lengths(seq_lens)
-        n = _check_devices(n_devices)
+        n = check_devices(n_devices)
         if not len(seq):
             return 0.0
         share = self._share(seq, n)
@@ -126,7 +127,7 @@ class ProfiledTrainCost:
         return self._micro(shape, LOGPROB_TERMS if forward_only else UPDATE_TERMS[:4])
 
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
-        _check_devices(n_devices)
+        check_devices(n_devices)
         return self.o0
 
     # -- fit -------------------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ class ProfiledTrainCost:
         coef = {}
         for terms, col in zip((LOGPROB_TERMS, UPDATE_TERMS), CLOCKS[clock]):
             X = np.array([[f[t] for t in terms] for f in feats], dtype=float)
-            coef.update(zip(terms, _nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
+            coef.update(zip(terms, nnls_relative(X, train[col].to_numpy(float), f"{source}: {col}")))
         fit_syncs = syncs[syncs["split"] == "fit"]["sync_seconds"].to_numpy(float)
         if not len(fit_syncs):
             raise ValueError(f"{source}: no sync measurements (rows with kind='sync') to fit s0")
@@ -213,11 +214,14 @@ class ProfiledTrainCost:
 
     @classmethod
     def from_json(cls, path, **overrides) -> "ProfiledTrainCost":
-        from lssim.sim.training import load_train_cost
-
-        model = load_train_cost(path)
-        if not isinstance(model, cls):
+        payload = read_train_cost_file(path)
+        kind = payload.get("kind") if isinstance(payload, dict) else None
+        if kind == "AnalyticTrainCost":
             raise ValueError(f"{path}: an analytic model, not a trainer profile")
+        if kind != "ProfiledTrainCost":
+            raise ValueError(f"{path}: not a training-cost file (kind must be 'ProfiledTrainCost' or 'AnalyticTrainCost', "
+                             f"got {kind!r})")
+        model = cls.from_dict(payload, str(path))
         return _with(model, **overrides) if overrides else model
 
     def describe(self) -> dict:

@@ -35,86 +35,18 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from lssim.cost import HARDWARE, MODELS
+from lssim.loop.contracts import TrainCostModel
+from lssim.sim.train_batches import (TrainPhases, check_devices, check_lengths, pack_padded, padded_shapes,
+                                     read_train_cost_file)
+from lssim.sim.train_profiled import ProfiledTrainCost
 
 __all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "ScaledTrainCost", "Links", "LINKS",
            "ANALYTIC_SOURCES", "pack_padded", "padded_shapes", "packed_micro_batches", "check_lengths",
            "load_train_cost"]
-
-_PHASES = ("logprob", "reference", "update", "sync", "switch")
-
-
-@dataclass(frozen=True)
-class TrainPhases:
-    """Seconds of one training step, phase by phase."""
-
-    logprob: float
-    reference: float
-    update: float
-    sync: float
-    switch: float
-
-    def __post_init__(self):
-        for name in _PHASES:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
-                raise ValueError(f"TrainPhases.{name} must be a finite number >= 0, got {value!r}")
-
-    @property
-    def total(self) -> float:
-        return self.logprob + self.reference + self.update + self.sync + self.switch
-
-    def as_metrics(self) -> dict:
-        """The step-record keys: logprob_seconds, reference_seconds, update_seconds, sync_seconds, switch_seconds."""
-        return {f"{name}_seconds": float(getattr(self, name)) for name in _PHASES}
-
-    @classmethod
-    def zero(cls) -> "TrainPhases":
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-@runtime_checkable
-class TrainCostModel(Protocol):
-    """What the simulator (and the execution modes built on it) need from a training-phase model."""
-
-    def phases(self, seq_lens: np.ndarray, prompt_lens: np.ndarray, n_devices: int, *, collocated: bool) -> TrainPhases:
-        """Seconds per phase for one step that trains these sequences (``seq_lens``: prompt + response tokens of
-        each; ``prompt_lens``: its prompt tokens) on ``n_devices`` devices; ``collocated``: rollout shares them
-        (adds the context switch; weights sync by IPC rather than over the network). An empty batch trains
-        nothing and syncs nothing: all zero."""
-        ...
-
-    def micro_batch_seconds(self, seq_lens: np.ndarray, n_devices: int = 1, *, forward_only: bool = False) -> float:
-        """Seconds of one micro-batch holding these sequences: forward + backward (``forward_only``: forward),
-        no optimizer step; for modes that stream micro-batches into training as groups finish."""
-        ...
-
-    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
-        """Seconds of one optimizer step (after a mini-batch's micro-batches)."""
-        ...
-
-    def describe(self) -> dict:
-        """Every constant, with its source."""
-        ...
-
-
-def check_lengths(seq_lens, prompt_lens=None) -> tuple[np.ndarray, np.ndarray]:
-    """Integer arrays of equal length with 0 <= prompt_len <= seq_len and seq_len >= 1; ValueError otherwise."""
-    seq = np.asarray(seq_lens)
-    prompt = np.zeros_like(seq) if prompt_lens is None else np.asarray(prompt_lens)
-    if seq.ndim != 1 or prompt.shape != seq.shape:
-        raise ValueError(f"seq_lens and prompt_lens must be 1-d arrays of one length, got shapes {seq.shape} and {prompt.shape}")
-    if len(seq) and not (np.issubdtype(seq.dtype, np.integer) and np.issubdtype(prompt.dtype, np.integer)):
-        raise ValueError("seq_lens and prompt_lens must hold integer token counts")
-    seq, prompt = seq.astype(np.int64), prompt.astype(np.int64)
-    if len(seq) and (seq.min() < 1 or prompt.min() < 0 or (prompt > seq).any()):
-        raise ValueError("need seq_len >= 1 and 0 <= prompt_len <= seq_len for every sequence")
-    return seq, prompt
-
 
 def _split_bounds(n: int, k: int) -> list[int]:
     """Where np.array_split cuts n items into k parts (the first n % k one longer), as k + 1 offsets."""
@@ -122,38 +54,9 @@ def _split_bounds(n: int, k: int) -> list[int]:
     return [i * q + min(i, r) for i in range(k + 1)]
 
 
-def _check_devices(n_devices) -> int:
-    if isinstance(n_devices, bool) or not isinstance(n_devices, numbers.Integral) or n_devices < 1:
-        raise ValueError(f"n_devices must be an int >= 1, got {n_devices!r}")
-    return int(n_devices)
-
-
 # ----------------------------------------------------------------------------------------------
 # Packing rules
 # ----------------------------------------------------------------------------------------------
-
-
-def pack_padded(lengths, max_tokens: int) -> list[np.ndarray]:
-    """real_backend's GRPOTrainer micro-batches: sequences sorted by length (stable), filled greedily while
-    (count + 1) x the longest stays within ``max_tokens`` padded tokens; one longer than that goes alone.
-    Returns each micro-batch's indices into ``lengths``."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    out, current = [], []
-    for i in np.argsort(lengths, kind="stable"):
-        if current and (len(current) + 1) * int(lengths[i]) > max_tokens:  # sorted: lengths[i] is the longest
-            out.append(np.array(current, dtype=np.int64))
-            current = []
-        current.append(int(i))
-    if current:
-        out.append(np.array(current, dtype=np.int64))
-    return out
-
-
-def padded_shapes(lengths, max_tokens: int) -> np.ndarray:
-    """(k, 2) array of (sequences, padded length) for each micro-batch of :func:`pack_padded`."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    batches = pack_padded(lengths, max_tokens)
-    return np.array([(len(b), int(lengths[b].max())) for b in batches], dtype=np.int64).reshape(-1, 2)
 
 
 def packed_micro_batches(n_seqs: int, tokens: int, longest: int, max_token_len: int) -> int:
@@ -233,7 +136,7 @@ ANALYTIC_SOURCES = {
 
 
 @dataclass(frozen=True)
-class AnalyticTrainCost:
+class AnalyticTrainCost(TrainCostModel):
     """Training-phase seconds on a GPU cluster from FLOPs and bytes (constants and sources: ANALYTIC_SOURCES).
 
     Compute: a sequence of ``s`` tokens costs ``2 x params x s + 2 x s^2 x heads x head_dim x layers`` FLOPs forward
@@ -360,14 +263,14 @@ class AnalyticTrainCost:
 
     def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
         seq, _ = check_lengths(seq_lens)
-        n = _check_devices(n_devices)
+        n = check_devices(n_devices)
         if not len(seq):
             return 0.0
         big = max(int(seq.sum()), 1)  # one micro-batch, whatever the packing limit says
         return self._pass_seconds(seq, n, backward=not forward_only, max_token_len=big)
 
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
-        n = _check_devices(n_devices)
+        n = check_devices(n_devices)
         hbm = self.gpu.bandwidth_bytes_per_s * 0.85
         return self.optimizer_bytes_per_param * self.spec.params / n / hbm
 
@@ -375,7 +278,7 @@ class AnalyticTrainCost:
 
     def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
         seq, _ = check_lengths(seq_lens, prompt_lens)
-        n = _check_devices(n_devices)
+        n = check_devices(n_devices)
         if not len(seq):
             return TrainPhases.zero()
         flops = self._flops(seq) if self.packing else None  # per sequence, once for every pass and mini-batch
@@ -450,7 +353,7 @@ class AnalyticTrainCost:
 
 
 @dataclass(frozen=True)
-class ScaledTrainCost:
+class ScaledTrainCost(TrainCostModel):
     """Another TrainCostModel with its forward phases (log-prob, reference) and its update scaled by measured
     factors: what training-side token pruning saves (paper/experiments/measure_pruning.py measures them on the real
     trainer; docs/training.md says where the saving comes from). Sync and switch are unchanged."""
@@ -517,28 +420,11 @@ class ScaledTrainCost:
 def load_train_cost(path) -> TrainCostModel:
     """A training-phase model from a JSON file: a trainer profile (ProfiledTrainCost, from
     `python -m real_backend.profile_trainer`) or an AnalyticTrainCost's to_dict(). ValueError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"trainer profile {path} does not exist (make one with "
-                         f"`python -m real_backend.profile_trainer --out {path}`)")
-    try:
-        payload = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    payload = read_train_cost_file(path)
     kind = payload.get("kind") if isinstance(payload, dict) else None
     if kind == "AnalyticTrainCost":
         return AnalyticTrainCost.from_dict(payload, str(path))
     if kind == "ProfiledTrainCost":
-        from lssim.sim.train_profiled import ProfiledTrainCost
-
         return ProfiledTrainCost.from_dict(payload, str(path))
     raise ValueError(f"{path}: not a training-cost file (kind must be 'ProfiledTrainCost' or 'AnalyticTrainCost', "
                      f"got {kind!r})")
-
-
-def __getattr__(name):  # ProfiledTrainCost lives in lssim/sim/train_profiled.py, which imports this module
-    if name == "ProfiledTrainCost":
-        from lssim.sim.train_profiled import ProfiledTrainCost
-
-        return ProfiledTrainCost
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

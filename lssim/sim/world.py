@@ -18,10 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from lssim.loop.core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
-from lssim.cost.protocol import abort_time_of
+from lssim.loop.contracts import Engine, Trainer, TrainCostModel
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.loop.signals import WINDOW_KEY, SignalSpec, signals_from_trace
-from lssim.sim.training import AnalyticTrainCost, TrainCostModel, TrainPhases, check_lengths
+from lssim.sim.training import AnalyticTrainCost, TrainPhases, check_lengths
 from lssim.traces.workload import EXACT, Workload
 
 
@@ -61,7 +61,7 @@ class _Instance:
         self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
 
 
-class SimEngine:
+class SimEngine(Engine):
     """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
 
     def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS,
@@ -182,7 +182,7 @@ class SimEngine:
         if inst is None:
             return
         # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
-        self.clock += abort_time_of(self.cost, 1)
+        self.clock += self.cost.abort_time(1)
         self._catch_up(inst, self.clock)
         self._epoch[r.rid] += 1
         inst.pending -= 1
@@ -398,7 +398,7 @@ class SimEngine:
 
 
 @dataclass(slots=True)
-class TrainTimeModel:
+class TrainTimeModel(TrainCostModel):
     """The old linear placeholder, kept for tests and back-of-envelope runs: the update takes fixed + per_token x
     (prompt + response tokens trained), then a fixed weight sync; no log-prob, reference or switch phase.
 
@@ -434,7 +434,7 @@ class TrainTimeModel:
                 "fixed_seconds": self.fixed_seconds, "sync_seconds": self.sync_seconds}
 
 
-class SimTrainer:
+class SimTrainer(Trainer):
     """The simulated train phase: prices the step's sequences with a training-phase cost model
     (lssim.sim.training.TrainCostModel); the execution mode puts them on the world's clock (lssim.loop.modes: blocking
     for collocated, beside the rollout for the others).
@@ -451,9 +451,10 @@ class SimTrainer:
         self.n_devices, self.collocated, self.signal_only = n_devices, collocated, signal_only
         self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
 
-    def set_train_mask(self, hook) -> None:
+    def set_train_mask(self, hook) -> bool:
         """Ask `hook` (Policy.train_mask) which tokens each step trains, and price only those (lssim.sim.train_policy)."""
         self.train_mask = hook
+        return True
 
     def lengths(self, groups) -> tuple[np.ndarray, np.ndarray]:
         """(prompt + response, prompt) tokens of every sequence this step trains."""

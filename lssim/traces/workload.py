@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from lssim.loop.contracts import PromptSource
 from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool
 from lssim.loop.rewards import RewardScale
 from lssim.traces.workload_index import (answer_rows, drawn_ahead, hash01, hash01_many, loader_key, loader_keys, nearest_many, probe,
@@ -59,7 +60,7 @@ class Outcome(NamedTuple):
     row: int  # the trace row the answer comes from
 
 
-class Workload:
+class Workload(PromptSource):
     """Counterfactual responses from a trace (a validated frame, see lssim.traces.trace), and the trace's own
     batches (a `PromptSource`: `default_groups` gives each step's recorded groups, as recorded).
 

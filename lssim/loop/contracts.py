@@ -1,0 +1,470 @@
+"""The contracts: what every engine, trainer, train job, prompt source, step observer, cost model, training-cost
+model, policy and execution mode must do, in one place.
+
+Each is a class here; an implementation subclasses it explicitly, so what it leaves out it inherits: every OPTIONAL
+ability is declared with its "unknown" (or "no opinion", or "cannot") answer as its body, and the controller and
+the simulator call it without asking first whether it exists.
+
+    Engine          rollout engine (lssim.sim.world.SimEngine, real_backend.engine.VLLMEngine)
+    Trainer         the train phase (lssim.sim.world.SimTrainer, real_backend.trainer.GRPOTrainer)
+    TrainJob        one step's training beside the rollout (lssim.loop.modes.PricedTrainJob,
+                    real_backend.train_job.ThreadTrainJob)
+    PromptSource    where a run's prompts come from (lssim.traces.workload.Workload, real_backend.prompts.TaskPrompts)
+    StepObserver    told each step's row as the step completes (Controller.add_observer)
+    CostModel       an engine's execution-time model (lssim.cost: roofline, profiled, operators, speculative)
+    TrainCostModel  a training-phase time model (lssim.sim.training, lssim.sim.train_profiled, TrainTimeModel)
+    PolicyHooks     a policy's hooks, each with "no opinion" (lssim.loop.policy.Policy implements composition)
+    ModeHooks       the questions the controller asks an execution mode (lssim.loop.modes.ExecutionMode)
+    TrainTiming     what a mode answers for a step's training
+
+The data they exchange are lssim.loop.core (requests, events, groups) and lssim.loop.decisions (a policy's answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from lssim.loop.core import (Event, Group, GroupSpec, InstanceLoad, PromptPool, Request, RolloutState, Speculation,
+                             StepContext)
+from lssim.loop.decisions import DROP, NO_NEEDS, Action, PolicyNeeds, StepOutcome, TrainBatch, TrainMask
+
+__all__ = ["Engine", "Trainer", "TrainJob", "PromptSource", "StepObserver", "CostModel", "TrainCostModel",
+           "PolicyHooks", "ModeHooks", "TrainTiming", "POLICY_HOOKS", "price_each"]
+
+
+# -- the world: engine, trainer, train job, prompts -------------------------------------------------------
+
+class Engine(Protocol):
+    """A rollout engine: N instances behind one dispatcher, simulated or real.
+
+    The controller calls only these. `next_events` returns the next batch of events, advancing the
+    clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
+    list only when nothing is in flight.
+
+    Every engine has every method: those below are abilities an engine may lack, and an engine without one
+    answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
+    answers, so an engine that subclasses `Engine` inherits them:
+
+    - `counterfactual(request)`: (length, reward) the response would have had had no policy stopped it;
+      None where the engine cannot tell (the real world). The controller records it as natural_len /
+      natural_reward (-1 / NaN for None).
+    - `utilization()`: (busy seconds, sequence-seconds) summed over instances since the engine started; NaNs
+      where the engine cannot tell. The controller turns the step's difference into busy_fraction and
+      mean_running.
+    - `set_speculation(speculation)`: called once by the controller before the first step with the policy's
+      `PolicyNeeds.speculation` (None too); an engine that cannot speculate accepts None and raises ValueError
+      otherwise.
+    - `set_batch_rollout(on)` / `run_batch(requests)`: called once before the first step; on=True promises that
+      each rollout is one submission run to its end with no reaction, abort or other submission (no per-event
+      policy hook, a mode that never cuts a rollout short). An engine that can (the simulator, lssim.sim.fastsim)
+      answers True and then takes each rollout whole, as columns, through run_batch; an engine that streams
+      (vLLM) answers False and the controller keeps submitting and draining events.
+    - `wake_at(time)` / `wake_when(future)`: timers for the execution modes; an engine without them refuses.
+    - `spec_counters()` / `reset_spec_counters()`: the engine's speculative-decoding counters (vLLM's); None where
+      the engine counts none. `driver_seconds(start, end)`: the caller's own share of a span; None unknown.
+    """
+
+    n_instances: int
+
+    def now(self) -> float: ...
+
+    def submit(self, requests: Sequence[Request]) -> None: ...
+
+    def abort(self, request: Request) -> None: ...
+
+    def next_events(self) -> list[Event]: ...
+
+    def loads(self) -> list[InstanceLoad]: ...
+
+    def set_progress_interval(self, tokens: int | None) -> None: ...
+
+    def advance(self, seconds: float) -> None:
+        """The world is busy outside the engine for `seconds` (a blocking train phase, a weight sync with
+        generation paused): virtual time passes in the simulator; on a real engine that work has already taken
+        its time, so nothing happens. The one place the two clocks differ, as in SimPy's RealtimeEnvironment."""
+        ...
+
+    def wake_at(self, time: float) -> None:
+        """Report an Event(WAKE, None, t) from next_events once the clock reaches `time` (t >= time), even with
+        nothing in flight: the execution modes' timer (new weights arriving mid-rollout, the end of a wait)."""
+        raise NotImplementedError(f"{type(self).__name__} has no timers: this execution mode needs them")
+
+    def wake_when(self, future) -> None:
+        """Report an Event(WAKE, None, t) from next_events once `future` (a concurrent.futures.Future: a real train
+        job on its own thread, real_backend.train_job) is done: a timer whose time is not known in advance."""
+        raise NotImplementedError(f"{type(self).__name__} cannot wake on a future: this execution mode needs it")
+
+    def spec_counters(self) -> dict | None:
+        """Speculative-decoding counters since the last reset (drafts, draft_tokens, accepted_tokens, steps,
+        generation_tokens: real_backend.spec_stats); None: the engine counts none."""
+        return None
+
+    def reset_spec_counters(self) -> None:
+        """Start the counters of `spec_counters` from zero (nothing to do where there are none)."""
+
+    def driver_seconds(self, start: float, end: float) -> float | None:
+        """Seconds of [start, end] on the engine's clock the caller's thread worked instead of waiting for the
+        engine (its own share of a rollout, real_backend's VLLMEngine); None where the engine cannot tell."""
+        return None
+
+    def refresh(self, requests: Sequence[Request]) -> None:
+        """Bring running requests' `generated` up to the clock (an engine that streams tokens keeps it current)."""
+
+    def counterfactual(self, request: Request) -> tuple[int, float] | None:
+        return None
+
+    def utilization(self) -> tuple[float, float]:
+        return float("nan"), float("nan")
+
+    def set_speculation(self, speculation: Speculation | None) -> None:
+        if speculation is not None:
+            raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
+                             f"cannot do")
+
+    def set_batch_rollout(self, on: bool) -> bool:
+        """The controller's promise that rollouts need no per-event reaction. Returns True if the engine will then
+        take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
+        return False
+
+    def run_batch(self, requests, queue=None) -> np.ndarray:
+        """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
+        (lssim.loop.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
+        fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
+        clock moves to the last finish, and the rows come back in the order the event route would end them.
+        `queue`: the rows in submission order, where that is not row order (None: row order)."""
+        raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
+
+
+class TrainJob(Protocol):
+    """One step's training beside the rollout (execution modes that `trains_beside`): it makes weights `version`
+    (= step + 1). The simulator's is priced up front (lssim.loop.modes.PricedTrainJob); a real trainer's runs on a
+    thread (real_backend.train_job.ThreadTrainJob). `start` / `end`: when it ran on the world's clock (NaN while
+    unknown); `metrics`: what the trainer reported (the step row's trainer_* columns)."""
+
+    step: int
+    version: int
+    start: float
+    end: float
+    metrics: dict
+
+    def ready(self, engine: Engine) -> bool:
+        """Are its weights trained by now?"""
+        ...
+
+    def wait(self, engine: Engine) -> None:
+        """Block until they are (the simulator's clock moves; a real job is joined, its error raised)."""
+        ...
+
+    def notify(self, engine: Engine) -> None:
+        """Have the engine report Event(WAKE) once they are (Engine.wake_at, Engine.wake_when)."""
+        ...
+
+    def push(self, engine: Engine) -> None:
+        """Put its weights into the idle rollout engine."""
+        ...
+
+
+class Trainer(Protocol):
+    """The train phase: updates the policy weights from a batch of groups and syncs them to the engine.
+
+    The world's clock advances by however long that takes (modelled in the simulator, real on vLLM). `train`
+    returns metrics for the step's record (e.g. loss, train_seconds, sync_seconds). Optional abilities:
+
+    - `set_train_mask(hook)`: ask `hook` (a policy's train_mask) which tokens each step trains. Returns False
+      where the trainer cannot (the controller then refuses a policy that needs it).
+    - `start(groups, step)`: the same update as a job running beside the rollout (a TrainJob), for the modes that
+      train beside it; None where the trainer cannot (the controller then calls `train`, which prices or blocks).
+      `started_jobs()`: the jobs started so far, in order ([] for a trainer that starts none); `finish_jobs()`: wait
+      for them all (a run's end).
+    """
+
+    def train(self, groups: list[Group], step: int) -> dict: ...
+
+    def set_train_mask(self, hook) -> bool:
+        return False
+
+    def start(self, groups: list[Group], step: int) -> TrainJob | None:
+        return None
+
+    def started_jobs(self) -> list[TrainJob]:
+        return []
+
+    def finish_jobs(self) -> None:
+        """Nothing runs beside the rollout: nothing to wait for."""
+
+
+class PromptSource(Protocol):
+    """Where prompts come from: the trace's own prompts (simulator) or a task's dataset (real)."""
+
+    pool: PromptPool
+
+    def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> Sequence[GroupSpec]:
+        """What a policy with no opinion trains on at `step` (verl's default: a random batch; a trace's Workload:
+        the batch it recorded at that step, with its own group sizes and budgets).
+
+        The controller asks for each step's batch once, steps in increasing order, always with the run's
+        `groups_per_step`, and proposes it whole, less the groups carried in (see `DataLoader.proposal_size`
+        and `DataLoader.take`, lssim.loop.loader)."""
+        ...
+
+    def prompt_len(self, prompt_id: int) -> int:
+        """A prompt's length in tokens."""
+        ...
+
+    def prompt_lens(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """The lengths of many prompts (the controller asks once a step); by default `prompt_len` one by one."""
+        return np.fromiter(map(self.prompt_len, prompt_ids.tolist()), np.int64, len(prompt_ids))
+
+    def loader_state(self) -> dict:
+        """Where the source's own cursor is (a checkpoint keeps it); {} for a source with none."""
+        return {}
+
+    def set_loader_state(self, state: dict) -> None:
+        """Put back a `loader_state`; a source with no cursor takes only {}."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no loader state, got {sorted(state)}")
+
+
+class StepObserver(Protocol):
+    """Told each step's row (lssim.loop.records.step_row) as the step completes, after the controller has recorded
+    it (Controller.add_observer): progress bars, a real run's recorder, its checkpoints."""
+
+    def __call__(self, row: dict) -> None: ...
+
+
+# -- cost models ------------------------------------------------------------------------------------------
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the simulator needs from an execution-time model (lssim.cost.protocol's docstring: the conventions).
+
+    Optional, with defaults built on the scalar methods (a model overrides them where it has faster forms):
+    `decode_times` / `prefill_times` / `departure_times`, array forms equal to the scalar calls to the last bit
+    (the batch route, lssim.sim.fastsim, prices whole rollouts with them); `abort_time`, seconds the caller is
+    blocked aborting requests (0: a model that does not know)."""
+
+    name: str
+
+    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
+        """Seconds for ``n_iters`` consecutive decode iterations of one engine instance with
+        ``n_seqs`` running sequences, where ``ctx_tokens`` is the sum of the sequences' context
+        lengths (prompt + generated) at the first of those iterations; the sum grows by ``n_seqs``
+        each iteration. Exact for the model's per-iteration formula (closed form), monotone
+        non-decreasing in every argument, and 0 for ``n_iters == 0``."""
+        ...
+
+    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
+        """The largest ``k >= 0`` with ``decode_time(n_seqs, ctx_tokens, k) <= seconds``."""
+        ...
+
+    def prefill_time(self, n_tokens: int) -> float:
+        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration);
+        0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
+        ...
+
+    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
+        """A lower bound on the summed decode seconds of any schedule that generates ``tokens`` tokens with at
+        most ``max_num_seqs`` sequences per iteration, where ``context_reads`` is the sum over those tokens of
+        the context each was decoded at (schedule-independent: a response of ``L`` tokens on a context of
+        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.sim.bounds)."""
+        ...
+
+    def departure_time(self, n_leaving: int) -> float:
+        """Seconds added when ``n_leaving`` sequences leave the running batch at one iteration boundary;
+        0 for ``n_leaving <= 0``, non-negative otherwise."""
+        ...
+
+    def describe(self) -> dict:
+        """The model's parameters, for reports."""
+        ...
+
+    def decode_times(self, n_seqs: np.ndarray, ctx_tokens: np.ndarray, n_iters: np.ndarray) -> np.ndarray:
+        """`decode_time` of every span i, equal to the scalar call."""
+        return np.fromiter((self.decode_time(a, b, c) for a, b, c in zip(n_seqs.tolist(), ctx_tokens.tolist(), n_iters.tolist())),
+                           dtype=float, count=len(n_seqs))
+
+    def prefill_times(self, n_tokens: np.ndarray) -> np.ndarray:
+        """`prefill_time` of each."""
+        return price_each(self.prefill_time, n_tokens)
+
+    def departure_times(self, n_leaving: np.ndarray) -> np.ndarray:
+        """`departure_time` of each."""
+        return price_each(self.departure_time, n_leaving)
+
+    def abort_time(self, n_aborted: int) -> float:
+        """Seconds the caller of the serving API is blocked while it aborts `n_aborted` requests; 0 unknown."""
+        return 0.0
+
+
+def price_each(fn, values: np.ndarray) -> np.ndarray:
+    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
+    admit nothing and end nothing: v <= 0 costs 0 (CostModel), only the rest are sorted."""
+    out = np.zeros(len(values))
+    live = np.flatnonzero(values > 0)
+    if len(live):
+        uniq, inverse = np.unique(values[live], return_inverse=True)
+        out[live] = np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse]
+    return out
+
+
+@runtime_checkable
+class TrainCostModel(Protocol):
+    """What the simulator (and the execution modes built on it) need from a training-phase model."""
+
+    def phases(self, seq_lens: np.ndarray, prompt_lens: np.ndarray, n_devices: int, *, collocated: bool):
+        """Seconds per phase for one step that trains these sequences (``seq_lens``: prompt + response tokens of
+        each; ``prompt_lens``: its prompt tokens) on ``n_devices`` devices; ``collocated``: rollout shares them
+        (adds the context switch; weights sync by IPC rather than over the network). An empty batch trains
+        nothing and syncs nothing: all zero. Returns an lssim.sim.training.TrainPhases."""
+        ...
+
+    def micro_batch_seconds(self, seq_lens: np.ndarray, n_devices: int = 1, *, forward_only: bool = False) -> float:
+        """Seconds of one micro-batch holding these sequences: forward + backward (``forward_only``: forward),
+        no optimizer step; for modes that stream micro-batches into training as groups finish."""
+        ...
+
+    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
+        """Seconds of one optimizer step (after a mini-batch's micro-batches)."""
+        ...
+
+    def describe(self) -> dict:
+        """Every constant, with its source."""
+        ...
+
+
+# -- policies and execution modes -------------------------------------------------------------------------
+
+class PolicyHooks:
+    """A policy's hooks and declarations, each answering "no opinion" (lssim.loop.policy's docstring: when the
+    controller asks each and how compositions combine them). lssim.loop.policy.Policy subclasses this and adds
+    composition; a policy subclasses Policy and overrides a few."""
+
+    name = "baseline"
+    progress_interval: int | None = None  # ask on_progress every this many tokens (None: never)
+
+    def needs(self) -> PolicyNeeds:
+        """What this policy needs of the world (PolicyNeeds); the default needs nothing."""
+        return NO_NEEDS
+
+    def plan(self, ctx: StepContext, proposal: Sequence[GroupSpec]) -> Sequence[GroupSpec]:
+        # The proposal is a read-only sequence (a loader batch as columns, lssim.loop.core.GroupSpecs, or a list): return
+        # it, a slice of it, or a list of your own; `proposal + ctx.draw(n)` is a list.
+        return proposal
+
+    def priority(self, request: Request) -> int | None:
+        return None
+
+    def place(self, request: Request, loads: list[InstanceLoad]) -> int | None:
+        return None
+
+    def priorities(self, requests) -> np.ndarray:
+        """`priority` of every request of a submission (lssim.loop.columns.RequestColumns), a request's own priority
+        where the policy has no opinion."""
+        return np.array([r.priority if (p := self.priority(r)) is None else p for r in requests.to_requests()], np.int64)
+
+    def placements(self, requests, loads: list[InstanceLoad]) -> np.ndarray:
+        """`place` of every request of a submission, in its order (priority order); a request's own instance (-1:
+        the engine's dispatcher) where the policy has no opinion."""
+        out = requests.instance.copy()
+        for i, r in enumerate(requests.to_requests()):
+            choice = self.place(r, loads)
+            if choice is not None:
+                out[i] = choice
+        return out
+
+    def on_progress(self, request: Request, state: RolloutState) -> Action | None:
+        return None
+
+    def on_finish(self, request: Request, state: RolloutState) -> None:
+        return None
+
+    def end_rollout(self, state: RolloutState) -> bool:
+        return False
+
+    def top_up(self, state: RolloutState) -> list[GroupSpec]:
+        return []
+
+    def on_unfinished(self, request: Request) -> str:
+        return DROP
+
+    def select(self, groups: list[Group], step: int) -> list[Group]:
+        return groups
+
+    def end_step(self, outcome: StepOutcome) -> None:
+        return None
+
+    def bridge(self, open_groups: list[Group], step: int) -> list[Group]:
+        """Groups to train now although some members are still carried (open: waiting for them): copies whose
+        members' rewards are what the trainer takes as each one's return (a carried member's: a bootstrapped value).
+        Which of their tokens are trained is this policy's `train_mask`; none: nothing is bridged."""
+        return []
+
+    def run_notes(self) -> dict:
+        """What the policy reports about the run so far, for a real run's meta.json (policies/tlt.py: its per-step
+        speculation decisions); none by default. Not combined by Compose."""
+        return {}
+
+    def train_mask(self, batch: TrainBatch) -> TrainMask | None:
+        """Which of `batch`'s tokens are trained (TrainMask); None: all of them. Asked once per step by the trainer,
+        after `select`, before the log-prob recompute and the update, so what is pruned is never computed."""
+        return None
+
+
+# The hooks a composition (lssim.loop.policy.Compose) combines, each by its rule.
+POLICY_HOOKS = ("plan", "priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished", "select",
+                "end_step", "bridge", "train_mask")
+
+
+@dataclass(slots=True, frozen=True)
+class TrainTiming:
+    """When a step's training ran on the world's clock, and what it cost, phase by phase."""
+
+    start: float  # the train devices started on the step's groups
+    end: float  # the new weights are ready (on the rollout engine for blocking modes)
+    phases: dict  # seconds: logprob, reference, update, sync, switch
+    busy_device_seconds: float  # device-seconds the update kept busy (train devices; rollout devices that joined)
+
+
+class ModeHooks:
+    """The questions the controller asks an execution mode (lssim.loop.modes), each with the synchronous, on-policy,
+    blocking answer; lssim.loop.modes.ExecutionMode subclasses this and prices the train phase."""
+
+    keeps_generating = False  # unfinished responses stay in flight across the step boundary
+    interrupts = False  # weights arriving mid-rollout interrupt generation (abort, re-prefill, continue)
+    trains_beside = False  # training runs beside the rollout (a trainer's `start` runs it as a job)
+    version = 0  # the weights version on the rollout engine now
+
+    def bind(self, engine: Engine, groups_per_step: int) -> None:
+        """The run's engine and its groups per step, given once before the first step."""
+
+    def before_rollout(self, step: int) -> None:
+        """Called when step `step` starts: wait (engine.advance, or a timer) until its weights may be used."""
+
+    def admission(self, step: int, admitted_groups: int, default: int, limit: int) -> int:
+        """Fresh groups to admit now (at the step's start, or when weights arrive mid-rollout): `admitted_groups`
+        so far in the run (less those dropped), `default` what the step would take by itself, `limit` what the
+        run has left to train."""
+        return default
+
+    def rollout_done(self, state: RolloutState) -> bool:
+        """Must the rollout end now, whatever the policy says?"""
+        return False
+
+    def on_wake(self) -> TrainJob | None:
+        """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
+        the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
+        return None
+
+    def is_stale(self, step: int, first_version: int) -> bool:
+        """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""
+        return False
+
+    def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
+              job: TrainJob | None = None) -> TrainTiming:
+        """Put step `step`'s training (priced or measured in `metrics`) on the world's clock. `job`: a real trainer's
+        job already running beside the rollout (modes that `trains_beside` only; its times are known once it ends).
+        Every mode answers this one."""
+        raise NotImplementedError(f"{type(self).__name__} does not put training on the clock")
