@@ -3,8 +3,8 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
 
 - vLLM on this CPU against the simulator, per world: paper/experiments/validation/full1 (summary.csv, stages.csv,
   counterfactual.csv, steps.parquet, anchored.parquet, noise.parquet), written by
-  `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/analysis/fidelity.py,
-  real_backend/sim_vs_real.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
+  `lssim validate --full --reprofile --repeats 5 --json --out runs/validate` (lssim/analysis/fidelity/,
+  real_backend/sim_vs_real.py, real_backend/validate_command.py). summary.csv has one row per policy and one `baseline@WORLD` row per world; its own
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
   column missing) is refused, naming the file and the column.

@@ -208,7 +208,7 @@ class VLLMEngine(Engine):
 
     def wake_at(self, time: float) -> None:
         """A timer on the engine's clock (seconds since it started): next_events reports Event(WAKE, None, t), t >= time,
-        once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.loop.core.Engine)."""
+        once the clock reaches it, with requests in flight or none (the execution modes' timer, lssim.loop.contracts.Engine)."""
         heapq.heappush(self._timers, (float(time), next(self._keys)))
 
     def wake_when(self, future) -> None:
@@ -222,7 +222,7 @@ class VLLMEngine(Engine):
         self._interval = tokens if tokens and tokens > 0 else None
 
     def set_batch_rollout(self, on: bool) -> bool:
-        """Nothing to batch: vLLM streams each request's events as they come (lssim.loop.core.Engine.set_batch_rollout)."""
+        """Nothing to batch: vLLM streams each request's events as they come (lssim.loop.contracts.Engine.set_batch_rollout)."""
         return False
 
     def loads(self) -> list[InstanceLoad]:

@@ -150,7 +150,7 @@ class Workload:
         starts over): every group with its own size, every member with its own budget and whether the recorded
         run trained it. The run shape's `n_groups`, `group_size` and `max_tokens` are for sources that record
         nothing (a dataset's loader); a recorded batch keeps its own. The controller proposes a step's batch
-        whole (Controller._proposal_size), so under the baseline each step replays exactly as recorded."""
+        whole (lssim.loop.loader.DataLoader.proposal_size), so under the baseline each step replays exactly as recorded."""
         return [GroupSpec(*g) for g in self._batches[step % len(self.steps)]]
 
     def groups_in(self, n_steps: int) -> int:

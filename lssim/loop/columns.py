@@ -80,7 +80,7 @@ class RequestColumns:
     @staticmethod
     def of(requests: Sequence[Request], context_at_start: dict[int, int] | None = None, counterfactual=None) -> "RequestColumns":
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
-        `counterfactual(request)` (lssim.loop.core.Engine.counterfactual) fills natural_len / natural_reward."""
+        `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
         cols = {name: field_of(requests, name) for name in REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")}
         natural = [counterfactual(r) if counterfactual else None for r in requests]

@@ -98,10 +98,10 @@ class Controller:
         self._bridges = policy.overrides("bridge")
         # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
-        # same results (lssim.loop.core.Engine.set_batch_rollout; vLLM streams events and ignores it).
+        # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
         self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
-        # engine that cannot speculate refuses a policy that asks (lssim.loop.core.Engine.set_speculation).
+        # engine that cannot speculate refuses a policy that asks (lssim.loop.contracts.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
         if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
             if not trainer.set_train_mask(policy.train_mask):
@@ -312,7 +312,7 @@ class Controller:
             if self._bridges else []
         batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
-        # beside it: a job whose metrics come when it ends (lssim.loop.modes.TrainJob); otherwise train() prices or blocks.
+        # beside it: a job whose metrics come when it ends (lssim.loop.contracts.TrainJob); otherwise train() prices or blocks.
         job = self.trainer.start(batch, step) if self.mode.trains_beside and batch else None
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)

@@ -116,7 +116,7 @@ class SimEngine(Engine):
 
     def set_batch_rollout(self, on: bool) -> bool:
         """The controller's promise that each rollout is one submission run to its end with no reaction
-        (lssim.loop.core.Engine.set_batch_rollout): rollouts then come whole through run_batch (lssim.sim.fastsim), priced
+        (lssim.loop.contracts.Engine.set_batch_rollout): rollouts then come whole through run_batch (lssim.sim.fastsim), priced
         as arrays with the event route's results to the last bit. False when built with batch_route=False."""
         self._batch = bool(on) and self.batch_route
         return self._batch

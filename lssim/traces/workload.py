@@ -220,7 +220,7 @@ class Workload(PromptSource):
         starts over): every group with its own size, every member with its own budget and whether the recorded
         run trained it. The run shape's `n_groups`, `group_size` and `max_tokens` are for sources that record
         nothing (a dataset's loader); a recorded batch keeps its own. The controller proposes a step's batch
-        whole (Controller._proposal_size), so under the baseline each step replays exactly as recorded."""
+        whole (lssim.loop.loader.DataLoader.proposal_size), so under the baseline each step replays exactly as recorded."""
         pid, count, cap, members = self._recorded_specs(step % len(self.steps))
         return GroupSpecs(pid, count, cap, members=dict(members))
 

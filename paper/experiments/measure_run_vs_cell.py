@@ -7,7 +7,7 @@
     python -m paper.experiments.measure_run_vs_cell --iterations         # also each instance's iteration time by batch size
 
 Each round records one baseline run of the world (real_backend.world.run_real: controller, rewards, trainer, weight
-pushes), then replays each of its rollout steps as a bare cell on the same engine (layout._run_cell: the same
+pushes), then replays each of its rollout steps as a bare cell on the same engine (real_backend.cells.time_cell: the same
 prompts, each response forced to the length it had, on the instance it ran on, nothing else in flight, no
 controller, no trainer). Printed: the run's step makespan over the cell's, per step and by finish band (the
 median finish time of the responses in each band of the step's finish order).
