@@ -12,7 +12,6 @@ import numpy as np
 from lssim.sim.assign import least_work
 from lssim.loop.columns import rid_order
 from lssim.loop.policy import Policy, PolicyNeeds
-from lssim.traces.workload_index import loader_key, loader_keys
 
 
 class Oracle(Policy):
@@ -34,8 +33,7 @@ class Oracle(Policy):
         return proposal
 
     def _predict(self, r) -> int:
-        # lssim.traces.workload.OracleLengths asks as the engine does; a plain function of one response by its loader batch
-        step, sample = getattr(self._length, "key", loader_key)(r)
+        step, sample = self._length.key(r)  # lssim.loop.contracts.OracleLength: asks as the engine does
         return self._length(step, r.prompt_id, sample, r.max_tokens) - r.generated
 
     def priority(self, request):
@@ -51,14 +49,8 @@ class Oracle(Policy):
 
     # The same rules over a whole submission (the simulator's batch route): one lookup, one LPT loop.
     def _predict_many(self, requests) -> np.ndarray:
-        step, sample = getattr(self._length, "keys", loader_keys)(requests)
-        many = getattr(self._length, "many", None)
-        if many is None:  # a plain function of one response
-            lengths = np.array([self._length(*k) for k in zip(step.tolist(), requests.prompt_id.tolist(), sample.tolist(),
-                                                               requests.max_tokens.tolist())], np.int64)
-        else:
-            lengths = many(step, requests.prompt_id, sample, requests.max_tokens)
-        return lengths - requests.generated
+        step, sample = self._length.keys(requests)
+        return self._length.many(step, requests.prompt_id, sample, requests.max_tokens) - requests.generated
 
     def priorities(self, requests):
         predicted = self._predict_many(requests)

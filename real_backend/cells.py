@@ -1,12 +1,10 @@
 """Timing batches on the real engine, for the profile (real_backend.profile), the layouts (real_backend.layout) and
-the speed probe (real_backend.speed_probe): the engine set to serve given prompts for exactly max_tokens tokens
-(`serving_exactly`), one batch submitted at once and timed to each request's last token (`time_cell`), and the
-long-tailed lengths such batches are drawn with (`longtail_lengths`).
+the speed probe (real_backend.speed_probe), with the engine serving the cell's prompts for exactly max_tokens tokens
+(VLLMEngine.serving_exactly): one batch submitted at once and timed to each request's last token (`time_cell`), and
+the long-tailed lengths such batches are drawn with (`longtail_lengths`).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 
@@ -17,21 +15,6 @@ def longtail_lengths(rng, n: int, length: int) -> list[int]:
     """n lengths from a lognormal with median length/4 capped at `length`: about 5% at the cap, like the
     reference task's responses (real_backend/TASK.md)."""
     return np.clip(np.round(rng.lognormal(np.log(length / 4), 0.85, size=n)), 1, length).astype(int).tolist()
-
-
-@contextlib.contextmanager
-def serving_exactly(engine, prompts: dict):
-    """The engine serving `prompts` (rid -> token ids), no reward, exactly max_tokens tokens per request; put back after."""
-    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
-    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
-    engine.sampling_kwargs["ignore_eos"] = True
-    try:
-        yield
-    finally:
-        engine.abort_all()
-        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
-        engine.sampling_kwargs.clear()
-        engine.sampling_kwargs.update(saved[2])
 
 
 def time_cell(engine, requests: list[Request]) -> dict[int, float]:

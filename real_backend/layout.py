@@ -46,7 +46,7 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
-from .cells import longtail_lengths, serving_exactly, time_cell
+from .cells import longtail_lengths, time_cell
 
 LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
 LAYOUT_PROMPT_LENS = (8, 64)
@@ -145,7 +145,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
     `between_cells(i)` is called after cell i, with nothing in flight (as profile.measure's)."""
     n_inst = int(engine.n_instances)
     rng = np.random.default_rng(seed)
-    vocab = int(getattr(engine, "vocab_size", 16))
+    vocab = engine.vocab_size
     cells = [(rep, p, n, tuple(range(n_inst))) for rep in range(repeats) for p in prompt_lens for n in batch_sizes]
     if n_inst > 1:
         cells += [(rep, min(prompt_lens), n, (i,)) for rep in range(repeats) for n in alone_sizes for i in range(n_inst)]
@@ -154,7 +154,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
     cells = [(-1, max(prompt_lens), max(batch_sizes), tuple(range(n_inst)))] + cells
     prompts: dict[int, list[int]] = {}
     rows, rid = [], 0
-    with serving_exactly(engine, prompts):
+    with engine.serving_exactly(prompts):
         for cell, (rep, p, n, loaded) in enumerate(cells):
             requests, lengths = [], {}
             for inst in loaded:
@@ -172,7 +172,7 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
             for r in requests:
                 prompts.pop(r.rid, None)
             if between_cells is not None and cell + 1 < len(cells):
-                between_cells(cell)  # a speed probe sets its own prompts and puts these back (serving_exactly)
+                between_cells(cell)  # a speed probe sets its own prompts and puts these back (VLLMEngine.serving_exactly)
     return pd.DataFrame(rows)
 
 
@@ -255,7 +255,7 @@ def scaled_model(base, factor: float, name: str):
 
 def speculating(engine) -> bool:
     """Whether `engine` was started with speculation (then its layout is its own: layout_path(speculating=True))."""
-    return getattr(engine, "speculation", None) is not None
+    return engine.speculation is not None
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
-from .cells import longtail_lengths, serving_exactly
+from .cells import longtail_lengths
 from .layout import layout_path, profile_layout
 from .speed_probe import probed_measurement, write_reference
 
@@ -49,6 +49,10 @@ SPREADS = ("lockstep", "longtail")
 CUTS = (0.25, 0.5, 0.75)  # where a long-tailed batch is also cut: the finish-time curve, not only its end
 
 
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def _batch_rows(n, p, spread, lengths, finish_times, rep, driver=None) -> list[dict]:
     """A batch's makespan, and for a long-tailed batch also the time its requests at the CUTS quantiles of
     length finished: the makespan of the same batch cut at that length (every longer request counted as
@@ -58,7 +62,7 @@ def _batch_rows(n, p, spread, lengths, finish_times, rep, driver=None) -> list[d
     call and the handling of the streams on the caller's thread, as a run's steps.parquet records it; NaN without)."""
     def row(cut, lens, seconds):
         return {"n_seqs": n, "prompt_len": p, "spread": spread, "cut": cut, "lengths": lens, "seconds": seconds,
-                "repeat": rep, "driver_seconds": driver(seconds) if driver is not None else float("nan")}
+                "repeat": rep, "driver_seconds": _or_nan(driver(seconds) if driver is not None else None)}
 
     rows = [row(1.0, list(lengths), max(finish_times))]
     if spread == "lockstep" or n < 4:
@@ -87,60 +91,58 @@ def measure(engine, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=DEFAULT_PROMPT_
     if length < 2 * window:
         raise ValueError(f"length ({length}) must be at least two windows ({2 * window} tokens)")
     rng = np.random.default_rng(seed)
-    vocab = int(getattr(engine, "vocab_size", 16))
-    saved = engine.prompt_tokens, engine.reward_fn, dict(engine.sampling_kwargs)
     prompts: dict[int, list[int]] = {}
-    engine.prompt_tokens, engine.reward_fn = prompts.__getitem__, None
-    engine.sampling_kwargs["ignore_eos"] = True  # exactly max_tokens tokens each
-    engine.set_progress_interval(window)
-    decode_rows, prefill_rows, batch_rows = [], [], []
+    rows = {"decode": [], "prefill": [], "batches": []}
     cells = [(rep, p, n, spread) for rep in range(repeats) for p in prompt_lens for n in batch_sizes for spread in SPREADS]
     # In a random order: the machine's speed drifts over minutes, and drift must not pass for a trend in n or P.
     cells = [cells[i] for i in rng.permutation(len(cells))]
-    rid = 0
+    engine.set_progress_interval(window)
     try:
-        for cell, (rep, p, n, spread) in enumerate(progress(cells) if progress else cells):
-            if cell and between_cells is not None:
-                between_cells(cell - 1)
-            lengths = [length] * n if spread == "lockstep" else longtail_lengths(rng, n, length)
-            requests = []
-            for i in range(n):
-                # Distinct random prompts: no prefix-cache hits, as for a run's distinct prompts.
-                prompts[rid] = rng.integers(0, vocab, size=p).tolist()
-                requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
-                                        max_tokens=lengths[i], seed=int(rng.integers(1 << 30)), instance=instance))
-                rid += 1
-            stamps = {r.rid: {} for r in requests}
-            t_submit = engine.now()
-            engine.submit(requests)
-            left, finish = n, {}
-            while left:
-                for ev in engine.next_events():
-                    stamps[ev.request.rid][ev.request.generated] = ev.time
-                    if ev.kind == "finished":
-                        left, finish[ev.request.rid] = left - 1, ev.time - t_submit
-            own = getattr(engine, "driver_seconds", None)
-            driver = (lambda sec, t0=t_submit: own(t0, t0 + sec)) if own is not None else None
-            batch_rows += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep, driver)
-            for r in requests:
-                prompts.pop(r.rid, None)
-            if spread != "lockstep":
-                continue
-            ttft = float(np.mean([r.first_token_time for r in requests])) - t_submit
-            prefill_rows.append({"n_seqs": n, "prompt_len": p, "prefill_tokens": n * p, "ttft_seconds": ttft, "repeat": rep})
-            # Iteration time per window, averaged over the batch (they run in lockstep).
-            marks = sorted(set.intersection(*(set(s) for s in stamps.values())))
-            for a, b in zip(marks, marks[1:]):
-                dt = float(np.mean([stamps[r.rid][b] - stamps[r.rid][a] for r in requests])) / (b - a)
-                decode_rows.append({"n_seqs": n, "ctx_tokens": n * (p + (a + b) / 2), "seconds": dt,
-                                    "prompt_len": p, "generated": (a + b) / 2, "repeat": rep})
+        with engine.serving_exactly(prompts):  # exactly max_tokens tokens each
+            rid = 0
+            for cell, (rep, p, n, spread) in enumerate(progress(cells) if progress else cells):
+                if cell and between_cells is not None:
+                    between_cells(cell - 1)
+                _time_cell_rows(engine, prompts, rng, rid, (rep, p, n, spread), length, instance, rows)
+                rid += n
     finally:
-        engine.abort_all()
-        engine.prompt_tokens, engine.reward_fn = saved[0], saved[1]
-        engine.sampling_kwargs.clear()
-        engine.sampling_kwargs.update(saved[2])
         engine.set_progress_interval(None)
-    return pd.DataFrame(decode_rows), pd.DataFrame(prefill_rows), pd.DataFrame(batch_rows)
+    return pd.DataFrame(rows["decode"]), pd.DataFrame(rows["prefill"]), pd.DataFrame(rows["batches"])
+
+
+def _time_cell_rows(engine, prompts: dict, rng, rid: int, cell: tuple, length: int, instance, rows: dict) -> None:
+    """One profile cell timed on the engine: its rows appended to `rows` (decode, prefill, batches)."""
+    rep, p, n, spread = cell
+    lengths = [length] * n if spread == "lockstep" else longtail_lengths(rng, n, length)
+    requests = []
+    for i in range(n):
+        # Distinct random prompts: no prefix-cache hits, as for a run's distinct prompts.
+        prompts[rid + i] = rng.integers(0, engine.vocab_size, size=p).tolist()
+        requests.append(Request(rid=rid + i, group_id=rid + i, step=0, prompt_id=rid + i, sample_idx=0, prompt_len=p,
+                                max_tokens=lengths[i], seed=int(rng.integers(1 << 30)), instance=instance))
+    stamps = {r.rid: {} for r in requests}
+    t_submit = engine.now()
+    engine.submit(requests)
+    left, finish = n, {}
+    while left:
+        for ev in engine.next_events():
+            stamps[ev.request.rid][ev.request.generated] = ev.time
+            if ev.kind == "finished":
+                left, finish[ev.request.rid] = left - 1, ev.time - t_submit
+    rows["batches"] += _batch_rows(n, p, spread, lengths, [finish[r.rid] for r in requests], rep,
+                                   lambda sec: engine.driver_seconds(t_submit, t_submit + sec))
+    for r in requests:
+        prompts.pop(r.rid, None)
+    if spread != "lockstep":
+        return
+    ttft = float(np.mean([r.first_token_time for r in requests])) - t_submit
+    rows["prefill"].append({"n_seqs": n, "prompt_len": p, "prefill_tokens": n * p, "ttft_seconds": ttft, "repeat": rep})
+    # Iteration time per window, averaged over the batch (they run in lockstep).
+    marks = sorted(set.intersection(*(set(s) for s in stamps.values())))
+    for a, b in zip(marks, marks[1:]):
+        dt = float(np.mean([stamps[r.rid][b] - stamps[r.rid][a] for r in requests])) / (b - a)
+        rows["decode"].append({"n_seqs": n, "ctx_tokens": n * (p + (a + b) / 2), "seconds": dt,
+                               "prompt_len": p, "generated": (a + b) / 2, "repeat": rep})
 
 
 ABORT_SIZES = (8, 32, 64)  # running requests aborted at once: a rollout's end carries or drops tens of them
@@ -154,10 +156,10 @@ def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int =
     one as the controller does (VLLMEngine.abort). Rows: n, seconds (the aborts' wall time)."""
 
     rng = np.random.default_rng(seed)
-    vocab = int(getattr(engine, "vocab_size", 16))
+    vocab = engine.vocab_size
     prompts: dict[int, list[int]] = {}
     rows, rid = [], 10**9  # rids apart from the profile's cells
-    with serving_exactly(engine, prompts):
+    with engine.serving_exactly(prompts):
         engine.set_progress_interval(4)
         try:
             for n in [n for _ in range(rounds) for n in sizes]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from lssim.loop.core import Request
 
-from .cells import serving_exactly, time_cell
+from .cells import time_cell
 from .layout import drafting_off
 
 # (requests, prompt tokens, tokens each): decode at a small and a typical validation batch, ~2 s in all here.
@@ -46,10 +46,10 @@ def measure_probe(engine, seed: int | None = None) -> float:
     instance alone did not follow the two-instance runs' speed, 2026-11-24). An engine started with speculation is
     measured with drafting off (the next run sets its own limit)."""
     rng = np.random.default_rng(next(_SEEDS) if seed is None else seed)
-    vocab = int(getattr(engine, "vocab_size", 16))
+    vocab = engine.vocab_size
     prompts: dict[int, list[int]] = {}
     total, rid = 0.0, 0
-    with drafting_off(engine), serving_exactly(engine, prompts):
+    with drafting_off(engine), engine.serving_exactly(prompts):
         for n, prompt_len, tokens in PROBE_CELLS:
             requests = []
             for instance in range(int(engine.n_instances)):

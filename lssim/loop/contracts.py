@@ -28,10 +28,10 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from lssim.loop.core import (Event, Group, GroupSpec, InstanceLoad, PromptPool, Request, RolloutState, Speculation,
-                             StepContext)
+                             StepContext, loader_key, loader_keys)
 from lssim.loop.decisions import DROP, NO_NEEDS, Action, PolicyNeeds, StepOutcome, TrainBatch, TrainMask
 
-__all__ = ["Engine", "Trainer", "TrainJob", "PromptSource", "StepObserver", "CostModel", "TrainCostModel",
+__all__ = ["Engine", "Trainer", "TrainJob", "PromptSource", "OracleLength", "LengthFunction", "StepObserver", "CostModel", "TrainCostModel",
            "PolicyHooks", "ModeHooks", "TrainTiming", "POLICY_HOOKS", "price_each"]
 
 
@@ -194,6 +194,39 @@ class Trainer(Protocol):
 
     def finish_jobs(self) -> None:
         """Nothing runs beside the rollout: nothing to wait for."""
+
+
+class OracleLength:
+    """Every response's true length before it is generated (`StepContext.oracle_length`; the simulator's
+    lssim.traces.workload.OracleLengths). A world that cannot know lengths gives None instead. A base class, not a
+    Protocol: the controller wraps a plain function in `LengthFunction`, and implementations inherit the defaults."""
+
+    def __call__(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
+        """The length the response (step, prompt, sample) would reach under `max_tokens`."""
+        raise NotImplementedError
+
+    def many(self, step: np.ndarray, prompt_id: np.ndarray, sample_idx: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+        """`__call__` over arrays; by default one by one."""
+        return np.fromiter((self(*k) for k in zip(step.tolist(), prompt_id.tolist(), sample_idx.tolist(),
+                                                  max_tokens.tolist())), np.int64, len(step))
+
+    def key(self, request: Request) -> tuple[int, int]:
+        """The (step, sample) to ask for `request` by; by default its loader batch's (lssim.loop.core.loader_key)."""
+        return loader_key(request)
+
+    def keys(self, requests) -> tuple[np.ndarray, np.ndarray]:
+        """`key` of every request of columns (lssim.loop.columns.RequestColumns)."""
+        return loader_keys(requests)
+
+
+class LengthFunction(OracleLength):
+    """A plain function of (step, prompt_id, sample_idx, max_tokens) as an OracleLength (tests, notebooks)."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, step: int, prompt_id: int, sample_idx: int, max_tokens: int) -> int:
+        return self.length(step, prompt_id, sample_idx, max_tokens)
 
 
 class PromptSource(Protocol):

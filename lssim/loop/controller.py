@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from lssim.loop.contracts import Engine, ModeHooks, PromptSource, StepObserver, Trainer
+from lssim.loop.contracts import Engine, LengthFunction, ModeHooks, OracleLength, PromptSource, StepObserver, Trainer
 from lssim.loop.core import (ABORT, FINISHED, POLICY_STOP, WAKE, Group, GroupSpec, Request, RolloutState, StepContext,
                              note_resume)
 from lssim.loop.decisions import CARRY
@@ -69,14 +69,16 @@ class Controller:
     the run (the same seed gives the same result); what a step tracks while it runs is its `StepState`."""
 
     def __init__(self, engine: Engine, trainer: Trainer, prompts: PromptSource, policy: Policy, config: RunConfig,
-                 lower_bound: LowerBound | None = None, oracle_length=None, mode: ExecutionMode | None = None):
+                 lower_bound: LowerBound | None = None, oracle_length: OracleLength | None = None, mode: ExecutionMode | None = None):
         self.engine, self.trainer, self.prompts, self.policy, self.config = engine, trainer, prompts, policy, config
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.loop.modes); the
         # default is the synchronous, collocated step.
         self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
         self.mode.bind(engine, config.groups_per_step)
         self.lower_bound = lower_bound
-        self.oracle_length = oracle_length
+        # A plain length function is wrapped in the contract, so a policy asks every oracle the same way.
+        self.oracle_length = oracle_length if oracle_length is None or isinstance(oracle_length, OracleLength) \
+            else LengthFunction(oracle_length)
         self._observers: list[StepObserver] = []  # told each step's row as it completes (add_observer)
         self.rng = np.random.default_rng(config.seed)
         self.policy_rng = np.random.default_rng([config.seed, 1])

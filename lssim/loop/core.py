@@ -446,3 +446,29 @@ class Speculation:
             else:
                 hi = mid
         return (lo + hi) / 2
+
+
+def loader_key(request, drawn_ahead: dict | None = None) -> tuple[int, int]:
+    """The (step, sample) a request is answered by (lssim.loop.core.Request.batch): a loader group's from its batch, unless
+    `drawn_ahead` (a Workload's `_drawn_ahead`: its trace's `batch` column) says its run recorded the group at a step of
+    its own (april draws batch k + 1 in step k), then from there; any other request from its own step."""
+    if request.batch < 0:
+        return request.step, request.sample_idx
+    drawn = drawn_ahead.get((request.batch, request.prompt_id)) if drawn_ahead else None
+    if drawn is not None and request.batch_sample < len(drawn):
+        return drawn[request.batch_sample]
+    return request.batch, request.batch_sample
+
+
+def loader_keys(requests, drawn_ahead: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`loader_key` of every request of columns (lssim.loop.columns.RequestColumns): (step, sample) arrays."""
+    loader = requests.batch >= 0
+    step = np.where(loader, requests.batch, requests.step)
+    sample = np.where(loader, requests.batch_sample, requests.sample_idx)
+    if drawn_ahead:
+        batch, pid = requests.batch, requests.prompt_id
+        for i in np.flatnonzero(loader).tolist():
+            drawn = drawn_ahead.get((int(batch[i]), int(pid[i])))
+            if drawn is not None and sample[i] < len(drawn):
+                step[i], sample[i] = drawn[sample[i]]
+    return step, sample

@@ -36,10 +36,10 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from lssim.loop.contracts import PromptSource
-from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool
+from lssim.loop.contracts import OracleLength, PromptSource
+from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool, loader_key, loader_keys
 from lssim.loop.rewards import RewardScale
-from lssim.traces.workload_index import (answer_rows, drawn_ahead, hash01, hash01_many, loader_key, loader_keys, nearest_many, probe,
+from lssim.traces.workload_index import (answer_rows, drawn_ahead, hash01, hash01_many, nearest_many, probe,
                                          resampled_rows, sorted_rows)
 
 
@@ -460,7 +460,7 @@ def _from_rows(wl: Workload, index: _ArrayIndex, row, budget, source, exact, key
     return length, reason, reward, source, row
 
 
-class OracleLengths:
+class OracleLengths(OracleLength):
     """Every response's true length in advance (the oracle's `StepContext.oracle_length`): `workload.response`'s
     length for one response, and `many` for arrays of them (lookup_many; the batch route's oracle asks so)."""
 

@@ -1,7 +1,7 @@
 """The Workload's index and lookup kernels: the trace's rows as arrays in (step, prompt, group, sample) order
 (`sorted_rows`), the hashes that pick a recorded response the same way every time (`hash01`, and `hash01_many` bit for
 bit over arrays), the numba kernels that answer many lookups at once (`probe`, `resampled_rows`, `answer_rows`,
-`nearest_many`), and the (step, sample) a request is answered by (`loader_key`, `loader_keys`, with the groups a run
+`nearest_many`), and the (step, sample) a request is answered by (`lssim.loop.core.loader_key`, `loader_keys`, with the groups a run
 drew ahead: `drawn_ahead`).
 """
 
@@ -236,29 +236,3 @@ def drawn_ahead(steps, prompts, samples, batches) -> dict[tuple[int, int], list[
     for i in ahead[np.lexsort((samples[ahead], steps[ahead]))].tolist():
         out.setdefault((int(batches[i]), int(prompts[i])), []).append((int(steps[i]), int(samples[i])))
     return out
-
-
-def loader_key(request, drawn_ahead: dict | None = None) -> tuple[int, int]:
-    """The (step, sample) a request is answered by (lssim.loop.core.Request.batch): a loader group's from its batch, unless
-    `drawn_ahead` (a Workload's `_drawn_ahead`: its trace's `batch` column) says its run recorded the group at a step of
-    its own (april draws batch k + 1 in step k), then from there; any other request from its own step."""
-    if request.batch < 0:
-        return request.step, request.sample_idx
-    drawn = drawn_ahead.get((request.batch, request.prompt_id)) if drawn_ahead else None
-    if drawn is not None and request.batch_sample < len(drawn):
-        return drawn[request.batch_sample]
-    return request.batch, request.batch_sample
-
-
-def loader_keys(requests, drawn_ahead: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`loader_key` of every request of columns (lssim.loop.columns.RequestColumns): (step, sample) arrays."""
-    loader = requests.batch >= 0
-    step = np.where(loader, requests.batch, requests.step)
-    sample = np.where(loader, requests.batch_sample, requests.sample_idx)
-    if drawn_ahead:
-        batch, pid = requests.batch, requests.prompt_id
-        for i in np.flatnonzero(loader).tolist():
-            drawn = drawn_ahead.get((int(batch[i]), int(pid[i])))
-            if drawn is not None and sample[i] < len(drawn):
-                step[i], sample[i] = drawn[sample[i]]
-    return step, sample

@@ -52,7 +52,7 @@ def measure(engine, rounds: int, seed: int = 5):
     instance-0 and instance-1 makespans; iterations: IterationLog's rows of instance 0, each with `other_busy`."""
     from lssim.loop.core import Request
 
-    from real_backend.cells import serving_exactly, time_cell
+    from real_backend.cells import time_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -71,7 +71,7 @@ def measure(engine, rounds: int, seed: int = 5):
                                         max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
                 rid += 1
         log.tag = f"{kind}.{j}" if j else None
-        with serving_exactly(engine, prompts):
+        with engine.serving_exactly(prompts):
             finish = time_cell(engine, requests)
         log.tag = None
         if j:
@@ -88,7 +88,7 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
     the other idle), each `rounds` times in a random order: `with_other_load`'s iterations."""
     from lssim.loop.core import Request
 
-    from real_backend.cells import serving_exactly, time_cell
+    from real_backend.cells import time_cell
     from .measure_run_vs_cell import IterationLog
 
     rng = np.random.default_rng(seed)
@@ -106,7 +106,7 @@ def measure_grid(engine, rounds: int, sizes=GRID_SIZES, seed: int = 7) -> pd.Dat
                                         max_tokens=256, seed=int(rng.integers(1 << 30)), instance=inst))
                 rid += 1
         log.tag = f"{loads[0]}_{loads[1]}.{j}" if j else None
-        with serving_exactly(engine, prompts):
+        with engine.serving_exactly(prompts):
             time_cell(engine, requests)
         log.tag = None
     return with_other_load(log)

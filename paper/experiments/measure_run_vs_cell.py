@@ -45,10 +45,10 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     kind of request as a run's)."""
     from lssim.loop.core import Request
 
-    from real_backend.cells import serving_exactly, time_cell
+    from real_backend.cells import time_cell
 
     cell_prompts: dict[int, list[int]] = {}
-    with serving_exactly(engine, cell_prompts):
+    with engine.serving_exactly(cell_prompts):
         if natural:
             engine.sampling_kwargs["ignore_eos"] = False
         requests = []

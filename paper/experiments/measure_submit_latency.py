@@ -35,7 +35,7 @@ def measure(engine, profile, sizes=SIZES, rounds: int = 4, seed: int = 3) -> pd.
     from lssim.loop.core import Request
     from lssim.cost import ProfiledCostModel
 
-    from real_backend.cells import serving_exactly, time_cell
+    from real_backend.cells import time_cell
 
     base = ProfiledCostModel.from_json(profile)
     rng = np.random.default_rng(seed)
@@ -50,7 +50,7 @@ def measure(engine, profile, sizes=SIZES, rounds: int = 4, seed: int = 3) -> pd.
             requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=8,
                                     max_tokens=16, seed=int(rng.integers(1 << 30)), instance=0))
             rid += 1
-        with serving_exactly(engine, prompts):
+        with engine.serving_exactly(prompts):
             time_cell(engine, requests)
         if j:
             first = np.array([r.first_token_time - r.submit_time for r in requests]) * 1000
