@@ -22,6 +22,7 @@ from lssim.traces.trace import load_trace
 from lssim.analysis.fidelity.run import RecordedRun, replay_run
 from lssim.traces.workload import Workload
 
+from fake_engine import ServesExactly
 from fidelity_helpers import MODEL, profile, REAL_TRACE, replay_twin, shared_cells, twin_setup, two_instance_run  # noqa: F401  (profile: a fixture)
 
 
@@ -262,7 +263,7 @@ def test_a_missing_or_stale_layout_is_an_error_naming_the_command(tmp_path):
         sim_setup(run, str(base))
 
 
-class _SpeculatingEngine:
+class _SpeculatingEngine(ServesExactly):
     """An engine of one instance started with speculation, `factor` x slower than `model` whatever it runs: what
     profile_layout needs of VLLMEngine (submit, next_events, abort_all, set_draft_limit)."""
 

@@ -19,11 +19,13 @@ from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.trace import load_trace
 from lssim.traces.workload import Workload
 
+from fake_engine import ServesExactly
+
 REAL_TRACE = "traces/real_cpu_baseline.parquet"
 MODEL = ProfiledCostModel(c0=3e-3, c1=1.2e-4, c2=1e-7, c3=0.0, p0=4e-3, p1=3e-5)
 
 
-class _Engine:
+class _Engine(ServesExactly):
     """What measure_probe needs of VLLMEngine: every batch takes `factor` x MODEL's makespan (of one instance's
     requests: instances run side by side)."""
 
