@@ -7,7 +7,7 @@ The public API, each name where it lives (also `from lssim import NAME`):
     the simulator  SimSetup, simulate, replay, summarize                              lssim.analysis.replay
     traces         load_trace, write_trace, Workload, synthesize, SynthConfig         lssim.traces.*
     contracts      Engine, Trainer, TrainJob, PromptSource, StepObserver, CostModel,  lssim.loop.contracts
-                   TrainCostModel, PolicyHooks, ModeHooks
+                   TrainCostModel, PolicyHooks, ModeHooks, OracleLength
 
 `import lssim` imports none of them: each is imported on first use (PEP 562), so the command line (lssim.cli) starts
 without numpy and pandas.
@@ -27,7 +27,7 @@ _HOMES = {
     "Workload": "lssim.traces.workload",
     **dict.fromkeys(("synthesize", "SynthConfig"), "lssim.traces.synth"),
     **dict.fromkeys(("Engine", "Trainer", "TrainJob", "PromptSource", "StepObserver", "CostModel", "TrainCostModel",
-                     "PolicyHooks", "ModeHooks"), "lssim.loop.contracts"),
+                     "PolicyHooks", "ModeHooks", "OracleLength"), "lssim.loop.contracts"),
 }
 
 __all__ = list(_HOMES)
