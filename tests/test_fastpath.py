@@ -97,19 +97,19 @@ def test_kv_bound_steps_preempt_and_agree(policy):
 
 
 def test_a_batch_that_outgrows_its_first_room_is_run_again_with_more(monkeypatch):
-    """`_structure` makes room for a fixed number of records and admissions and says when it ran out (preemptions
+    """`schedule_records` makes room for a fixed number of records and admissions and says when it ran out (preemptions
     make more); the batch route then runs it again with more room, and still agrees with the event engine."""
     import lssim.sim.fastsim as fastsim
 
     calls = []
-    structure = fastsim._structure
+    structure = fastsim.schedule_records
 
     def counted(*args):
         calls.append(args[-1])
         return structure(*args)
 
-    monkeypatch.setattr(fastsim, "_room", lambda n_requests, n_instances: 2)
-    monkeypatch.setattr(fastsim, "_structure", counted)
+    monkeypatch.setattr(fastsim, "records_room", lambda n_requests, n_instances: 2)
+    monkeypatch.setattr(fastsim, "schedule_records", counted)
     trace = make_trace(np.random.default_rng(7), steps=2, prompts=8, group=4, max_len=800)
     _, engine = assert_same_run(trace, "baseline", ROOFLINE, 2, 16, 2000, "collocated")
     assert engine.preemptions > 0 and 2 in calls and max(calls) >= 32  # ran out at first, then ran with more room

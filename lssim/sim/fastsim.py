@@ -6,7 +6,7 @@ drains events until none are left (lssim.loop.controller). Nothing between the s
 change what an instance does, so each instance's evolution is a function of its own queue: this module runs it
 in three passes instead of an event heap in Python.
 
-1. `_structure` (numba): per instance, the vLLM scheduling of lssim.sim.world.SimEngine with integers only --
+1. `schedule_records` (numba): per instance, the vLLM scheduling of lssim.sim.world.SimEngine with integers only --
    admission in (priority, arrival) order while the KV cache holds the next token, the next boundary at a
    finish or at a cache overflow, preemption by recompute of the lowest-priority latest-admitted sequence.
    None of it depends on time, so every span (n running, their summed context, k iterations) is known first.
@@ -16,8 +16,8 @@ in three passes instead of an event heap in Python.
    (one int key each; a record's admissions sorted into a run when the last run is used up, a heap for the rest).
 2. pricing: every span, prefill and departure priced at once (`price_decode` is the roofline's closed form
    over arrays, operation for operation the scalar one; other cost models are called once per span).
-3. `_clock` (numba): the instance clocks accumulated in the event engine's order of additions (so per-step
-   rollout seconds and finish times are the event engine's to the last bit), and `_merge` orders the boundaries
+3. `instance_clocks` (numba): the instance clocks accumulated in the event engine's order of additions (so per-step
+   rollout seconds and finish times are the event engine's to the last bit), and `merge_boundaries` orders the boundaries
    of all instances as its heap pops them ((time, push order)), which is the order the controller ends the
    responses in.
 
@@ -30,413 +30,9 @@ with per-event hooks.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-
 from lssim.loop.columns import stable_argsort
-
-_START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
-
-
-_SEQ_BITS = 26  # a finish's heap key: iteration << _SEQ_BITS | admission seq (one int orders as (iteration, seq))
-_SEQ_MASK = (1 << _SEQ_BITS) - 1
-_MAX_IT = 1 << (62 - _SEQ_BITS)
-
-
-@njit(cache=True)
-def _heap_push(heap, size, key):
-    """A binary min-heap of int64 keys (`heap` has room); returns the new size."""
-    i = size
-    while i > 0:
-        p = (i - 1) // 2
-        if heap[p] <= key:
-            break
-        heap[i] = heap[p]
-        i = p
-    heap[i] = key
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(heap, size):
-    """Remove the top; returns the new size (the top must be read before)."""
-    size -= 1
-    key = heap[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and heap[c + 1] < heap[c]:
-            c += 1
-        if key <= heap[c]:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = key
-    return size
-
-
-_OUT_OF_ROOM = -(1 << 40)  # _structure's error: more records or admissions than its arrays hold
-
-
-def _room(n_requests: int, n_instances: int) -> int:
-    """Records and admissions `_structure` makes room for at first: enough unless requests are preempted many times."""
-    return 2 * n_requests + 2 * n_instances + 16
-
-
-@njit(cache=True)
-def _no_schedule(fin_rec, first_rec, error):
-    """`_structure`'s return when it gives up with `error` (no records)."""
-    e = np.zeros(0, np.int64)
-    return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, error
-
-
-@njit(cache=True)
-def _peek(run, rlo, rhi, heap, hsize):
-    """The smallest pending finish key of the sorted run run[rlo:rhi] and the heap; -1 if none is pending."""
-    if rlo < rhi:
-        return heap[0] if hsize > 0 and heap[0] < run[rlo] else run[rlo]
-    return heap[0] if hsize > 0 else -1
-
-
-@njit(cache=True)
-def _pop(run, rlo, rhi, heap, hsize):
-    """Remove the smallest pending key (`_peek`'s); returns the new (rlo, hsize)."""
-    if rlo < rhi and (hsize == 0 or run[rlo] < heap[0]):
-        return rlo + 1, hsize
-    return rlo, _heap_pop(heap, hsize)
-
-
-@njit(cache=True)
-def _structure(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
-    """Every instance's schedule, integers only (module docstring, pass 1).
-
-    `order`: request indices, instance by instance (`inst_start` offsets), each instance's in (priority, arrival)
-    order. `gen` is updated in place (tokens generated; a finished request's is its length). Returns the records
-    (kind, instance, n, ctx, k of the span before the boundary, departures there and the departures already at
-    that boundary, n after them, the prefill admitted after it and the n and ctx then, the first and count of its
-    finishes in `fin`), `fin` (request indices in the order the boundaries end them), each request's finishing
-    record and first admitting record, the preemptions, and an error: -1 none; i >= 0 instance i is idle with
-    requests it cannot admit; -2 - i instance i outgrew the heap keys; _OUT_OF_ROOM more than `cap` records or
-    admissions (`gen` is then partly updated: the caller runs it again on a fresh copy, with more room)."""
-    n_inst = len(inst_start) - 1
-    n_req = len(prompt)
-    kind = np.empty(cap, np.int64)
-    rinst = np.empty(cap, np.int64)
-    rn = np.empty(cap, np.int64)
-    rctx = np.empty(cap, np.int64)
-    rk = np.empty(cap, np.int64)
-    rleft = np.empty(cap, np.int64)
-    rbefore = np.empty(cap, np.int64)
-    rnafter = np.empty(cap, np.int64)
-    rpf = np.empty(cap, np.int64)
-    ran = np.empty(cap, np.int64)
-    ractx = np.empty(cap, np.int64)
-    rfin0 = np.empty(cap, np.int64)
-    rfinc = np.empty(cap, np.int64)
-    fin = np.empty(n_req, np.int64)
-    fin_rec = np.full(n_req, -1, np.int64)
-    first_rec = np.full(n_req, -1, np.int64)
-    admit_it = np.zeros(n_req, np.int64)
-    gen_at_admit = np.zeros(n_req, np.int64)
-    epoch = np.zeros(n_req, np.int64)
-    done = np.zeros(n_req, np.bool_)
-    # Pending finishes, each a key iteration << _SEQ_BITS | seq (the seq's request and epoch in pushed_*): a sorted run,
-    # consumed from the front, and a heap, popped by the smaller of their fronts. A record's admissions (`fresh`) become
-    # the new run when the last one is used up (usually all of an instance's requests at its start: no heap work at
-    # all); otherwise they go on the heap.
-    heap = np.empty(cap, np.int64)
-    run = np.empty(n_req + 1, np.int64)
-    fresh = np.empty(n_req + 1, np.int64)
-    pushed_req = np.empty(cap, np.int64)
-    pushed_ep = np.empty(cap, np.int64)
-    stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
-    n_rec = 0
-    n_fin = 0
-    preemptions = 0
-    for i in range(n_inst):
-        lo, hi = inst_start[i], inst_start[i + 1]
-        if lo == hi:
-            continue
-        head = lo  # the first waiting position (every running one is below it)
-        it = 0
-        n = 0
-        ctx = 0
-        hsize = 0
-        rlo = rhi = 0
-        ssize = 0
-        seq = 0
-        left_at = -1
-        left = 0
-        k = -1
-        n_before = 0
-        ctx_before = 0
-        first = True
-        while True:
-            if n_rec + 1 >= cap:  # out of room: the caller calls again with more (no array grows in this loop: it
-                return _no_schedule(fin_rec, first_rec, _OUT_OF_ROOM)  # is several times faster when none is reassigned in it)
-            rec = n_rec
-            n_rec += 1
-            rinst[rec] = i
-            rfin0[rec] = n_fin
-            rleft[rec] = 0
-            rbefore[rec] = 0
-            if first:
-                kind[rec] = _START
-                rn[rec] = 0
-                rctx[rec] = 0
-                rk[rec] = -1
-                rnafter[rec] = 0
-                first = False
-            else:
-                kind[rec] = _FIRE
-                rn[rec] = n_before
-                rctx[rec] = ctx_before
-                rk[rec] = k
-                # the finishes at this boundary, in (iteration, seq) order
-                n0 = n
-                while True:
-                    key = _peek(run, rlo, rhi, heap, hsize)
-                    if key < 0 or key >> _SEQ_BITS > it:
-                        break
-                    r = pushed_req[key & _SEQ_MASK]
-                    ep = pushed_ep[key & _SEQ_MASK]
-                    rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
-                    if ep != epoch[r]:
-                        continue
-                    g = gen_at_admit[r] + (it - admit_it[r])
-                    gen[r] = g
-                    done[r] = True
-                    epoch[r] += 1
-                    n -= 1
-                    ctx -= prompt[r] + g
-                    fin[n_fin] = r
-                    fin_rec[r] = rec
-                    n_fin += 1
-                leaving = n0 - n
-                if leaving > 0 and n > 0:
-                    before = left if left_at == it else 0
-                    left_at = it
-                    left = before + leaving
-                    rbefore[rec] = before
-                rleft[rec] = leaving
-                rnafter[rec] = n  # after the departures, before any preemption (SimEngine._depart sees this n)
-                # preemption by recompute: the last admitted (largest key) goes back to the head of the queue
-                while n > 0 and capacity - ctx < n:
-                    pos = stack[ssize - 1]
-                    ssize -= 1
-                    r = order[pos]
-                    if done[r]:
-                        continue
-                    g = gen_at_admit[r] + (it - admit_it[r])
-                    gen[r] = g
-                    n -= 1
-                    ctx -= prompt[r] + g
-                    epoch[r] += 1
-                    head = pos
-                    preemptions += 1
-            rfinc[rec] = n_fin - rfin0[rec]
-            # admission, in key order, while the cache holds the admitted and the next iteration's tokens
-            prefill = 0
-            n_fresh = 0
-            while head < hi and n < max_seqs:
-                r = order[head]
-                if done[r]:
-                    head += 1
-                    continue
-                need = prompt[r] + gen[r]
-                if ctx + need + n + 1 > capacity:
-                    break
-                head += 1
-                n += 1
-                ctx += need
-                prefill += need
-                admit_it[r] = it
-                gen_at_admit[r] = gen[r]
-                if first_rec[r] < 0:
-                    first_rec[r] = rec
-                while ssize > 0 and done[order[stack[ssize - 1]]]:  # finished ones on top are gone
-                    ssize -= 1
-                stack[ssize] = head - 1
-                ssize += 1
-                finish_it = it + max(0, length[r] - gen[r])
-                if seq > _SEQ_MASK or finish_it >= _MAX_IT:
-                    return _no_schedule(fin_rec, first_rec, -2 - i)
-                if seq == cap:
-                    return _no_schedule(fin_rec, first_rec, _OUT_OF_ROOM)
-                pushed_req[seq] = r
-                pushed_ep[seq] = epoch[r]
-                fresh[n_fresh] = finish_it << _SEQ_BITS | seq
-                n_fresh += 1
-                seq += 1
-            if rlo == rhi and n_fresh > 1:
-                run[:n_fresh] = np.sort(fresh[:n_fresh])
-                rlo, rhi = 0, n_fresh
-            else:
-                for j in range(n_fresh):
-                    hsize = _heap_push(heap, hsize, fresh[j])
-            rpf[rec] = prefill
-            ran[rec] = n
-            ractx[rec] = ctx
-            if n == 0:
-                if head < hi:
-                    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
-                            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
-                            fin[:n_fin], fin_rec, first_rec, preemptions, i)
-                break
-            # the next boundary: a finish, or the cache unable to hold the next iteration's tokens
-            while True:
-                key = _peek(run, rlo, rhi, heap, hsize)
-                if pushed_ep[key & _SEQ_MASK] == epoch[pushed_req[key & _SEQ_MASK]]:
-                    break
-                rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
-            target = min(key >> _SEQ_BITS, it + (capacity - ctx) // n)
-            k = target - it
-            n_before = n
-            ctx_before = ctx
-            ctx += n * k
-            it = target
-    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
-            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
-            fin[:n_fin], fin_rec, first_rec, preemptions, -1)
-
-
-@njit(cache=True)
-def _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, first_decode, departure, t0, busy0, seqs0):
-    """The instance clocks, added up in the event engine's order (module docstring, pass 3). Returns each
-    record's event time (the heap's key) and clock after its span, the first-token time of what it admitted,
-    and each instance's final clock, busy seconds, sequence-seconds and owed departure seconds."""
-    n_rec = len(kind)
-    event_t = np.empty(n_rec)
-    after = np.empty(n_rec)
-    first_token = np.empty(n_rec)
-    t = t0.copy()
-    busy = busy0.copy()
-    seqs = seqs0.copy()
-    owed = np.zeros(len(t0))
-    for rec in range(n_rec):
-        i = rinst[rec]
-        if kind[rec] == _FIRE:
-            event_t[rec] = t[i] + owed[i] + span[rec]
-            if rk[rec] > 0:
-                dt = span[rec] + owed[i]
-                owed[i] = 0.0
-                t[i] += dt
-                busy[i] += dt
-                seqs[i] += rn[rec] * dt
-            if rleft[rec] > 0:
-                if rnafter[rec] == 0:
-                    owed[i] = 0.0
-                else:
-                    owed[i] += departure[rec]
-        else:
-            event_t[rec] = np.nan
-        after[rec] = t[i]
-        if rpf[rec] > 0:
-            t[i] += prefill[rec]
-            busy[i] += prefill[rec]
-            first_token[rec] = t[i] + first_decode[rec]
-        else:
-            first_token[rec] = np.nan
-    return event_t, after, first_token, t, busy, seqs, owed
-
-
-@njit(cache=True)
-def _touched_rank(inst, n_inst):
-    """Each instance's place in the order requests first reached it (n_inst: none did)."""
-    rank = np.full(n_inst, n_inst, np.int64)
-    seen = 0
-    for i in inst:
-        if rank[i] == n_inst:
-            rank[i] = seen
-            seen += 1
-    return rank
-
-
-@njit(cache=True)
-def _ended(popped, rfin0, rfinc, fin, after):
-    """The requests the popped records end, in that order, and the clock each ends at."""
-    total = 0
-    for rec in popped:
-        total += rfinc[rec]
-    ended = np.empty(total, np.int64)
-    at = np.empty(total)
-    k = 0
-    for rec in popped:
-        for j in range(rfin0[rec], rfin0[rec] + rfinc[rec]):
-            ended[k] = fin[j]
-            at[k] = after[rec]
-            k += 1
-    return ended, at
-
-
-@njit(cache=True)
-def _merge(kind, rinst, event_t, touched_rank, n_inst):
-    """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
-    an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""
-    n_rec = len(kind)
-    nxt = np.full(n_inst, -1, np.int64)  # each instance's next FIRE record
-    # records are grouped by instance, in order; a cursor per instance walks its own
-    last = np.full(n_inst, -1, np.int64)
-    link = np.full(n_rec, -1, np.int64)
-    for rec in range(n_rec):
-        if kind[rec] != _FIRE:
-            continue
-        i = rinst[rec]
-        if last[i] < 0:
-            nxt[i] = rec
-        else:
-            link[last[i]] = rec
-        last[i] = rec
-    heap_t = np.empty(n_inst)
-    heap_s = np.empty(n_inst, np.int64)
-    heap_i = np.empty(n_inst, np.int64)
-    size = 0
-    out = np.empty(n_rec, np.int64)
-    n_out = 0
-    for i in range(n_inst):
-        if nxt[i] >= 0:
-            heap_t[size], heap_s[size], heap_i[size] = event_t[nxt[i]], touched_rank[i], i
-            size += 1
-    # heapify by insertion order is enough for a handful of instances; sift each up
-    for j in range(size):
-        c = j
-        while c > 0:
-            p = (c - 1) // 2
-            if heap_t[p] < heap_t[c] or (heap_t[p] == heap_t[c] and heap_s[p] < heap_s[c]):
-                break
-            heap_t[p], heap_t[c] = heap_t[c], heap_t[p]
-            heap_s[p], heap_s[c] = heap_s[c], heap_s[p]
-            heap_i[p], heap_i[c] = heap_i[c], heap_i[p]
-            c = p
-    pops = 0
-    while size > 0:
-        i = heap_i[0]
-        rec = nxt[i]
-        out[n_out] = rec
-        n_out += 1
-        nxt[i] = link[rec]
-        pops += 1
-        if nxt[i] >= 0:  # replace the top with this instance's next event, pushed now
-            heap_t[0], heap_s[0] = event_t[nxt[i]], n_inst + pops
-        else:
-            size -= 1
-            heap_t[0], heap_s[0], heap_i[0] = heap_t[size], heap_s[size], heap_i[size]
-        c = 0
-        while True:
-            l, r, m = 2 * c + 1, 2 * c + 2, c
-            if l < size and (heap_t[l] < heap_t[m] or (heap_t[l] == heap_t[m] and heap_s[l] < heap_s[m])):
-                m = l
-            if r < size and (heap_t[r] < heap_t[m] or (heap_t[r] == heap_t[m] and heap_s[r] < heap_s[m])):
-                m = r
-            if m == c:
-                break
-            heap_t[m], heap_t[c] = heap_t[c], heap_t[m]
-            heap_s[m], heap_s[c] = heap_s[c], heap_s[m]
-            heap_i[m], heap_i[c] = heap_i[c], heap_i[m]
-            c = m
-    return out[:n_out]
-
+from lssim.sim.fastsim_kernels import (MAX_IT, OUT_OF_ROOM, SEQ_MASK, ended_rows, instance_clocks, merge_boundaries,
+                                      records_room, schedule_records, touched_rank)
 
 def price_decode(cost, n: np.ndarray, ctx: np.ndarray, k: np.ndarray) -> np.ndarray:
     """cost.decode_time(n[i], ctx[i], k[i]) for every i, equal to the scalar call to the last bit (CostModel.decode_times:
@@ -474,10 +70,10 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     t0 = np.array([max(x.t, now) for x in instances])
     busy0 = np.array([x.busy for x in instances])
     seqs0 = np.array([x.seq_seconds for x in instances])
-    event_t, after, first_token, t, busy, seqs, owed = _clock(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
+    event_t, after, first_token, t, busy, seqs, owed = instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
                                                               first_decode, departure, t0, busy0, seqs0)
     _note_speculation(engine, rn, rk)
-    popped = _merge(kind, rinst, event_t, touched, n_inst)
+    popped = merge_boundaries(kind, rinst, event_t, touched, n_inst)
     for i, x in enumerate(instances):
         x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
         x.version += 1
@@ -485,7 +81,7 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     if len(popped):
         engine.clock = max(now, float(event_t[popped].max()))
     # Fill the columns as the event engine fills its requests, and give the rows in its order of finishes.
-    ended, ended_at = _ended(popped, rfin0, rfinc, fin, after)
+    ended, ended_at = ended_rows(popped, rfin0, rfinc, fin, after)
     requests.finish_time[ended] = ended_at
     requests.first_token_time[ended] = first_token[first_rec[ended]]
     requests.submit_time[:] = now
@@ -509,17 +105,17 @@ def _check_fits(requests, capacity: int) -> None:
 def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Least-loaded dispatch from an idle cluster (the j-th unplaced request goes to instance j mod N): each row's
     instance, the rows in the order each instance admits them (by instance, priority, submission), and the order
-    the instances were first given work (_touched_rank)."""
+    the instances were first given work (touched_rank)."""
     m = len(requests)
     pinned = requests.instance
     free = pinned < 0
     inst = np.where(free, 0, pinned % n_inst)
     if queue is None:
         inst[free] = np.arange(int(free.sum())) % n_inst
-        return inst, np.lexsort((np.arange(m), requests.priority, inst)), _touched_rank(inst, n_inst)
+        return inst, np.lexsort((np.arange(m), requests.priority, inst)), touched_rank(inst, n_inst)
     free_queued = queue[free[queue]]
     inst[free_queued] = np.arange(len(free_queued)) % n_inst
-    touched = _touched_rank(inst[queue], n_inst)
+    touched = touched_rank(inst[queue], n_inst)
     queued = requests.priority[queue]
     if len(queued) < 2 or (queued[1:] >= queued[:-1]).all():  # queued in priority order (as the controller does):
         order = queue[stable_argsort(inst[queue])]  # stable by instance: the lexsort below, ~5x quicker
@@ -531,21 +127,21 @@ def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarr
 
 
 def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int) -> tuple:
-    """_structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
+    """structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
     an instance cannot go on."""
-    room = _room(len(prompt), n_inst)
+    room = records_room(len(prompt), n_inst)
     start = gen.copy()
     while True:
         gen[:] = start
-        *records, error = _structure(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
-        if error != _OUT_OF_ROOM:
+        *records, error = schedule_records(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
+        if error != OUT_OF_ROOM:
             break
         room *= 4
     if error >= 0:
         raise RuntimeError(f"instance {error} is idle with waiting requests it cannot admit")
     if error < -1:
-        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {_SEQ_MASK + 1:,} admissions or "
-                           f"{_MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
+        raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {SEQ_MASK + 1:,} admissions or "
+                           f"{MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
     return tuple(records)
 
 
