@@ -50,13 +50,13 @@ def test_replay_summary_is_summarize_of_replay(trace):
 
     setup = SimSetup(n_instances=2)
     # the summary-only runs build just the response columns a summary reads; a stopping policy reads the most of them
-    want = summarize(replay(trace, ["hadb", "breaker(min_tokens=64)"], setup))
+    want = summarize(replay(trace, ["hadb", "breaker(min_tokens=64)"], setup), trace)
     assert want.loc["breaker(min_tokens=64)", "policy_stopped_fraction"] > 0
     for workers in (1, 2):
         pd.testing.assert_frame_equal(replay_summary(trace, ["hadb", "breaker(min_tokens=64)"], setup, workers=workers),
                                       want, check_exact=True)
     pd.testing.assert_frame_equal(replay_summary(trace, ["hadb"], setup, references=False),
-                                  summarize(replay(trace, ["hadb"], setup, references=False)))
+                                  summarize(replay(trace, ["hadb"], setup, references=False), trace))
 
 
 def test_a_run_keeps_only_the_response_columns_asked_for(trace):

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import multiprocessing
@@ -17,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from lssim.analysis.signal import TraceLengths, run_signal, signal_record, trace_lengths
 from lssim.sim.bounds import make_lower_bound
 from lssim.loop.controller import Controller, RunConfig, RunResult
 from lssim.cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
@@ -206,9 +208,10 @@ def replay(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = No
 
 def replay_summary(trace: pd.DataFrame, policies: list[str], setup: SimSetup | None = None, steps: int | None = None,
                    seed: int = 0, progress: bool = False, references: bool = True, workers: int = 1) -> pd.DataFrame:
-    """`summarize(replay(...))`, the same table, without keeping any run's frames: each run is summarized where it
-    ran and let go (a forked worker sends back one row, not a million responses)."""
-    return summary_table(_each_run(trace, policies, setup, steps, seed, progress, references, workers, run_summary))
+    """`summarize(replay(...), trace, steps)`, the same table, without keeping any run's frames: each run is summarized
+    where it ran and let go (a forked worker sends back one row, not a million responses)."""
+    keep = functools.partial(run_summary, lengths=trace_lengths(trace, steps))
+    return summary_table(_each_run(trace, policies, setup, steps, seed, progress, references, workers, keep))
 
 
 def _whole_run(res: RunResult) -> RunResult:
@@ -227,7 +230,7 @@ def _each_run(trace, policies, setup, steps, seed, progress, references, workers
     workload = Workload(trace, seed=seed)
     # Build every policy before the first run, so a bad spec fails before minutes of simulation.
     built = {name: make_policy(name) for name in names}
-    columns = SUMMARY_RESPONSE_COLUMNS if keep is run_summary else None  # a summary reads a few response columns
+    columns = None if keep is _whole_run else SUMMARY_RESPONSE_COLUMNS  # a summary reads a few response columns
     if workers > 1 and len(names) > 1 and "fork" in multiprocessing.get_all_start_methods():
         return _forked(workload, built, setup, steps, seed, min(workers, len(names)), keep, columns)
     return {name: keep(simulate(workload, built[name], setup, steps, seed, progress, response_columns=columns))
@@ -271,29 +274,37 @@ SUMMARY_COLUMNS = ["rollout_seconds", "speedup", "tokens_per_second", "lower_bou
 #   trained them (lssim.loop.core.off_policy_tokens).
 
 
-def summarize(results: dict[str, RunResult]) -> pd.DataFrame:
-    """One row per policy: totals over the run, and the speedup in rollout time per trained group over baseline."""
-    return summary_table({name: run_summary(res) for name, res in results.items()})
+def summarize(results: dict[str, RunResult], trace: pd.DataFrame | None = None, steps: int | None = None) -> pd.DataFrame:
+    """One row per policy: totals over the run, and the speedup in rollout time per trained group over baseline.
+    `trace` (and `steps`, as replayed): the trace the runs replayed, which the length biases compare with
+    (lssim.analysis.signal; without it the table has no length_bias columns)."""
+    lengths = None if trace is None else trace_lengths(trace, steps)
+    return summary_table({name: run_summary(res, lengths) for name, res in results.items()})
 
 
 def summary_table(rows: dict[str, dict]) -> pd.DataFrame:
-    """The `summarize` table from each run's `run_summary`: the speedups are against the baseline's row."""
+    """The `summarize` table from each run's `run_summary`: the speedups, and the trained tokens' ratio, are against
+    the baseline's row; `signal` is each row's lssim.analysis.signal.signal_record, as JSON text."""
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "policy"
-    if "baseline" in table.index:
-        base = table.loc["baseline"]
+    base = table.loc["baseline"] if "baseline" in table.index else None
+    if base is not None:
         table.insert(1, "speedup", base["step_seconds_per_group"] / table["step_seconds_per_group"])
         table.insert(2, "rollout_speedup", base["rollout_seconds_per_group"] / table["rollout_seconds_per_group"])
+        table["trained_tokens_vs_baseline"] = table["trained_response_tokens"] / base["trained_response_tokens"]
+    baseline_row = None if base is None else rows["baseline"]
+    table["signal"] = [json.dumps(signal_record(rows[name], baseline_row)) for name in table.index]
     return table
 
 
 # The response columns run_summary reads: a run that is only summarized builds just these (simulate's response_columns).
 SUMMARY_RESPONSE_COLUMNS = ("trained", "finish_reason", "natural_len", "response_len", "natural_reward",
-                            "off_policy_tokens", "exact", "reward")
+                            "off_policy_tokens", "exact", "reward", "prompt_id")
 
 
-def run_summary(res: RunResult) -> dict:
-    """One run's row of `summarize` (all but the speedups, which need the baseline's)."""
+def run_summary(res: RunResult, lengths: TraceLengths | None = None) -> dict:
+    """One run's row of `summarize` (all but the speedups, which need the baseline's); `lengths`: the replayed
+    trace's lssim.analysis.signal.trace_lengths, for the length biases (None: no such fields)."""
     s, r = res.steps, res.responses
     rollout = float(s["rollout_seconds"].sum())
     groups = int(s["groups_trained"].sum())
@@ -326,6 +337,7 @@ def run_summary(res: RunResult) -> dict:
         "groups_trained": groups,
         "responses": len(r),
         **end_to_end(res),
+        **run_signal(res, lengths),
     }
 
 

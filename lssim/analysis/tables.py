@@ -32,6 +32,8 @@ TABLE_COLUMNS: dict[str, tuple[str, _Format]] = {  # summary column -> (header, 
     "stopped_correct_fraction": ("stop FP", "{:.1%}"),
     "off_policy_token_fraction": ("off-policy", "{:.1%}"),
     "max_staleness": ("max stale", "{:.0f}"),
+    "trained_tokens_vs_baseline": ("trained tok x", "{:.3f}x"),  # response tokens trained, against baseline's
+    "length_bias": ("len bias", "{:.3f}"),  # mean trained response length over the trace's (lssim.analysis.signal)
     "effective_group_fraction": ("eff groups", "{:.1%}"),
     "exact_fraction": ("exact", "{:.1%}"),
     "steps": ("steps", "{:d}"),

@@ -119,7 +119,7 @@ def _run_replay(args: argparse.Namespace) -> int:
                references=not args.no_reference, workers=replay_workers(args.workers, len(trace)))
     if args.out or args.plot:  # the runs' frames are written or drawn: keep them
         results = replay(trace, args.policy, setup, **run)
-        table = summarize(results)
+        table = summarize(results, trace, args.steps)
     else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
         results, table = None, replay_summary(trace, args.policy, setup, **run)
     if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
@@ -161,10 +161,11 @@ def _jsonable(v):
 
 
 def _summary_json(table) -> dict:
-    """The summary table as {policy: {field: value}}; the staleness histogram as an object, not its JSON text."""
+    """The summary table as {policy: {field: value}}; the staleness histogram and the `signal` record
+    (lssim.analysis.signal) as objects, not their JSON text."""
     out = {}
     for name, row in table.to_dict("index").items():
-        out[name] = {k: json.loads(v) if k == "staleness_histogram" else _jsonable(v) for k, v in row.items()}
+        out[name] = {k: json.loads(v) if k in ("staleness_histogram", "signal") else _jsonable(v) for k, v in row.items()}
     return out
 
 
