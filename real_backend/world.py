@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lssim.cost import ProfiledCostModel
 from lssim.loop.contracts import StepObserver
@@ -34,6 +34,7 @@ from lssim.sim.bounds import make_lower_bound
 
 from . import task
 from .engine_config import VLLMConfig
+from .evaluate import EvalSettings, Evaluator, train_seconds
 from .prompts import TaskPrompts
 from .recorder import CHECKPOINT, FILES, Recorder
 from .train_job import fill_step_rows
@@ -74,6 +75,10 @@ class RealSetup:
     # A profiled cost model of this engine (`lssim profile`): when given, each real step gets the simulator's lower
     # bound priced with it (steps.parquet lower_bound_seconds / lower_bound_efficiency), else those are NaN.
     profile: str | None = None
+    # The held-out prompt ids (task.write_heldout's JSON): never drawn for training, evaluated (real_backend.evaluate).
+    # None: none held out (the library's default, so validation worlds keep their pools; `lssim real` holds out
+    # task.HELDOUT_PATH unless --no-heldout).
+    heldout_path: str | None = None
     # CPUs the trainer's thread is pinned to when it trains beside the rollout (modes other than collocated; None:
     # not pinned). vLLM's CPU build binds its own worker (VLLM_CPU_OMP_THREADS_BIND, default auto).
     trainer_cpus: tuple[int, ...] | None = None
@@ -93,6 +98,9 @@ class RealSetup:
             raise ValueError(f"{self.model_dir} is not a model folder (no config.json)")
         if not Path(self.prompts_path).is_file():
             raise ValueError(f"prompts file {self.prompts_path} does not exist")
+        if self.heldout_path is not None and not Path(self.heldout_path).is_file():
+            raise ValueError(f"held-out file {self.heldout_path} does not exist (make it with `python -m real_backend.task "
+                             f"--write-heldout`, or run with --no-heldout)")
         if self.trainer_threads is not None and self.trainer_threads < 1:
             raise ValueError(f"trainer_threads must be >= 1 or None, got {self.trainer_threads}")
         for name in ("max_model_len", "max_num_seqs", "mini_batches", "n_instances"):
@@ -143,7 +151,7 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     setup.speculation = spec  # the engine must be started with it (start_engine)
     try:
         prompts = TaskPrompts.from_files(setup.prompts_path, setup.model_dir, setup.n_prompts,
-                                         seed=config.seed if seed is None else seed)
+                                         seed=config.seed if seed is None else seed, heldout_path=setup.heldout_path)
     except OSError as e:
         raise ValueError(f"cannot load the tokenizer or prompts: {e}") from e
     if config.groups_per_step > len(prompts.pool):
@@ -230,7 +238,9 @@ def _cpus_available() -> set[int] | None:
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
              on_step: StepObserver | None = None, trainer=None, meta: dict | None = None,
-             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None) -> RunResult:
+             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None,
+             evaluation: EvalSettings | None = None, say: Callable[[str], None] | None = None,
+             budget_seconds: float | None = None) -> RunResult:
     """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
     mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
@@ -246,6 +256,9 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     resume: a checkpoint of this run (`load_checkpoint(out_dir)`): its state is restored (`policy` must be
     `resume.policy`), its weights pushed into the engine, and the run goes on from the step after it, up to
     `config.steps` steps in all, the files in `out_dir` keeping the earlier steps.
+    evaluation: held-out evaluations (real_backend.evaluate.Evaluator, into `out_dir/eval.parquet`; their lines go to
+    `say`, default stderr); None: none. budget_seconds: no step starts once the steps so far took that long (their
+    step_seconds summed: the run's wall-clock without evaluations), whatever `config.steps` says.
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
     engine.abort_all()
@@ -271,17 +284,20 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         first = _resume(resume, controller, trainer, prompts, recorder)
     run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
     checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint and mode.collocated else None
-    for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, checkpointer):
+    evaluator = Evaluator(evaluation or EvalSettings(every=0), out_dir, engine, prompts, controller, config.max_tokens, say)
+    for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, evaluator, checkpointer):
         controller.add_observer(observer)
     if not mode.collocated:
         recorder.write_in_background()
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
-    result = _run_recorded(controller, recorder, engine, first)
+    evaluator.start(first)
+    result = _run_recorded(controller, recorder, engine, first, budget_seconds)
     if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
         trainer.finish_jobs()
         fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
         recorder.write()
         result = controller.result()
+    evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
@@ -290,11 +306,12 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
 
 
 def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
-                   on_step: StepObserver | None, checkpointer: StepObserver | None) -> list[StepObserver]:
+                   on_step: StepObserver | None, evaluator: Evaluator, checkpointer: StepObserver | None) -> list[StepObserver]:
     """What a real run does with each step's row, in this order (Controller.add_observer): the times of the updates
     that ended since into the step rows (modes that train beside the rollout: train_job.fill_step_rows), the
     measured acceptance rate so far into meta.json (speculation), the files rewritten (the recorder), the caller's
-    on_step, the checkpoint of the state after the step (collocated; after the files, which it may lead)."""
+    on_step, the held-out evaluation when one is due (after the step's line; outside every step's time), the
+    checkpoint of the state after the step (collocated; after the files, which it may lead)."""
     observers: list[StepObserver] = []
     if not mode.collocated:
         observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices))
@@ -302,7 +319,7 @@ def step_observers(controller: Controller, trainer, recorder: Recorder, mode: Mo
         engine, policy = controller.engine, controller.policy
         observers.append(lambda row: recorder.meta.update(speculation=speculation_meta(spec, engine.spec_counters(), policy)))
     observers.append(recorder.on_step)
-    observers += [o for o in (on_step, checkpointer) if o is not None]
+    observers += [o for o in (on_step, evaluator if evaluator.on else None, checkpointer) if o is not None]
     return observers
 
 
@@ -373,11 +390,18 @@ def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, 
     return checkpoint
 
 
-def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int) -> RunResult:
-    """The steps from `first` on (Controller.run), recording how the run ended."""
+def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None) -> RunResult:
+    """The steps from `first` on (Controller.run), none started past `budget_seconds` of steps; records how the run ended."""
+
+    def within_budget(steps):
+        for step in steps:
+            if budget_seconds is not None and train_seconds(controller.step_rows) >= budget_seconds:
+                return
+            yield step
+
     engine.observers.append(recorder.observe)
     try:
-        return controller.run(first_step=first)
+        return controller.run(first_step=first, progress=within_budget)
     except KeyboardInterrupt:
         recorder.finish("interrupted")
         raise
