@@ -39,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     from .world import out_dir_problem, prepare
 
     mode = _mode(args)
-    evaluation = eval_settings(args)
     if args.resume:
         config, setup, policy_arg, ckpt = resumed_run(args)
         out = args.resume
@@ -56,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(problem)
         policy_arg, ckpt, out = args.policy, None, args.out
     prompts, policy = prepare(setup, policy_arg, config)
-    if setup.heldout_path is None:  # --no-heldout (or a run recorded before held-out prompts): nothing to evaluate
-        evaluation = None
 
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
     if ckpt is not None:
@@ -76,11 +73,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ENGINE
     say(f"engine up in {time.monotonic() - t0:.0f} s")
     try:
-        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode,
-                          on_step=lambda row: print(format_step(row), flush=True), resume=ckpt, evaluation=evaluation,
+        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode, resume=ckpt,
+                          on_step=lambda row: print(format_step(row), flush=True), evaluation=eval_settings(args, setup),
                           say=lambda text: print(text, flush=True), budget_seconds=args.budget_seconds,
-                          meta={"command": " ".join(sys.argv), "policy_spec": policy_arg if isinstance(policy_arg, str)
-                                else (ckpt.run.get("policy_spec") if ckpt else None)})
+                          meta={"command": " ".join(sys.argv), "policy_spec": _policy_spec(policy_arg, ckpt)})
     except EngineError as e:
         print(f"lssim: error: {e}; {out} keeps every step that finished (resume with --resume {out})", file=sys.stderr)
         return EXIT_ENGINE
@@ -109,15 +105,21 @@ def _mode(args: argparse.Namespace):
                       variant=args.async_variant)
 
 
-def eval_settings(args: argparse.Namespace):
-    """The run's held-out evaluations (real_backend.evaluate) from --eval-every/--eval-samples/--eval-prompts."""
+def _policy_spec(policy_arg, ckpt) -> str | None:
+    """The policy as the command spelled it (a resumed run's: as recorded)."""
+    return policy_arg if isinstance(policy_arg, str) else (ckpt.run.get("policy_spec") if ckpt else None)
+
+
+def eval_settings(args: argparse.Namespace, setup=None):
+    """The run's held-out evaluations (real_backend.evaluate) from --eval-every/--eval-samples/--eval-prompts; None
+    where `setup` holds nothing out (--no-heldout, or a run recorded before held-out prompts)."""
     from .evaluate import EvalSettings
 
     settings = EvalSettings(every=args.eval_every, samples=args.eval_samples, prompts=args.eval_prompts)
     settings.check()
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise ValueError(f"--budget-seconds must be > 0, got {args.budget_seconds}")
-    return settings
+    return None if setup is not None and setup.heldout_path is None else settings
 
 
 def _setup(args: argparse.Namespace):

@@ -238,9 +238,8 @@ def _cpus_available() -> set[int] | None:
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
              on_step: StepObserver | None = None, trainer=None, meta: dict | None = None,
-             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None,
-             evaluation: EvalSettings | None = None, say: Callable[[str], None] | None = None,
-             budget_seconds: float | None = None) -> RunResult:
+             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None, evaluation:
+             EvalSettings | None = None, say: Callable[[str], None] | None = None, budget_seconds: float | None = None) -> RunResult:
     """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
     mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
@@ -249,16 +248,14 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
     collocated only: a checkpoint between steps would miss the updates still running and the responses in flight.
 
-    `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on,
-    and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
-    on_step: told each step's row, after the files are written (before the checkpoint).
-    checkpoint: after every step, `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs.
-    resume: a checkpoint of this run (`load_checkpoint(out_dir)`): its state is restored (`policy` must be
-    `resume.policy`), its weights pushed into the engine, and the run goes on from the step after it, up to
-    `config.steps` steps in all, the files in `out_dir` keeping the earlier steps.
-    evaluation: held-out evaluations (real_backend.evaluate.Evaluator, into `out_dir/eval.parquet`; their lines go to
-    `say`, default stderr); None: none. budget_seconds: no step starts once the steps so far took that long (their
-    step_seconds summed: the run's wall-clock without evaluations), whatever `config.steps` says.
+    `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on, and the
+    trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
+    on_step: told each step's row, after the files are written (before the checkpoint). checkpoint: after every step,
+    `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs. resume: a checkpoint of this run
+    (`load_checkpoint(out_dir)`): its state is restored (`policy` must be `resume.policy`), its weights pushed into the
+    engine, and the run goes on from the step after it, up to `config.steps` steps in all, the files in `out_dir`
+    keeping the earlier steps. evaluation: held-out evaluations (real_backend.evaluate.Evaluator: `out_dir/eval.parquet`,
+    lines to `say`, default stderr). budget_seconds: no step starts once the steps took that long (step_seconds summed).
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
     engine.abort_all()
@@ -279,9 +276,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     recorder.attach(controller)
     if resume is None:
         recorder.remove_stale()
-        first = 0
-    else:
-        first = _resume(resume, controller, trainer, prompts, recorder)
+    first = 0 if resume is None else _resume(resume, controller, trainer, prompts, recorder)
     run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
     checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint and mode.collocated else None
     evaluator = Evaluator(evaluation or EvalSettings(every=0), out_dir, engine, prompts, controller, config.max_tokens, say)
@@ -292,17 +287,23 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
     evaluator.start(first)
     result = _run_recorded(controller, recorder, engine, first, budget_seconds)
-    if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
-        trainer.finish_jobs()
-        fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
-        recorder.write()
-        result = controller.result()
+    if not mode.collocated:
+        result = _last_jobs(controller, trainer, recorder, mode)
     evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
     result.meta.update(recorder.meta)
     return result
+
+
+def _last_jobs(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig) -> RunResult:
+    """The updates still running when the last step ended (modes that train beside the rollout): waited for, their
+    rows filled and written; the run's result with them."""
+    trainer.finish_jobs()
+    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
+    recorder.write()
+    return controller.result()
 
 
 def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
