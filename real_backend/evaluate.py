@@ -110,12 +110,16 @@ def evaluate(engine, prompts, prompt_ids: list[int], samples: int = 4, max_token
             engine.submit(sampled)
         with _sampling_at(engine, 0.0):
             engine.submit(greedy)
-        ended = 0
-        while ended < len(sampled) + len(greedy):
-            events = engine.next_events()
-            if not events:
-                raise RuntimeError("evaluation: the engine went idle before every evaluation response ended")
-            ended += sum(ev.kind == FINISHED for ev in events)
+        try:
+            ended = 0
+            while ended < len(sampled) + len(greedy):
+                events = engine.next_events()
+                if not events:
+                    raise RuntimeError("evaluation: the engine went idle before every evaluation response ended")
+                ended += sum(ev.kind == FINISHED for ev in events)
+        except BaseException:
+            engine.abort_all()  # nothing of the evaluation left in flight on an engine that may serve on
+            raise
     lengths = np.array([r.generated for r in sampled], dtype=float)
     return {"pass1": float(np.mean([r.reward for r in sampled])),
             "greedy_accuracy": float(np.mean([r.reward for r in greedy])),

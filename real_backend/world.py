@@ -285,8 +285,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     if not mode.collocated:
         recorder.write_in_background()
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
-    evaluator.start(first)
-    result = _run_recorded(controller, recorder, engine, first, budget_seconds)
+    result = _run_recorded(controller, recorder, engine, first, budget_seconds, evaluator)
     if not mode.collocated:
         result = _last_jobs(controller, trainer, recorder, mode)
     evaluator.finish()
@@ -391,8 +390,10 @@ def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, 
     return checkpoint
 
 
-def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None) -> RunResult:
-    """The steps from `first` on (Controller.run), none started past `budget_seconds` of steps; records how the run ended."""
+def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None,
+                  evaluator: Evaluator) -> RunResult:
+    """The evaluation before the steps, then the steps from `first` on (Controller.run), none started past
+    `budget_seconds` of steps; records how the run ended."""
 
     def within_budget(steps):
         for step in steps:
@@ -402,6 +403,7 @@ def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int
 
     engine.observers.append(recorder.observe)
     try:
+        evaluator.start(first)
         return controller.run(first_step=first, progress=within_budget)
     except KeyboardInterrupt:
         recorder.finish("interrupted")

@@ -77,12 +77,13 @@ def test_lssim_learn_runs_each_policy_from_the_checkpoint_and_reports(lent_engin
         for key in ("initial_accuracy", "final_accuracy", "accuracy_at_budget", "time_to_target_seconds",
                     "time_to_target_steps", "mean_step_seconds", "mean_rollout_seconds"):
             assert key in run
-        assert run["steps"] == 2
+        # april may train the run's groups in fewer steps (Controller.run ends once total_groups trained)
+        assert 1 <= run["steps"] <= 2
         s = result["summary"][label]
         assert set(s["final_accuracy"]) == {"median", "spread", "interval", "n"}
         assert "step_speedup" in s and "rollout_speedup" in s
         ev = pd.read_parquet(out / label / "0" / "eval.parquet")
-        assert ev["step"].tolist() == [0, 1, 2]
+        assert ev["step"].tolist() == list(range(run["steps"] + 1))
     # every run starts from the same checkpoint: the same weights, the same paired evaluation before training
     assert result["runs"]["baseline"]["0"]["initial_accuracy"] == result["runs"]["april"]["0"]["initial_accuracy"]
     assert result["target"] == pytest.approx(result["runs"]["baseline"]["0"]["initial_accuracy"] + 0.10)
