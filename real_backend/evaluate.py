@@ -10,8 +10,9 @@ evaluations of the same weights draw the same responses and evaluations along a 
 `Evaluator` is a step observer of the run's controller (lssim.loop.contracts.StepObserver, added by
 real_backend.world.run_real after the recorder and the caller's on_step): every `every` steps, and before the first
 step and after the last, it evaluates and rewrites `eval.parquet` beside steps.parquet (atomically). Its time is
-not in any step's seconds: the controller's steps time themselves (collocated: rollout start to weights pushed)
-and the evaluation runs between them. Columns (EVAL_COLUMNS):
+not in any step's seconds: the controller times a step from the end of the one before, so `discount` (an observer
+told before the recorder) takes the evaluations since then out of the next step's `step_seconds` and says how long
+they took in the row's `evaluation_seconds`. Columns (EVAL_COLUMNS):
 
     step             RL steps done when evaluated (0: before training)
     version          the engine's weights version
@@ -145,6 +146,7 @@ class Evaluator(StepObserver):
         self.rows: list[dict] = []
         self._t0 = time.monotonic()
         self._wall_before = 0.0  # a resumed run's wall-clock before this process
+        self._unbilled = 0.0  # seconds of evaluation since the last step ended, which the next step's clock holds
 
     @property
     def on(self) -> bool:
@@ -161,6 +163,14 @@ class Evaluator(StepObserver):
             self._wall_before = max((r["wall_seconds"] for r in self.rows), default=0.0)
         if not any(r["step"] == first_step for r in self.rows):
             self._evaluate(first_step)
+
+    def discount(self, row: dict) -> None:
+        """A step observer told before the recorder: the evaluations since the step before are taken out of the step's
+        `step_seconds` (the controller times a step from the end of the one before, so they would be in it)."""
+        if self._unbilled:
+            row["step_seconds"] -= self._unbilled
+            row["evaluation_seconds"] = self._unbilled
+            self._unbilled = 0.0
 
     def __call__(self, row: dict) -> None:
         done = int(row["step"]) + 1
@@ -185,6 +195,7 @@ class Evaluator(StepObserver):
                            self.settings.seed)
         train = train_seconds(self.controller.step_rows)
         wall = self._wall_before + time.monotonic() - self._t0
+        self._unbilled += figures["eval_seconds"]
         self.rows = [r for r in self.rows if r["step"] != done]
         self.rows.append({"step": done, "version": int(self.engine.weight_version), "train_seconds": train,
                           "wall_seconds": wall, **figures})

@@ -307,12 +307,13 @@ def _last_jobs(controller: Controller, trainer, recorder: Recorder, mode: ModeCo
 
 def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
                    on_step: StepObserver | None, evaluator: Evaluator, checkpointer: StepObserver | None) -> list[StepObserver]:
-    """What a real run does with each step's row, in this order (Controller.add_observer): the times of the updates
+    """What a real run does with each step's row, in this order (Controller.add_observer): the evaluations' seconds
+    out of the step's (real_backend.evaluate.Evaluator.discount), the times of the updates
     that ended since into the step rows (modes that train beside the rollout: train_job.fill_step_rows), the
     measured acceptance rate so far into meta.json (speculation), the files rewritten (the recorder), the caller's
     on_step, the held-out evaluation when one is due (after the step's line; outside every step's time), the
     checkpoint of the state after the step (collocated; after the files, which it may lead)."""
-    observers: list[StepObserver] = []
+    observers: list[StepObserver] = [evaluator.discount] if evaluator.on else []
     if not mode.collocated:
         observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices))
     if spec is not None:

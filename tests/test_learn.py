@@ -45,6 +45,10 @@ def test_a_real_run_evaluates_heldout_prompts_and_records_what_it_learned(lent_e
     assert (ev["wall_seconds"] >= ev["train_seconds"]).all() and (ev["eval_seconds"] > 0).all()
     steps = pd.read_parquet(out / "steps.parquet")
     assert ev["train_seconds"].iloc[-1] == pytest.approx(steps["step_seconds"].sum())  # evaluations not in it
+    # the evaluations before steps 0 and 2 were timed by the controller into those steps; taken out again
+    assert steps["evaluation_seconds"].tolist()[0] == pytest.approx(ev["eval_seconds"].iloc[0])
+    assert steps["evaluation_seconds"].tolist()[2] == pytest.approx(ev["eval_seconds"].iloc[1])
+    assert (steps["step_seconds"] >= steps["rollout_seconds"] + steps["train_seconds"] - 1e-6).all()
     for col in ("trainer_reward", "trainer_nonzero_advantage_groups", "trainer_tokens_stale0", "trainer_tokens_stale1",
                 "trainer_tokens_stale2plus"):
         assert col in steps
