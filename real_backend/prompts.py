@@ -4,6 +4,9 @@ What a policy sees is the pool (prompt ids and their lengths in tokens); what a 
 trains on is verl's data loader: a seeded shuffle of the pool per epoch, cut into batches in order, the
 leftover that cannot fill a batch dropped (`drop_last`). The engine gets each prompt's token ids from
 here, and the reward function decodes a response and scores it with the task's verifier.
+
+Held-out prompts (`heldout`: real_backend/data/heldout.json for the task's prompts) are tokenized and scored like the
+others but never in the pool, so training never draws them; real_backend.evaluate samples them (`heldout_ids`).
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from . import task
 
 
 class TaskPrompts(PromptSource):
-    def __init__(self, prompts: list[task.Prompt], tokenizer, seed: int = 0):
+    def __init__(self, prompts: list[task.Prompt], tokenizer, seed: int = 0, heldout: list[int] | None = None):
         if not prompts:
             raise ValueError("no prompts")
-        ids = [p.prompt_id for p in prompts]
-        if len(set(ids)) != len(ids):
+        all_ids = [p.prompt_id for p in prompts]
+        if len(set(all_ids)) != len(all_ids):
             raise ValueError("prompt ids are not unique")
+        held = set(heldout or ())
+        self.heldout_ids = [i for i in all_ids if i in held]  # the held-out prompts among these, in file order
+        ids = [i for i in all_ids if i not in held]
+        if not ids:
+            raise ValueError("every prompt is held out: nothing to train on")
         self.prompts = {p.prompt_id: p for p in prompts}
         self.tokenizer = tokenizer
         self.seed = seed
@@ -33,15 +41,21 @@ class TaskPrompts(PromptSource):
         self._cursor = 0
 
     @classmethod
-    def from_files(cls, prompts_path, model_dir, n_prompts: int | None = None, seed: int = 0) -> "TaskPrompts":
+    def from_files(cls, prompts_path, model_dir, n_prompts: int | None = None, seed: int = 0,
+                   heldout_path=None) -> "TaskPrompts":
+        """The prompts of `prompts_path`, those listed in `heldout_path` (task.write_heldout's JSON) held out: the pool
+        is the first `n_prompts` of the others (all of them if None); every held-out prompt is kept for evaluation."""
         prompts = task.load_prompts(prompts_path)
+        held = set(task.load_heldout(heldout_path)) if heldout_path is not None else set()
+        train = [p for p in prompts if p.prompt_id not in held]
         if n_prompts is not None:
             if n_prompts < 1:
                 raise ValueError(f"n_prompts must be >= 1, got {n_prompts}")
-            prompts = prompts[:n_prompts]
-        if not prompts:
+            train = train[:n_prompts]
+        if not train:
             raise ValueError(f"{prompts_path}: no prompts")
-        return cls(prompts, task.load_tokenizer(model_dir), seed)
+        heldout = [p for p in prompts if p.prompt_id in held]
+        return cls(train + heldout, task.load_tokenizer(model_dir), seed, [p.prompt_id for p in heldout])
 
     # -- PromptSource ------------------------------------------------------------------------------
     def default_groups(self, step: int, n_groups: int, group_size: int, max_tokens: int) -> list[GroupSpec]:

@@ -14,6 +14,7 @@ After every step the folder holds, each file replaced atomically (written beside
                        the part of each rollout the driver worked instead of waiting for the engine
     responses.parquet  the controller's response rows, plus the signals and the decoded response text
     meta.json          the run's setup, and its status: running / finished / failed / interrupted
+    eval.parquet       the held-out evaluations (real_backend.evaluate; written by the run's Evaluator, not here)
     unfinished.parquet one row per response the controller still held unfinished after the step (lssim.analysis.fidelity's
                        UNFINISHED_COLUMNS, plus `held`): carried to resume next step, kept generating across the
                        step boundary (async), or a member of a group still open that has not ended. The trace has
@@ -50,6 +51,7 @@ from lssim.traces.trace import write_trace
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
 CHECKPOINT = "checkpoint.pt"  # real_backend.checkpoint: written beside the files after every step
 UNFINISHED = UNFINISHED_FILE  # unfinished.parquet: the responses held unfinished after the last step (optional to readers)
+EVAL = "eval.parquet"  # real_backend.evaluate: the run's held-out evaluations (its Evaluator writes it)
 
 
 def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
@@ -161,7 +163,7 @@ class Recorder:
     def remove_stale(self) -> None:
         """Delete the files an older run left in the folder (its checkpoint too), so one run's files never mix
         with another's."""
-        for name in (*FILES, UNFINISHED, CHECKPOINT):
+        for name in (*FILES, UNFINISHED, CHECKPOINT, EVAL):
             try:
                 (self.out / name).unlink()
             except FileNotFoundError:
@@ -178,7 +180,7 @@ class Recorder:
         """Delete the temporary files a killed writer left half-written (atomic_write's `.NAME.*.tmp`)."""
         if not self.out.is_dir():
             return
-        for name in (*FILES, UNFINISHED, CHECKPOINT):
+        for name in (*FILES, UNFINISHED, CHECKPOINT, EVAL):
             for tmp in self.out.glob(f".{name}.*.tmp"):
                 try:
                     tmp.unlink()

@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ENGINE
     say(f"engine up in {time.monotonic() - t0:.0f} s")
     try:
-        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode,
-                          on_step=lambda row: print(format_step(row), flush=True), resume=ckpt,
-                          meta={"command": " ".join(sys.argv), "policy_spec": policy_arg if isinstance(policy_arg, str)
-                                else (ckpt.run.get("policy_spec") if ckpt else None)})
+        result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode, resume=ckpt,
+                          on_step=lambda row: print(format_step(row), flush=True), evaluation=eval_settings(args, setup),
+                          say=lambda text: print(text, flush=True), budget_seconds=args.budget_seconds,
+                          meta={"command": " ".join(sys.argv), "policy_spec": _policy_spec(policy_arg, ckpt)})
     except EngineError as e:
         print(f"lssim: error: {e}; {out} keeps every step that finished (resume with --resume {out})", file=sys.stderr)
         return EXIT_ENGINE
@@ -105,6 +105,23 @@ def _mode(args: argparse.Namespace):
                       variant=args.async_variant)
 
 
+def _policy_spec(policy_arg, ckpt) -> str | None:
+    """The policy as the command spelled it (a resumed run's: as recorded)."""
+    return policy_arg if isinstance(policy_arg, str) else (ckpt.run.get("policy_spec") if ckpt else None)
+
+
+def eval_settings(args: argparse.Namespace, setup=None):
+    """The run's held-out evaluations (real_backend.evaluate) from --eval-every/--eval-samples/--eval-prompts; None
+    where `setup` holds nothing out (--no-heldout, or a run recorded before held-out prompts)."""
+    from .evaluate import EvalSettings
+
+    settings = EvalSettings(every=args.eval_every, samples=args.eval_samples, prompts=args.eval_prompts)
+    settings.check()
+    if args.budget_seconds is not None and not args.budget_seconds > 0:
+        raise ValueError(f"--budget-seconds must be > 0, got {args.budget_seconds}")
+    return None if setup is not None and setup.heldout_path is None else settings
+
+
 def _setup(args: argparse.Namespace):
     from .world import RealSetup
 
@@ -112,7 +129,8 @@ def _setup(args: argparse.Namespace):
                      trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
-                     n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus))
+                     n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus),
+                     heldout_path=None if args.no_heldout else args.heldout)
 
 
 def _cpus(text: str | None) -> tuple[int, ...] | None:
@@ -129,7 +147,8 @@ _SHAPE = {"policy": ("policy_spec", None), "groups_per_step": ("config", "groups
           "group_size": ("config", "group_size"), "max_tokens": ("config", "max_tokens"), "seed": ("config", "seed"),
           "model_dir": ("setup", "model_dir"), "prompts": ("setup", "prompts_path"), "n_prompts": ("setup", "n_prompts"),
           "lr": ("setup", "lr"), "mini_batches": ("setup", "mini_batches"), "clip": ("setup", "clip"),
-          "mask_resumed": ("setup", "mask_resumed"), "dtype": ("setup", "dtype"), "instances": ("setup", "n_instances")}
+          "mask_resumed": ("setup", "mask_resumed"), "dtype": ("setup", "dtype"), "instances": ("setup", "n_instances"),
+          "heldout": ("setup", "heldout_path")}
 
 
 def resumed_run(args: argparse.Namespace):
@@ -164,6 +183,7 @@ def resumed_run(args: argparse.Namespace):
         raise ValueError(f"--steps {c['steps']}: the run in {args.resume} has finished {ckpt.step + 1} steps already; "
                          f"--steps is the run's total, ask for more")
     su = dict(run["setup"])
+    su.setdefault("heldout_path", None)  # runs recorded before held-out prompts held none out
     su["speculation"] = Speculation(**su["speculation"]) if su.get("speculation") else None
     su["ngram_lookup"] = tuple(su["ngram_lookup"])
     return RunConfig(**c), RealSetup(**su), ckpt.policy, ckpt
@@ -219,6 +239,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-variant", choices=["roll", "areal"], default="roll",
                    help="async: roll drops groups that would train over the bound (ROLL); areal never drops (AReaL); both "
                         "interrupt generation when weights arrive and resume it under them (default: roll)")
+    p.add_argument("--heldout", default=str(task.HELDOUT_PATH), metavar="JSON",
+                   help="held-out prompt ids (python -m real_backend.task --write-heldout): never trained on, evaluated "
+                        "(default: real_backend/data/heldout.json, the task's)")
+    p.add_argument("--no-heldout", action="store_true", help="hold no prompt out: train on every prompt (no evaluation)")
+    p.add_argument("--eval-every", type=int, default=10, metavar="K",
+                   help="evaluate the held-out prompts on the run's engine every K steps, before the first and after "
+                        "the last (eval.parquet; 0: never) (default: 10)")
+    p.add_argument("--eval-samples", type=int, default=4, metavar="N",
+                   help="samples per held-out prompt at temperature 1.0 for pass@1 (default: 4); greedy besides")
+    p.add_argument("--eval-prompts", type=int, metavar="N", help="evaluate only the first N held-out prompts (default: all)")
+    p.add_argument("--budget-seconds", type=float, metavar="S",
+                   help="start no step once the steps took S seconds in all (evaluations not counted)")
     p.add_argument("--trainer-cpus", metavar="I,J", help="pin the trainer's thread to these CPUs (modes other than collocated)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

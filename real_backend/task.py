@@ -39,6 +39,9 @@ EOS_TOKEN = "<eos>"
 _HERE = Path(__file__).resolve().parent
 MODEL_DIR = _HERE / "reference_model"
 PROMPTS_PATH = _HERE / "data" / "prompts.jsonl"
+# The held-out prompts of PROMPTS_PATH (heldout_split; regenerate with `python -m real_backend.task --write-heldout`):
+# training never draws them (real_backend.prompts.TaskPrompts), evaluation scores them (real_backend.evaluate).
+HELDOUT_PATH = _HERE / "data" / "heldout.json"
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,34 @@ def load_prompts(path) -> list[Prompt]:
     return prompts
 
 
+def heldout_split(prompts: list[Prompt], block: int = 5, seed: int = 0) -> list[int]:
+    """The held-out prompt ids: the prompts sorted by (reference_len, prompt_id), cut into blocks of `block`, one per
+    block held out (picked with random.Random(seed)); the held-out set then spans every length. For the task's 482
+    prompts: 97 held out, 385 left to train on."""
+    order = sorted(prompts, key=lambda p: (p.reference_len, p.prompt_id))
+    rng = random.Random(seed)
+    held = []
+    for i in range(0, len(order), block):
+        chunk = order[i:i + block]
+        held.append(chunk[rng.randrange(len(chunk))].prompt_id)
+    return sorted(held)
+
+
+def write_heldout(prompts_path=PROMPTS_PATH, path=HELDOUT_PATH, block: int = 5, seed: int = 0) -> list[int]:
+    """heldout_split of the prompts file, written to `path` as JSON (with how it was made)."""
+    held = heldout_split(load_prompts(prompts_path), block, seed)
+    record = {"prompts": Path(prompts_path).name, "rule": f"sorted by (reference_len, prompt_id), blocks of {block}, "
+              f"one per block held out with random.Random({seed})", "command": "python -m real_backend.task --write-heldout",
+              "prompt_ids": held}
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
+    return held
+
+
+def load_heldout(path=HELDOUT_PATH) -> list[int]:
+    """The held-out prompt ids written by write_heldout."""
+    return [int(i) for i in json.loads(Path(path).read_text())["prompt_ids"]]
+
+
 def load_tokenizer(model_dir=MODEL_DIR):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(model_dir))
@@ -184,3 +215,11 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token=EOS_TOKEN, pad_token="<pad>",
         unk_token="<unk>", model_max_length=1024)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-heldout"]:
+        sys.exit("usage: python -m real_backend.task --write-heldout   (rewrites real_backend/data/heldout.json)")
+    print(f"{len(write_heldout())} held-out prompt ids written to {HELDOUT_PATH}")

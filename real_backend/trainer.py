@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from lssim.loop.contracts import Trainer
-from lssim.loop.core import Group, Request, off_policy_tokens
+from lssim.loop.core import Group, Request, off_policy_tokens, token_lags
 from lssim.loop.decisions import TrainBatch
 from lssim.sim.train_batches import pack_padded
 
@@ -125,7 +125,7 @@ class GRPOTrainer(Trainer):
         """The step's update alone (no weight push): its metrics, `sync_seconds` 0."""
         t0, cpu0 = time.monotonic(), time.process_time()
         samples = self._samples(groups, step)
-        metrics = {"samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
+        metrics = {**learning_metrics(groups, step), "samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
                    "tokens": int(sum(s.n_loss for s in samples)), "loss": math.nan, "grad_norm": math.nan,
                    "clip_fraction": math.nan, "logprob_gap": math.nan, "optimizer_steps": 0}
         logprob = logprob_cpu = 0.0
@@ -265,6 +265,24 @@ class GRPOTrainer(Trainer):
             mask[i, P:P + R] = torch.tensor(s.mask)
         d = self.device
         return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
+
+
+def learning_metrics(groups: list[Group], step: int) -> dict:
+    """What the step trained on, for the learning curves (steps.parquet `trainer_<key>`): `reward`, the mean reward of
+    the trained responses (those with a reward); `nonzero_advantage_groups`, the share of groups whose rewards differ
+    (the others teach GRPO nothing); `tokens_stale0` / `tokens_stale1` / `tokens_stale2plus`, the trained responses'
+    tokens generated under weights 0, 1, 2 or more versions behind the step (lssim.loop.core.token_lags)."""
+    rewards, signal, stale = [], 0, [0, 0, 0]
+    for g in groups:
+        members = [r for r in g.requests if math.isfinite(r.reward)]
+        rewards += [r.reward for r in members]
+        signal += len({r.reward for r in members}) > 1
+        for r in members:
+            for lag, n in token_lags(r, step):
+                stale[min(max(lag, 0), 2)] += n
+    return {"reward": float(np.mean(rewards)) if rewards else math.nan,
+            "nonzero_advantage_groups": signal / len(groups) if groups else math.nan,
+            "tokens_stale0": stale[0], "tokens_stale1": stale[1], "tokens_stale2plus": stale[2]}
 
 
 class Sample:

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lssim.cost import ProfiledCostModel
 from lssim.loop.contracts import StepObserver
@@ -34,6 +34,7 @@ from lssim.sim.bounds import make_lower_bound
 
 from . import task
 from .engine_config import VLLMConfig
+from .evaluate import EvalSettings, Evaluator, train_seconds
 from .prompts import TaskPrompts
 from .recorder import CHECKPOINT, FILES, Recorder
 from .train_job import fill_step_rows
@@ -74,6 +75,10 @@ class RealSetup:
     # A profiled cost model of this engine (`lssim profile`): when given, each real step gets the simulator's lower
     # bound priced with it (steps.parquet lower_bound_seconds / lower_bound_efficiency), else those are NaN.
     profile: str | None = None
+    # The held-out prompt ids (task.write_heldout's JSON): never drawn for training, evaluated (real_backend.evaluate).
+    # None: none held out (the library's default, so validation worlds keep their pools; `lssim real` holds out
+    # task.HELDOUT_PATH unless --no-heldout).
+    heldout_path: str | None = None
     # CPUs the trainer's thread is pinned to when it trains beside the rollout (modes other than collocated; None:
     # not pinned). vLLM's CPU build binds its own worker (VLLM_CPU_OMP_THREADS_BIND, default auto).
     trainer_cpus: tuple[int, ...] | None = None
@@ -93,6 +98,9 @@ class RealSetup:
             raise ValueError(f"{self.model_dir} is not a model folder (no config.json)")
         if not Path(self.prompts_path).is_file():
             raise ValueError(f"prompts file {self.prompts_path} does not exist")
+        if self.heldout_path is not None and not Path(self.heldout_path).is_file():
+            raise ValueError(f"held-out file {self.heldout_path} does not exist (make it with `python -m real_backend.task "
+                             f"--write-heldout`, or run with --no-heldout)")
         if self.trainer_threads is not None and self.trainer_threads < 1:
             raise ValueError(f"trainer_threads must be >= 1 or None, got {self.trainer_threads}")
         for name in ("max_model_len", "max_num_seqs", "mini_batches", "n_instances"):
@@ -143,7 +151,7 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     setup.speculation = spec  # the engine must be started with it (start_engine)
     try:
         prompts = TaskPrompts.from_files(setup.prompts_path, setup.model_dir, setup.n_prompts,
-                                         seed=config.seed if seed is None else seed)
+                                         seed=config.seed if seed is None else seed, heldout_path=setup.heldout_path)
     except OSError as e:
         raise ValueError(f"cannot load the tokenizer or prompts: {e}") from e
     if config.groups_per_step > len(prompts.pool):
@@ -230,7 +238,8 @@ def _cpus_available() -> set[int] | None:
 
 def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, engine, prompts: TaskPrompts,
              on_step: StepObserver | None = None, trainer=None, meta: dict | None = None,
-             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None) -> RunResult:
+             resume: "Checkpoint | None" = None, checkpoint: bool = True, mode: ModeConfig | None = None, evaluation:
+             EvalSettings | None = None, say: Callable[[str], None] | None = None, budget_seconds: float | None = None) -> RunResult:
     """Run `config.steps` RL steps on vLLM under `policy`, recording into `out_dir` as steps finish.
 
     mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
@@ -239,13 +248,14 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
     collocated only: a checkpoint between steps would miss the updates still running and the responses in flight.
 
-    `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on,
-    and the trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
-    on_step: told each step's row, after the files are written (before the checkpoint).
-    checkpoint: after every step, `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs.
-    resume: a checkpoint of this run (`load_checkpoint(out_dir)`): its state is restored (`policy` must be
-    `resume.policy`), its weights pushed into the engine, and the run goes on from the step after it, up to
-    `config.steps` steps in all, the files in `out_dir` keeping the earlier steps.
+    `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on, and the
+    trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
+    on_step: told each step's row, after the files are written (before the checkpoint). checkpoint: after every step,
+    `out_dir/checkpoint.pt` (real_backend.checkpoint) holds what a resume needs. resume: a checkpoint of this run
+    (`load_checkpoint(out_dir)`): its state is restored (`policy` must be `resume.policy`), its weights pushed into the
+    engine, and the run goes on from the step after it, up to `config.steps` steps in all, the files in `out_dir`
+    keeping the earlier steps. evaluation: held-out evaluations (real_backend.evaluate.Evaluator: `out_dir/eval.parquet`,
+    lines to `say`, default stderr). budget_seconds: no step starts once the steps took that long (step_seconds summed).
     Raises whatever stopped the run (EngineError if vLLM died) after recording how it ended.
     """
     engine.abort_all()
@@ -266,22 +276,19 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     recorder.attach(controller)
     if resume is None:
         recorder.remove_stale()
-        first = 0
-    else:
-        first = _resume(resume, controller, trainer, prompts, recorder)
+    first = 0 if resume is None else _resume(resume, controller, trainer, prompts, recorder)
     run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
     checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint and mode.collocated else None
-    for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, checkpointer):
+    evaluator = Evaluator(evaluation or EvalSettings(every=0), out_dir, engine, prompts, controller, config.max_tokens, say)
+    for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, evaluator, checkpointer):
         controller.add_observer(observer)
     if not mode.collocated:
         recorder.write_in_background()
     engine.freeze_heaps()  # no full collection over what exists now can stall a rollout
-    result = _run_recorded(controller, recorder, engine, first)
-    if not mode.collocated:  # the last updates were still running: their rows are filled once they are done
-        trainer.finish_jobs()
-        fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
-        recorder.write()
-        result = controller.result()
+    result = _run_recorded(controller, recorder, engine, first, budget_seconds, evaluator)
+    if not mode.collocated:
+        result = _last_jobs(controller, trainer, recorder, mode)
+    evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
@@ -289,20 +296,31 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     return result
 
 
+def _last_jobs(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig) -> RunResult:
+    """The updates still running when the last step ended (modes that train beside the rollout): waited for, their
+    rows filled and written; the run's result with them."""
+    trainer.finish_jobs()
+    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
+    recorder.write()
+    return controller.result()
+
+
 def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
-                   on_step: StepObserver | None, checkpointer: StepObserver | None) -> list[StepObserver]:
-    """What a real run does with each step's row, in this order (Controller.add_observer): the times of the updates
+                   on_step: StepObserver | None, evaluator: Evaluator, checkpointer: StepObserver | None) -> list[StepObserver]:
+    """What a real run does with each step's row, in this order (Controller.add_observer): the evaluations' seconds
+    out of the step's (real_backend.evaluate.Evaluator.discount), the times of the updates
     that ended since into the step rows (modes that train beside the rollout: train_job.fill_step_rows), the
     measured acceptance rate so far into meta.json (speculation), the files rewritten (the recorder), the caller's
-    on_step, the checkpoint of the state after the step (collocated; after the files, which it may lead)."""
-    observers: list[StepObserver] = []
+    on_step, the held-out evaluation when one is due (after the step's line; outside every step's time), the
+    checkpoint of the state after the step (collocated; after the files, which it may lead)."""
+    observers: list[StepObserver] = [evaluator.discount] if evaluator.on else []
     if not mode.collocated:
         observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices))
     if spec is not None:
         engine, policy = controller.engine, controller.policy
         observers.append(lambda row: recorder.meta.update(speculation=speculation_meta(spec, engine.spec_counters(), policy)))
     observers.append(recorder.on_step)
-    observers += [o for o in (on_step, checkpointer) if o is not None]
+    observers += [o for o in (on_step, evaluator if evaluator.on else None, checkpointer) if o is not None]
     return observers
 
 
@@ -373,11 +391,21 @@ def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, 
     return checkpoint
 
 
-def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int) -> RunResult:
-    """The steps from `first` on (Controller.run), recording how the run ended."""
+def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None,
+                  evaluator: Evaluator) -> RunResult:
+    """The evaluation before the steps, then the steps from `first` on (Controller.run), none started past
+    `budget_seconds` of steps; records how the run ended."""
+
+    def within_budget(steps):
+        for step in steps:
+            if budget_seconds is not None and train_seconds(controller.step_rows) >= budget_seconds:
+                return
+            yield step
+
     engine.observers.append(recorder.observe)
     try:
-        return controller.run(first_step=first)
+        evaluator.start(first)
+        return controller.run(first_step=first, progress=within_budget)
     except KeyboardInterrupt:
         recorder.finish("interrupted")
         raise

@@ -332,7 +332,7 @@ def test_engine_death_keeps_finished_steps(vllm_engine, real_model_dir, tmp_path
     monkeypatch.setattr(world, "start_engine", lambda *a, **k: dying)
     out = tmp_path / "run"
     rc = main(["real", "--model-dir", str(real_model_dir), "--n-prompts", "16", "--steps", "3", "--groups-per-step", "2",
-               "--group-size", "2", "--max-tokens", "32", "--out", str(out)])
+               "--group-size", "2", "--max-tokens", "32", "--eval-every", "0", "--out", str(out)])
     assert rc == 1
     captured = capsys.readouterr()
     assert "lssim: error:" in captured.err and "died" in captured.err

@@ -313,7 +313,7 @@ def _names(text: str) -> list[str]:
 
 
 def _run_real_backend(args: argparse.Namespace) -> int:
-    """`lssim real`, `profile` and `validate`: real_backend's module for the command parses the arguments and runs it."""
+    """`lssim real`, `learn`, `profile` and `validate`: real_backend's module for the command parses the arguments and runs it."""
     module = importlib.import_module(REAL_BACKEND[args.command][0])
     return module.run(real_backend_parser(args.command, module.add_arguments).parse_args(args.arguments))
 
@@ -324,6 +324,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "trace": (add_trace, _run_trace_info),
     "replay": (add_replay, _run_replay),
     "real": (add_real_backend, _run_real_backend),
+    "learn": (add_real_backend, _run_real_backend),
     "profile": (add_real_backend, _run_real_backend),
     "validate": (add_real_backend, _run_real_backend),
     "sweep": (add_sweep, _run_sweep),

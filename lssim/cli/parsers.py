@@ -212,6 +212,11 @@ REAL_BACKEND = {
              "torch trainer, under the same policy objects the simulator runs; write DIR/trace.parquet (lssim trace "
              "schema, replayable with `lssim replay`), steps.parquet, responses.parquet and meta.json, rewritten after "
              "every step. See real_backend/README.md."),
+    "learn": ("real_backend.learn", "real runs of the baseline and policies from one checkpoint, compared by held-out accuracy",
+              "Run the baseline and each policy (and mode) with the learning recipe on one vLLM engine, R seeds each, to "
+              "a training wall-clock budget or a number of steps, evaluating the held-out prompts as they go; report "
+              "accuracy at equal wall-clock and time to a target accuracy, with learning curves (DIR/learn.html). "
+              "See docs/real_backend.md, Learning."),
     "profile": ("real_backend.profile", "measure the real engine's iteration time and fit the simulator's profiled cost model",
                 "Start the vLLM engine, time decode iterations over a grid of running batch sizes and contexts "
                 "and the time to first token of each batch, fit lssim.cost.ProfiledCostModel, and write it as JSON "
