@@ -70,9 +70,8 @@ def test_a_checkpoint_pickled_before_the_blocks_loads():
     """A ResponseTable pickled by the earlier layout (a list of step chunks) is read back into blocks."""
     rng = np.random.default_rng(1)
     chunks = [chunk(rng, n) for n in (5, 0, 12)]
-    old = ResponseTable.__new__(ResponseTable)
-    old.__dict__.update(_chunks=chunks, _rows=17, _pending={4: 2}, _settled=[(1, 2, 3)])
-    table = pickle.loads(pickle.dumps(old))
+    table = ResponseTable.__new__(ResponseTable)  # what unpickling such a checkpoint does
+    table.__setstate__(dict(_chunks=chunks, _rows=17, _pending={4: 2}, _settled=[(1, 2, 3)]))
     want = concatenated(chunks)
     want.loc[1, ["trained", "train_step", "off_policy_tokens"]] = [True, 2, 3]
     pd.testing.assert_frame_equal(table.frame(), want, check_exact=True)

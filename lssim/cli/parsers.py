@@ -76,6 +76,11 @@ def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
     return p
 
 
+def add_trace_arg(p: argparse.ArgumentParser) -> None:
+    """The TRACE positional of replay, report, sweep and plan."""
+    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
+
+
 def add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
     """The simulated cluster and run length, shared by `replay`, `sweep`, `report` and `plan` (which searches the
     execution modes itself: `modes=False`)."""
@@ -112,7 +117,7 @@ def add_replay(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         description="Replay a trace in the simulator under each --policy (composed with +, e.g. hadb+oracle), "
         "always with baseline and oracle as references, and print each against the per-step lower bound.",
     )
-    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
+    add_trace_arg(p)
     p.add_argument("--policy", action="append", default=[], metavar="SPEC",
                    help="policy to replay (repeatable): a module of policies/, parameters as name(key=value)")
     add_cluster_args(p)
@@ -137,7 +142,7 @@ def add_report(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         "step's timeline, what was modelled rather than replayed, and the execution mode's end-to-end figures; the same "
         "figures as DIR/figures/*.png and tables as DIR/tables/*.csv. Written atomically. See docs/reports.md.",
     )
-    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
+    add_trace_arg(p)
     p.add_argument("--policy", required=True, metavar="SPEC", help="the policy to report on (compose with +)")
     p.add_argument("--timeline-step", type=int, metavar="N", help="the step drawn as a timeline (default: the step where "
                    "baseline is furthest from its bound)")
@@ -155,7 +160,7 @@ def add_sweep(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
         "against the per-step lower bound. Runs go in parallel on every local core (or on Ray with --ray); with "
         "--out, each finished run is appended to DIR/runs.jsonl, and --resume skips the runs already there.",
     )
-    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
+    add_trace_arg(p)
     p.add_argument("--policies", metavar="A,B,C", help="comma-separated policies to compose (default: every policy "
                    "but baseline and oracle, or none when --grid is given); parameters as name(key=value)")
     p.add_argument("--grid", action="append", metavar="SPEC", help="a parameter grid, one run per point (repeatable): "
@@ -185,7 +190,7 @@ def add_plan(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPar
         "with the staleness and lost signal each pays. Candidates that break --max-staleness or --max-off-policy "
         "are listed but never best. See lssim/analysis/plan.py.",
     )
-    p.add_argument("trace", metavar="TRACE", help="trace: parquet, or CSV/JSON lines with its columns (see traces/README.md)")
+    add_trace_arg(p)
     p.add_argument("--devices", type=int, required=True, help="devices in the cluster (rollout and training together)")
     p.add_argument("--modes", default="collocated,disaggregated,async,hybrid", metavar="A,B", help="modes to try")
     p.add_argument("--policies", default="baseline,april,seer", metavar="A,B", help="policies to try (compositions as a+b)")

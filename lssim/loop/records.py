@@ -153,8 +153,6 @@ class ResponseTable:
         """Only the rows written: the blocks are preallocated for the whole run (a real run bounded by wall-clock asks
         for millions of rows), and a checkpoint pickles the table after every step (it was 556 MB after 127 steps)."""
         state = dict(self.__dict__)
-        if "_chunks" in state:  # read from a checkpoint of the earlier layout and not yet rebuilt: as it came
-            return state
         state["_columns"] = {name: column[:self._rows].copy() for name, column in self._columns.items()}
         state["_capacity"] = self._rows  # the next step's rows grow the blocks again
         return state
