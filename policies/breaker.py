@@ -29,7 +29,7 @@ of the stopped responses) and how many stopped responses would have ended correc
 
 from __future__ import annotations
 
-from lssim.loop.policy import Action, Policy
+from lssim.loop.policy import Action, Policy, PolicyNeeds
 from lssim.loop.rewards import RewardScale
 from lssim.loop.signals import WINDOW_KEY
 
@@ -53,6 +53,11 @@ class Breaker(Policy):
         self._touched: set[int] = set()
         self.stops: dict[str, int] = {"loop": 0, "entropy_collapse": 0, "babble": 0}
         self._scale = RewardScale()  # the run's, from each step's context
+
+    def needs(self):
+        # Both rules read their signal; with entropy_below=0 and entropy_above=inf only the repetition rule can act.
+        entropy_rules = self.entropy_below > 0 or self.entropy_above < float("inf")
+        return PolicyNeeds(signals=frozenset({"repetition", "entropy"} if entropy_rules else {"repetition"}))
 
     def plan(self, ctx, proposal):
         self._scale = ctx.reward_scale

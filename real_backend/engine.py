@@ -130,6 +130,9 @@ class VLLMEngine(Engine):
     def now(self) -> float:
         return time.monotonic() - self._t0
 
+    def set_signals(self, names: frozenset[str]) -> frozenset[str]:
+        return frozenset()  # both, from the tokens and log-probs it streams (lssim.loop.signals.signals_from_tokens)
+
     def set_speculation(self, speculation: Speculation | None) -> None:
         """vLLM configures speculation at start: accept the run's request only if this engine was started with it
         (same method, gamma and max_batch; alpha is the simulator's assumption, not an engine setting)."""

@@ -38,22 +38,26 @@ def parse_mode(text: str):
 
 
 def plan_runs(args: argparse.Namespace) -> list[dict]:
-    """Every run of the command: label, policy spec, mode text, seed, folder; the baseline first."""
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if "baseline" not in policies:
-        policies = ["baseline"] + policies
+    """Every run of the command: label, policy spec, mode text, seed, folder; the baseline first. A policy written
+    `policy@mode` (baseline@async:2) runs in that mode only, beside the --modes crossing of the others."""
+    entries = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if "baseline" not in entries:
+        entries = ["baseline"] + entries
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         parse_mode(m)
     plain = modes == ["collocated"]
-    runs = []
+    pairs = []
     for mode in modes:
-        for policy in policies:
-            label = policy if plain else f"{policy}@{mode.replace(':', '')}"
-            for seed in range(args.seed, args.seed + args.repeats):
-                runs.append({"label": label, "policy": policy, "mode": mode, "seed": seed,
-                             "out": str(Path(args.out) / label / str(seed))})
-    return runs
+        pairs += [(e, mode, e if plain else f"{e}@{mode.replace(':', '')}") for e in entries if "@" not in e]
+    for e in entries:
+        if "@" in e:
+            policy, _, mode = e.partition("@")
+            parse_mode(mode)
+            pairs.append((policy, mode, f"{policy}@{mode.replace(':', '')}"))
+    return [{"label": label, "policy": policy, "mode": mode, "seed": seed,
+             "out": str(Path(args.out) / label / str(seed))}
+            for policy, mode, label in pairs for seed in range(args.seed, args.seed + args.repeats)]
 
 
 def run_state(out) -> str:
@@ -169,7 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from . import task
 
     p.add_argument("--policies", default="baseline", help="policies, comma-separated (the baseline is always run; "
-                   "default: baseline)")
+                   "policy@mode runs that policy in that mode only, e.g. baseline@async:2; default: baseline)")
     p.add_argument("--modes", default="collocated", help="execution modes, comma-separated: collocated, disaggregated, "
                    "hybrid, async or async:K (default: collocated)")
     p.add_argument("--repeats", type=int, default=1, metavar="R", help="seeds per policy and mode (default: 1)")

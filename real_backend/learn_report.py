@@ -6,7 +6,9 @@ latest evaluation at or before the equal budget: the smallest training wall-cloc
 evaluation), time_to_target_seconds / time_to_target_steps (the first time pass@1 reaches the target, linearly
 interpolated between the evaluations around it; NaN if it never does), and mean step and rollout seconds. Per
 policy: the median over seeds, the spread (max - min) and a bootstrap interval of the median (`bootstrap_interval`),
-and the step and rollout speedups over the baseline (its median mean seconds over this policy's).
+the step and rollout speedups over the baseline (its median mean seconds over this policy's), the time-to-target
+speedup (the baseline's median time to target over this policy's) and a verdict naming a policy faster per step and
+slower to accuracy.
 """
 
 from __future__ import annotations
@@ -94,8 +96,21 @@ def summarize(runs: dict[str, dict[int, str]], target: float | None = None, base
         for what in ("step", "rollout"):
             ours, theirs = s[f"mean_{what}_seconds"]["median"], summary[base][f"mean_{what}_seconds"]["median"]
             s[f"{what}_speedup"] = theirs / ours if ours and ours == ours else math.nan
+        ours, theirs = s["time_to_target_seconds"]["median"], summary[base]["time_to_target_seconds"]["median"]
+        s["time_to_target_speedup"] = theirs / ours if ours and ours == ours else math.nan
+        s["verdict"] = verdict(s["step_speedup"], s["time_to_target_speedup"])
     return {"target": target, "target_rule": "given" if target != default_target else "initial + 0.10",
             "budget_seconds": budget, "baseline": base, "runs": per_run, "summary": summary}
+
+
+def verdict(step_speedup: float, target_speedup: float) -> str:
+    """What the two speedups say together ("faster per step, slower to accuracy" is the case the table exists for).
+    Within 5% counts as even."""
+    if target_speedup != target_speedup:
+        return "target not reached"
+    step = "faster" if step_speedup > 1.05 else "slower" if step_speedup < 1 / 1.05 else "even"
+    target = "faster" if target_speedup > 1.05 else "slower" if target_speedup < 1 / 1.05 else "even"
+    return f"{step} per step, {target} to accuracy"
 
 
 def summary_table(result: dict) -> pd.DataFrame:
@@ -106,7 +121,8 @@ def summary_table(result: dict) -> pd.DataFrame:
         row.update({m: s[m]["median"] for m in ("initial_accuracy", "final_accuracy", "accuracy_at_budget",
                                                   "time_to_target_seconds", "time_to_target_steps")})
         lo, hi = s["time_to_target_seconds"]["interval"]
-        row.update(tts_interval=f"[{lo:.0f}, {hi:.0f}]", step_speedup=s["step_speedup"], rollout_speedup=s["rollout_speedup"])
+        row.update(tts_interval=f"[{lo:.0f}, {hi:.0f}]", rollout_speedup=s["rollout_speedup"], step_speedup=s["step_speedup"],
+                   time_to_target_speedup=s["time_to_target_speedup"], verdict=s["verdict"])
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -114,3 +114,18 @@ def test_a_resumed_run_keeps_its_evaluations(lent_engine, real_model_dir, tmp_pa
     steps = pd.read_parquet(out / "steps.parquet")
     assert ev["train_seconds"].iloc[-1] == pytest.approx(steps["step_seconds"].sum())
     assert ev["wall_seconds"].iloc[-1] > first["wall_seconds"].iloc[-1]
+
+
+def test_learn_plans_policy_at_mode_entries_beside_the_crossing():
+    import argparse
+
+    from real_backend.learn import plan_runs
+
+    args = argparse.Namespace(policies="april,baseline@async:2", modes="collocated", repeats=2, seed=0, out="d")
+    runs = plan_runs(args)
+    assert [(r["label"], r["mode"], r["seed"]) for r in runs] == [
+        ("baseline", "collocated", 0), ("baseline", "collocated", 1), ("april", "collocated", 0),
+        ("april", "collocated", 1), ("baseline@async2", "async:2", 0), ("baseline@async2", "async:2", 1)]
+    assert runs[-1]["out"] == "d/baseline@async2/1"
+    with pytest.raises(ValueError, match="async:K"):
+        plan_runs(argparse.Namespace(policies="baseline@async:x", modes="collocated", repeats=1, seed=0, out="d"))

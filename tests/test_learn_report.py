@@ -90,4 +90,14 @@ def test_summarize_compares_at_equal_wall_clock_and_by_time_to_target(tmp_path):
     lo, hi = s["baseline"]["time_to_target_seconds"]["interval"]
     assert 40.0 - 1e-9 <= lo <= hi <= 80.0 + 1e-9
     assert s["fast"]["step_speedup"] == 2.0 and s["baseline"]["step_speedup"] == 1.0
+    assert s["fast"]["time_to_target_speedup"] == pytest.approx(3.0)  # 60 s against its 20 s
+    assert s["fast"]["verdict"] == "faster per step, faster to accuracy"
     assert summarize(runs, target=0.7)["runs"]["fast"][0]["time_to_target_steps"] == pytest.approx(20.0)
+
+
+def test_the_verdict_names_a_policy_faster_per_step_and_slower_to_accuracy():
+    from real_backend.learn_report import verdict
+
+    assert verdict(1.5, 0.8) == "faster per step, slower to accuracy"
+    assert verdict(1.02, 0.99) == "even per step, even to accuracy"  # within 5%
+    assert verdict(1.5, float("nan")) == "target not reached"

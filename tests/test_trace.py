@@ -64,8 +64,8 @@ def test_valid_frame_normalized():
     before = df.copy()
     out = validate_trace(df)
     pd.testing.assert_frame_equal(df, before)  # input untouched
-    assert list(out.columns) == [c.name for c in COLUMNS]
-    for c in COLUMNS:
+    assert list(out.columns) == [c.name for c in COLUMNS if c.filled]  # measured signals only when measured
+    for c in (c for c in COLUMNS if c.filled):
         if c.kind in ("int", "id"):  # the frame's prompt ids are integers: int64
             assert out[c.name].dtype == np.int64, c.name
         elif c.kind == "float":
@@ -506,7 +506,7 @@ def test_reference_traces_valid_and_small(name):
     assert path.stat().st_size < 3_000_000
     df = load_trace(path)
     assert len(df) > 10_000
-    assert set(OPTIONAL) <= set(df.columns)
+    assert {c.name for c in COLUMNS if c.filled and not c.required} <= set(df.columns)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".json"])

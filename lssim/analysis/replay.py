@@ -62,6 +62,9 @@ class SimSetup:
     # Instances sharing one host (lssim.sim.shared_host): while b are busy each runs host_slowdown[b-1] x slower than the
     # cost model says (measured per layout: real_backend/layout.py). None: independent instances (GPUs).
     host_slowdown: tuple[float, ...] | None = None
+    # A policy that reads early-exit signals the trace lacks is refused; True runs it without them, and its summary
+    # names what was missing (`missing_signals`).
+    allow_missing_signals: bool = False
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -130,8 +133,10 @@ def _load_numba_target() -> None:
 def _sim_engine(workload: Workload, setup: SimSetup, batch_route: bool) -> SimEngine:
     """The simulated engine `setup` describes: instances sharing a host where it measured their slow-down."""
     if setup.host_slowdown is None:
-        return SimEngine(workload, setup.cost_model(), setup.engine_config(), batch_route=batch_route)
-    return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown)
+        return SimEngine(workload, setup.cost_model(), setup.engine_config(), batch_route=batch_route,
+                         allow_missing_signals=setup.allow_missing_signals)
+    return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown,
+                            allow_missing_signals=setup.allow_missing_signals)
 
 
 def _trace_config(workload: Workload, steps: int | None, seed: int) -> RunConfig:
@@ -336,6 +341,7 @@ def run_summary(res: RunResult, lengths: TraceLengths | None = None) -> dict:
         "steps": len(s),
         "groups_trained": groups,
         "responses": len(r),
+        "missing_signals": ", ".join(res.meta.get("missing_signals", ())),  # run without them (allow_missing_signals)
         **end_to_end(res),
         **run_signal(res, lengths),
     }

@@ -101,12 +101,14 @@ def _setup_from_args(args: argparse.Namespace):
     return SimSetup(model=args.model, hardware=args.hardware, tp=args.tp, n_instances=instances,
                     max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_tokens, profile=args.profile,
                     train=args.train_cost, mode=args.mode, train_devices=args.train_devices, staleness=args.staleness,
-                    async_variant=args.async_variant, elastic=not args.no_elastic)
+                    async_variant=args.async_variant, elastic=not args.no_elastic,
+                    allow_missing_signals=args.allow_missing_signals)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from lssim.analysis.replay import replay, replay_summary, summarize
     from lssim.results import write_results
+    from lssim.sim.world import MissingSignals
     from lssim.traces.trace import load_trace
 
     if args.no_reference and not args.policy:
@@ -117,11 +119,14 @@ def _run_replay(args: argparse.Namespace) -> int:
     setup = _setup_from_args(args)
     run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
                references=not args.no_reference, workers=replay_workers(args.workers, len(trace)))
-    if args.out or args.plot:  # the runs' frames are written or drawn: keep them
-        results = replay(trace, args.policy, setup, **run)
-        table = summarize(results, trace, args.steps)
-    else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
-        results, table = None, replay_summary(trace, args.policy, setup, **run)
+    try:
+        if args.out or args.plot:  # the runs' frames are written or drawn: keep them
+            results = replay(trace, args.policy, setup, **run)
+            table = summarize(results, trace, args.steps)
+        else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
+            results, table = None, replay_summary(trace, args.policy, setup, **run)
+    except MissingSignals as e:
+        raise ValueError(f"{args.trace}: {e}") from None
     if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)
         table.insert(0, "speedup", float("nan"))
         table.insert(1, "rollout_speedup", float("nan"))
@@ -135,6 +140,10 @@ def _run_replay(args: argparse.Namespace) -> int:
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
               f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
+        for name, missing in table["missing_signals"].items():
+            if missing:
+                print(f"warning: {name} ran without the early-exit signal(s) {missing}, which the trace lacks "
+                      f"(--allow-missing-signals): what it would have stopped is not in these figures")
         if args.no_reference:
             print("--no-reference: baseline and oracle not run; speedup is NaN ('-')"
                   f"{' except against the baseline you named' if 'baseline' in table.index else ''}")

@@ -95,6 +95,8 @@ def add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
     p.add_argument("--train-cost", metavar="JSON", help="a training-phase cost model (default: analytic for --model on "
                    "--hardware; a trainer profile from `python -m real_backend.profile_trainer`)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-missing-signals", action="store_true", help="run a policy that reads early-exit signals "
+                   "(breaker) on a trace without them, with a warning, instead of refusing (docs/traces.md, Signals)")
     if not modes:
         return
     modes = p.add_argument_group("execution mode (lssim/loop/modes.py)")

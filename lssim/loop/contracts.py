@@ -124,6 +124,15 @@ class Engine(Protocol):
             raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
                              f"cannot do")
 
+    def set_signals(self, names: frozenset[str]) -> frozenset[str]:
+        """The early-exit signals a policy reads at progress events (lssim.loop.signals: "repetition", "entropy"),
+        asked once before the first step. Returns those the engine cannot give where the run was told to go on
+        without them (they stay absent from Request.signals); otherwise an engine that cannot give one refuses."""
+        if names:
+            raise ValueError(f"it reads the signals {', '.join(sorted(names))}, which {type(self).__name__} "
+                             f"does not compute")
+        return frozenset()
+
     def set_batch_rollout(self, on: bool) -> bool:
         """The controller's promise that rollouts need no per-event reaction. Returns True if the engine will then
         take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""

@@ -105,6 +105,12 @@ class Controller:
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.loop.contracts.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
+        # A policy that reads early-exit signals never runs blind: an engine (a trace) without them refuses it, or,
+        # told to go on, says which are missing; the run's result names them (meta "missing_signals").
+        try:
+            self.missing_signals = engine.set_signals(policy.needs().signals)
+        except ValueError as e:
+            raise type(e)(f"policy {policy.name}: {e}") from None
         if policy.overrides("train_mask"):  # training-side policies (token pruning): the trainer asks the policy
             if not trainer.set_train_mask(policy.train_mask):
                 raise ValueError(f"policy {policy.name} decides which tokens are trained (train_mask), which trainer "
@@ -145,7 +151,8 @@ class Controller:
         """The run so far; `final`: the run is over, and the responses frame may share the table's memory."""
         responses = self._responses.frame(response_columns, share=final)
         steps = pd.DataFrame(self._step_rows)
-        return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed})
+        return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed,
+                                                                     "missing_signals": sorted(self.missing_signals)})
 
     # -- what lives on between steps ---------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lssim.loop.core import Speculation
+from lssim.loop.signals import SIGNAL_NAMES
 
 CARRY = "carry"
 DROP = "drop"
@@ -50,11 +51,15 @@ class PolicyNeeds:
     - mask_stale_tokens: the trainer should mask (leave out of the loss) the tokens generated under weights
       older than the step's (lssim.loop.core.off_policy_tokens); read by the real trainer (the simulator's train
       time does not depend on it).
+    - signals: the early-exit signals it reads at progress events (lssim.loop.signals.SIGNAL_NAMES: "repetition",
+      "entropy"); an engine that cannot give them (a trace without them) refuses the run
+      (lssim.loop.contracts.Engine.set_signals).
     """
 
     oracle: bool = False
     speculation: Speculation | None = None
     mask_stale_tokens: bool = False
+    signals: frozenset[str] = frozenset()
 
     def __post_init__(self):
         for name in ("oracle", "mask_stale_tokens"):
@@ -62,6 +67,9 @@ class PolicyNeeds:
                 raise ValueError(f"PolicyNeeds.{name} must be a bool, got {getattr(self, name)!r}")
         if self.speculation is not None and not isinstance(self.speculation, Speculation):
             raise ValueError(f"PolicyNeeds.speculation must be an lssim.loop.core.Speculation or None, got {self.speculation!r}")
+        object.__setattr__(self, "signals", frozenset(self.signals))
+        if unknown := self.signals - set(SIGNAL_NAMES):
+            raise ValueError(f"PolicyNeeds.signals: unknown {sorted(unknown)}; the signals are {', '.join(SIGNAL_NAMES)}")
 
     @staticmethod
     def merge(needs: list["PolicyNeeds"], name: str) -> "PolicyNeeds":
@@ -71,7 +79,8 @@ class PolicyNeeds:
         if len(asked) > 1:
             raise ValueError(f"{name}: members ask the engine for different speculation: {sorted(map(repr, asked))}")
         return PolicyNeeds(oracle=any(n.oracle for n in needs), speculation=asked.pop() if asked else None,
-                           mask_stale_tokens=any(n.mask_stale_tokens for n in needs))
+                           mask_stale_tokens=any(n.mask_stale_tokens for n in needs),
+                           signals=frozenset().union(*(n.signals for n in needs)))
 
 
 NO_NEEDS = PolicyNeeds()

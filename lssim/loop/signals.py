@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+SIGNAL_NAMES = ("repetition", "entropy")  # what a policy may read (PolicyNeeds.signals) and an engine gives
 WINDOW_KEY = "window"  # Request.signals[WINDOW_KEY] -> {"repetition": float, "entropy": float, "tokens": int, "window": int}
 _NAN = float("nan")
 
@@ -71,20 +72,59 @@ def repetition_rate(tokens: Sequence[int], ngram: int) -> float:
     return 1.0 - len(seen) / total
 
 
+def signals_along(tokens: Sequence[int], logprobs: Sequence[float] | None, positions: Iterable[int],
+                  spec: SignalSpec = DEFAULT, entropies: Sequence[float] | None = None) -> tuple[list[float], list[float]]:
+    """The window signals after each of `positions` tokens of a response: (repetition, entropy), one value each.
+
+    The one computation both worlds use: the real engine at a progress event (`signals_from_tokens`, one position:
+    the tokens so far) and a trace's measured signals (lssim.traces.signal_trace: every `stride` tokens of a recorded
+    response), so a replay reads what the policy would have read on the engine. Repetition is counted by sliding
+    the window's n-gram counts from one position to the next (the same integers as `repetition_rate` on each
+    window); entropy is the window's mean of `entropies` where given, else of -logprob (NaN without either).
+    Positions must be increasing and within the tokens.
+    """
+    window, ngram = spec.window, spec.ngram
+    counts: dict[tuple, int] = {}
+    lo = hi = 0  # the n-grams of tokens[lo:hi] are in `counts`
+    repetition, entropy = [], []
+    for p in positions:
+        if p < hi or p > len(tokens):
+            raise ValueError(f"signals_along: positions must increase within the {len(tokens)} tokens, got {p}")
+        start = max(0, p - window)
+        if start >= hi - ngram + 1:  # no n-gram in common with the last window: count afresh
+            counts, lo, hi = {}, start, start
+        for i in range(lo, min(start, hi - ngram + 1)):  # n-grams leaving the window
+            key = tuple(tokens[i:i + ngram])
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+        for i in range(max(start, hi - ngram + 1), p - ngram + 1):  # n-grams entering it
+            key = tuple(tokens[i:i + ngram])
+            counts[key] = counts.get(key, 0) + 1
+        lo, hi = start, p
+        total = p - start - ngram + 1
+        repetition.append(1.0 - len(counts) / total if total > 0 else 0.0)
+        entropy.append(_window_entropy(logprobs, entropies, start, p))
+    return repetition, entropy
+
+
+def _window_entropy(logprobs, entropies, start: int, end: int) -> float:
+    if entropies is not None:
+        values = entropies[start:end]
+        return math.fsum(values) / len(values) if len(values) else _NAN
+    if logprobs is None or end <= start:
+        return _NAN
+    return -math.fsum(logprobs[start:end]) / (end - start)
+
+
 def signals_from_tokens(tokens: Sequence[int], logprobs: Sequence[float], window: int = DEFAULT.window,
                         ngram: int = DEFAULT.ngram, entropies: Sequence[float] | None = None) -> dict:
-    """The real world's signals from a response's token ids and the logprobs of the sampled tokens.
-
-    `entropies` (each position's exact entropy, when the engine has them) replace the one-sample
-    estimate -logprob. Only the last `window` tokens count.
+    """The real world's signals from a response's token ids and the logprobs of the sampled tokens (`signals_along`
+    at the last token). `entropies` (each position's exact entropy, when the engine has them) replace the
+    one-sample estimate -logprob. Only the last `window` tokens count.
     """
-    last = list(tokens[-window:]) if window < len(tokens) else list(tokens)
-    source = entropies if entropies is not None else logprobs
-    values = list(source[-len(last):]) if last else []
-    if entropies is None:
-        values = [-x for x in values]
-    entropy = math.fsum(values) / len(values) if values else _NAN
-    return {"repetition": repetition_rate(last, ngram), "entropy": entropy, "tokens": len(last), "window": window}
+    (repetition,), (entropy,) = signals_along(tokens, logprobs, [len(tokens)], SignalSpec(window, ngram), entropies)
+    return {"repetition": repetition, "entropy": entropy, "tokens": min(len(tokens), window), "window": window}
 
 
 def signals_from_trace(generated: int, loop_start: int, collapse_start: int, entropy: float, text_entropy: float,

@@ -20,7 +20,8 @@ import numpy as np
 from lssim.loop.core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Request
 from lssim.loop.contracts import Engine, Trainer, TrainCostModel
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
-from lssim.loop.signals import WINDOW_KEY, SignalSpec, signals_from_trace
+from lssim.loop.signals import WINDOW_KEY, SignalSpec
+from lssim.traces.signal_trace import HOW_TO_MEASURE
 from lssim.sim.training import AnalyticTrainCost, TrainPhases, check_lengths
 from lssim.traces.workload import EXACT, Workload
 
@@ -61,12 +62,17 @@ class _Instance:
         self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
 
 
+class MissingSignals(ValueError):
+    """A policy reads early-exit signals the replayed trace does not have."""
+
+
 class SimEngine(Engine):
     """N simulated instances behind a least-loaded dispatcher, answering responses from a Workload."""
 
     def __init__(self, workload: Workload, cost, config: EngineConfig | None = None, signals: SignalSpec = DEFAULT_SIGNALS,
-                 *, batch_route: bool = True):
+                 *, batch_route: bool = True, allow_missing_signals: bool = False):
         self.workload, self.cost = workload, cost
+        self.allow_missing_signals = allow_missing_signals  # set_signals: go on without them, saying so
         self.batch_route = batch_route  # False: every rollout on the event route, whatever the controller allows
         self.base_cost = cost  # the cost model without execution features (set_speculation wraps it)
         self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
@@ -136,6 +142,21 @@ class SimEngine(Engine):
 
         self.cost = SpeculativeCost(self.base_cost, speculation) if speculation is not None else self.base_cost
         self._spec_batch = speculation.max_batch if speculation is not None else 0
+
+    def set_signals(self, names: frozenset[str]) -> frozenset[str]:
+        """The trace's signals (lssim.traces.signal_trace): a policy reading one the trace lacks is refused, naming
+        what is missing and how to measure it, unless this engine was told to go on (allow_missing_signals)."""
+        if not names:
+            return frozenset()
+        missing = self.workload.signals.missing(names, self.signals)
+        if missing and not self.allow_missing_signals:
+            raise MissingSignals(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this "
+                                 f"trace lacks (signal source: {self.workload.signals.source_name or 'none'}; no "
+                                 f"signal_repetition/signal_entropy columns measured from tokens"
+                                 f"{', no log-probs for entropy' if missing == {'entropy'} else ''}, no loop_start / "
+                                 f"entropy_collapse_start labels); {HOW_TO_MEASURE}; or replay with "
+                                 f"--allow-missing-signals (the table then says what was missing)")
+        return missing
 
     def loads(self) -> list[InstanceLoad]:
         return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
@@ -382,10 +403,11 @@ class SimEngine(Engine):
                     r.first_token_time = first_token
 
     def _measure(self, r: Request, generated: int) -> None:
-        """The early-exit signals at a progress checkpoint, modelled from the trace (lssim.loop.signals)."""
-        loop, collapse, entropy = self.workload.signal_columns(self._target[r.rid][3])
-        r.signals[WINDOW_KEY] = signals_from_trace(generated, loop, collapse, entropy, self.workload.text_entropy,
-                                                   self.signals.window)
+        """The early-exit signals at a progress checkpoint, from the trace: measured, or modelled from its labels
+        (lssim.traces.signal_trace); none where the trace has none (a policy that reads them was refused or told)."""
+        window = self.workload.signals.window(self._target[r.rid][3], generated, self.signals)
+        if window is not None:
+            r.signals[WINDOW_KEY] = window
 
     def _push_checkpoint(self, inst: _Instance, r: Request, ep: int) -> None:
         if not self._interval:

@@ -150,6 +150,22 @@ def coerce_float(s: pd.Series, col: str, source: str) -> np.ndarray:
     return _as_float_array(s, col, source, "a number")
 
 
+def coerce_floats(s: pd.Series, col: str, source: str) -> np.ndarray:
+    """A list of numbers per row -> an object array of 1-D float32 arrays (None -> empty)."""
+    out = np.empty(len(s), dtype=object)
+    for i, v in enumerate(s.to_numpy(dtype=object)):
+        try:
+            a = np.asarray([] if v is None else v, dtype=np.float32)
+        except (TypeError, ValueError):
+            a = None
+        if a is None or a.ndim != 1:
+            bad = np.zeros(len(s), bool)
+            bad[i] = True
+            fail(source, col, s, bad, "expected a list of numbers")
+        out[i] = a
+    return out
+
+
 def coerce_str(s: pd.Series, col: str, source: str, nan_default: str | None) -> pd.Series:
     """Text: str/object/categorical columns holding text; a missing value becomes ``nan_default``
     (refused where that is None)."""
@@ -397,6 +413,34 @@ def check_unique_key(cols: Columns, source: str) -> None:
                      f"{more}{hint}")
 
 
+def check_measured_signals(cols: Columns, source: str) -> None:
+    """rows with `signal_source` `measured` have window >= ngram >= 1, stride >= 1 and `response_len // signal_stride`
+    values in `signal_repetition` (each in [0, 1]) and `signal_entropy` (each >= 0 or NaN)"""
+    measured = (cols["signal_source"] == "measured").to_numpy()
+    if not measured.any():
+        return
+    names = ("signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
+    missing = [n for n in names if n not in cols]
+    if missing:
+        fail(source, "signal_source", None, measured, f"measured signals need the column(s) {', '.join(missing)}")
+    window, ngram, stride = cols["signal_window"], cols["signal_ngram"], cols["signal_stride"]
+    if (bad := measured & ((stride < 1) | (ngram < 1) | (window < ngram))).any():
+        fail(source, "signal_stride", None, bad, "measured signals need signal_window >= signal_ngram >= 1, signal_stride >= 1")
+    expected = cols["response_len"] // np.maximum(stride, 1)
+    for name in ("signal_repetition", "signal_entropy"):
+        lists = cols[name]
+        sizes = np.fromiter((len(a) for a in lists), dtype=np.int64, count=len(lists))
+        if (bad := measured & (sizes != expected)).any():
+            pos = int(np.flatnonzero(bad)[0])
+            fail(source, name, None, bad, f"{sizes[pos]} values where response_len // signal_stride is {expected[pos]}")
+    for name, ok in (("signal_repetition", lambda a: ((a >= 0) & (a <= 1)).all()),
+                     ("signal_entropy", lambda a: not (a < 0).any() and not np.isinf(a).any())):
+        bad = np.fromiter((m and not ok(a) for m, a in zip(measured, cols[name])), dtype=bool, count=len(measured))
+        if bad.any():
+            fail(source, name, None, bad, "repetition must be in [0, 1]" if name == "signal_repetition"
+                 else "entropy must be >= 0 (or NaN)")
+
+
 CROSS_COLUMN_CHECKS: tuple[Check, ...] = (
     check_response_fits_budget,
     check_length_means_budget,
@@ -405,6 +449,7 @@ CROSS_COLUMN_CHECKS: tuple[Check, ...] = (
     check_versions_ordered,
     check_times_ordered,
     check_step_timings_constant,
+    check_measured_signals,
     check_unique_key,
 )
 """Rules that involve more than one column, in the order they run; each one's docstring is the rule

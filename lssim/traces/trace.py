@@ -33,7 +33,7 @@ import pandas as pd
 
 from lssim.loop.core import FINISH_REASONS
 from lssim.traces.checks import (CROSS_COLUMN_CHECKS, STR_DTYPE, TraceError, check_column_range, coerce_bool, coerce_float,
-                           coerce_id, coerce_int, coerce_str, key_order, num)
+                                 coerce_floats, coerce_id, coerce_int, coerce_str, key_order, num)
 
 __all__ = [
     "TraceError",
@@ -45,6 +45,7 @@ __all__ = [
     "KEY",
     "FINISH_REASONS",
     "TRACE_FORMAT_VERSION",
+    "SIGNAL_SOURCES",
     "load_trace",
     "validate_trace",
     "write_trace",
@@ -64,6 +65,8 @@ TRACE_FORMAT_VERSION = "1"
 # engine aborted it (e.g. a partial-rollout system cut it off at the end of a step).
 
 _STEP = object()  # sentinel default: "same value as the row's `step`"
+_SIGNALS_LABELLED = object()  # sentinel default: `synthetic` where the trace has loop or collapse labels, else ''
+SIGNAL_SOURCES = ("", "synthetic", "measured")
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,8 @@ class Column:
 
     name: str
     kind: str
-    """``"int"`` (stored int64), ``"float"`` (float64), ``"str"``, ``"bool"`` or ``"id"`` (int64 or text,
-    whichever the trace has: an identifier kept as written)."""
+    """``"int"`` (stored int64), ``"float"`` (float64), ``"str"``, ``"bool"``, ``"id"`` (int64 or text,
+    whichever the trace has: an identifier kept as written) or ``"floats"`` (a list of float32 per row)."""
     required: bool
     doc: str
     default: Any = None
@@ -86,10 +89,13 @@ class Column:
     """Float columns only: NaN means 'unknown' and is allowed."""
     choices: tuple[str, ...] | None = None
     """Str columns only: the allowed values, None for any string."""
+    filled: bool = True
+    """False: the column is there only when measured (never filled with a default); checked where present."""
 
     @property
     def dtype(self) -> str:
-        return {"int": "int64", "float": "float64", "str": "string", "bool": "bool", "id": "int64 or string"}[self.kind]
+        return {"int": "int64", "float": "float64", "str": "string", "bool": "bool", "id": "int64 or string",
+                "floats": "list of float32"}[self.kind]
 
     @property
     def range_doc(self) -> str:
@@ -114,6 +120,10 @@ class Column:
             return "-"
         if self.default is _STEP:
             return "= `step`"
+        if self.default is _SIGNALS_LABELLED:
+            return "`synthetic` with `loop_start` or `entropy_collapse_start`, else `''`"
+        if not self.filled:
+            return "absent"
         if isinstance(self.default, float) and math.isnan(self.default):
             return "NaN"
         return f"`{self.default!r}`" if isinstance(self.default, str) else str(self.default)
@@ -185,6 +195,26 @@ COLUMNS: tuple[Column, ...] = (
         default=-1, min=-1,
     ),
     Column(
+        "signal_source", "str", False,
+        "Where the early-exit signals a replay reads come from: `measured` (the `signal_*` columns below, computed "
+        "from the response's tokens and log-probs by lssim.loop.signals.signals_along, as the real engine computes "
+        "them), `synthetic` (modelled from `loop_start`, `entropy_collapse_start` and `entropy_mean`, as the synthesizer "
+        "writes them), or empty: none (a policy that reads them refuses the trace).",
+        default=_SIGNALS_LABELLED, choices=SIGNAL_SOURCES,
+    ),
+    Column("signal_window", "int", False, "Measured signals: tokens in the window each value is over (0: none).",
+           default=0, min=0, filled=False),
+    Column("signal_ngram", "int", False, "Measured signals: n-gram length of the repetition measure (0: none).",
+           default=0, min=0, filled=False),
+    Column("signal_stride", "int", False, "Measured signals: tokens between values; value i is the window ending "
+           "after (i + 1) * signal_stride tokens, so there are response_len // signal_stride (0: none).",
+           default=0, min=0, filled=False),
+    Column("signal_repetition", "floats", False, "Measured signals: the window's repetition (1 - distinct n-grams / "
+           "n-grams) at each stride, in [0, 1].", filled=False),
+    Column("signal_entropy", "floats", False, "Measured signals: the window's mean entropy in nats at each stride "
+           "(the exact entropies where the dump had them, else -log-prob of the sampled tokens); NaN without "
+           "log-probs.", filled=False),
+    Column(
         "group_id", "int", False,
         "Tells apart groups of one prompt in one step (a prompt drawn twice, DAPO-style extra batches): rows of "
         "one (`step`, `prompt_id`) with different `group_id` are different groups.", default=0, min=0,
@@ -250,7 +280,8 @@ def validate_trace(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
     cols = _coerced_columns(df, source)
     _fill_defaults(cols, len(df))
     for c in COLUMNS:
-        check_column_range(c, cols[c.name], source)
+        if c.name in cols:
+            check_column_range(c, cols[c.name], source)
     for check in CROSS_COLUMN_CHECKS:
         check(cols, source)
     return _sorted_frame(cols, df)
@@ -287,15 +318,19 @@ def _coerced_columns(df: pd.DataFrame, source: str) -> dict[str, Any]:
     return cols
 
 
-_COERCE = {"int": coerce_int, "float": coerce_float, "bool": coerce_bool, "id": coerce_id}
+_COERCE = {"int": coerce_int, "float": coerce_float, "bool": coerce_bool, "id": coerce_id, "floats": coerce_floats}
 
 
 def _fill_defaults(cols: dict[str, Any], n: int) -> None:
-    """Missing optional columns take their defaults (``_STEP``: a copy of ``step``)."""
+    """Missing optional columns take their defaults (``_STEP``: a copy of ``step``); those not `filled` stay missing."""
+    labelled = "loop_start" in cols or "entropy_collapse_start" in cols  # before they are filled below
     for c in COLUMNS:
-        if c.name in cols:
+        if c.name in cols or not c.filled:
             continue
-        if c.default is _STEP:
+        if c.default is _SIGNALS_LABELLED:
+            value = "synthetic" if labelled else ""
+            cols[c.name] = pd.Series([value] * n, dtype=STR_DTYPE) if n else pd.Series([], dtype=STR_DTYPE)
+        elif c.default is _STEP:
             cols[c.name] = cols["step"].copy()
         elif c.kind in ("int", "float", "bool"):
             cols[c.name] = np.full(n, c.default, dtype={"int": "int64", "float": "float64", "bool": bool}[c.kind])
@@ -312,7 +347,7 @@ def _sorted_frame(cols: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
         a = v.array if isinstance(v, pd.Series) else v
         return a if order is None else a.take(order)
 
-    out: dict[str, Any] = {c.name: arr(cols[c.name]) for c in COLUMNS}
+    out: dict[str, Any] = {c.name: arr(cols[c.name]) for c in COLUMNS if c.name in cols}
     for c in df.columns:
         if c not in SCHEMA:
             out[c] = arr(df[c])

@@ -39,6 +39,7 @@ import pandas as pd
 from lssim.loop.contracts import OracleLength, PromptSource
 from lssim.loop.core import LENGTH, STOP, GroupSpecs, PromptPool, loader_key, loader_keys
 from lssim.loop.rewards import RewardScale
+from lssim.traces.signal_trace import TraceSignals
 from lssim.traces.workload_index import (answer_rows, drawn_ahead, hash01, hash01_many, nearest_many, probe,
                                          resampled_rows, sorted_rows)
 
@@ -324,6 +325,7 @@ _LAZY = {
     "_len": _row_list("length"), "_max": _row_list("max"), "_reward": _row_list("reward"),
     "_stopped": _row_list("stopped"),  # ended by itself: natural length known
     "_loop": _row_list("loop"), "_collapse": _row_list("collapse"),
+    "signals": lambda wl: TraceSignals(wl._rows, wl.text_entropy),  # the early-exit signals, read by a policy that asks
     "_reason": lambda wl: wl._rows["reason_names"][wl._rows["reason"]].tolist(),
     # one NaN object: answers compare equal
     "_entropy": lambda wl: [x if x == x else _NAN for x in wl._rows["entropy"].tolist()],

@@ -13,6 +13,7 @@ from numba import njit
 
 from lssim.loop.core import STOP
 from lssim.traces.checks import is_sorted
+from lssim.traces.signal_trace import SOURCE_CODES
 
 
 _MASK = (1 << 64) - 1
@@ -36,6 +37,16 @@ def _prompt_codes(ids: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
     return codes.astype(np.int64), np.asarray(names, dtype=object)
 
 
+def signal_source_codes(trace: pd.DataFrame) -> np.ndarray:
+    """lssim.traces.signal_trace.SOURCE_CODES of each row (a frame that never went through validate_trace: from its
+    labels, as the schema's default)."""
+    if "signal_source" in trace:  # validated: one of SOURCE_CODES (comparisons: a 1M-row map takes seconds)
+        source = trace["signal_source"]
+        return sum(code * (source == name).to_numpy(np.int64) for name, code in SOURCE_CODES.items() if code)
+    labelled = "loop_start" in trace or "entropy_collapse_start" in trace
+    return np.full(len(trace), SOURCE_CODES["synthetic" if labelled else ""], np.int64)
+
+
 def sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """The columns the Workload reads, as arrays in (step, prompt, group, sample) order (a prompt's groups at a
     step are one run of rows, group by group), and the text ids of the prompt codes (None for integer ids).
@@ -55,7 +66,11 @@ def sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray 
         "reason": reason.astype(np.int64), "loop": column("loop_start", np.int64, -1),
         "collapse": column("entropy_collapse_start", np.int64, -1), "entropy": column("entropy_mean", float, np.nan),
         "trained": column("trained", bool, True), "batch": column("batch", np.int64, -1),
+        "signal_source": signal_source_codes(trace),
     }
+    if "signal_repetition" in trace:  # measured signals (lssim.traces.signal_trace): read only by a policy that asks
+        rows.update({name: trace[name].to_numpy(np.int64) for name in ("signal_window", "signal_ngram", "signal_stride")})
+        rows.update({name: trace[name].to_numpy(object) for name in ("signal_repetition", "signal_entropy")})
     keys = (step, codes, group, sample)
     if not is_sorted(keys):
         order = np.lexsort(keys[::-1])

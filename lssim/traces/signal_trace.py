@@ -1,0 +1,130 @@
+"""The early-exit signals a trace carries: measured from tokens into its columns, read back by a replay.
+
+A policy that stops responses from their tokens (policies/breaker.py) reads two window signals at each progress
+checkpoint (lssim.loop.signals: repetition, entropy). On the real engine they are computed from the tokens and
+log-probs as they stream. A trace keeps them in one of two ways (its `signal_source` column):
+
+- `measured`: `signal_repetition` and `signal_entropy` hold the window signals every `signal_stride` tokens of the
+  response, computed by the same function the real engine calls (lssim.loop.signals.signals_along) with the window
+  and n-gram length in `signal_window` / `signal_ngram`. `measure_rows` fills them from token ids and log-probs
+  (an importer with the dump's tokens, `lssim signals`, the real backend's recorder). A replay reads the value of the
+  window ending at the last stride at or below the checkpoint: exact where checkpoints fall on strides (breaker
+  checks every 256 tokens; the default stride is 64); past the recorded end (a resampled response the budget lets
+  run longer) the last value holds.
+- `synthetic`: the synthesizer's labels `loop_start` / `entropy_collapse_start` and `entropy_mean`, from which
+  lssim.loop.signals.signals_from_trace models the window signals.
+
+A trace with neither has no signals: `TraceSignals.available` is empty, and a policy that reads them is refused
+(lssim.loop.contracts.Engine.set_signals) instead of running blind.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from lssim.loop.signals import DEFAULT, SIGNAL_NAMES, SignalSpec, signals_along, signals_from_trace
+
+DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-token checks fall on them
+SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
+SIGNAL_COLUMNS = ("signal_source", "signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
+HOW_TO_MEASURE = ("measure them from the tokens: `lssim import slime` keeps the dump's tokens and log-probs, "
+                  "`lssim import verl|trl --tokenizer DIR` retokenizes the text, `lssim signals TRACE --tokens SOURCE` "
+                  "adds them to a trace")
+
+
+def measure_response(tokens: Sequence[int], logprobs: Sequence[float] | None = None, *, spec: SignalSpec = DEFAULT,
+                     stride: int = DEFAULT_STRIDE, entropies: Sequence[float] | None = None) -> dict:
+    """One response's measured signal columns from its token ids (and the log-probs of the sampled tokens, or each
+    position's entropy): values after stride, 2 * stride, ... tokens."""
+    if stride < 1:
+        raise ValueError(f"signal stride must be >= 1, got {stride}")
+    positions = range(stride, len(tokens) + 1, stride)
+    repetition, entropy = signals_along(tokens, logprobs, positions, spec, entropies)
+    return {"signal_source": "measured", "signal_window": spec.window, "signal_ngram": spec.ngram,
+            "signal_stride": stride, "signal_repetition": np.asarray(repetition, np.float32),
+            "signal_entropy": np.asarray(entropy, np.float32)}
+
+
+def measure_rows(tokens: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float] | None] | None = None, *,
+                 spec: SignalSpec = DEFAULT, stride: int = DEFAULT_STRIDE) -> dict[str, list]:
+    """The measured signal columns of many responses (column -> one value per response), for a trace frame."""
+    columns: dict[str, list] = {name: [] for name in SIGNAL_COLUMNS}
+    for i, toks in enumerate(tokens):
+        row = measure_response(toks, None if logprobs is None else logprobs[i], spec=spec, stride=stride)
+        for name in SIGNAL_COLUMNS:
+            columns[name].append(row[name])
+    return columns
+
+
+class TraceSignals:
+    """What a Workload knows of the early-exit signals: which it can give, where from, and a row's window signals
+    after a number of tokens. `rows`: the Workload's sorted columns (lssim.traces.workload_index.sorted_rows)."""
+
+    def __init__(self, rows: dict[str, np.ndarray], text_entropy: float):
+        self.source = rows["signal_source"]  # SOURCE_CODES per row
+        self._loop, self._collapse, self._entropy = rows["loop"], rows["collapse"], rows["entropy"]
+        self.text_entropy = text_entropy
+        self.measured_spec: SignalSpec | None = None
+        measured = self.source == SOURCE_CODES["measured"]
+        if measured.any():
+            self._measured_index(rows, measured)
+        self.available = self._available(measured)
+
+    def _measured_index(self, rows: dict, measured: np.ndarray) -> None:
+        specs = set(zip(rows["signal_window"][measured].tolist(), rows["signal_ngram"][measured].tolist()))
+        if len(specs) > 1:
+            raise ValueError(f"the trace's measured signals mix windows and n-grams {sorted(specs)}: measure them "
+                             f"with one (lssim signals --window --ngram)")
+        self.measured_spec = SignalSpec(*specs.pop())
+        self._stride = rows["signal_stride"]
+        sizes = np.fromiter((len(a) for a in rows["signal_repetition"]), np.int64, len(measured))
+        self._start = np.r_[0, np.cumsum(sizes)]
+        self._repetition = np.concatenate([np.asarray(a, np.float64) for a in rows["signal_repetition"]] or [np.empty(0)])
+        self._entropy_values = np.concatenate([np.asarray(a, np.float64) for a in rows["signal_entropy"]] or [np.empty(0)])
+
+    def _available(self, measured: np.ndarray) -> frozenset[str]:
+        """The signals every row can give: repetition wherever there is a source; entropy where it is known too
+        (measured with log-probs, or a synthetic trace's entropy_mean)."""
+        if not len(self.source) or (self.source == SOURCE_CODES[""]).any():
+            return frozenset()
+        entropy_known = True
+        if measured.any():
+            entropy_known &= bool(np.isfinite(self._entropy_values).any())
+        if (~measured).any():
+            entropy_known &= bool(np.isfinite(self._entropy[~measured]).any())
+        return frozenset(SIGNAL_NAMES if entropy_known else ("repetition",))
+
+    @property
+    def source_name(self) -> str:
+        """'measured', 'synthetic', a mix of both ('measured+synthetic'), or '' (none)."""
+        names = {name for name, code in SOURCE_CODES.items() if (self.source == code).any()}
+        return "" if "" in names else "+".join(sorted(names, reverse=True))
+
+    def missing(self, names: frozenset[str], spec: SignalSpec) -> frozenset[str]:
+        """Which of `names` this trace cannot give an engine measuring over `spec` (refused outright where the trace
+        measured another window: its values would not be the engine's)."""
+        if names and self.measured_spec is not None and self.measured_spec != spec:
+            raise ValueError(f"the trace's signals were measured over a {self.measured_spec.window}-token window of "
+                             f"{self.measured_spec.ngram}-grams; the replay's engine reads {spec.window} and {spec.ngram}")
+        return frozenset(names) - self.available
+
+    def window(self, row: int, generated: int, spec: SignalSpec) -> dict | None:
+        """The window signals of trace row `row` after `generated` tokens (None: the row has none)."""
+        code = self.source[row]
+        if code == SOURCE_CODES["measured"]:
+            lo, hi = self._start[row], self._start[row + 1]
+            i = min(generated // int(self._stride[row]), hi - lo) - 1
+            if i < 0:
+                return {"repetition": 0.0, "entropy": math.nan, "tokens": min(generated, spec.window), "window": spec.window}
+            return {"repetition": float(self._repetition[lo + i]), "entropy": float(self._entropy_values[lo + i]),
+                    "tokens": min(generated, spec.window), "window": spec.window}
+        if code == SOURCE_CODES["synthetic"]:
+            return signals_from_trace(generated, int(self._loop[row]), int(self._collapse[row]), float(self._entropy[row]),
+                                      self.text_entropy, spec.window)
+        return None
+
+
+__all__ = ["DEFAULT_STRIDE", "SIGNAL_COLUMNS", "HOW_TO_MEASURE", "TraceSignals", "measure_response", "measure_rows"]
