@@ -43,9 +43,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import Request
 from lssim.analysis.fidelity.run import UNFINISHED_COLUMNS, UNFINISHED_FILE
+from lssim.loop.core import Request
+from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
+from lssim.loop.signals import SignalSpec
 from lssim.results import atomic_write
+from lssim.traces.signal_trace import measure_response
 from lssim.traces.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
@@ -63,10 +66,17 @@ def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
     return steps if None in own else steps.assign(driver_seconds=own)
 
 
+# The measured signal columns and what a response the recorder never observed gets (no signals: a replay refuses it).
+MEASURED_DEFAULTS = (("signal_source", ""), ("signal_window", 0), ("signal_ngram", 0), ("signal_stride", 0),
+                     ("signal_repetition", np.empty(0, np.float32)), ("signal_entropy", np.empty(0, np.float32)))
+
+
 class Recorder:
-    def __init__(self, out_dir, decode: Callable[[list[int]], str] | None = None, meta: dict | None = None):
+    def __init__(self, out_dir, decode: Callable[[list[int]], str] | None = None, meta: dict | None = None,
+                 signal_spec: SignalSpec = DEFAULT_SIGNALS):
         self.out = Path(out_dir)
         self.decode = decode
+        self.signal_spec = signal_spec  # the engine's: the trace's measured signals are what its policies read
         self.meta = {"status": "running", "steps_done": 0, **(meta or {})}
         self._signals: dict[tuple[int, int, int], dict] = {}
         self.controller = None
@@ -81,7 +91,11 @@ class Recorder:
         lps = r.signals.get("logprobs", [])[:n]
         ents = r.signals.get("entropy") or []
         ents = ents[:n] if len(ents) >= n else [-x for x in lps]  # no exact entropies: -logprob estimates them
+        tokens = list(r.tokens[:n]) if r.tokens is not None else []
+        exact = r.signals.get("entropy") or None  # each position's exact entropy, when the engine returned them
+        measured = measure_response(tokens, lps, spec=self.signal_spec, entropies=exact[:n] if exact else None)
         self._signals[(r.step, r.prompt_id, r.sample_idx)] = {
+            **measured,
             "entropy_mean": max(0.0, float(np.mean(ents))) if len(ents) else math.nan,
             "mean_logprob": float(np.mean(lps)) if len(lps) else math.nan,
             "loop_start": int(r.signals.get("loop_start", -1)),
@@ -194,7 +208,8 @@ class Recorder:
     def _responses(self, df: pd.DataFrame) -> pd.DataFrame:
         df = df.copy()
         keys = list(zip(df["step"].tolist(), df["prompt_id"].tolist(), df["sample_idx"].tolist()))
-        for col, default in (("entropy_mean", math.nan), ("mean_logprob", math.nan), ("loop_start", -1), ("text", "")):
+        for col, default in (("entropy_mean", math.nan), ("mean_logprob", math.nan), ("loop_start", -1), ("text", ""),
+                             *MEASURED_DEFAULTS):
             df[col] = [self._signals.get(k, {}).get(col, default) for k in keys]
         return df
 
@@ -263,6 +278,9 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "step_rollout_seconds": step.map(rollout).astype(float),
         "step_train_seconds": step.map(train).astype(float),
         "entropy_mean": responses.get("entropy_mean", pd.Series(math.nan, index=responses.index)).astype(float),
+        # the early-exit signals measured from the tokens (lssim.traces.signal_trace); a response with none recorded
+        # (one the recorder did not observe) has signal_source '' and no values
+        **{col: responses[col] if col in responses else [default] * len(responses) for col, default in MEASURED_DEFAULTS},
         # extra columns (kept by lssim.traces.trace, not part of its schema)
         "end_step": responses["end_step"].astype("int64"),
         "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),

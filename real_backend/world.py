@@ -333,7 +333,7 @@ def _recorder(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, engi
                    # what vLLM was started with, whatever this run asks of it (a plain run on an engine started with
                    # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
                    "speculation": _as_dict(engine.speculation)},
-        "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})})
+        "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})}, signal_spec=engine.signal_spec)
     if not mode.collocated:
         recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
     return recorder

@@ -18,6 +18,7 @@ from lssim.loop.controller import RunConfig
 from lssim.loop.policy import available_policies
 from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.trace import TraceError, validate_trace
+from lssim.traces.signal_trace import measure_response
 from lssim.traces.workload import Workload
 
 SETUP = SimSetup(model="qwen2.5-1.5b", n_instances=2, max_num_seqs=8)
@@ -58,8 +59,11 @@ def _response(rng, step, pid, sample_idx, group, prompt_len, filtered, rewards) 
     reward = {"pm5": float(rng.choice([5.0, -5.0])), "unbounded": float(rng.normal(0.0, 1e3)),
               "binary": float(rng.integers(0, 2))}[rewards]
     trained = not filtered and not (reason == "abort" and rng.random() < 0.5)  # a group may train in part
+    tokens = rng.integers(0, 5 if rng.random() < 0.2 else 1000, length).tolist()  # a few repetitive ones
     return {"step": step, "prompt_id": pid, "sample_idx": sample_idx, "group_id": group, "prompt_len": prompt_len,
-            "response_len": length, "reward": reward, "finish_reason": reason, "max_tokens": budget, "trained": trained}
+            "response_len": length, "reward": reward, "finish_reason": reason, "max_tokens": budget, "trained": trained,
+            # the early-exit signals measured from its tokens and log-probs, as an importer with tokens writes them
+            **measure_response(tokens, (-rng.exponential(1.0, length)).tolist(), stride=16)}
 
 
 def baseline(trace: pd.DataFrame, seed: int = 0):
@@ -185,7 +189,8 @@ def _own_trace(res) -> pd.DataFrame:
     return pd.DataFrame({"step": r["step"], "prompt_id": r["prompt_id"], "sample_idx": r["sample_idx"],
                          "group_id": r["group_id"], "prompt_len": r["prompt_len"], "response_len": r["response_len"],
                          "reward": r["reward"].fillna(0.0), "finish_reason": r["finish_reason"], "max_tokens": r["max_tokens"],
-                         "trained": r["trained"], "batch": r["batch"]})
+                         "trained": r["trained"], "batch": r["batch"], "loop_start": -1,
+                         "entropy_mean": 0.6})
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -201,7 +206,8 @@ def test_a_twin_replaying_a_run_that_draws_groups_ahead_answers_every_response_f
     source = validate_trace(pd.DataFrame({
         "step": s.ravel(), "prompt_id": (s * 4 + p).ravel(), "sample_idx": k.ravel(), "prompt_len": 12,
         "response_len": lengths.ravel(), "reward": (lengths.ravel() % 2).astype(float),
-        "finish_reason": np.where(lengths.ravel() >= 200, "length", "stop"), "max_tokens": 200}))
+        "finish_reason": np.where(lengths.ravel() >= 200, "length", "stop"), "max_tokens": 200, "loop_start": -1,
+        "entropy_mean": 0.6}))
     # 6 steps' groups of the trace's 12: what april draws ahead is still in the trace, so the first run is exact too
     config = RunConfig(steps=12, groups_per_step=4, group_size=4, max_tokens=200, total_groups=24, seed=1)
     first = simulate(Workload(source), policy, SETUP, config=config, batch_route=batch_route)

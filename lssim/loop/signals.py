@@ -25,7 +25,9 @@ simulator models them from the trace's per-response columns (`signals_from_trace
                  typical entropy of the trace's healthy responses (their median `entropy_mean`).
                  NaN where the trace has no entropy.
 
-Both signals use DEFAULT (window 256, 4-grams) unless an engine is built with another `SignalSpec`.
+Both signals use DEFAULT (window 128, 4-grams) unless an engine is built with another `SignalSpec`. 128 rather than
+256: a window must be full before a rule trusts it, and on a 256-token budget (the real backend's default world) a
+256-token window is never full at a check (checks fall strictly inside a response); 128 is full by the middle.
 
 What the real engine (real_backend/engine.py) keeps in `Request.signals`, from the tokens it streams:
 
@@ -52,7 +54,7 @@ _NAN = float("nan")
 class SignalSpec:
     """The window the engines measure over, and the n-gram length of the repetition measure."""
 
-    window: int = 256
+    window: int = 128
     ngram: int = 4
 
     def __post_init__(self):

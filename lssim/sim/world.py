@@ -150,11 +150,12 @@ class SimEngine(Engine):
             return frozenset()
         missing = self.workload.signals.missing(names, self.signals)
         if missing and not self.allow_missing_signals:
-            raise MissingSignals(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this "
-                                 f"trace lacks (signal source: {self.workload.signals.source_name or 'none'}; no "
-                                 f"signal_repetition/signal_entropy columns measured from tokens"
-                                 f"{', no log-probs for entropy' if missing == {'entropy'} else ''}, no loop_start / "
-                                 f"entropy_collapse_start labels); {HOW_TO_MEASURE}; or replay with "
+            source = self.workload.signals.source_name
+            why = ("no signal_repetition / signal_entropy measured from tokens, no loop_start / entropy_collapse_start "
+                   "labels" if not source else "its entropy is unknown (measured without log-probs, or labels without "
+                   "entropy_mean)")
+            raise MissingSignals(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this trace "
+                                 f"lacks (signal source: {source or 'none'}: {why}); {HOW_TO_MEASURE}; or replay with "
                                  f"--allow-missing-signals (the table then says what was missing)")
         return missing
 

@@ -66,6 +66,7 @@ class TraceSignals:
     def __init__(self, rows: dict[str, np.ndarray], text_entropy: float):
         self.source = rows["signal_source"]  # SOURCE_CODES per row
         self._loop, self._collapse, self._entropy = rows["loop"], rows["collapse"], rows["entropy"]
+        self._length = rows["length"]
         self.text_entropy = text_entropy
         self.measured_spec: SignalSpec | None = None
         measured = self.source == SOURCE_CODES["measured"]
@@ -86,9 +87,10 @@ class TraceSignals:
         self._entropy_values = np.concatenate([np.asarray(a, np.float64) for a in rows["signal_entropy"]] or [np.empty(0)])
 
     def _available(self, measured: np.ndarray) -> frozenset[str]:
-        """The signals every row can give: repetition wherever there is a source; entropy where it is known too
-        (measured with log-probs, or a synthetic trace's entropy_mean)."""
-        if not len(self.source) or (self.source == SOURCE_CODES[""]).any():
+        """The signals every row can give (every row with tokens: an empty one is never checked): repetition wherever
+        there is a source; entropy where it is known too (measured with log-probs, or a synthetic trace's entropy_mean)."""
+        blind = (self.source == SOURCE_CODES[""]) & (self._length > 0)  # an empty response has nothing to read
+        if not len(self.source) or blind.any():
             return frozenset()
         entropy_known = True
         if measured.any():

@@ -67,18 +67,20 @@ def load_run(folder) -> RecordedRun:
     return run
 
 
-def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = None, policy=None) -> RunResult:
+def replay_run(run: RecordedRun, setup, prompts, trace: pd.DataFrame | None = None, policy=None,
+               steps: int | None = None) -> RunResult:
     """Simulate `run` again: the same policy (a fresh object from its spec), config, seeds and data loader
     (`prompts`, a fresh PromptSource equal to the one the run drew from), on `setup` (lssim.analysis.replay.SimSetup).
     `trace` (default: the run's own) is where the Workload takes responses from: another run's trace makes
-    it a counterfactual prediction, as when a baseline trace is replayed under a new policy."""
+    it a counterfactual prediction, as when a baseline trace is replayed under a new policy. `steps`: run this many
+    steps instead of the run's own."""
     from lssim.loop.policy import Policy, make_policy
     from lssim.analysis.replay import simulate
     from lssim.traces.workload import Workload
 
     workload = Workload(twin_trace(run) if trace is None else trace, seed=run.config.seed)
     config = RunConfig(**{f.name: getattr(run.config, f.name) for f in fields(RunConfig)})
-    config.steps = len(run.steps)  # what the real run got through (it may have been cut short)
+    config.steps = steps or len(run.steps)  # by default what the real run got through (it may have been cut short)
     built = policy if isinstance(policy, Policy) else make_policy(policy or run.name)
     return simulate(workload, built, setup, config=config, prompts=prompts)
 
