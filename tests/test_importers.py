@@ -22,6 +22,7 @@ from lssim.traces.importers import FRAMEWORKS, DumpError
 from lssim.traces.importers.common import prompt_hash
 from lssim.traces.importers.areal import read_areal
 from lssim.traces.importers.slime import read_slime
+from lssim.traces.signal_trace import DEFAULT_STRIDE
 from lssim.traces.trace import SCHEMA
 
 torch = pytest.importorskip("torch")
@@ -259,7 +260,8 @@ def imported(framework: str, src: Path, options: list[str]):
     for flag, value in zip(options[::2], options[1::2]):
         key = flag.lstrip("-").replace("-", "_")
         parser_args[key] = int(value) if key in ("max_tokens", "num_generations", "batch_size") else value
-    return FRAMEWORKS[framework].run(SimpleNamespace(source=str(src), allow_gaps=False, **parser_args))
+    return FRAMEWORKS[framework].run(SimpleNamespace(source=str(src), allow_gaps=False, no_signals=False,
+                                                     signal_stride=DEFAULT_STRIDE, **parser_args))
 
 
 # --------------------------------------------------------------------------
@@ -339,7 +341,8 @@ def test_areal_eos_as_the_last_allowed_token_is_a_stop(tmp_path, tokenizer_dir):
         read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH)
     by_text = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT]).frame
     by_tokenizer = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir).frame
-    pd.testing.assert_frame_equal(by_text, by_tokenizer)
+    pd.testing.assert_frame_equal(by_text, by_tokenizer[list(by_text.columns)])  # the tokenizer adds the measured signals
+    assert set(by_tokenizer["signal_source"]) == {"measured"} and "signal_source" not in by_text
     task0 = by_text[by_text["source_file"] == str(src / "rollout" / "0" / "0.jsonl")].sort_values("source_record")
     assert task0["response_len"].tolist()[1:3] == [CAP, CAP]
     assert task0["finish_reason"].tolist()[1:3] == ["length", "stop"]  # sample 1 cut at the cap, sample 2's EOS the last token

@@ -59,6 +59,7 @@ def add_trace(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
 
 def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     from lssim.traces.importers import FRAMEWORKS
+    from lssim.traces.importers.common import add_signal_arguments
 
     p = sub.add_parser(
         name,
@@ -73,6 +74,7 @@ def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         fp.add_argument("-o", "--out", required=True, metavar="FILE", help="output parquet trace")
         fp.add_argument("--allow-gaps", action="store_true", help="accept holes in the step numbering")
         module.add_arguments(fp)
+        add_signal_arguments(fp)
     return p
 
 
