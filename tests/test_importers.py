@@ -22,6 +22,7 @@ from lssim.traces.importers import FRAMEWORKS, DumpError
 from lssim.traces.importers.common import prompt_hash
 from lssim.traces.importers.areal import read_areal
 from lssim.traces.importers.slime import read_slime
+from lssim.traces.signal_trace import DEFAULT_STRIDE
 from lssim.traces.trace import SCHEMA
 
 torch = pytest.importorskip("torch")
@@ -256,9 +257,10 @@ def imported(framework: str, src: Path, options: list[str]):
                    "verl": dict(tokenizer=None, max_tokens=None, prompt_key=None, reward_key="score"),
                    "areal": dict(max_tokens=None, batch_size=None, eos_token=None, tokenizer=None, rejected=[]),
                    "trl": dict(tokenizer=None, max_tokens=None, num_generations=None, reward_column=None)}[framework]
+    parser_args.update(no_signals=False, signal_stride=DEFAULT_STRIDE)
     for flag, value in zip(options[::2], options[1::2]):
         key = flag.lstrip("-").replace("-", "_")
-        parser_args[key] = int(value) if key in ("max_tokens", "num_generations", "batch_size") else value
+        parser_args[key] = int(value) if key in ("max_tokens", "num_generations", "batch_size", "signal_stride") else value
     return FRAMEWORKS[framework].run(SimpleNamespace(source=str(src), allow_gaps=False, **parser_args))
 
 
@@ -339,7 +341,8 @@ def test_areal_eos_as_the_last_allowed_token_is_a_stop(tmp_path, tokenizer_dir):
         read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH)
     by_text = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT]).frame
     by_tokenizer = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir).frame
-    pd.testing.assert_frame_equal(by_text, by_tokenizer)
+    pd.testing.assert_frame_equal(by_text, by_tokenizer[list(by_text.columns)])  # the tokenizer adds the measured signals
+    assert set(by_tokenizer["signal_source"]) == {"measured"} and "signal_source" not in by_text
     task0 = by_text[by_text["source_file"] == str(src / "rollout" / "0" / "0.jsonl")].sort_values("source_record")
     assert task0["response_len"].tolist()[1:3] == [CAP, CAP]
     assert task0["finish_reason"].tolist()[1:3] == ["length", "stop"]  # sample 1 cut at the cap, sample 2's EOS the last token
@@ -412,6 +415,48 @@ def test_slime_import_is_exact_for_any_run(tmp_path_factory, lengths, seed):
     frame = read_slime(write_slime(tmp_path_factory.mktemp("s"), run, split_step=None, drop_group=None), max_tokens=CAP).frame
     assert observed(frame) == expected(run)
     assert frame.groupby(["step", "group_id"]).size().tolist() == [len(g.lengths) for step in run for g in step]
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_import_measures_the_early_exit_signals_from_the_tokens(framework, tmp_path, tokenizer_dir):
+    """Every importer with the responses' token ids (slime's own; the others' text retokenized) keeps the signals,
+    one value every --signal-stride tokens, and says how it measured them."""
+    src, options = dump(framework, tmp_path, run_for(framework), tokenizer_dir)
+    result = imported(framework, src, options + ["--signal-stride", "4"])
+    f = result.frame
+    assert set(f["signal_source"]) == {"measured"} and set(f["signal_stride"]) == {4}
+    assert [len(a) for a in f["signal_repetition"]] == (f["response_len"] // 4).tolist()
+    said = result.measured if framework == "slime" else result.inferred
+    assert any(s.startswith("early-exit signals measured from") and "stride 4)" in s for s in said)
+    assert all(np.isnan(a).all() for a in f["signal_entropy"])  # none of these dumps has log-probs
+    off = imported(framework, src, options + ["--no-signals", "1"])  # (the helper reads options in pairs)
+    assert "signal_source" not in off.frame and "early-exit signals not measured (--no-signals)" in off.notes
+
+
+def test_areal_without_a_tokenizer_measures_no_signals_and_says_why(tmp_path):
+    src = write_areal(tmp_path / "d", run_for("areal"))
+    result = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, eos_tokens=[EOS_TEXT])
+    assert "signal_source" not in result.frame
+    assert any("the dump has no token ids; pass --tokenizer" in n for n in result.notes)
+
+
+def test_areal_fits_a_retokenized_completion_to_the_dumps_count_and_says_so(tmp_path, tokenizer_dir):
+    src = write_areal(tmp_path / "d", run_for("areal"))
+    path = src / "rollout" / "0" / "0.jsonl"
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["completion"] = "h " + rec["completion"]  # one token more than the dump's seqlen - prompt_len
+    path.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
+    result = read_areal(src, max_tokens=CAP, batch_size=AREAL_BATCH, tokenizer=tokenizer_dir)
+    assert any(n.startswith("1 retokenized completion(s) differ") and "0/0.jsonl: line 1" in n for n in result.notes)
+    assert set(result.frame["signal_source"]) == {"measured"}
+
+
+def test_a_signal_stride_below_one_is_refused(tmp_path, capsys):
+    src = write_slime(tmp_path / "d", make_run())
+    with pytest.raises(SystemExit) as e:
+        main(["import", "slime", str(src), "-o", str(tmp_path / "t.parquet"), "--signal-stride", "0"])
+    assert e.value.code == 2 and "--signal-stride must be >= 1, got 0" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------

@@ -30,6 +30,8 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         (real_backend/validate_command.py, lssim.analysis.fidelity)
     lssim import {verl,slime,areal,trl} SOURCE -o FILE [framework options]
         turn a framework's rollout dump into an lssim trace (lssim.traces.importers)
+    lssim signals TRACE --tokens SOURCE [--tokenizer DIR] [--window N] [--ngram N] [--stride N] [--partial] --out FILE
+        add measured early-exit signals to a trace from its responses' token ids (lssim.traces.signal_import)
     lssim plan TRACE --devices N [cluster options]
         rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.analysis.plan)
 

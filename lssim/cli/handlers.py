@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Callable, Sequence
 
 from lssim.analysis.tables import format_summary
-from lssim.cli.parsers import (PARALLEL_REPLAY_ROWS, REAL_BACKEND, add_import, add_plan, add_real_backend, add_replay,
+from lssim.cli.parsers import (PARALLEL_REPLAY_ROWS, REAL_BACKEND, add_import, add_signals, add_plan, add_real_backend, add_replay,
                                add_report, add_sweep, add_synth, add_trace, real_backend_parser)
 
 
@@ -85,6 +85,25 @@ def _run_import(args: argparse.Namespace) -> int:
     imported = FRAMEWORKS[args.framework].run(args)
     write_imported(imported, args.out)
     print(imported.summary(args.out))
+    return 0
+
+
+def _run_signals(args: argparse.Namespace) -> int:
+    from lssim.loop.signals import SignalSpec
+    from lssim.traces.signal_import import LOOP_REPETITION, loops, measure_trace, read_token_rows
+    from lssim.traces.trace import load_trace, write_trace
+
+    spec = SignalSpec(args.window, args.ngram)
+    if args.stride < 1:
+        raise ValueError(f"--stride must be >= 1, got {args.stride}")
+    trace = load_trace(args.trace)
+    rows = read_token_rows(args.tokens, args.tokenizer)
+    frame, measured = measure_trace(trace, rows, spec=spec, stride=args.stride, partial=args.partial, name=args.trace)
+    write_trace(frame, args.out)
+    with_logprobs = sum(r.logprobs is not None for r in rows)
+    print(f"measured the early-exit signals of {len(measured):,} of {len(frame):,} responses (window {spec.window}, "
+          f"{spec.ngram}-grams, stride {args.stride}; log-probs for {with_logprobs:,}): {loops(frame, measured):,} loop(s) "
+          f"(repetition >= {LOOP_REPETITION}); wrote {args.out}")
     return 0
 
 
@@ -340,6 +359,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "plan": (add_plan, _run_plan),
     "report": (add_report, _run_report),
     "import": (add_import, _run_import),
+    "signals": (add_signals, _run_signals),
 }
 """Command name -> (the function that adds its parser, its handler); `lssim --help` lists them in this order. The
 handlers keep their names: `lssim replay --out` writes its arguments into meta.json, the handler (``func``) among them."""

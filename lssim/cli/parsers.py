@@ -59,6 +59,7 @@ def add_trace(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
 
 def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     from lssim.traces.importers import FRAMEWORKS
+    from lssim.traces.importers.common import add_signal_arguments
 
     p = sub.add_parser(
         name,
@@ -73,6 +74,37 @@ def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
         fp.add_argument("-o", "--out", required=True, metavar="FILE", help="output parquet trace")
         fp.add_argument("--allow-gaps", action="store_true", help="accept holes in the step numbering")
         module.add_arguments(fp)
+        add_signal_arguments(fp)
+    return p
+
+
+def add_signals(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    from lssim.loop.signals import DEFAULT
+    from lssim.traces.signal_trace import DEFAULT_STRIDE
+
+    p = sub.add_parser(
+        name,
+        help="add measured early-exit signals to a trace from its responses' token ids",
+        description="Measure each response's early-exit signals (window repetition and entropy, every --stride tokens: "
+        "lssim.loop.signals.signals_along, as the real engine computes them) from its token ids and write the trace "
+        "with them (atomically), so a replay of a policy that reads them (breaker) can run. Every trace row needs its "
+        "tokens, every token row its trace row, and the token count must equal the row's response_len.",
+    )
+    add_trace_arg(p)
+    p.add_argument("--tokens", required=True, metavar="SOURCE", help="parquet or JSON-lines file, one row per response: "
+                   "step, prompt_id, sample_idx (the trace's key), tokens (the response's token ids) and optionally "
+                   "logprobs (of each sampled token: the entropy signal, NaN without them); or text with --tokenizer")
+    p.add_argument("--tokenizer", metavar="DIR", help="Hugging Face tokenizer folder (read offline) for rows with text "
+                   "instead of tokens")
+    p.add_argument("--out", required=True, metavar="FILE", help="output parquet trace (may be TRACE itself)")
+    p.add_argument("--window", type=int, default=DEFAULT.window, help=f"tokens in the window (default {DEFAULT.window})")
+    p.add_argument("--ngram", type=int, default=DEFAULT.ngram, help=f"n-gram length of the repetition measure "
+                   f"(default {DEFAULT.ngram})")
+    p.add_argument("--stride", type=int, default=DEFAULT_STRIDE, help=f"tokens between the values kept per response "
+                   f"(default {DEFAULT_STRIDE})")
+    p.add_argument("--partial", action="store_true", help="accept trace rows without tokens: they keep signals measured "
+                   "before over the same window and n-gram, else are left with none (signal_source empty), so a replay "
+                   "of a policy that reads the signals refuses the trace until every row has them")
     return p
 
 

@@ -31,7 +31,7 @@ DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-t
 SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
 SIGNAL_COLUMNS = ("signal_source", "signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
 HOW_TO_MEASURE = ("measure them from the tokens: `lssim import slime` keeps the dump's tokens and log-probs, "
-                  "`lssim import verl|trl --tokenizer DIR` retokenizes the text, `lssim signals TRACE --tokens SOURCE` "
+                  "`lssim import verl|trl|areal --tokenizer DIR` retokenizes the text, `lssim signals TRACE --tokens SOURCE` "
                   "adds them to a trace")
 
 

@@ -10,7 +10,11 @@ frame with extra columns saying where each value came from:
 - ``finish_source``: ``measured`` (the framework recorded why generation ended) or ``inferred``
   (from the cap, and from the EOS where the dump's text shows or drops it: :func:`eos_counted`);
 - ``source_file`` / ``source_record``: the dump file (as reached from SOURCE) and the record in it
-  (the line of a JSON-lines file, else the position in the file's samples or rows, from 0).
+  (the line of a JSON-lines file, else the position in the file's samples or rows, from 0);
+- the measured early-exit signals (``signal_source`` ``measured``, ``signal_repetition``, ``signal_entropy``, ...:
+  lssim.traces.signal_trace), where the importer has each response's token ids (the dump's, or its text
+  retokenized) and passes a stride: computed by lssim.loop.signals.signals_along, the function the real
+  engine calls, with the dump's log-probs where it has them (else the entropy is NaN).
 
 :func:`write_imported` writes it with :func:`lssim.traces.trace.write_trace` (atomic: nothing is left
 behind on error) and names the dump's file and record when the trace schema refuses a row.
@@ -18,6 +22,7 @@ behind on error) and names the dump's file and record when the trace schema refu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -25,13 +30,16 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import pandas as pd
 
+from lssim.loop.signals import DEFAULT as SIGNAL_SPEC
+from lssim.traces.signal_trace import DEFAULT_STRIDE, measure_rows
+
 __all__ = [
     "DumpError", "Response", "Imported", "prompt_hash", "step_files", "check_no_gaps",
-    "load_tokenizer", "build_trace", "write_imported", "as_reward", "descend", "eos_counted", "eos_texts",
+    "load_tokenizer", "build_trace", "signals_said", "add_signal_arguments", "signal_stride", "write_imported", "as_reward", "descend", "eos_counted", "eos_texts",
 ]
 
 
@@ -65,6 +73,10 @@ class Response:
     policy_version_first: int | None = None
     policy_version_last: int | None = None
     trained: bool | None = None
+    tokens: Sequence[int] | None = None
+    """The response's token ids (``response_len`` of them), for the measured early-exit signals; None: not known."""
+    logprobs: Sequence[float] | None = None
+    """The log-prob of each of ``tokens`` as sampled (the signals' entropy); None: not in the dump (entropy NaN)."""
 
 
 @dataclass
@@ -174,8 +186,9 @@ def as_reward(value: Any, where: str, key: str | None = None) -> float:
 # --------------------------------------------------------------------------
 
 
-def load_tokenizer(folder: str | Path) -> Callable[[list[str]], list[int]]:
-    """A token counter for a Hugging Face tokenizer folder, loaded offline (never from the hub).
+def load_tokenizer(folder: str | Path) -> Callable[[list[str]], list[list[int]]]:
+    """A tokenizer for a Hugging Face tokenizer folder, loaded offline (never from the hub): texts -> their token ids
+    (``len`` of each is its token count; the ids are what the measured early-exit signals are computed from).
 
     A folder with ``tokenizer.json`` is read by the fast ``tokenizers`` library alone; any other
     folder goes through ``transformers.AutoTokenizer(local_files_only=True)``. Special tokens are
@@ -190,14 +203,14 @@ def load_tokenizer(folder: str | Path) -> Callable[[list[str]], list[int]]:
             tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # noqa: BLE001  (any parse failure is the user's file)
             raise DumpError(f"{path / 'tokenizer.json'}: not a tokenizers file ({_first_line(e)})") from None
-        return lambda texts: [len(enc.ids) for enc in tok.encode_batch(texts, add_special_tokens=False)]
+        return lambda texts: [list(enc.ids) for enc in tok.encode_batch(texts, add_special_tokens=False)]
     try:
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001
         raise DumpError(f"{folder}: cannot load a tokenizer from this folder ({_first_line(e)})") from None
-    return lambda texts: [len(ids) for ids in hf(texts, add_special_tokens=False)["input_ids"]]
+    return lambda texts: [list(ids) for ids in hf(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
 
 def eos_texts(folder: str | Path) -> set[str]:
@@ -237,11 +250,59 @@ def _first_line(e: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------
+# Early-exit signals (the options every importer takes)
+# --------------------------------------------------------------------------
+
+EOS_SKIPPED = -1
+"""The token id standing for an EOS the dump's decoded text dropped (verl's and TRL's skip_special_tokens) but the
+framework generated and counted: a retokenized response's ids end in it, so they are ``response_len`` long. Only
+equality of ids enters the repetition measure, and the EOS is the response's one, so any id no text has gives what
+the EOS's own id would."""
+
+
+def add_signal_arguments(p: argparse.ArgumentParser) -> None:
+    """``--signal-stride`` and ``--no-signals``, for every framework."""
+    p.add_argument("--signal-stride", type=int, default=DEFAULT_STRIDE, metavar="N",
+                   help=f"tokens between the measured early-exit signals kept per response (default {DEFAULT_STRIDE}; "
+                   f"window {SIGNAL_SPEC.window} tokens, {SIGNAL_SPEC.ngram}-grams)")
+    p.add_argument("--no-signals", action="store_true", help="do not measure the early-exit signals from the tokens "
+                   "(a replay of a policy that reads them, such as breaker, then refuses the trace)")
+
+
+def signal_stride(args: argparse.Namespace) -> int | None:
+    """The stride the import measures the signals at, None where ``--no-signals``."""
+    if args.no_signals:
+        return None
+    if args.signal_stride < 1:
+        raise DumpError(f"--signal-stride must be >= 1, got {args.signal_stride}")
+    return args.signal_stride
+
+
+def signals_said(stride: int | None, source: str) -> str:
+    """How the import's early-exit signals were measured (for Imported.measured / inferred), or why not (a note)."""
+    if stride is None:
+        return "early-exit signals not measured (--no-signals)"
+    return f"early-exit signals measured from {source} (window {SIGNAL_SPEC.window}, stride {stride})"
+
+
+def _signal_columns(responses: list[Response], stride: int) -> dict[str, list]:
+    for r in responses:
+        where = f"{r.source_file}: record {r.source_record}"
+        if r.tokens is None:
+            raise DumpError(f"{where}: no token ids to measure the early-exit signals from; pass --no-signals")
+        if len(r.tokens) != r.response_len:
+            raise DumpError(f"{where}: {len(r.tokens)} token ids for a response of {r.response_len} tokens")
+        if r.logprobs is not None and len(r.logprobs) != len(r.tokens):
+            raise DumpError(f"{where}: {len(r.logprobs)} log-probs for {len(r.tokens)} response tokens")
+    return measure_rows([r.tokens for r in responses], [r.logprobs for r in responses], spec=SIGNAL_SPEC, stride=stride)
+
+
+# --------------------------------------------------------------------------
 # Building the trace
 # --------------------------------------------------------------------------
 
 
-def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
+def build_trace(responses: list[Response], cap: int | None, signal_stride: int | None = None) -> pd.DataFrame:
     """The lssim trace frame of ``responses``.
 
     ``cap`` is the run's response-token cap (``--max-tokens``); a response longer than it is refused
@@ -249,7 +310,8 @@ def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
     ``stop`` below it. Groups are numbered ``group_id`` 0.. within
     each step in order of first appearance, and samples ``sample_idx`` in ``order`` within the
     step's prompt, continuing over a prompt's second group, so (step, prompt_id, sample_idx) stays
-    unique."""
+    unique. With ``signal_stride``, every response's ``tokens`` (and ``logprobs`` where known) become its measured
+    early-exit signals, a value every ``signal_stride`` tokens (lssim.traces.signal_trace.measure_rows)."""
     if not responses:
         raise DumpError("the dump holds no responses")
     rows = [_row(r, cap) for r in responses]
@@ -271,6 +333,8 @@ def build_trace(responses: list[Response], cap: int | None) -> pd.DataFrame:
             df = df.drop(columns=name)  # unknown for some: leave it to the schema's default
     if "trained" in df:
         df["trained"] = df["trained"].astype(bool)
+    if signal_stride is not None:
+        df = df.assign(**_signal_columns(responses, signal_stride))
     return df
 
 

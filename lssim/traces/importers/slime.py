@@ -10,7 +10,9 @@ Read against THUDM/slime at commit 624b824 (2026-08-21):
   ``DIR/rollout_data/{rollout_id}.pt`` (and writes the tokenizer to ``DIR/tokenizer``).
 - ``slime/utils/types.py::Sample``: ``to_dict()`` is the sample's ``__dict__`` with ``status`` as
   its string value (``pending``, ``completed``, ``truncated``, ``aborted``, ``failed``);
-  ``tokens`` is prompt + response token ids, ``response_length`` the response's share of them,
+  ``tokens`` is prompt + response token ids, ``response_length`` the response's share of them (the
+  last ones), ``rollout_log_probs`` the log-prob of each response token as sampled (None where the
+  rollout did not keep them),
   ``weight_versions`` one string per generation call (several for a partial rollout resumed under
   newer weights), ``reward`` a float or, with ``--reward-key``, a dict, ``remove_sample`` drops a
   sample from the loss.
@@ -18,7 +20,8 @@ Read against THUDM/slime at commit 624b824 (2026-08-21):
   ``index`` samples, so two groups of one prompt in a step stay apart.
 
 Measured: steps (rollout ids), groups, prompt and response lengths in tokens, rewards, finish
-reasons, weight versions, samples removed from training. Inferred: the cap of responses that
+reasons, weight versions, samples removed from training, the early-exit signals (from the response's
+token ids, and its ``rollout_log_probs`` where the dump has them: else the entropy is NaN). Inferred: the cap of responses that
 were not truncated (``--max-tokens``, else the longest truncated response, else the longest
 response), and the prompt id (a hash of the prompt, unless ``--prompt-key`` names a field).
 
@@ -34,7 +37,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lssim.traces.importers.common import DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, prompt_hash, step_files
+from lssim.traces.importers.common import (DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, prompt_hash,
+                                           signal_stride, signals_said, step_files)
+from lssim.traces.signal_trace import DEFAULT_STRIDE
 
 NAME = "slime"
 HELP = "slime --save-debug-rollout-data / --dump-details files (rollout_data/{rollout_id}.pt)"
@@ -54,11 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> Imported:
     return read_slime(args.source, max_tokens=args.max_tokens, prompt_key=args.prompt_key, reward_key=args.reward_key,
-                      trust_pickle=args.trust_pickle, allow_gaps=args.allow_gaps)
+                      trust_pickle=args.trust_pickle, allow_gaps=args.allow_gaps, stride=signal_stride(args))
 
 
 def read_slime(source: str | Path, *, max_tokens: int | None = None, prompt_key: str | None = None,
-               reward_key: str | None = None, trust_pickle: bool = False, allow_gaps: bool = False) -> Imported:
+               reward_key: str | None = None, trust_pickle: bool = False, allow_gaps: bool = False,
+               stride: int | None = DEFAULT_STRIDE) -> Imported:
+    """The trace of a slime dump; ``stride``: tokens between the measured early-exit signals (None: not measured)."""
     root = descend(Path(source), "rollout_data")
     files = step_files(root, r"(\d+)(?:[._-].*)?\.pt", "rollout files ({rollout_id}.pt)",
                        skip=lambda p: p.name.startswith("eval_"))
@@ -71,10 +78,18 @@ def read_slime(source: str | Path, *, max_tokens: int | None = None, prompt_key:
             responses += [_response(s, i, step, rel, prompt_key, reward_key) for i, s in enumerate(samples)]
     cap = max_tokens if max_tokens is not None else _inferred_cap(responses)
     notes = [] if max_tokens is not None else [f"cap of untruncated responses inferred as {cap} tokens; pass --max-tokens to set it"]
-    frame = build_trace(responses, cap)
+    frame = build_trace(responses, cap, stride)
     measured = ["steps", "groups", "prompt and response lengths", "rewards", "finish reasons"]
     measured += [c for c in ("policy versions",) if "policy_version_first" in frame]
     measured += [c for c in ("samples removed from training",) if "trained" in frame]
+    with_logprobs = sum(r.logprobs is not None for r in responses)
+    if stride is None:
+        notes.append(signals_said(None, ""))
+    else:
+        measured.append(signals_said(stride, "the dump's token ids" + (" and rollout_log_probs" if with_logprobs else "")))
+    if stride is not None and with_logprobs < len(responses):
+        notes.append(f"{len(responses) - with_logprobs} of {len(responses)} samples have no rollout_log_probs: "
+                     "their early-exit entropy is NaN (repetition measured)")
     inferred = ([] if max_tokens is not None else ["max_tokens of untruncated responses"]) + \
         ([] if prompt_key else ["prompt ids (hash of the prompt)"])
     if "policy_version_first" not in frame:
@@ -131,6 +146,7 @@ def _response(s: Any, i: int, step: int, rel: str, prompt_key: str | None, rewar
     if not 0 <= response_len < total:
         raise DumpError(f"{where}: response_length {response_len} does not fit in its {total} tokens")
     versions = _versions(s.get("weight_versions"))
+    logprobs = s.get("rollout_log_probs")
     return Response(
         step=step, prompt_id=_prompt_id(s, where, prompt_key),
         group_key=("g", s["group_index"]) if s.get("group_index") is not None else ("p", prompt_hash(s.get("prompt", ""))),
@@ -141,6 +157,8 @@ def _response(s: Any, i: int, step: int, rel: str, prompt_key: str | None, rewar
         policy_version_first=min(versions) if versions else None,
         policy_version_last=max(versions) if versions else None,
         trained=None if "remove_sample" not in s else not bool(s["remove_sample"]),
+        tokens=[int(t) for t in s["tokens"][total - response_len:]],
+        logprobs=None if logprobs is None or len(logprobs) == 0 else [float(x) for x in logprobs],
     )
 
 

@@ -28,7 +28,9 @@ not the run's).
 Measured: steps (logging steps), rewards (the ``reward`` column, or the sum of the reward
 functions' float columns as TRL sums them with its default weights 1, or ``--reward-column``).
 Inferred: prompt and response lengths (the EOS counted), finish reasons, groups (runs of one
-prompt, cut every ``--num-generations``), prompt ids (a hash of the prompt text).
+prompt, cut every ``--num-generations``), prompt ids (a hash of the prompt text), the early-exit
+signals (from the retokenized completion, the skipped EOS as one more token; no log-probs in the
+table, so repetition only: the entropy is NaN).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.traces.importers.common import (DumpError, Imported, Response, build_trace, check_no_gaps, descend, eos_counted,
-                                           load_tokenizer, prompt_hash)
+from lssim.traces.importers.common import (EOS_SKIPPED, DumpError, Imported, Response, build_trace, check_no_gaps, descend,
+                                           eos_counted, load_tokenizer, prompt_hash, signal_stride, signals_said)
+from lssim.traces.signal_trace import DEFAULT_STRIDE
 
 NAME = "trl"
 HELP = "TRL GRPOTrainer log_completions tables (completions/completions_{step}.parquet or wandb .table.json), retokenized"
@@ -61,14 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> Imported:
     return read_trl(args.source, tokenizer=args.tokenizer, max_tokens=args.max_tokens, num_generations=args.num_generations,
-                    reward_columns=args.reward_column, allow_gaps=args.allow_gaps)
+                    reward_columns=args.reward_column, allow_gaps=args.allow_gaps, stride=signal_stride(args))
 
 
 def read_trl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, num_generations: int | None = None,
-             reward_columns: list[str] | None = None, allow_gaps: bool = False) -> Imported:
+             reward_columns: list[str] | None = None, allow_gaps: bool = False, stride: int | None = DEFAULT_STRIDE) -> Imported:
+    """The trace of TRL's completion tables; ``stride``: tokens between the measured early-exit signals (None: not measured)."""
     if num_generations is not None and num_generations < 1:
         raise DumpError(f"--num-generations must be >= 1, got {num_generations}")
-    count = load_tokenizer(tokenizer)
+    encode = load_tokenizer(tokenizer)
     root = descend(Path(source), "completions")
     tables = _tables(root)
     steps = sorted({step for step, _, _ in tables})
@@ -87,21 +91,35 @@ def read_trl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, num_
     for step, rel, table in kept:
         rewards, names = _rewards(table, rel, reward_columns)
         used.update(names)
-        lengths = count(list(table["prompt"]) + list(table["completion"]))
-        n = len(table)
-        for i, group in enumerate(_groups(list(table["prompt"]), num_generations)):
-            pid = prompt_hash(table["prompt"].iloc[group[0]])
-            for j in group:
-                response_len, finish = eos_counted(lengths[n + j], max_tokens, f"{rel}: record {j}: 'completion'")
-                responses.append(Response(step=step, prompt_id=pid, group_key=(rel, i), order=j, prompt_len=lengths[j],
-                                          response_len=response_len, reward=rewards[j], source_file=rel, source_record=j,
-                                          length_source="retokenized", finish_reason=finish, finish_source="inferred"))
-    frame = build_trace(responses, max_tokens)
+        responses += _responses(step, rel, table, encode, rewards, max_tokens, num_generations)
+    frame = build_trace(responses, max_tokens, stride)
     notes = [f"{repeats} table(s) repeated the previous one (one generation batch logged twice): dropped"] if repeats else []
     notes.append(f"reward = sum of {', '.join(sorted(used))}")
-    return Imported(frame, NAME, ["steps (logging steps)", "rewards"],
-                    ["prompt and response lengths (retokenized, the EOS of a stopped response counted)", "finish reasons (from --max-tokens)",
-                     "groups (runs of one prompt)", "prompt ids (hash of the prompt text)"], notes)
+    inferred = ["prompt and response lengths (retokenized, the EOS of a stopped response counted)", "finish reasons (from --max-tokens)",
+                "groups (runs of one prompt)", "prompt ids (hash of the prompt text)"]
+    if stride is None:
+        notes.append(signals_said(None, ""))
+    else:
+        inferred.append(signals_said(stride, "the retokenized text; no log-probs in the table: entropy NaN"))
+    return Imported(frame, NAME, ["steps (logging steps)", "rewards"], inferred, notes)
+
+
+def _responses(step: int, rel: str, table: pd.DataFrame, encode, rewards: list[float], max_tokens: int,
+               num_generations: int | None) -> list[Response]:
+    """One table's responses, retokenized: lengths with the skipped EOS counted, token ids ending in it."""
+    ids = encode(list(table["prompt"]) + list(table["completion"]))
+    n = len(table)
+    out = []
+    for i, group in enumerate(_groups(list(table["prompt"]), num_generations)):
+        pid = prompt_hash(table["prompt"].iloc[group[0]])
+        for j in group:
+            tokens = ids[n + j]
+            response_len, finish = eos_counted(len(tokens), max_tokens, f"{rel}: record {j}: 'completion'")
+            out.append(Response(step=step, prompt_id=pid, group_key=(rel, i), order=j, prompt_len=len(ids[j]),
+                                response_len=response_len, reward=rewards[j], source_file=rel, source_record=j,
+                                length_source="retokenized", finish_reason=finish, finish_source="inferred",
+                                tokens=tokens + [EOS_SKIPPED] * (response_len - len(tokens))))
+    return out
 
 
 def _tables(root: Path) -> list[tuple[int, str, pd.DataFrame]]:

@@ -28,7 +28,9 @@ is refused (the cap given is not the run's).
 
 Measured: steps, rewards (``score``, or ``--reward-key``), groups (``uid``, or the prompt).
 Inferred: prompt and response lengths (retokenized, the EOS counted), finish reasons (from the
-cap), prompt ids (a hash of the prompt text, unless ``--prompt-key`` names a field).
+cap), prompt ids (a hash of the prompt text, unless ``--prompt-key`` names a field), the early-exit
+signals (from the retokenized response, the skipped EOS as one more token; no log-probs in the dump, so
+repetition only: the entropy is NaN).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import argparse
 import json
 from pathlib import Path
 
-from lssim.traces.importers.common import (DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend, eos_counted,
-                                           load_tokenizer, prompt_hash, step_files)
+from lssim.traces.importers.common import (EOS_SKIPPED, DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend,
+                                           eos_counted, load_tokenizer, prompt_hash, signal_stride, signals_said, step_files)
+from lssim.traces.signal_trace import DEFAULT_STRIDE
 
 NAME = "verl"
 HELP = "verl trainer.rollout_data_dir files ({global_steps}.jsonl), retokenized"
@@ -53,12 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> Imported:
     return read_verl(args.source, tokenizer=args.tokenizer, max_tokens=args.max_tokens, prompt_key=args.prompt_key,
-                     reward_key=args.reward_key, allow_gaps=args.allow_gaps)
+                     reward_key=args.reward_key, allow_gaps=args.allow_gaps, stride=signal_stride(args))
 
 
 def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, prompt_key: str | None = None,
-              reward_key: str = "score", allow_gaps: bool = False) -> Imported:
-    count = load_tokenizer(tokenizer)  # first: a missing tokenizer is reported before the dump is read
+              reward_key: str = "score", allow_gaps: bool = False, stride: int | None = DEFAULT_STRIDE) -> Imported:
+    """The trace of a verl dump; ``stride``: tokens between the measured early-exit signals (None: not measured)."""
+    encode = load_tokenizer(tokenizer)  # first: a missing tokenizer is reported before the dump is read
     root = descend(Path(source), "rollout_data")
     files = step_files(root, r"(\d+)(?:[._-].*)?\.jsonl", "step files ({global_steps}.jsonl)")
     check_no_gaps(files, root, "step file", allow_gaps)
@@ -68,24 +72,29 @@ def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, pro
             if not isinstance(rec.get(key), str):
                 raise DumpError(f"{rel}: line {line}: no {key!r} text (the {'prompt' if key == 'input' else 'response'})")
     prompts = sorted({rec["input"] for _, _, rec in records})
-    prompt_len = dict(zip(prompts, count(prompts)))
-    counts = count([rec["output"] for _, _, rec in records])
+    prompt_len = dict(zip(prompts, map(len, encode(prompts))))
+    outputs = encode([rec["output"] for _, _, rec in records])
     by_uid = _check_uids(records)
     responses = []
-    for i, ((rel, line, rec), n) in enumerate(zip(records, counts)):
+    for i, ((rel, line, rec), ids) in enumerate(zip(records, outputs)):
         where = f"{rel}: line {line}"
         pid = _prompt_id(rec, where, prompt_key)
-        response_len, finish = eos_counted(n, max_tokens, f"{where}: 'output'")
+        response_len, finish = eos_counted(len(ids), max_tokens, f"{where}: 'output'")
         responses.append(Response(
             step=rec["_step"], prompt_id=pid, group_key=("uid", str(rec["uid"])) if by_uid else pid, order=i,
             prompt_len=prompt_len[rec["input"]], response_len=response_len,
             reward=as_reward(_field(rec, reward_key, where), where), source_file=rel, source_record=line,
-            length_source="retokenized", finish_reason=finish, finish_source="inferred"))
-    frame = build_trace(responses, max_tokens)
+            length_source="retokenized", finish_reason=finish, finish_source="inferred",
+            tokens=ids + [EOS_SKIPPED] * (response_len - len(ids))))
+    frame = build_trace(responses, max_tokens, stride)
     inferred = ["prompt and response lengths (retokenized, the EOS of a stopped response counted)",
                 "finish reasons (from --max-tokens)"]
     inferred += [] if prompt_key else ["prompt ids (hash of the prompt text)"]
     notes = [f"tokenizer {tokenizer}: prompt lengths leave out the special tokens verl's decode skipped"]
+    if stride is None:
+        notes.append(signals_said(None, ""))
+    else:
+        inferred.append(signals_said(stride, "the retokenized text; no log-probs in the dump: entropy NaN"))
     groups = "groups (uid)" if by_uid else "groups (samples sharing a prompt)"
     return Imported(frame, NAME, ["steps", groups, f"rewards ({reward_key})"], inferred, notes)
 
