@@ -353,6 +353,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "replay": (add_replay, _run_replay),
     "real": (add_real_backend, _run_real_backend),
     "learn": (add_real_backend, _run_real_backend),
+    "learn-model": (add_real_backend, _run_real_backend),
     "profile": (add_real_backend, _run_real_backend),
     "validate": (add_real_backend, _run_real_backend),
     "sweep": (add_sweep, _run_sweep),

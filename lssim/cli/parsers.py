@@ -256,6 +256,12 @@ REAL_BACKEND = {
               "a training wall-clock budget or a number of steps, evaluating the held-out prompts as they go; report "
               "accuracy at equal wall-clock and time to a target accuracy, with learning curves (DIR/learn.html). "
               "See docs/real_backend.md, Learning."),
+    "learn-model": ("real_backend.learn_model", "fit the learning-progress model on lssim learn's runs and check it on "
+                    "policies left out", "Fit held-out accuracy against the useful signal trained (groups with a "
+                    "non-zero advantage, stale tokens discounted) on a lssim learn folder's real runs; for each label, "
+                    "refit without it, replay its runs in the simulator on the baseline's traces and predict its time to "
+                    "the target accuracy; report predicted against measured (ratio, Kendall tau). See "
+                    "docs/real_backend.md, Learning."),
     "profile": ("real_backend.profile", "measure the real engine's iteration time and fit the simulator's profiled cost model",
                 "Start the vLLM engine, time decode iterations over a grid of running batch sizes and contexts "
                 "and the time to first token of each batch, fit lssim.cost.ProfiledCostModel, and write it as JSON "
