@@ -496,3 +496,15 @@ def test_compare_phases_finds_a_twin_exact_and_places_a_host_slowdown_in_the_sha
     table = phases_table(pd.concat([exact.assign(repeat=0), exact.assign(repeat=1)]))
     assert table.loc["baseline", "shared_ratio"] == pytest.approx(1.0) and table.loc["baseline", "steps"] == 3
     assert "| `baseline` |" in phases_markdown(shared.assign(repeat=0))
+
+
+def test_stop_agreement_counts_the_twins_stops_against_the_engines():
+    from lssim.analysis.fidelity.compare import stop_agreement
+
+    r = pd.DataFrame({"finish_reason_measured": ["policy_stop", "policy_stop", "stop", "length", "stop"],
+                      "finish_reason_predicted": ["policy_stop", "stop", "policy_stop", "length", "stop"]})
+    got = stop_agreement(r)
+    assert (got["stops_measured"], got["stops_predicted"]) == (2, 2)
+    assert got["stop_precision"] == 0.5 and got["stop_recall"] == 0.5
+    none = stop_agreement(r.assign(finish_reason_measured="stop", finish_reason_predicted="stop"))
+    assert np.isnan(none["stop_precision"]) and np.isnan(none["stop_recall"])

@@ -200,6 +200,7 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
             "finish_time_median_ape_pct": float(finish_ape.median()) if len(finish_ape) else float("nan"),
             "tokens_error_pct": float((s["predicted_tokens"].sum() - s["measured_tokens"].sum()) / s["measured_tokens"].sum() * 100),
             "exact_fraction": float(s["exact_fraction"].mean()),
+            **stop_agreement(r),
             # NaN unless every step recorded it
             "measured_driver_seconds": float(s["measured_driver_seconds"].sum(min_count=len(s)))
             if "measured_driver_seconds" in s else float("nan"),
@@ -215,6 +216,21 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
         table["speedup_error_points"] = (table["speedup_predicted"] - table["speedup_measured"]) * 100
         _speedup_error_parts(table, groups)
     return table
+
+
+def stop_agreement(responses: pd.DataFrame) -> dict:
+    """Which responses the policy stopped (finish_reason policy_stop) on the engine and in the twin, over the
+    responses both ended: the counts, the twin's precision (its stops the engine made too) and recall (the engine's
+    stops the twin made); NaN where there is nothing to divide by."""
+    if "finish_reason_measured" not in responses:  # a comparison written before finish reasons were kept
+        return {"stops_measured": float("nan"), "stops_predicted": float("nan"), "stop_precision": float("nan"),
+                "stop_recall": float("nan")}
+    measured = (responses["finish_reason_measured"] == "policy_stop").to_numpy()
+    predicted = (responses["finish_reason_predicted"] == "policy_stop").to_numpy()
+    both = int((measured & predicted).sum())
+    return {"stops_measured": int(measured.sum()), "stops_predicted": int(predicted.sum()),
+            "stop_precision": both / predicted.sum() if predicted.any() else float("nan"),
+            "stop_recall": both / measured.sum() if measured.any() else float("nan")}
 
 
 def _speedup_error_parts(table: pd.DataFrame, groups: dict[str, tuple[float, float]]) -> None:
