@@ -20,8 +20,9 @@ there (lssim/loop/signals.py: computed from tokens and logprobs on vLLM, modelle
   0 = the lowest reward, 1 = the highest): the default -1 lands one whole range below a wrong answer, the
   plan's -1 for 0/1 rewards and -15 for +5/-5; None keeps the engine's reward.
 A response that ends by itself before the rule fires is never touched: the rule acts only at
-checkpoints, and a response has none after its end. Defaults: a check every 64 tokens, from 128 (the engines'
-128-token window full): on a 256-token budget it looks at 128 and 192.
+checkpoints, and a response has none after its end. The engines' window covers at most half a response's budget
+(lssim.loop.signals.SignalSpec.window_for): on a 256-token budget it is 128 tokens, and breaker(check_every=64,
+min_tokens=128) looks at 128 and 192 (the defaults, every 256 from 256, never look inside such a budget).
 
 Signals: it declares them (`needs().signals`: repetition, and entropy unless entropy_below=0 and
 entropy_above=inf turn the entropy rules off); a trace without them refuses it (lssim.traces.signal_trace).
@@ -41,8 +42,8 @@ from lssim.loop.signals import WINDOW_KEY
 class Breaker(Policy):
     name = "breaker"
 
-    def __init__(self, check_every: int = 64, repetition_above: float = 0.5, entropy_below: float = 0.1,
-                 entropy_above: float = 2.5, patience: int = 2, min_tokens: int = 128, stop_reward: float | None = -1.0):
+    def __init__(self, check_every: int = 256, repetition_above: float = 0.5, entropy_below: float = 0.1,
+                 entropy_above: float = 2.5, patience: int = 2, min_tokens: int = 256, stop_reward: float | None = -1.0):
         if check_every < 1 or patience < 1 or min_tokens < 0:
             raise ValueError("breaker: check_every and patience must be >= 1, min_tokens >= 0")
         if not 0.0 < repetition_above <= 1.0:

@@ -535,7 +535,7 @@ class VLLMEngine(Engine):
     def _update_signals(self, r: Request) -> None:
         """The shared window signals (lssim.loop.signals) and, if the response ends in a loop, where it starts."""
         spec = self.signal_spec
-        r.signals[WINDOW_KEY] = signals_from_tokens(r.tokens, r.signals["logprobs"], spec.window, spec.ngram,
+        r.signals[WINDOW_KEY] = signals_from_tokens(r.tokens, r.signals["logprobs"], spec.window_for(r.max_tokens), spec.ngram,
                                                     entropies=r.signals["entropy"] if self.exact_entropy else None)
         start = loop_start(r.tokens)
         if start >= 0:

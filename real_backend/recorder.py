@@ -93,7 +93,8 @@ class Recorder:
         ents = ents[:n] if len(ents) >= n else [-x for x in lps]  # no exact entropies: -logprob estimates them
         tokens = list(r.tokens[:n]) if r.tokens is not None else []
         exact = r.signals.get("entropy") or None  # each position's exact entropy, when the engine returned them
-        measured = measure_response(tokens, lps, spec=self.signal_spec, entropies=exact[:n] if exact else None)
+        spec = SignalSpec(self.signal_spec.window_for(r.max_tokens), self.signal_spec.ngram)  # the engine's, for its budget
+        measured = measure_response(tokens, lps, spec=spec, entropies=exact[:n] if exact else None)
         self._signals[(r.step, r.prompt_id, r.sample_idx)] = {
             **measured,
             "entropy_mean": max(0.0, float(np.mean(ents))) if len(ents) else math.nan,

@@ -172,7 +172,7 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
     from lssim.analysis.tables import format_fidelity
 
     text = format_fidelity(frames) + "\n\nacted on the real engine (responses the policy changed, median of the repeats):\n"
-    cols = ["world", "acted", "responses", "stopped", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
+    cols = ["world", "acted", "responses", "stopped", "stops_predicted", "stop_precision", "stop_recall", "dropped", "carried", "rebudgeted", "resubmitted", "placed",
             "reselected", "repeat_spread_median_pct", "repeat_spread_p90_pct", "speed_level", "probed_median_ape_pct",
             "probed_p90_ape_pct", "anchored_median_ape_pct",
             "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct",

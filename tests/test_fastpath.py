@@ -40,7 +40,7 @@ def make_trace(rng: np.random.Generator, steps: int, prompts: int, group: int, m
         "step": s, "prompt_id": p, "sample_idx": k, "prompt_len": rng.integers(1, 48, prompts)[p],
         "response_len": np.minimum(natural, budget), "reward": np.where(cut, 0.0, (natural % 2).astype(float)),
         "finish_reason": np.where(cut, "length", "stop"), "max_tokens": budget,
-        "loop_start": -1,  # labelled: no loops (signal source synthetic), so breaker may read its signals
+        "loop_start": -1, "entropy_mean": 0.6,  # labelled: no loops (signal source synthetic), breaker may read them
     })
 
 

@@ -154,14 +154,14 @@ def test_breaker_stops_a_loop_with_a_soft_landing_and_reports_savings():
     res, _ = run(loop_trace([400, -1, -1]), "breaker(check_every=64, min_tokens=128)")
     r = res.responses.set_index("sample_idx")
     stopped = r.loc[0]
-    # repetition = (g - 400) / 128 >= 0.5 first at the checkpoint 512 (a multiple of 64 past 464).
-    assert (stopped["finish_reason"], stopped["stop_reason"], stopped["reward"], stopped["response_len"]) == ("policy_stop", "loop", -1.0, 512)
+    # repetition = (g - 400) / 256 >= 0.5 first at the checkpoint 576 (a multiple of 64 past 528).
+    assert (stopped["finish_reason"], stopped["stop_reason"], stopped["reward"], stopped["response_len"]) == ("policy_stop", "loop", -1.0, 576)
     assert stopped["natural_len"] == 2000 and stopped["natural_reward"] == 0.0
     assert (r.loc[[1, 2], "finish_reason"] == "stop").all()
     from lssim.analysis.replay import summarize
 
     row = summarize({"breaker": res}).iloc[0]
-    assert row["tokens_saved_fraction"] == pytest.approx((2000 - 512) / (r["response_len"].sum() + 2000 - 512))
+    assert row["tokens_saved_fraction"] == pytest.approx((2000 - 576) / (r["response_len"].sum() + 2000 - 576))
     assert row["stopped_correct_fraction"] == 0.0
 
 
@@ -206,7 +206,7 @@ def test_breaker_never_stops_a_response_that_ends_before_its_rule_fires(seed, n,
     for _, row in res.responses.iterrows():
         src = df[(df["sample_idx"] == row["sample_idx"])].iloc[0]
         fire = first_fire(make_policy(spec), int(src["response_len"]), int(src["loop_start"]), int(src["entropy_collapse_start"]),
-                          float(src["entropy_mean"]), text, DEFAULT.window, interval)
+                          float(src["entropy_mean"]), text, DEFAULT.window_for(max_tokens), interval)
         if fire is None:  # ends by itself (or at its budget) before the rule would fire: untouched
             assert row["finish_reason"] == src["finish_reason"] and row["response_len"] == src["response_len"]
         else:

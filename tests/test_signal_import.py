@@ -107,7 +107,7 @@ def test_slime_import_keeps_the_signals_and_breaker_stops_exactly_the_loops(tmp_
     src, out = write_slime(tmp_path / "dump", steps), tmp_path / "trace.parquet"
     assert main(["import", "slime", str(src), "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert f"early-exit signals measured from the dump's token ids and rollout_log_probs (window {DEFAULT.window}, stride {STRIDE})" in said
+    assert f"early-exit signals measured from the dump's token ids and rollout_log_probs (window {DEFAULT.window}, at most half a response's budget; stride {STRIDE})" in said
     trace = load_trace(out)
     assert set(trace["signal_source"]) == {"measured"} and set(trace["signal_stride"]) == {DEFAULT_STRIDE}
     rows = by_source(trace, steps)

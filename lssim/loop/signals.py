@@ -25,9 +25,10 @@ simulator models them from the trace's per-response columns (`signals_from_trace
                  typical entropy of the trace's healthy responses (their median `entropy_mean`).
                  NaN where the trace has no entropy.
 
-Both signals use DEFAULT (window 128, 4-grams) unless an engine is built with another `SignalSpec`. 128 rather than
-256: a window must be full before a rule trusts it, and on a 256-token budget (the real backend's default world) a
-256-token window is never full at a check (checks fall strictly inside a response); 128 is full by the middle.
+Both signals use DEFAULT (window 256, 4-grams) unless an engine is built with another `SignalSpec`, over at most half a
+response's token budget (`SignalSpec.window_for`): a rule trusts a window only once it is full, and checks fall strictly
+inside a response, so a 256-token window on a 256-token budget (the real backend's default world) would never be full;
+there it is 128 tokens, full from the middle of the budget on.
 
 What the real engine (real_backend/engine.py) keeps in `Request.signals`, from the tokens it streams:
 
@@ -54,8 +55,12 @@ _NAN = float("nan")
 class SignalSpec:
     """The window the engines measure over, and the n-gram length of the repetition measure."""
 
-    window: int = 128
+    window: int = 256
     ngram: int = 4
+
+    def window_for(self, max_tokens: int) -> int:
+        """The window over a response with this token budget: at most half of it (and at least one n-gram)."""
+        return max(self.ngram, min(self.window, max_tokens // 2))
 
     def __post_init__(self):
         if self.window < 1 or self.ngram < 1 or self.ngram > self.window:

@@ -148,7 +148,7 @@ class SimEngine(Engine):
         what is missing and how to measure it, unless this engine was told to go on (allow_missing_signals)."""
         if not names:
             return frozenset()
-        missing = self.workload.signals.missing(names, self.signals)
+        missing = self.workload.signals.missing(names)
         if missing and not self.allow_missing_signals:
             source = self.workload.signals.source_name
             why = ("no signal_repetition / signal_entropy measured from tokens, no loop_start / entropy_collapse_start "
@@ -406,7 +406,7 @@ class SimEngine(Engine):
     def _measure(self, r: Request, generated: int) -> None:
         """The early-exit signals at a progress checkpoint, from the trace: measured, or modelled from its labels
         (lssim.traces.signal_trace); none where the trace has none (a policy that reads them was refused or told)."""
-        window = self.workload.signals.window(self._target[r.rid][3], generated, self.signals)
+        window = self.workload.signals.window(self._target[r.rid][3], generated, self.signals, r.max_tokens)
         if window is not None:
             r.signals[WINDOW_KEY] = window
 

@@ -150,7 +150,8 @@ def measure_trace(trace: pd.DataFrame, rows: Sequence[TokenRow], *, spec: Signal
     columns: dict[str, list] = {c: [] for c in SIGNAL_COLUMNS}
     for i in range(len(trace)):
         if i in matched:
-            values = measure_response(matched[i].tokens, matched[i].logprobs, spec=spec, stride=stride)
+            values = measure_response(matched[i].tokens, matched[i].logprobs, spec=spec, stride=stride,
+                                      max_tokens=int(trace["max_tokens"].iat[i]))
         elif all(has.values()) and trace["signal_source"].iat[i] == "measured" and \
                 (trace["signal_window"].iat[i], trace["signal_ngram"].iat[i]) == (spec.window, spec.ngram):
             values = {c: trace[c].iat[i] for c in SIGNAL_COLUMNS}  # measured before, over the same window: kept

@@ -6,7 +6,8 @@ log-probs as they stream. A trace keeps them in one of two ways (its `signal_sou
 
 - `measured`: `signal_repetition` and `signal_entropy` hold the window signals every `signal_stride` tokens of the
   response, computed by the same function the real engine calls (lssim.loop.signals.signals_along) with the window
-  and n-gram length in `signal_window` / `signal_ngram`. `measure_rows` fills them from token ids and log-probs
+  and n-gram length in `signal_window` / `signal_ngram` (the engines' window for the response's budget: at most half
+  of it). `measure_rows` fills them from token ids and log-probs
   (an importer with the dump's tokens, `lssim signals`, the real backend's recorder). A replay reads the value of the
   window ending at the last stride at or below the checkpoint: exact where checkpoints fall on strides (breaker
   checks every 256 tokens; the default stride is 64); past the recorded end (a resampled response the budget lets
@@ -36,11 +37,15 @@ HOW_TO_MEASURE = ("measure them from the tokens: `lssim import slime` keeps the 
 
 
 def measure_response(tokens: Sequence[int], logprobs: Sequence[float] | None = None, *, spec: SignalSpec = DEFAULT,
-                     stride: int = DEFAULT_STRIDE, entropies: Sequence[float] | None = None) -> dict:
+                     stride: int = DEFAULT_STRIDE, entropies: Sequence[float] | None = None,
+                     max_tokens: int | None = None) -> dict:
     """One response's measured signal columns from its token ids (and the log-probs of the sampled tokens, or each
-    position's entropy): values after stride, 2 * stride, ... tokens."""
+    position's entropy): values after stride, 2 * stride, ... tokens. With its token budget `max_tokens`, over the
+    window the engines use for that budget (`SignalSpec.window_for`: at most half of it)."""
     if stride < 1:
         raise ValueError(f"signal stride must be >= 1, got {stride}")
+    if max_tokens is not None:
+        spec = SignalSpec(spec.window_for(max_tokens), spec.ngram)
     positions = range(stride, len(tokens) + 1, stride)
     repetition, entropy = signals_along(tokens, logprobs, positions, spec, entropies)
     return {"signal_source": "measured", "signal_window": spec.window, "signal_ngram": spec.ngram,
@@ -49,11 +54,14 @@ def measure_response(tokens: Sequence[int], logprobs: Sequence[float] | None = N
 
 
 def measure_rows(tokens: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float] | None] | None = None, *,
-                 spec: SignalSpec = DEFAULT, stride: int = DEFAULT_STRIDE) -> dict[str, list]:
-    """The measured signal columns of many responses (column -> one value per response), for a trace frame."""
+                 spec: SignalSpec = DEFAULT, stride: int = DEFAULT_STRIDE,
+                 max_tokens: Sequence[int] | None = None) -> dict[str, list]:
+    """The measured signal columns of many responses (column -> one value per response), for a trace frame;
+    `max_tokens`: each response's budget (see `measure_response`)."""
     columns: dict[str, list] = {name: [] for name in SIGNAL_COLUMNS}
     for i, toks in enumerate(tokens):
-        row = measure_response(toks, None if logprobs is None else logprobs[i], spec=spec, stride=stride)
+        row = measure_response(toks, None if logprobs is None else logprobs[i], spec=spec, stride=stride,
+                               max_tokens=None if max_tokens is None else max_tokens[i])
         for name in SIGNAL_COLUMNS:
             columns[name].append(row[name])
     return columns
@@ -68,19 +76,13 @@ class TraceSignals:
         self._loop, self._collapse, self._entropy = rows["loop"], rows["collapse"], rows["entropy"]
         self._length = rows["length"]
         self.text_entropy = text_entropy
-        self.measured_spec: SignalSpec | None = None
         measured = self.source == SOURCE_CODES["measured"]
         if measured.any():
             self._measured_index(rows, measured)
         self.available = self._available(measured)
 
     def _measured_index(self, rows: dict, measured: np.ndarray) -> None:
-        specs = set(zip(rows["signal_window"][measured].tolist(), rows["signal_ngram"][measured].tolist()))
-        if len(specs) > 1:
-            raise ValueError(f"the trace's measured signals mix windows and n-grams {sorted(specs)}: measure them "
-                             f"with one (lssim signals --window --ngram)")
-        self.measured_spec = SignalSpec(*specs.pop())
-        self._stride = rows["signal_stride"]
+        self._window, self._stride = rows["signal_window"], rows["signal_stride"]
         sizes = np.fromiter((len(a) for a in rows["signal_repetition"]), np.int64, len(measured))
         self._start = np.r_[0, np.cumsum(sizes)]
         self._repetition = np.concatenate([np.asarray(a, np.float64) for a in rows["signal_repetition"]] or [np.empty(0)])
@@ -105,27 +107,27 @@ class TraceSignals:
         names = {name for name, code in SOURCE_CODES.items() if (self.source == code).any()}
         return "" if "" in names else "+".join(sorted(names, reverse=True))
 
-    def missing(self, names: frozenset[str], spec: SignalSpec) -> frozenset[str]:
-        """Which of `names` this trace cannot give an engine measuring over `spec` (refused outright where the trace
-        measured another window: its values would not be the engine's)."""
-        if names and self.measured_spec is not None and self.measured_spec != spec:
-            raise ValueError(f"the trace's signals were measured over a {self.measured_spec.window}-token window of "
-                             f"{self.measured_spec.ngram}-grams; the replay's engine reads {spec.window} and {spec.ngram}")
+    def missing(self, names: frozenset[str]) -> frozenset[str]:
+        """Which of `names` this trace cannot give."""
         return frozenset(names) - self.available
 
-    def window(self, row: int, generated: int, spec: SignalSpec) -> dict | None:
-        """The window signals of trace row `row` after `generated` tokens (None: the row has none)."""
+    def window(self, row: int, generated: int, spec: SignalSpec, max_tokens: int) -> dict | None:
+        """The window signals of trace row `row` after `generated` tokens of a response with budget `max_tokens`
+        (None: the row has none). Measured: over the window the row was measured with; synthetic: modelled over the
+        engine's window for that budget (`spec.window_for`)."""
         code = self.source[row]
         if code == SOURCE_CODES["measured"]:
+            window = int(self._window[row])
             lo, hi = self._start[row], self._start[row + 1]
             i = min(generated // int(self._stride[row]), hi - lo) - 1
+            tokens = min(generated, window)
             if i < 0:
-                return {"repetition": 0.0, "entropy": math.nan, "tokens": min(generated, spec.window), "window": spec.window}
+                return {"repetition": 0.0, "entropy": math.nan, "tokens": tokens, "window": window}
             return {"repetition": float(self._repetition[lo + i]), "entropy": float(self._entropy_values[lo + i]),
-                    "tokens": min(generated, spec.window), "window": spec.window}
+                    "tokens": tokens, "window": window}
         if code == SOURCE_CODES["synthetic"]:
             return signals_from_trace(generated, int(self._loop[row]), int(self._collapse[row]), float(self._entropy[row]),
-                                      self.text_entropy, spec.window)
+                                      self.text_entropy, spec.window_for(max_tokens))
         return None
 
 

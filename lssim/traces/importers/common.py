@@ -282,10 +282,11 @@ def signals_said(stride: int | None, source: str) -> str:
     """How the import's early-exit signals were measured (for Imported.measured / inferred), or why not (a note)."""
     if stride is None:
         return "early-exit signals not measured (--no-signals)"
-    return f"early-exit signals measured from {source} (window {SIGNAL_SPEC.window}, stride {stride})"
+    return (f"early-exit signals measured from {source} (window {SIGNAL_SPEC.window}, at most half a response's budget; "
+            f"stride {stride})")
 
 
-def _signal_columns(responses: list[Response], stride: int) -> dict[str, list]:
+def _signal_columns(responses: list[Response], stride: int, budgets: list[int]) -> dict[str, list]:
     for r in responses:
         where = f"{r.source_file}: record {r.source_record}"
         if r.tokens is None:
@@ -294,7 +295,8 @@ def _signal_columns(responses: list[Response], stride: int) -> dict[str, list]:
             raise DumpError(f"{where}: {len(r.tokens)} token ids for a response of {r.response_len} tokens")
         if r.logprobs is not None and len(r.logprobs) != len(r.tokens):
             raise DumpError(f"{where}: {len(r.logprobs)} log-probs for {len(r.tokens)} response tokens")
-    return measure_rows([r.tokens for r in responses], [r.logprobs for r in responses], spec=SIGNAL_SPEC, stride=stride)
+    return measure_rows([r.tokens for r in responses], [r.logprobs for r in responses], spec=SIGNAL_SPEC, stride=stride,
+                        max_tokens=budgets)
 
 
 # --------------------------------------------------------------------------
@@ -334,7 +336,7 @@ def build_trace(responses: list[Response], cap: int | None, signal_stride: int |
     if "trained" in df:
         df["trained"] = df["trained"].astype(bool)
     if signal_stride is not None:
-        df = df.assign(**_signal_columns(responses, signal_stride))
+        df = df.assign(**_signal_columns(responses, signal_stride, df["max_tokens"].tolist()))
     return df
 
 
