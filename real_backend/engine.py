@@ -130,6 +130,9 @@ class VLLMEngine(Engine):
     def now(self) -> float:
         return time.monotonic() - self._t0
 
+    def score_partial(self, request: Request) -> float:
+        return float(self.reward_fn(request)) if self.reward_fn else math.nan  # the task's verifier on the tokens so far
+
     def set_signals(self, names: frozenset[str]) -> frozenset[str]:
         return frozenset()  # both, from the tokens and log-probs it streams (lssim.loop.signals.signals_from_tokens)
 

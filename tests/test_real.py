@@ -380,6 +380,7 @@ class _DyingEngine:
 # Every other shipped policy, as the same object, on the real engine: a short run whose books balance.
 # `spec_tail` is refused up front (speculation is not wired to vLLM yet) and `oracle` needs the simulator.
 OTHER_POLICIES = ["breaker", "vade", "dapo", "alc", "ar3po", "seer", "rollpacker", "segment", "ebs", "lpt",
+                  "early_exit(check_every=16, min_tokens=16, confident_below=5.0, patience=1)",  # fires: scores partials
                   "vade+april+breaker"]
 
 

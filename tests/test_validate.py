@@ -98,7 +98,7 @@ def test_a_bad_workload_table_is_refused_naming_the_entry(tmp_path, text, messag
 
 @pytest.mark.real
 def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp_path, profile):
-    """The small subset's one-instance worlds (breaker: a 512-token budget; hadb: a 32-prompt pool revisited), each
+    """The small subset's one-instance worlds (breaker: the default 256-token world; hadb: a 32-prompt pool revisited), each
     beside its world's baseline, fewer steps than the table's: each acts, and the JSON has its fields. (seer's
     world needs a two-instance engine: `lssim validate --policies ci` runs it.)"""
     from lssim.analysis.fidelity.summary import policy_results, unacted
@@ -123,8 +123,10 @@ def test_the_ci_policies_act_on_the_real_engine(vllm_engine, real_model_dir, tmp
     summary = frames["summary"]
     assert unacted(summary) == []
     assert summary.loc["breaker", "stopped"] > 0 and summary.loc["hadb", "reselected"] > 0
+    # the twin reads the signals the run measured from its tokens: it stops the responses the engine stopped
+    assert summary.loc["breaker", "stop_precision"] == 1.0 and summary.loc["breaker", "stop_recall"] == 1.0
     result = json.loads(json.dumps(policy_results(summary)))
-    assert set(result["policies"]) == {"breaker", "hadb"} and set(result["baselines"]) == {"baseline@tail", "baseline@history"}
+    assert set(result["policies"]) == {"breaker", "hadb"} and set(result["baselines"]) == {"baseline@default", "baseline@history"}
     for entry in result["policies"].values():
         assert entry["acted"] > 0 and entry["step_error_median"] >= 0 and entry["speedup_error"] is not None
         assert {"step_error_p90", "repeat_spread", "world", "acted_by"} <= set(entry)

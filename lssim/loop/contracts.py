@@ -124,6 +124,10 @@ class Engine(Protocol):
             raise ValueError(f"a policy asks for speculative decoding ({speculation}), which {type(self).__name__} "
                              f"cannot do")
 
+    def score_partial(self, request) -> float:
+        """The reward of what a stopped response wrote so far (an early exit trains with it)."""
+        raise ValueError(f"{type(self).__name__} cannot score a partial response")
+
     def set_signals(self, names: frozenset[str]) -> frozenset[str]:
         """The early-exit signals a policy reads at progress events (lssim.loop.signals: "repetition", "entropy"),
         asked once before the first step. Returns those the engine cannot give where the run was told to go on

@@ -412,6 +412,8 @@ class Controller:
             r.finish_reason, r.stop_reason = POLICY_STOP, action.reason
             if action.reward is not None:
                 r.reward = action.reward
+            elif action.score:  # an early exit keeps what the response wrote so far, as the world scores it
+                r.reward = self.engine.score_partial(r)
             self._end(r, s)
             if self._asks["on_finish"]:  # every policy hears of every response that ends during the rollout
                 self.policy.on_finish(r, s.rollout)

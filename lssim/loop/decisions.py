@@ -25,10 +25,13 @@ class Action:
     reward: float | None = None  # stop only: the reward the stopped response trains with (soft landing)
     priority: int | None = None  # requeue only: the new priority (None keeps it)
     instance: int | None = None  # requeue only: the instance to resume on (None: placement decides)
+    score: bool = False  # stop only: train with the world's score of what was written (Engine.score_partial)
 
     @staticmethod
-    def stop(reason: str, reward: float | None = None) -> "Action":
-        return Action("stop", reason, reward)
+    def stop(reason: str, reward: float | None = None, score: bool = False) -> "Action":
+        if score and reward is not None:
+            raise ValueError("Action.stop: give a reward or ask for the partial response's score, not both")
+        return Action("stop", reason, reward, score=score)
 
     @staticmethod
     def carry(reason: str = "") -> "Action":

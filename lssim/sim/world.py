@@ -143,6 +143,12 @@ class SimEngine(Engine):
         self.cost = SpeculativeCost(self.base_cost, speculation) if speculation is not None else self.base_cost
         self._spec_batch = speculation.max_batch if speculation is not None else 0
 
+    def score_partial(self, r: Request) -> float:
+        """Modelled: a response's answer is at its end (as in the reference task: '= answer', then EOS), so what it
+        wrote before its natural length scores the trace's lowest reward, and from there on its own."""
+        length, _, reward, _ = self._target[r.rid]
+        return reward if r.generated >= length else self.workload.reward_scale.low
+
     def set_signals(self, names: frozenset[str]) -> frozenset[str]:
         """The trace's signals (lssim.traces.signal_trace): a policy reading one the trace lacks is refused, naming
         what is missing and how to measure it, unless this engine was told to go on (allow_missing_signals)."""

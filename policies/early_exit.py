@@ -1,0 +1,52 @@
+"""early_exit -- stop a response once its tokens have been near-certain for a while (seed plan §4.2).
+
+Source: the seed plan's inference-time early exit (§4.2): a reasoning response often goes on after its answer is
+settled; once the model has been confident for N tokens, stop it and keep what it wrote. Unlike `breaker` it is not
+a punishment: the stopped response trains with the world's score of what it wrote so far (`Action.stop(score=True)`,
+lssim.loop.contracts.Engine.score_partial): the task's verifier on the partial text on vLLM; in the simulator, where
+a trace does not say where in a response its answer is, the answer is taken to be at the end (as in the reference
+task, '= answer' then EOS), so a response stopped before its natural length scores the lowest reward.
+
+Rule, at every progress checkpoint (every `check_every` tokens), reading the window signals both engines put in
+`request.signals["window"]` (lssim.loop.signals):
+- nothing before `min_tokens` tokens;
+- confident: the window's mean entropy is below `confident_below` nats (on vLLM from the sampled tokens'
+  log-probs: -log p averages to the entropy);
+- stop, reason "early_exit", once confident at `patience` checks in a row.
+False positives count as breaker's do: stopped responses that would have ended correct (`stopped_correct_fraction`,
+where the world knows the natural reward: the simulator). A trace without entropy signals refuses it.
+
+Defaults: check_every=32, confident_below=0.1, patience=3, min_tokens=64.
+"""
+
+from __future__ import annotations
+
+from lssim.loop.policy import Action, Policy, PolicyNeeds
+from lssim.loop.signals import WINDOW_KEY
+
+
+class EarlyExit(Policy):
+    name = "early_exit"
+
+    def __init__(self, check_every: int = 32, confident_below: float = 0.1, patience: int = 3, min_tokens: int = 64):
+        if check_every < 1 or patience < 1 or min_tokens < 0:
+            raise ValueError("early_exit: check_every and patience must be >= 1, min_tokens >= 0")
+        if not confident_below > 0:
+            raise ValueError(f"early_exit: confident_below must be > 0 nats, got {confident_below}")
+        self.progress_interval = int(check_every)
+        self.confident_below, self.patience, self.min_tokens = confident_below, patience, min_tokens
+        self._confident: dict[int, int] = {}  # rid -> consecutive confident checks
+
+    def needs(self):
+        return PolicyNeeds(signals=frozenset({"entropy"}))
+
+    def on_progress(self, request, state):
+        signals = request.signals.get(WINDOW_KEY)
+        if not signals or request.generated < self.min_tokens:
+            return None
+        run = self._confident[request.rid] = (self._confident.get(request.rid, 0) + 1
+                                              if signals["entropy"] < self.confident_below else 0)
+        return Action.stop("early_exit", score=True) if run >= self.patience else None
+
+    def on_finish(self, request, state):
+        self._confident.pop(request.rid, None)
