@@ -38,6 +38,9 @@ def test_the_pool_returns_exactly_the_serial_table(jobs, serial):
     assert serial["error"].isna().all() and list(serial["policy"]) == [j.policy for j in jobs]
     assert serial["rollout_seconds"].gt(0).all() and serial["job"].is_unique
     pd.testing.assert_frame_equal(run_jobs(jobs, workers=2), serial)
+    # each row knows the trace it replayed: the length bias of what it trained (baseline on the whole trace: 1)
+    assert serial["length_bias"].notna().all()
+    assert serial.loc[serial["policy"] == "baseline", "length_bias"].iloc[0] == pytest.approx(1.0)
 
 
 def test_a_job_that_fails_is_a_row_with_its_error(trace):

@@ -37,7 +37,8 @@ from typing import Callable
 
 import pandas as pd
 
-from lssim.analysis.replay import SimSetup, simulate, summarize
+from lssim.analysis.replay import SimSetup, run_summary, simulate, summary_table
+from lssim.analysis.signal import trace_lengths
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,10 +62,11 @@ class SimJob:
             raise ValueError(f"SimJob.steps must be >= 1 or None, got {self.steps}")
 
 
-def summary_row(policy: str, result) -> dict:
-    """The default row of one run: its `summarize` row, the share of tokens speculated, and the execution mode's
+def summary_row(policy: str, result, lengths=None) -> dict:
+    """The default row of one run: its `summarize` row (with `lengths`, the replayed trace's
+    lssim.analysis.signal.trace_lengths, its length biases), the share of tokens speculated, and the execution mode's
     device split (what `lssim sweep` and `lssim plan` tabulate)."""
-    row = summarize({policy: result}).iloc[0].to_dict()
+    row = summary_table({policy: run_summary(result, lengths)}).iloc[0].to_dict()
     row.pop("speedup", None), row.pop("rollout_speedup", None)  # against a baseline this one run does not have
     mode = result.meta["mode"]
     devices, wall = row["devices"], row["step_seconds"]
@@ -77,8 +79,8 @@ def summary_row(policy: str, result) -> dict:
 
 def run_jobs(jobs: list[SimJob], *, workers: int | None = None, out: str | os.PathLike | None = None,
              resume: bool = False, ray: str | None = None, progress: bool = False,
-             row: Callable[[str, object], dict] = summary_row) -> pd.DataFrame:
-    """Run every job; one row per job, in the order of `jobs` (index 0..n-1): `row(policy, result)` plus `job`
+             row: Callable[[str, object, object], dict] = summary_row) -> pd.DataFrame:
+    """Run every job; one row per job, in the order of `jobs` (index 0..n-1): `row(policy, result, lengths)` (lengths: the trace's, for the length biases) plus `job`
     (its fingerprint) and `error` (None, or why the run failed; its figures are then NaN). `workers`: processes
     or Ray CPUs (None: every local core; 1 without Ray: in this process). `row` must be picklable (a module-level
     function). See the module docstring for `out`, `resume` and `ray`."""
@@ -165,6 +167,7 @@ def _frame_fingerprint(frame: pd.DataFrame) -> str:
 # Per worker process (pool or Ray): the traces shipped to it, and one Workload per (trace, seed) for the jobs it runs.
 _TRACES: dict[str, pd.DataFrame] = {}
 _WORKLOADS: dict[tuple[str, int], object] = {}
+_LENGTHS: dict[tuple[str, int | None], object] = {}  # the trace's lengths the length biases compare with, per steps
 
 
 def _run_task(task: _Task, trace: pd.DataFrame, row: Callable, workloads: dict) -> dict:
@@ -178,7 +181,10 @@ def _run_task(task: _Task, trace: pd.DataFrame, row: Callable, workloads: dict) 
                 workloads.clear()
             workload = workloads[(task.trace_key, task.seed)] = Workload(trace, seed=task.seed)
         result = simulate(workload, task.policy, task.setup, task.steps, task.seed)
-        return {"row": _plain(row(task.policy, result))}
+        lengths = _LENGTHS.get((task.trace_key, task.steps))
+        if lengths is None:
+            lengths = _LENGTHS[(task.trace_key, task.steps)] = trace_lengths(trace, task.steps)
+        return {"row": _plain(row(task.policy, result, lengths))}
     except Exception as e:  # noqa: BLE001  (a composition that fails at run time is a row, not a crash)
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -74,7 +74,7 @@ def build_report(trace: pd.DataFrame, policy: str, setup=None, *, trace_name: st
     results = replay(trace, [policy], setup, steps=steps, seed=seed, progress=progress)
     names = list(results)  # baseline, the policy (its name as made by make_policy), oracle
     name = names[1] if len(names) == 3 else "baseline"
-    summary = summarize(results)
+    summary = summarize(results, trace, steps)
     step = _timeline_step(results, name) if timeline_step is None else timeline_step
     say("drawing figures")
     sections = [_trace_section(trace, info, trace_name), _policy_section(summary, results, name, setup),
