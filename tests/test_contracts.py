@@ -10,7 +10,8 @@ from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.contracts import Engine
 from lssim.loop.core import EVENT_KINDS, FINISHED, PROGRESS, Speculation
 from lssim.loop.policy import Compose, Policy, PolicyNeeds, make_policy
-from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
+from lssim.sim.trainer import SimTrainer
+from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import Workload
 from test_sim import COST, NO_TRAIN, make_trace
 

@@ -19,7 +19,8 @@ from lssim.cost import ProfiledCostModel, RooflineCostModel
 from lssim.sim.fastsim import price_decode
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import make_policy
-from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.sim.trainer import SimTrainer, TrainTimeModel
+from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.synth import get_preset, synthesize
 from lssim.traces.workload import OracleLengths, Workload
 

@@ -12,7 +12,8 @@ from lssim.sim.bounds import make_lower_bound
 from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import make_policy
-from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.sim.trainer import SimTrainer, TrainTimeModel
+from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import Workload
 
 from test_sim import COST, make_trace

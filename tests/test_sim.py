@@ -12,7 +12,8 @@ from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.core import GroupSpec
 from lssim.cost import ProfiledCostModel, solo_decode_time
 from lssim.loop.policy import Action, Policy, make_policy
-from lssim.sim.world import EngineConfig, SimEngine, SimTrainer, TrainTimeModel
+from lssim.sim.trainer import SimTrainer, TrainTimeModel
+from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import Workload
 
 # 1 ms + 10 us per running sequence + 1 ns per context token per iteration; prefill 0.1 ms + 1 us/token.

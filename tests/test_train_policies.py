@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lssim.loop.core import Group, Request
 from lssim.loop.policy import Compose, Policy, TrainBatch, TrainMask, make_policy
-from lssim.sim.world import SimTrainer, TrainTimeModel
+from lssim.sim.trainer import SimTrainer, TrainTimeModel
 from lssim.sim.train_policy import measured_mask, price_masked, sim_batch
 from lssim.sim.training import AnalyticTrainCost
 from policies.entropy_prune import EntropyPrune, entropy_keep

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.sim.world import SimTrainer, TrainTimeModel
+from lssim.sim.trainer import SimTrainer, TrainTimeModel
 from lssim.sim.train_profiled import ProfiledTrainCost, step_features
 from lssim.sim.training import (
     AnalyticTrainCost,

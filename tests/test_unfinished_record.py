@@ -92,7 +92,8 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: s
     """The simulator's controller in async mode (staleness 1; or `mode`) under `policy` with the real backend's recorder
     attached, as real_backend.world.run_real attaches it; returns the keys of every response it submitted and the
     controller."""
-    from lssim.analysis.replay import SimEngine, SimTrainer
+    from lssim.analysis.replay import SimEngine
+    from lssim.sim.trainer import SimTrainer
 
     profile = tmp_path / "profile.json"
     MODEL.to_json(profile, meta={"command": "test"})

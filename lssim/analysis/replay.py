@@ -27,7 +27,8 @@ from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
 from lssim.loop.rewards import RewardScale
 from lssim.sim.shared_host import SharedHostEngine, slowdown_problem
-from lssim.sim.world import EngineConfig, SimEngine, SimTrainer
+from lssim.sim.trainer import SimTrainer
+from lssim.sim.world import EngineConfig, SimEngine
 from lssim.sim.training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from lssim.traces.workload import OracleLengths, Workload
 

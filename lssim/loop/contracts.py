@@ -6,13 +6,13 @@ ability is declared with its "unknown" (or "no opinion", or "cannot") answer as 
 the simulator call it without asking first whether it exists.
 
     Engine          rollout engine (lssim.sim.world.SimEngine, real_backend.engine.VLLMEngine)
-    Trainer         the train phase (lssim.sim.world.SimTrainer, real_backend.trainer.GRPOTrainer)
+    Trainer         the train phase (lssim.sim.trainer.SimTrainer, real_backend.trainer.GRPOTrainer)
     TrainJob        one step's training beside the rollout (lssim.loop.modes.PricedTrainJob,
                     real_backend.train_job.ThreadTrainJob)
     PromptSource    where a run's prompts come from (lssim.traces.workload.Workload, real_backend.prompts.TaskPrompts)
     StepObserver    told each step's row as the step completes (Controller.add_observer)
     CostModel       an engine's execution-time model (lssim.cost: roofline, profiled, operators, speculative)
-    TrainCostModel  a training-phase time model (lssim.sim.training, lssim.sim.train_profiled, TrainTimeModel)
+    TrainCostModel  a training-phase time model (lssim.sim.training, lssim.sim.train_profiled, lssim.sim.trainer.TrainTimeModel)
     PolicyHooks     a policy's hooks, each with "no opinion" (lssim.loop.policy.Policy implements composition)
     ModeHooks       the questions the controller asks an execution mode (lssim.loop.modes.ExecutionMode)
     TrainTiming     what a mode answers for a step's training

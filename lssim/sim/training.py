@@ -25,7 +25,7 @@ verl/workers/actor/dp_actor.py):
 Two calibrations: :class:`AnalyticTrainCost` for GPU clusters (FLOPs at a stated MFU, bytes over stated
 bandwidths, every constant with its source in ``describe()``) and :class:`ProfiledTrainCost`, fitted on this
 machine by ``python -m real_backend.profile_trainer`` (lssim/sim/train_profiled.py). :class:`TrainTimeModel` in
-lssim/sim/world.py, the old linear placeholder, speaks the same protocol. docs/training.md says what is modelled.
+lssim/sim/trainer.py, the old linear placeholder, speaks the same protocol. docs/training.md says what is modelled.
 """
 
 from __future__ import annotations
