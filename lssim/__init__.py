@@ -6,8 +6,9 @@ The public API, each name where it lives (also `from lssim import NAME`):
     a run          Controller, RunConfig, RunResult                                   lssim.loop.controller
     the simulator  SimSetup, simulate, replay, summarize                              lssim.analysis.replay
     traces         load_trace, write_trace, Workload, synthesize, SynthConfig         lssim.traces.*
-    contracts      Engine, Trainer, TrainJob, PromptSource, StepObserver, CostModel,  lssim.loop.contracts
-                   TrainCostModel, PolicyHooks, ModeHooks, OracleLength
+    contracts      Engine, Trainer, TrainJob, PromptSource, StepObserver,             lssim.loop.contracts
+                   PolicyHooks, ModeHooks, OracleLength
+    cost contracts CostModel, TrainCostModel                                          lssim.loop.cost_contracts
 
 `import lssim` imports none of them: each is imported on first use (PEP 562), so the command line (lssim.cli) starts
 without numpy and pandas.
@@ -26,8 +27,9 @@ _HOMES = {
     **dict.fromkeys(("load_trace", "write_trace"), "lssim.traces.trace"),
     "Workload": "lssim.traces.workload",
     **dict.fromkeys(("synthesize", "SynthConfig"), "lssim.traces.synth"),
-    **dict.fromkeys(("Engine", "Trainer", "TrainJob", "PromptSource", "StepObserver", "CostModel", "TrainCostModel",
-                     "PolicyHooks", "ModeHooks", "OracleLength"), "lssim.loop.contracts"),
+    **dict.fromkeys(("Engine", "Trainer", "TrainJob", "PromptSource", "StepObserver", "PolicyHooks", "ModeHooks",
+                     "OracleLength"), "lssim.loop.contracts"),
+    **dict.fromkeys(("CostModel", "TrainCostModel"), "lssim.loop.cost_contracts"),
 }
 
 __all__ = list(_HOMES)

@@ -131,7 +131,8 @@ def test_the_controllers_own_state_pickles_as_a_checkpoint_takes_it(policy):
 def test_the_optional_abilities_of_a_trainer_a_source_and_a_cost_model_have_their_unknown_answers():
     import numpy as np
 
-    from lssim.loop.contracts import CostModel, PromptSource, Trainer
+    from lssim.loop.contracts import PromptSource, Trainer
+    from lssim.loop.cost_contracts import CostModel
     from lssim.loop.core import PromptPool
 
     class Bare(Trainer):

@@ -23,7 +23,7 @@ from lssim.cost.catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware,
 from lssim.cost.operators import KernelProfile, OperatorCostModel
 from lssim.cost.profiled import ProfiledCostModel, batch_features
 from lssim.cost.protocol import peak_tokens_per_second, solo_decode_time
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 from lssim.cost.roofline import RooflineCostModel
 from lssim.cost.speculative import SpeculativeCost
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from lssim.cost.catalog import MODELS, SHAPES, DecoderShape, ModelSpec, lookup_spec
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["KernelProfile", "LayerKernels", "GemmTable", "load_gemm_table", "decoder_kernels", "gemm_seconds", "elementwise_seconds",

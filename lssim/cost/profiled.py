@@ -12,7 +12,7 @@ import numbers
 from pathlib import Path
 
 from lssim.cost.fitting import DECODE_COLUMNS, PREFILL_COLUMNS, ape_summary, load_batches, load_table, nnls_relative
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["ProfiledCostModel", "batch_features"]

@@ -8,7 +8,7 @@ Every model here has a per-iteration time that is piecewise linear in ``ctx`` wi
 pieces, so the span is summed in closed form and inverted (``iterations_within``) by solving a
 quadratic, then nudged by at most a step or two so the inverse is exact for the forward formula.
 
-Conventions shared by all models (the contract: lssim.loop.contracts.CostModel):
+Conventions shared by all models (the contract: lssim.loop.cost_contracts.CostModel):
 
 * ``decode_time(n, ctx, k)``: seconds for ``k`` decode iterations; ``ctx`` is the summed context
   (prompt + generated so far) at the first of them. 0 when ``k == 0`` or ``n == 0``.
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 
 __all__ = ["solo_decode_time", "peak_tokens_per_second", "no_time_to_run", "settle_iterations", "ramp_count", "INF"]
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import numpy as np
 
 from lssim.cost.catalog import HARDWARE, MODELS, Hardware, ModelSpec, lookup_spec
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 from lssim.cost.protocol import INF, ramp_count, settle_iterations, no_time_to_run
 
 __all__ = ["RooflineCostModel"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lssim.loop.core import Speculation
 from lssim.cost.protocol import settle_iterations
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 
 __all__ = ["SpeculativeCost", "SpecFit", "SpeculationSwitch", "MeasuredSpeculation", "fit_speculation",
            "load_spec_fit", "accepted_per_draft"]

@@ -1,5 +1,6 @@
-"""The contracts: what every engine, trainer, train job, prompt source, step observer, cost model, training-cost
-model, policy and execution mode must do, in one place.
+"""The contracts: what every engine, trainer, train job, prompt source, step observer, policy and execution mode must
+do, in one place; the cost-model contracts (CostModel, TrainCostModel, and price_each) live in
+lssim.loop.cost_contracts.
 
 Each is a class here; an implementation subclasses it explicitly, so what it leaves out it inherits: every OPTIONAL
 ability is declared with its "unknown" (or "no opinion", or "cannot") answer as its body, and the controller and
@@ -11,8 +12,6 @@ the simulator call it without asking first whether it exists.
                     real_backend.train_job.ThreadTrainJob)
     PromptSource    where a run's prompts come from (lssim.traces.workload.Workload, real_backend.prompts.TaskPrompts)
     StepObserver    told each step's row as the step completes (Controller.add_observer)
-    CostModel       an engine's execution-time model (lssim.cost: roofline, profiled, operators, speculative)
-    TrainCostModel  a training-phase time model (lssim.sim.training, lssim.sim.train_profiled, lssim.sim.trainer.TrainTimeModel)
     PolicyHooks     a policy's hooks, each with "no opinion" (lssim.loop.policy.Policy implements composition)
     ModeHooks       the questions the controller asks an execution mode (lssim.loop.modes.ExecutionMode)
     TrainTiming     what a mode answers for a step's training
@@ -23,7 +22,7 @@ The data they exchange are lssim.loop.core (requests, events, groups) and lssim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -31,8 +30,8 @@ from lssim.loop.core import (Event, Group, GroupSpec, InstanceLoad, PromptPool, 
                              StepContext, loader_key, loader_keys)
 from lssim.loop.decisions import DROP, NO_NEEDS, Action, PolicyNeeds, StepOutcome, TrainBatch, TrainMask
 
-__all__ = ["Engine", "Trainer", "TrainJob", "PromptSource", "OracleLength", "LengthFunction", "StepObserver", "CostModel", "TrainCostModel",
-           "PolicyHooks", "ModeHooks", "TrainTiming", "POLICY_HOOKS", "price_each"]
+__all__ = ["Engine", "Trainer", "TrainJob", "PromptSource", "OracleLength", "LengthFunction", "StepObserver",
+           "PolicyHooks", "ModeHooks", "TrainTiming", "POLICY_HOOKS"]
 
 
 # -- the world: engine, trainer, train job, prompts -------------------------------------------------------
@@ -279,106 +278,6 @@ class StepObserver(Protocol):
     it (Controller.add_observer): progress bars, a real run's recorder, its checkpoints."""
 
     def __call__(self, row: dict) -> None: ...
-
-
-# -- cost models ------------------------------------------------------------------------------------------
-
-@runtime_checkable
-class CostModel(Protocol):
-    """What the simulator needs from an execution-time model (lssim.cost.protocol's docstring: the conventions).
-
-    Optional, with defaults built on the scalar methods (a model overrides them where it has faster forms):
-    `decode_times` / `prefill_times` / `departure_times`, array forms equal to the scalar calls to the last bit
-    (the batch route, lssim.sim.fastsim, prices whole rollouts with them); `abort_time`, seconds the caller is
-    blocked aborting requests (0: a model that does not know)."""
-
-    name: str
-
-    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
-        """Seconds for ``n_iters`` consecutive decode iterations of one engine instance with
-        ``n_seqs`` running sequences, where ``ctx_tokens`` is the sum of the sequences' context
-        lengths (prompt + generated) at the first of those iterations; the sum grows by ``n_seqs``
-        each iteration. Exact for the model's per-iteration formula (closed form), monotone
-        non-decreasing in every argument, and 0 for ``n_iters == 0``."""
-        ...
-
-    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        """The largest ``k >= 0`` with ``decode_time(n_seqs, ctx_tokens, k) <= seconds``."""
-        ...
-
-    def prefill_time(self, n_tokens: int) -> float:
-        """Seconds to prefill ``n_tokens`` prompt tokens (added to the admitting iteration);
-        0 for ``n_tokens <= 0``; affine (hence subadditive) in ``n_tokens`` above 0."""
-        ...
-
-    def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
-        """A lower bound on the summed decode seconds of any schedule that generates ``tokens`` tokens with at
-        most ``max_num_seqs`` sequences per iteration, where ``context_reads`` is the sum over those tokens of
-        the context each was decoded at (schedule-independent: a response of ``L`` tokens on a context of
-        ``c`` reads ``L*c + L*(L-1)/2``). The lower bound's work term (lssim.sim.bounds)."""
-        ...
-
-    def departure_time(self, n_leaving: int) -> float:
-        """Seconds added when ``n_leaving`` sequences leave the running batch at one iteration boundary;
-        0 for ``n_leaving <= 0``, non-negative otherwise."""
-        ...
-
-    def describe(self) -> dict:
-        """The model's parameters, for reports."""
-        ...
-
-    def decode_times(self, n_seqs: np.ndarray, ctx_tokens: np.ndarray, n_iters: np.ndarray) -> np.ndarray:
-        """`decode_time` of every span i, equal to the scalar call."""
-        return np.fromiter((self.decode_time(a, b, c) for a, b, c in zip(n_seqs.tolist(), ctx_tokens.tolist(), n_iters.tolist())),
-                           dtype=float, count=len(n_seqs))
-
-    def prefill_times(self, n_tokens: np.ndarray) -> np.ndarray:
-        """`prefill_time` of each."""
-        return price_each(self.prefill_time, n_tokens)
-
-    def departure_times(self, n_leaving: np.ndarray) -> np.ndarray:
-        """`departure_time` of each."""
-        return price_each(self.departure_time, n_leaving)
-
-    def abort_time(self, n_aborted: int) -> float:
-        """Seconds the caller of the serving API is blocked while it aborts `n_aborted` requests; 0 unknown."""
-        return 0.0
-
-
-def price_each(fn, values: np.ndarray) -> np.ndarray:
-    """fn(v) for each distinct v (prefill and departure are cheap scalars; distinct values are few). Most records
-    admit nothing and end nothing: v <= 0 costs 0 (CostModel), only the rest are sorted."""
-    out = np.zeros(len(values))
-    live = np.flatnonzero(values > 0)
-    if len(live):
-        uniq, inverse = np.unique(values[live], return_inverse=True)
-        out[live] = np.array([fn(int(v)) for v in uniq.tolist()], dtype=float)[inverse]
-    return out
-
-
-@runtime_checkable
-class TrainCostModel(Protocol):
-    """What the simulator (and the execution modes built on it) need from a training-phase model."""
-
-    def phases(self, seq_lens: np.ndarray, prompt_lens: np.ndarray, n_devices: int, *, collocated: bool):
-        """Seconds per phase for one step that trains these sequences (``seq_lens``: prompt + response tokens of
-        each; ``prompt_lens``: its prompt tokens) on ``n_devices`` devices; ``collocated``: rollout shares them
-        (adds the context switch; weights sync by IPC rather than over the network). An empty batch trains
-        nothing and syncs nothing: all zero. Returns an lssim.sim.training.TrainPhases."""
-        ...
-
-    def micro_batch_seconds(self, seq_lens: np.ndarray, n_devices: int = 1, *, forward_only: bool = False) -> float:
-        """Seconds of one micro-batch holding these sequences: forward + backward (``forward_only``: forward),
-        no optimizer step; for modes that stream micro-batches into training as groups finish."""
-        ...
-
-    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
-        """Seconds of one optimizer step (after a mini-batch's micro-batches)."""
-        ...
-
-    def describe(self) -> dict:
-        """Every constant, with its source."""
-        ...
 
 
 # -- policies and execution modes -------------------------------------------------------------------------

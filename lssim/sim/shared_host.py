@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from lssim.loop.contracts import CostModel
+from lssim.loop.cost_contracts import CostModel
 from lssim.sim.world import SimEngine
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lssim.loop.contracts import TrainCostModel
+from lssim.loop.cost_contracts import TrainCostModel
 from lssim.sim.train_batches import TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
 from lssim.cost.fitting import nnls_relative
 

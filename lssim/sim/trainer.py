@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lssim.loop.contracts import Trainer, TrainCostModel
+from lssim.loop.contracts import Trainer
+from lssim.loop.cost_contracts import TrainCostModel
 from lssim.sim.training import AnalyticTrainCost, TrainPhases, check_lengths
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from lssim.cost import HARDWARE, MODELS
-from lssim.loop.contracts import TrainCostModel
+from lssim.loop.cost_contracts import TrainCostModel
 from lssim.sim.train_batches import (TrainPhases, check_devices, check_lengths, pack_padded, padded_shapes,
                                      read_train_cost_file)
 from lssim.sim.train_profiled import ProfiledTrainCost
