@@ -6,7 +6,8 @@ torch GRPO trainer) and a `PromptSource` (a trace's prompts or a task's dataset)
 A step: plan the groups (carried responses first), submit, react to events until the rollout ends,
 settle what is still running (carry or drop), train on the finished groups, let the policy remember.
 The books balance at every step: every response that entered the step ended in it or was carried out.
-The books themselves -- a step's state while it runs, the rows it leaves behind -- are lssim.loop.records.
+The books themselves -- a step's state while it runs, the rows it leaves behind -- are lssim.loop.records; the
+rollout's entries in them (requests registered, responses ended, the batch route's rollout) lssim.loop.rollout_books.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from lssim.loop.decisions import CARRY
 from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
-from lssim.loop.columns import RequestColumns, TakenRows, gather, plan_requests, stable_argsort, with_signal
+from lssim.loop.columns import RequestColumns, gather, plan_requests
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rewards import RewardScale
+from lssim.loop.rollout_books import end_response, order, register, rollout_batch
 
 
 @dataclass(slots=True)
@@ -214,9 +216,9 @@ class Controller:
         plan = self._admit(self.policy.plan(ctx, proposal), s)
         fresh = self._make_requests(plan, s)
         if self._batched:  # the whole rollout at once, as columns (lssim.sim.fastsim): nothing is carried out of it
-            self._rollout_batch(fresh, s)
+            rollout_batch(fresh, s, self.engine, self.policy, self._asks)
         else:
-            s.fresh = self._register(fresh, s)
+            s.fresh = register(fresh, s)
             self._launch(s)  # carried responses and the plan's, in one submission
             self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
             self._settle_unfinished(s)  # what still runs is carried or dropped
@@ -293,7 +295,7 @@ class Controller:
                     if r.rid in running:
                         self.engine.abort(r)
                     r.finish_reason, r.stop_reason = ABORT, "stale"
-                    self._end(r, s)
+                    end_response(r, s)
             s.dropped_groups.add(gid)
             self._admitted -= 1
         s.rollout.groups_done, s.rollout.groups_effective = counters
@@ -364,7 +366,7 @@ class Controller:
                 if r.rid not in in_flight:
                     continue  # a stale event for a request the controller already ended
                 if ev.kind == FINISHED:
-                    self._end(r, s)
+                    end_response(r, s)
                     if asks["on_finish"]:
                         policy.on_finish(r, state)
                 elif asks["on_progress"]:
@@ -414,7 +416,7 @@ class Controller:
                 r.reward = action.reward
             elif action.score:  # an early exit keeps what the response wrote so far, as the world scores it
                 r.reward = self.engine.score_partial(r)
-            self._end(r, s)
+            end_response(r, s)
             if self._asks["on_finish"]:  # every policy hears of every response that ends during the rollout
                 self.policy.on_finish(r, s.rollout)
         else:  # carry: pause now, resume next step
@@ -422,19 +424,6 @@ class Controller:
             s.rollout.requests_in_flight -= 1
             r.stop_reason = action.reason
             s.carried_out.append(r)
-
-    def _end(self, r: Request, s: StepState) -> None:
-        state = s.rollout
-        del s.in_flight[r.rid]
-        state.requests_in_flight -= 1
-        state.responses_done += 1
-        s.ended.append(r)
-        s.open_members[r.group_id] -= 1
-        if s.open_members[r.group_id] == 0:
-            state.groups_done += 1
-            rewards = [m.reward for m in s.members[r.group_id]]
-            if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
-                state.groups_effective += 1
 
     def _settle_unfinished(self, s: StepState) -> None:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""
@@ -454,7 +443,7 @@ class Controller:
                 s.carried_out.append(r)
             else:
                 r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
-                self._end(r, s)
+                end_response(r, s)
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
@@ -473,67 +462,14 @@ class Controller:
         self._next_group += len(plan)
         return cols
 
-    def _register(self, fresh: RequestColumns, s: StepState) -> list[Request]:
-        """The event route's books for new requests: Request objects, each group's members, open counts."""
-        requests = fresh.to_requests()
-        for r in requests:
-            s.context_at_start[r.rid] = r.prompt_len
-            members = s.members.get(r.group_id)
-            if members is None:
-                members = s.members[r.group_id] = []
-            members.append(r)
-        for gid in np.unique(fresh.group_id).tolist():
-            s.open_members[gid] = len(s.members[gid])
-        return requests
-
-    def _rollout_batch(self, fresh: RequestColumns, s: StepState) -> None:
-        """The batch route: the step's requests in priority order on their instances (the policy's priority and place
-        hooks asked as on the event route), run to their end by the engine in one call, the books closed at once
-        as `_end` closes them one by one."""
-        queue = None  # the rows stay in plan order; the engine is told the order they are queued in
-        if len(fresh) and self._asks["priority"]:  # queued in priority order, as `_order` submits them
-            fresh.priority[:] = self.policy.priorities(fresh)
-            queue = stable_argsort(fresh.priority)
-        if len(fresh) and self._asks["place"]:  # placed in the order they are queued, as `_order` places them
-            if queue is None:
-                fresh.instance[:] = self.policy.placements(fresh, self.engine.loads())
-            else:
-                fresh.instance[queue] = self.policy.placements(TakenRows(fresh, queue), self.engine.loads())
-        state = s.rollout
-        s.batch = fresh
-        s.groups_done = groups = s.batch_groups()
-        state.groups_submitted = len(groups)
-        s.batch_ended = self.engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
-        state.responses_done += len(fresh)
-        state.groups_done += len(groups)
-        s.batch_signal = with_signal(fresh.reward[groups.rows], groups.sizes)
-        state.groups_effective += int(s.batch_signal.sum())
-        state.now = self.engine.now()
-
     def _submit(self, requests: list[Request]) -> None:
-        self.engine.submit(self._order(requests))
-
-    def _order(self, requests: list[Request]) -> list[Request]:
-        """The policy's priorities and placements (where it has an opinion); the requests in priority order."""
-        if self._asks["priority"]:
-            for r in requests:
-                choice = self.policy.priority(r)
-                if choice is not None:
-                    r.priority = choice
-            requests = sorted(requests, key=lambda r: r.priority)  # placed and queued in priority order
-        if self._asks["place"]:
-            loads = self.engine.loads()
-            for r in requests:
-                choice = self.policy.place(r, loads)
-                if choice is not None:
-                    r.instance = choice
-        return requests
+        self.engine.submit(order(requests, self.engine, self.policy, self._asks))
 
     def _submit_more(self, more: list[GroupSpec], s: StepState) -> None:
         more = self._admit(more, s)
         if not more:
             return
-        fresh = self._register(self._make_requests(more, s), s)
+        fresh = register(self._make_requests(more, s), s)
         s.topped_up.extend(fresh)
         s.rollout.groups_submitted += len(more)
         s.rollout.extra_rounds += 1

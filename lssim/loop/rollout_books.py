@@ -1,0 +1,86 @@
+"""A step's rollout in its books, as functions of the step's state (lssim.loop.records.StepState) that the controller
+(lssim.loop.controller) calls: new requests registered on the event route, a response ended there, the batch route's
+whole rollout closed at once, and the policy's priorities and placements asked before a submission.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lssim.loop.columns import RequestColumns, TakenRows, stable_argsort, with_signal
+from lssim.loop.contracts import Engine
+from lssim.loop.core import Request
+from lssim.loop.policy import Policy
+from lssim.loop.records import StepState
+
+
+def register(fresh: RequestColumns, s: StepState) -> list[Request]:
+    """The event route's books for new requests: Request objects, each group's members, open counts."""
+    requests = fresh.to_requests()
+    for r in requests:
+        s.context_at_start[r.rid] = r.prompt_len
+        members = s.members.get(r.group_id)
+        if members is None:
+            members = s.members[r.group_id] = []
+        members.append(r)
+    for gid in np.unique(fresh.group_id).tolist():
+        s.open_members[gid] = len(s.members[gid])
+    return requests
+
+
+def end_response(r: Request, s: StepState) -> None:
+    """The event route's books for a response that ended in the rollout (finished, stopped or aborted)."""
+    state = s.rollout
+    del s.in_flight[r.rid]
+    state.requests_in_flight -= 1
+    state.responses_done += 1
+    s.ended.append(r)
+    s.open_members[r.group_id] -= 1
+    if s.open_members[r.group_id] == 0:
+        state.groups_done += 1
+        rewards = [m.reward for m in s.members[r.group_id]]
+        if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+            state.groups_effective += 1
+
+
+def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool]) -> None:
+    """The batch route: the step's requests in priority order on their instances (the policy's priority and place
+    hooks asked as on the event route; `asks`: which hooks the policy overrides), run to their end by the engine in
+    one call, the books closed at once as `end_response` closes them one by one."""
+    queue = None  # the rows stay in plan order; the engine is told the order they are queued in
+    if len(fresh) and asks["priority"]:  # queued in priority order, as `order` submits them
+        fresh.priority[:] = policy.priorities(fresh)
+        queue = stable_argsort(fresh.priority)
+    if len(fresh) and asks["place"]:  # placed in the order they are queued, as `order` places them
+        if queue is None:
+            fresh.instance[:] = policy.placements(fresh, engine.loads())
+        else:
+            fresh.instance[queue] = policy.placements(TakenRows(fresh, queue), engine.loads())
+    state = s.rollout
+    s.batch = fresh
+    s.groups_done = groups = s.batch_groups()
+    state.groups_submitted = len(groups)
+    s.batch_ended = engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
+    state.responses_done += len(fresh)
+    state.groups_done += len(groups)
+    s.batch_signal = with_signal(fresh.reward[groups.rows], groups.sizes)
+    state.groups_effective += int(s.batch_signal.sum())
+    state.now = engine.now()
+
+
+def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:
+    """The policy's priorities and placements (where it has an opinion; `asks`: which hooks it overrides); the
+    requests in priority order."""
+    if asks["priority"]:
+        for r in requests:
+            choice = policy.priority(r)
+            if choice is not None:
+                r.priority = choice
+        requests = sorted(requests, key=lambda r: r.priority)  # placed and queued in priority order
+    if asks["place"]:
+        loads = engine.loads()
+        for r in requests:
+            choice = policy.place(r, loads)
+            if choice is not None:
+                r.instance = choice
+    return requests
