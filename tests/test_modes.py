@@ -44,7 +44,7 @@ def run(trace, mode: ModeConfig, policy="baseline", seqs=8, kv=10**7, seed=0):
 traces = st.builds(
     lambda steps, prompts, group, seed, tail: make_trace(
         np.minimum(np.random.default_rng(seed).lognormal(3.5, tail, size=(steps, prompts, group)).astype(int) + 1, 300),
-        max_tokens=300),
+        max_tokens=300).assign(loop_start=-1, entropy_mean=0.6),  # labelled (no loops): breaker may read its signals
     steps=st.integers(1, 4), prompts=st.integers(1, 6), group=st.integers(1, 4), seed=st.integers(0, 10**6),
     tail=st.floats(0.2, 1.5))
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
