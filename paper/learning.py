@@ -36,7 +36,7 @@ def learning_numbers(root: Path) -> tuple[dict, dict]:
                      "predicted s": predicted.get("predicted_seconds")})
     frame = pd.DataFrame(rows)
     base = result["summary"][result["baseline"]]
-    numbers = {"learn.target": result["target"], "learn.budget": result["budget_seconds"],
+    numbers = {"learn.command": LEARN_COMMAND, "learn.model_command": MODEL_COMMAND, "learn.target": result["target"], "learn.budget": result["budget_seconds"],
                "learn.baseline_initial": base["initial_accuracy"]["median"],
                "learn.baseline_at_budget": base["accuracy_at_budget"]["median"],
                "learn.baseline_to_target": base["time_to_target_seconds"]["median"],

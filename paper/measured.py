@@ -29,6 +29,7 @@ from lssim.analysis.fidelity.noise import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TAR
 
 from paper.experiments.validation_noise import folder_table, pooled, pooled_folders, speedups_pooled
 
+from .learning import learning_numbers
 from .render import plain, table
 
 VALIDATION = Path("paper") / "experiments" / "validation" / "full4"  # the headline run (the README's table)
@@ -369,6 +370,9 @@ def measured_all(root: Path) -> tuple[dict, dict]:
     tables.update(modes_tables)
     numbers.update(trainer_numbers(root))
     numbers.update(speculation_numbers(root))
+    learning, learning_tables = learning_numbers(root)
+    numbers.update(learning)
+    tables.update(learning_tables)
     gpu, heldout = gpu_numbers()
     numbers.update(gpu)
     numbers = {k: plain(v) for k, v in numbers.items()}

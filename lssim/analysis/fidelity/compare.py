@@ -220,7 +220,7 @@ def fidelity_table(steps: pd.DataFrame, responses: pd.DataFrame, groups: dict[st
 
 def stop_agreement(responses: pd.DataFrame) -> dict:
     """Which responses the policy stopped (finish_reason policy_stop) on the engine and in the twin, over the
-    responses both ended: the counts, the twin's precision (its stops the engine made too) and recall (the engine's
+    responses both ended: the counts (per repeat, where the frame has several), the twin's precision (its stops the engine made too) and recall (the engine's
     stops the twin made); NaN where there is nothing to divide by."""
     if "finish_reason_measured" not in responses:  # a comparison written before finish reasons were kept
         return {"stops_measured": float("nan"), "stops_predicted": float("nan"), "stop_precision": float("nan"),
@@ -228,7 +228,8 @@ def stop_agreement(responses: pd.DataFrame) -> dict:
     measured = (responses["finish_reason_measured"] == "policy_stop").to_numpy()
     predicted = (responses["finish_reason_predicted"] == "policy_stop").to_numpy()
     both = int((measured & predicted).sum())
-    return {"stops_measured": int(measured.sum()), "stops_predicted": int(predicted.sum()),
+    repeats = responses["repeat"].nunique() if "repeat" in responses and len(responses) else 1
+    return {"stops_measured": measured.sum() / repeats, "stops_predicted": predicted.sum() / repeats,  # per repeat
             "stop_precision": both / predicted.sum() if predicted.any() else float("nan"),
             "stop_recall": both / measured.sum() if measured.any() else float("nan")}
 
