@@ -48,7 +48,7 @@ from lssim.loop.core import Request
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.loop.signals import SignalSpec
 from lssim.results import atomic_write
-from lssim.traces.signal_trace import measure_response
+from lssim.traces.signal_trace import UNMEASURED, measure_response
 from lssim.traces.trace import write_trace
 
 FILES = ("trace.parquet", "steps.parquet", "responses.parquet", "meta.json")
@@ -64,11 +64,6 @@ def with_driver_seconds(steps: pd.DataFrame, engine) -> pd.DataFrame:
         return steps
     own = [engine.driver_seconds(start, end) for start, end in zip(steps["rollout_start"], steps["rollout_end"])]
     return steps if None in own else steps.assign(driver_seconds=own)
-
-
-# The measured signal columns and what a response the recorder never observed gets (no signals: a replay refuses it).
-MEASURED_DEFAULTS = (("signal_source", ""), ("signal_window", 0), ("signal_ngram", 0), ("signal_stride", 0),
-                     ("signal_repetition", np.empty(0, np.float32)), ("signal_entropy", np.empty(0, np.float32)))
 
 
 class Recorder:
@@ -210,7 +205,7 @@ class Recorder:
         df = df.copy()
         keys = list(zip(df["step"].tolist(), df["prompt_id"].tolist(), df["sample_idx"].tolist()))
         for col, default in (("entropy_mean", math.nan), ("mean_logprob", math.nan), ("loop_start", -1), ("text", ""),
-                             *MEASURED_DEFAULTS):
+                             *UNMEASURED.items()):
             df[col] = [self._signals.get(k, {}).get(col, default) for k in keys]
         return df
 
@@ -281,7 +276,7 @@ def to_trace(responses: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "entropy_mean": responses.get("entropy_mean", pd.Series(math.nan, index=responses.index)).astype(float),
         # the early-exit signals measured from the tokens (lssim.traces.signal_trace); a response with none recorded
         # (one the recorder did not observe) has signal_source '' and no values
-        **{col: responses[col] if col in responses else [default] * len(responses) for col, default in MEASURED_DEFAULTS},
+        **{col: responses[col] if col in responses else [default] * len(responses) for col, default in UNMEASURED.items()},
         # extra columns (kept by lssim.traces.trace, not part of its schema)
         "end_step": responses["end_step"].astype("int64"),
         "mean_logprob": responses.get("mean_logprob", pd.Series(math.nan, index=responses.index)).astype(float),

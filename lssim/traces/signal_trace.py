@@ -31,6 +31,16 @@ from lssim.loop.signals import DEFAULT, SIGNAL_NAMES, SignalSpec, signals_along,
 DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-token checks fall on them
 SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
 SIGNAL_COLUMNS = ("signal_source", "signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
+# What a response with no measured signals has in those columns (a replay of a policy that reads them refuses it).
+UNMEASURED = {"signal_source": "", "signal_window": 0, "signal_ngram": 0, "signal_stride": 0,
+              "signal_repetition": np.empty(0, np.float32), "signal_entropy": np.empty(0, np.float32)}
+
+
+def default_source(columns) -> str:
+    """`signal_source` of a trace that does not say: `synthetic` where it has the synthesizer's labels, else none."""
+    return "synthetic" if "loop_start" in columns or "entropy_collapse_start" in columns else ""
+
+
 HOW_TO_MEASURE = ("measure them from the tokens: `lssim import slime` keeps the dump's tokens and log-probs, "
                   "`lssim import verl|trl|areal --tokenizer DIR` retokenizes the text, `lssim signals TRACE --tokens SOURCE` "
                   "adds them to a trace")
@@ -119,16 +129,14 @@ class TraceSignals:
         if code == SOURCE_CODES["measured"]:
             window = int(self._window[row])
             lo, hi = self._start[row], self._start[row + 1]
-            i = min(generated // int(self._stride[row]), hi - lo) - 1
-            tokens = min(generated, window)
-            if i < 0:
-                return {"repetition": 0.0, "entropy": math.nan, "tokens": tokens, "window": window}
-            return {"repetition": float(self._repetition[lo + i]), "entropy": float(self._entropy_values[lo + i]),
-                    "tokens": tokens, "window": window}
+            i = lo + min(generated // int(self._stride[row]), hi - lo) - 1  # the last value at or before `generated`
+            repetition, entropy = (self._repetition[i], self._entropy_values[i]) if i >= lo else (0.0, math.nan)
+            return {"repetition": float(repetition), "entropy": float(entropy), "tokens": min(generated, window),
+                    "window": window}
         if code == SOURCE_CODES["synthetic"]:
             return signals_from_trace(generated, int(self._loop[row]), int(self._collapse[row]), float(self._entropy[row]),
                                       self.text_entropy, spec.window_for(max_tokens))
         return None
 
 
-__all__ = ["DEFAULT_STRIDE", "SIGNAL_COLUMNS", "HOW_TO_MEASURE", "TraceSignals", "measure_response", "measure_rows"]
+__all__ = ["DEFAULT_STRIDE", "SIGNAL_COLUMNS", "UNMEASURED", "default_source", "HOW_TO_MEASURE", "TraceSignals", "measure_response", "measure_rows"]

@@ -34,6 +34,7 @@ import pandas as pd
 from lssim.loop.core import FINISH_REASONS
 from lssim.traces.checks import (CROSS_COLUMN_CHECKS, STR_DTYPE, TraceError, check_column_range, coerce_bool, coerce_float,
                                  coerce_floats, coerce_id, coerce_int, coerce_str, key_order, num)
+from lssim.traces.signal_trace import default_source
 
 __all__ = [
     "TraceError",
@@ -323,13 +324,12 @@ _COERCE = {"int": coerce_int, "float": coerce_float, "bool": coerce_bool, "id": 
 
 def _fill_defaults(cols: dict[str, Any], n: int) -> None:
     """Missing optional columns take their defaults (``_STEP``: a copy of ``step``); those not `filled` stay missing."""
-    labelled = "loop_start" in cols or "entropy_collapse_start" in cols  # before they are filled below
+    signal_source = default_source(cols)  # before the labels are filled below
     for c in COLUMNS:
         if c.name in cols or not c.filled:
             continue
         if c.default is _SIGNALS_LABELLED:
-            value = "synthetic" if labelled else ""
-            cols[c.name] = pd.Series([value] * n, dtype=STR_DTYPE) if n else pd.Series([], dtype=STR_DTYPE)
+            cols[c.name] = pd.Series([signal_source] * n, dtype=STR_DTYPE) if n else pd.Series([], dtype=STR_DTYPE)
         elif c.default is _STEP:
             cols[c.name] = cols["step"].copy()
         elif c.kind in ("int", "float", "bool"):

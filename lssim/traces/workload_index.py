@@ -13,7 +13,7 @@ from numba import njit
 
 from lssim.loop.core import STOP
 from lssim.traces.checks import is_sorted
-from lssim.traces.signal_trace import SOURCE_CODES
+from lssim.traces.signal_trace import SOURCE_CODES, default_source
 
 
 _MASK = (1 << 64) - 1
@@ -43,8 +43,7 @@ def signal_source_codes(trace: pd.DataFrame) -> np.ndarray:
     if "signal_source" in trace:  # validated: one of SOURCE_CODES (comparisons: a 1M-row map takes seconds)
         source = trace["signal_source"]
         return sum(code * (source == name).to_numpy(np.int64) for name, code in SOURCE_CODES.items() if code)
-    labelled = "loop_start" in trace or "entropy_collapse_start" in trace
-    return np.full(len(trace), SOURCE_CODES["synthetic" if labelled else ""], np.int64)
+    return np.full(len(trace), SOURCE_CODES[default_source(trace.columns)], np.int64)
 
 
 def sorted_rows(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
