@@ -14,7 +14,6 @@ reads the signals then refuses the trace, rather than mix sources silently).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.signals import SignalSpec
+from lssim.traces.importers.common import json_lines
 from lssim.traces.signal_trace import SIGNAL_COLUMNS, measure_response
 
 KEY = ("step", "prompt_id", "sample_idx")
@@ -51,19 +51,7 @@ def _records(source: Path) -> list[tuple[str, dict]]:
     if source.suffix == ".parquet":
         frame = pd.read_parquet(source)
         return [(f"{source}: row {i}", rec) for i, rec in enumerate(frame.to_dict("records"))]
-    out = []
-    with open(source, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{source}: line {n}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{source}: line {n}: not a JSON object")
-            out.append((f"{source}: line {n}", rec))
-    return out
+    return [(f"{source}: line {n}", rec) for n, rec in json_lines(source)]
 
 
 def _key(rec: dict, where: str) -> tuple[int, str, int]:

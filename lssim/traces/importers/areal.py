@@ -37,12 +37,11 @@ EOS text: ``--eos-token``, or ``--tokenizer``'s), prompt ids (a hash of the prom
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
 from lssim.traces.importers.common import (EOS_SKIPPED, DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, eos_texts,
-                                           load_tokenizer, prompt_hash, signal_stride, signals_said)
+                                           json_lines, load_tokenizer, prompt_hash, signal_stride, signals_said)
 from lssim.traces.signal_trace import DEFAULT_STRIDE
 
 NAME = "areal"
@@ -161,36 +160,29 @@ def _task(path: Path, version: int, max_tokens: int, eos: set[str], encode, fitt
     texts: list = []  # the completions, for the early-exit signals
     seen: set[int] = set()
     task_id = None
-    with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            where = f"{rel}: line {line_no}"
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DumpError(f"{where}: not JSON ({e.msg})") from None
-            for key in ("task_id", "seqlen", "prompt_len", "tail_version", "sample_idx"):
-                if not isinstance(rec.get(key), int):
-                    raise DumpError(f"{where}: no {key!r}" + (" (no length)" if "len" in key else ""))
-            if rec["tail_version"] != version:
-                raise DumpError(f"{where}: tail_version {rec['tail_version']}, but it is in folder {version}")
-            if task_id is not None and rec["task_id"] != task_id:
-                raise DumpError(f"{where}: task_id {rec['task_id']} in the file of task {task_id}")
-            task_id = rec["task_id"]
-            if rec["sample_idx"] in seen:
-                raise DumpError(f"{where}: sample_idx {rec['sample_idx']} twice in one task (a restarted run "
-                                "appending to the same folder?)")
-            seen.add(rec["sample_idx"])
-            response_len = rec["seqlen"] - rec["prompt_len"]
-            if rec["prompt_len"] < 1 or response_len < 1:
-                raise DumpError(f"{where}: seqlen {rec['seqlen']} and prompt_len {rec['prompt_len']} leave no prompt or response")
-            out.append(Response(
-                step=version, prompt_id=prompt_hash(rec.get("prompt", "")), group_key=("task", task_id),
-                order=rec["sample_idx"], prompt_len=rec["prompt_len"], response_len=response_len,
-                reward=as_reward(rec.get("reward"), where), source_file=rel, source_record=line_no,
-                finish_reason=_finish(rec, response_len, max_tokens, eos, where), finish_source="inferred"))
-            texts.append(rec.get("completion"))
+    for line_no, rec in json_lines(path, rel):
+        where = f"{rel}: line {line_no}"
+        for key in ("task_id", "seqlen", "prompt_len", "tail_version", "sample_idx"):
+            if not isinstance(rec.get(key), int):
+                raise DumpError(f"{where}: no {key!r}" + (" (no length)" if "len" in key else ""))
+        if rec["tail_version"] != version:
+            raise DumpError(f"{where}: tail_version {rec['tail_version']}, but it is in folder {version}")
+        if task_id is not None and rec["task_id"] != task_id:
+            raise DumpError(f"{where}: task_id {rec['task_id']} in the file of task {task_id}")
+        task_id = rec["task_id"]
+        if rec["sample_idx"] in seen:
+            raise DumpError(f"{where}: sample_idx {rec['sample_idx']} twice in one task (a restarted run "
+                            "appending to the same folder?)")
+        seen.add(rec["sample_idx"])
+        response_len = rec["seqlen"] - rec["prompt_len"]
+        if rec["prompt_len"] < 1 or response_len < 1:
+            raise DumpError(f"{where}: seqlen {rec['seqlen']} and prompt_len {rec['prompt_len']} leave no prompt or response")
+        out.append(Response(
+            step=version, prompt_id=prompt_hash(rec.get("prompt", "")), group_key=("task", task_id),
+            order=rec["sample_idx"], prompt_len=rec["prompt_len"], response_len=response_len,
+            reward=as_reward(rec.get("reward"), where), source_file=rel, source_record=line_no,
+            finish_reason=_finish(rec, response_len, max_tokens, eos, where), finish_source="inferred"))
+        texts.append(rec.get("completion"))
     if task_id is None:
         raise DumpError(f"{rel}: no records")
     if encode is not None:

@@ -30,7 +30,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -38,7 +38,7 @@ from lssim.loop.signals import DEFAULT as SIGNAL_SPEC
 from lssim.traces.signal_trace import DEFAULT_STRIDE, measure_rows
 
 __all__ = [
-    "DumpError", "Response", "Imported", "prompt_hash", "step_files", "check_no_gaps",
+    "DumpError", "Response", "Imported", "json_lines", "prompt_hash", "step_files", "check_no_gaps",
     "load_tokenizer", "build_trace", "signals_said", "add_signal_arguments", "signal_stride", "write_imported", "as_reward", "descend", "eos_counted", "eos_texts",
 ]
 
@@ -162,6 +162,23 @@ def eos_counted(count: int, cap: int, where: str) -> tuple[int, str]:
     if count > cap:
         raise DumpError(f"{where}: {count} tokens > --max-tokens {cap}; is --max-tokens the run's response-token cap?")
     return (cap, "length") if count == cap else (count + 1, "stop")
+
+
+def json_lines(path: Path, where: str | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of each non-blank line of a JSON-lines file; DumpError naming the line (as `where`, the
+    file as the user reached it, says) where one is not JSON or not a JSON object."""
+    where = str(path) if where is None else where
+    with open(path, encoding="utf-8") as f:
+        for line_no, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DumpError(f"{where}: line {line_no}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise DumpError(f"{where}: line {line_no}: not a JSON object")
+            yield line_no, rec
 
 
 def as_reward(value: Any, where: str, key: str | None = None) -> float:

@@ -36,11 +36,11 @@ repetition only: the entropy is NaN).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from lssim.traces.importers.common import (EOS_SKIPPED, DumpError, Imported, Response, as_reward, build_trace, check_no_gaps, descend,
-                                           eos_counted, load_tokenizer, prompt_hash, signal_stride, signals_said, step_files)
+                                           eos_counted, json_lines, load_tokenizer, prompt_hash, signal_stride, signals_said,
+                                           step_files)
 from lssim.traces.signal_trace import DEFAULT_STRIDE
 
 NAME = "verl"
@@ -102,20 +102,11 @@ def read_verl(source: str | Path, *, tokenizer: str | Path, max_tokens: int, pro
 def _records(path: Path, step: int) -> list[tuple[str, int, dict]]:
     rel = str(path)  # as reached from SOURCE, so an error names a file the user can open
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DumpError(f"{rel}: line {line_no}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise DumpError(f"{rel}: line {line_no}: not a JSON object")
-            if rec.get("step") is not None and int(rec["step"]) != step:
-                raise DumpError(f"{rel}: line {line_no}: step {rec['step']}, but the file name says {step}")
-            rec["_step"] = step
-            out.append((rel, line_no, rec))
+    for line_no, rec in json_lines(path, rel):
+        if rec.get("step") is not None and int(rec["step"]) != step:
+            raise DumpError(f"{rel}: line {line_no}: step {rec['step']}, but the file name says {step}")
+        rec["_step"] = step
+        out.append((rel, line_no, rec))
     if not out:
         raise DumpError(f"{rel}: no records")
     return out
