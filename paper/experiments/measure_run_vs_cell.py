@@ -61,7 +61,7 @@ def replay_step(engine, prompts, step: pd.DataFrame, seed: int, natural: bool = 
     return [finish[i] for i in range(len(requests))]
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_run_vs_cell", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="placed", help="a world of real_backend/validation_workloads.toml (default placed)")
     p.add_argument("--rounds", type=int, default=4, help="runs recorded, each replayed step by step (default 4)")
@@ -79,6 +79,11 @@ def main(argv=None) -> int:
                         "one-instance profile's (--profile) price of it")
     p.add_argument("--profile", default="paper/experiments/validation/until2/profile.json",
                    help="the one-instance profile --iterations prices iterations with (default: the kept validation's)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     from real_backend.validation_workloads import world_arg
 
@@ -93,15 +98,24 @@ def main(argv=None) -> int:
         p.error(f"--before: unknown {', '.join(sorted(unknown))} (push, torch)")
     if args.no_train:
         train_once()
-    kinds = befores + (["natural"] if args.natural else [])
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    rows, traces, log = record_rounds(world, args, befores + (["natural"] if args.natural else []))
+    print_bands(pd.DataFrame(rows), args.world)
+    if log is not None:
+        print_iterations(log.iterations(), args.profile)
+        print_admission(pd.concat(traces, ignore_index=True))
+    return 0
+
+
+def record_rounds(world, args, kinds: list[str]) -> tuple[list[dict], list[pd.DataFrame], "IterationLog | None"]:
+    """Record args.rounds baseline runs of `world`; replay each of their steps as a cell after each of `kinds`."""
     from real_backend.world import prepare, run_real, world_engine
 
     rows, traces = [], []
     with world_engine(world) as (setup, config, _, engine):
         log = IterationLog(engine) if args.iterations else None
         state = None
-        if any("push" in b for b in befores):
+        if any("push" in b for b in kinds):
             from transformers import AutoModelForCausalLM
 
             state = AutoModelForCausalLM.from_pretrained(setup.model_dir).state_dict()
@@ -121,32 +135,37 @@ def main(argv=None) -> int:
                     run_real(setup, policy, config, f"{scratch}/run{k}", engine=engine, prompts=prompts)
                 trace = pd.read_parquet(f"{scratch}/run{k}/trace.parquet")
                 traces.append(trace.assign(round=k))
-                for step, s in trace.groupby("step"):
-                    run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
-                    for before in kinds:
-                        if log is not None:
-                            log.tag = "cell" if before == "" else None
-                        if "push" in before:
-                            engine.update_weights(state)
-                        if "torch" in before:
-                            torch_work(0.4)
-                        cell = replay_step(engine, prompts, s, seed=1000 * k, natural=before == "natural",
-                                           budget=config.max_tokens)
-                        rows.append({"round": k, "step": int(step), "before": before or "bare", "run_s": float(run.max()),
-                                     "cell_s": float(max(cell)),
-                                     **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
-                        print(f"round {k} step {step}: run {rows[-1]['run_s']:.3f} s, cell ({before or 'bare'}) "
-                              f"{rows[-1]['cell_s']:.3f} s", flush=True)
-    df = pd.DataFrame(rows)
+                rows += replay_steps(engine, prompts, trace, k, kinds, log, state, config.max_tokens)
+    return rows, traces, log
+
+
+def replay_steps(engine, prompts, trace: pd.DataFrame, k: int, kinds: list[str], log, state, budget: int) -> list[dict]:
+    """Each step of round `k`'s run replayed as a bare cell after each of `kinds`: run / cell makespans and band ratios."""
+    rows = []
+    for step, s in trace.groupby("step"):
+        run = (s["finish_time"] - s["submit_time"].min()).to_numpy()
+        for before in kinds:
+            if log is not None:
+                log.tag = "cell" if before == "" else None
+            if "push" in before:
+                engine.update_weights(state)
+            if "torch" in before:
+                torch_work(0.4)
+            cell = replay_step(engine, prompts, s, seed=1000 * k, natural=before == "natural", budget=budget)
+            rows.append({"round": k, "step": int(step), "before": before or "bare", "run_s": float(run.max()),
+                         "cell_s": float(max(cell)),
+                         **{f"band{b}": r / c for b, (r, c) in enumerate(zip(band_medians(run), band_medians(cell)))}})
+            print(f"round {k} step {step}: run {rows[-1]['run_s']:.3f} s, cell ({before or 'bare'}) "
+                  f"{rows[-1]['cell_s']:.3f} s", flush=True)
+    return rows
+
+
+def print_bands(df: pd.DataFrame, world: str) -> None:
     bands = [f"{a:.0%}-{b:.0%}" for a, b in zip(BANDS[:-1], BANDS[1:])]
     for before, d in df.groupby("before", sort=False):
-        print(f"world {args.world}, cell {before}: run / cell makespan, median {float((d.run_s / d.cell_s).median()):.3f} "
+        print(f"world {world}, cell {before}: run / cell makespan, median {float((d.run_s / d.cell_s).median()):.3f} "
               f"(cell {float(d.cell_s.median()):.3f} s, run {float(d.run_s.median()):.3f} s); by finish band "
               + ", ".join(f"{name} {float(d[f'band{b}'].median()):.3f}" for b, name in enumerate(bands)))
-    if log is not None:
-        print_iterations(log.iterations(), args.profile)
-        print_admission(pd.concat(traces, ignore_index=True))
-    return 0
 
 
 class IterationLog:
