@@ -20,6 +20,7 @@ worker through `collective_rpc` (as weights.py's weight push), is that wrapper.
 from __future__ import annotations
 
 import threading
+import weakref
 
 
 class SpecCounts:
@@ -38,7 +39,7 @@ class SpecCounts:
 
     def add(self, scheduler_stats, iteration_stats) -> None:
         with self._lock:
-            d = getattr(scheduler_stats, "spec_decoding_stats", None) if scheduler_stats is not None else None
+            d = scheduler_stats.spec_decoding_stats if scheduler_stats is not None else None
             if d is not None:
                 self.drafts += d.num_drafts
                 self.draft_tokens += d.num_draft_tokens
@@ -54,9 +55,9 @@ class SpecCounts:
                 if self.keep_iterations:
                     self.iterations.append({
                         "time": float(iteration_stats.iteration_timestamp),
-                        "running": int(getattr(scheduler_stats, "num_running_reqs", 0) or 0),
+                        "running": int(scheduler_stats.num_running_reqs) if scheduler_stats is not None else 0,
                         "generation_tokens": int(iteration_stats.num_generation_tokens),
-                        "prompt_tokens": int(getattr(iteration_stats, "num_prompt_tokens", 0) or 0),
+                        "prompt_tokens": int(iteration_stats.num_prompt_tokens),
                         "drafts": int(d.num_drafts) if d is not None else 0,
                         "draft_tokens": int(d.num_draft_tokens) if d is not None else 0,
                         "accepted_tokens": int(d.num_accepted_tokens) if d is not None else 0})
@@ -75,16 +76,19 @@ class SpecCounts:
             return rows
 
 
+_WRAPPED: "weakref.WeakSet" = weakref.WeakSet()  # drafters whose propose is wrapped (in this worker process)
 ALWAYS = 1 << 30  # a draft limit no batch reaches: speculation wherever vLLM's own config allows it
 
 
 def _worker_limit_drafts(worker, max_batch: int) -> bool:
     """Runs inside vLLM's worker: from the next engine step on, the proposer drafts only while the step's batch
     holds at most `max_batch` requests (0: never). Returns False if the engine has no proposer (no speculation)."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if drafter is None:
+    runner = worker.model_runner
+    if not runner.speculative_config:  # vLLM makes a drafter only for a speculative config
         return False
-    if not hasattr(drafter, "_lssim_propose"):
+    drafter = runner.drafter
+    if drafter not in _WRAPPED:
+        _WRAPPED.add(drafter)
         drafter._lssim_propose = drafter.propose
 
         def propose(num_speculative_tokens, sampled_token_ids, *args, **kwargs):
