@@ -31,14 +31,50 @@ DEFAULT_TRAIN_PROFILE = Path(__file__).parent / "data" / "profile_trainer_cpu.js
 MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
 
 
-def mode_sim_setup(run, profile: str, train_profile: str):
-    """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`)."""
+def trainer_shares_host(run) -> bool:
+    """Whether the run's trainer shared the engine's host: a trainer on the CPU beside vLLM's CPU engine (meta.json's
+    setup.trainer_device; a GPU trainer has devices of its own)."""
+    return run.meta.get("setup", {}).get("trainer_device", "cpu") == "cpu"
+
+
+def mode_sim_setup(run, profile: str, train_profile: str, share=None, driver=None):
+    """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`).
+    `share` (lssim.sim.shared_host.TrainingShare): the engine and the trainer slowed beside each other, where the run's
+    trainer shared the host (trainer_shares_host); `driver` (DriverPrice): the driver's excess seconds."""
     mode = run.meta.get("mode") or {"mode": "collocated"}
     collocated = mode["mode"] == "collocated"
     return dataclasses.replace(sim_setup(run, profile), train=train_profile, train_signal_only=True, mode=mode["mode"],
                                train_devices=None if collocated else int(mode.get("train_devices") or 1),
                                staleness=int(mode.get("staleness", 1)), async_variant=mode.get("variant", "roll"),
-                               elastic=bool(mode.get("elastic", True)))
+                               elastic=bool(mode.get("elastic", True)),
+                               shared_training=share if trainer_shares_host(run) else None, driver=driver)
+
+
+def host_pricing(runs: list, profile: str) -> tuple:
+    """(TrainingShare or None, DriverPrice or None, a description) for the twins of `runs`: the trainer beside the
+    engine from the profile (real_backend.host_sharing; ValueError naming the command where a run's trainer shared
+    the host in a mode that trains beside the rollout and the profile has no measurement), the driver's excess
+    fitted on the collocated runs (the reference) against the profile's cells (lssim.analysis.fidelity.driver)."""
+    from lssim.analysis.fidelity.driver import fit_driver_price
+
+    from .host_sharing import training_share
+    from .profile import measurement_files
+
+    share = training_share(profile)
+    beside = [r for r in runs if trainer_shares_host(r) and (r.meta.get("mode") or {}).get("mode", "collocated") != "collocated"]
+    if beside and share is None:
+        raise ValueError(f"{profile}: no measurement of the engine beside the GRPO trainer on this host, which "
+                         f"{len(beside)} run(s) shared (e.g. {beside[0].folder}); measure it with `lssim profile --out "
+                         f"{profile} --shared-host` (about a minute), or record with `lssim validate --mode`, which does")
+    batches = measurement_files(profile)["batches"]
+    cells = pd.read_parquet(batches) if batches.is_file() else None
+    reference = [r.steps for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") == "collocated"]
+    driver, fit = fit_driver_price(reference, cells)
+    said = (f"engine x{share.engine_slowdown:.3f} / trainer x{share.trainer_slowdown:.3f} beside each other"
+            if share is not None else "trainer on devices of its own")
+    said += (f"; driver {driver.per_request * 1e3:.3f} ms/request, {driver.per_token * 1e6:.2f} us/token, "
+             f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells'" if driver is not None else f"; driver not priced: {fit}")
+    return share, driver, said
 
 
 def run_label(run) -> str:
@@ -57,17 +93,23 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
     seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
     from lssim.analysis.fidelity.run import replay_run
 
-    rows = []
+    share, driver, said = host_pricing(runs, profile)
+    print(f"the twin's host: {said}", file=sys.stderr)
+    rows, repeats = [], {}
     for run in runs:
-        sim = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run))
+        sim = replay_run(run, mode_sim_setup(run, profile, train_profile, share, driver), run_prompts(run))
         predicted = sim.steps.set_index("step")
+        unshared = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run)).steps.set_index("step")
+        repeat = repeats[run_label(run)] = repeats.get(run_label(run), -1) + 1  # the label's runs, in order
         for _, real in run.steps.iterrows():
             step = int(real["step"])
             p = predicted.loc[step] if step in predicted.index else None
             rows.append({"label": run_label(run), "mode": (run.meta.get("mode") or {}).get("mode", "collocated"),
-                         "policy": run.name, "folder": run.folder, "step": step, "in_twin": p is not None,
+                         "policy": run.name, "folder": run.folder, "repeat": int(run.meta.get("repeat", repeat)),
+                         "step": step, "in_twin": p is not None,
                          "measured_seconds": float(real["step_seconds"]),
                          "predicted_seconds": float(p["step_seconds"]) if p is not None else np.nan,
+                         "predicted_unshared_seconds": float(unshared.loc[step, "step_seconds"]) if step in unshared.index else np.nan,
                          "measured_rollout_seconds": float(real["rollout_seconds"]),
                          "predicted_rollout_seconds": float(p["rollout_seconds"]) if p is not None else np.nan,
                          "measured_groups": int(real["groups_trained"]),
@@ -80,7 +122,10 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
              .reset_index())
     steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
     steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
-    return {"steps": steps, "steps_by_repeat": by_repeat, "summary": summarize(steps)}
+    steps["unshared_ape_pct"] = (steps["predicted_unshared_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    from lssim.analysis.fidelity.modes import mode_noise
+
+    return {"steps": steps, "steps_by_repeat": by_repeat, "summary": mode_noise(by_repeat, summarize(steps)), "host": said}
 
 
 def summarize(steps: pd.DataFrame) -> pd.DataFrame:
@@ -99,6 +144,10 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
                        "predicted_max_staleness": int(s["predicted_max_staleness"].max())}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
+    if "unshared_ape_pct" in steps:  # compare_modes' twin with the trainer on devices of its own, beside
+        by = steps.groupby("label", sort=False)["unshared_ape_pct"]
+        table["unshared_median_ape_pct"] = by.median()
+        table["unshared_p90_ape_pct"] = by.quantile(0.9)
     # The machine's speed level, set by the collocated run(s) (their median measured / predicted step time), applied
     # to the other modes' predictions: on a shared machine the profiles' absolute speed drifts (other processes), and
     # what is left is the modes' own error. NaN without a collocated run; the collocated rows themselves are not a test.
@@ -119,13 +168,17 @@ def ranking_agrees(summary: pd.DataFrame) -> bool:
 
 
 def format_modes(summary: pd.DataFrame) -> str:
-    cols = ["steps", "steps_not_in_twin", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct",
-            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "measured_max_staleness",
-            "anchored_median_ape_pct", "anchored_p90_ape_pct"]
-    text = summary[cols].to_string(float_format=lambda x: f"{x:.3f}")
+    cols = ["runs", "steps", "steps_not_in_twin", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct",
+            "exact_step_error_median", "noise_ratio", "unshared_median_ape_pct", "speedup_measured", "speedup_predicted",
+            "speedup_error_points", "speedup_noise_bound_points", "measured_s_per_group", "predicted_s_per_group",
+            "measured_rank", "predicted_rank", "measured_max_staleness", "anchored_median_ape_pct", "anchored_p90_ape_pct"]
+    text = summary[[c for c in cols if c in summary]].to_string(float_format=lambda x: f"{x:.3f}")
     verdict = "equals" if ranking_agrees(summary) else "differs from"
     level = summary["speed_level"].iloc[0] if len(summary) else np.nan
     return (f"{text}\npredicted ranking of the runs by seconds per trained group {verdict} the measured one\n"
+            f"exact_step_error_median: an exact model's per-step error against these repeats (noise_floor); noise_ratio: "
+            f"the twin's over it; unshared_*: the twin with the trainer on devices of its own; speedups over collocated, "
+            f"per trained group, with an exact model's 95% bound on the error (points)\n"
             f"anchored_*: predictions x {level:.3f}, the collocated runs' median measured/predicted step time (this "
             f"machine's speed level now against the profiles')")
 
@@ -139,9 +192,11 @@ def parse_modes(text: str) -> list[str]:
 
 
 def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, repeats: int, staleness: int,
-                 variant: str) -> list:
+                 variant: str, base_profile: str) -> list:
     """Run each (mode, policy) `repeats` times on one engine, mode-major within a repeat (drift reaches every mode
-    alike), after a throwaway warm-up run; returns the recorded runs."""
+    alike), after a throwaway warm-up run; returns the recorded runs. Before the runs, the engine beside the GRPO
+    trainer is measured (real_backend.host_sharing) into OUT/profile.json, a copy of `base_profile`: what the twins
+    of these runs price with."""
     import tempfile
 
     from lssim.loop.modes import ModeConfig
@@ -161,6 +216,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
             prompts, policy = prepare(setup, "baseline", config)
             warm = dataclasses.replace(config, steps=2, total_groups=None)
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
+        measure_host(engine, setup, base_profile, out / "profile.json")
         for k in range(repeats):
             for mode in modes:
                 cfg = ModeConfig(mode=mode, rollout_devices=setup.n_instances, train_devices=None if mode == "collocated" else 1,
@@ -178,13 +234,36 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     return runs
 
 
+def measure_host(engine, setup, base_profile: str, profile: Path) -> None:
+    """`base_profile` (with its measurements beside it) copied to `profile`, with the engine beside the GRPO trainer
+    measured now (real_backend.host_sharing, ~30 s) in its measured_by.shared_host."""
+    import shutil
+
+    from .host_sharing import fit_sharing, measure_sharing, write_sharing
+    from .profile import measurement_files
+    from .profile_trainer import _Prompts
+    from .trainer import GRPOTrainer
+
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(base_profile, profile)
+    for kind, path in measurement_files(base_profile).items():
+        if path.is_file():
+            shutil.copyfile(path, measurement_files(profile)[kind])
+    trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
+    t0 = time.monotonic()
+    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=2))
+    write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1)})
+    print(f"shared host: engine x{fit['engine_slowdown']:.3f} beside a GRPO update, the update x{fit['trainer_slowdown']:.3f} "
+          f"beside the engine -> {profile}", file=sys.stderr)
+
+
 def run(args, specs: list[str], setup, config) -> int:
     """The `lssim validate --mode ...` handler (sim_vs_real.run checked the common options)."""
     from lssim.results import atomic_write
 
 
     out = Path(args.out)
-    train_profile = args.train_profile
+    train_profile, profile = args.train_profile, args.profile
     from lssim.sim.training import load_train_cost
 
     load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
@@ -198,15 +277,25 @@ def run(args, specs: list[str], setup, config) -> int:
     else:
         if "any" in modes:
             raise ValueError("--mode any is for --runs (each run in its recorded mode); name the modes to record")
-        runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant)
+        profile = str(out / "profile.json")  # --profile with this engine's trainer beside it (record_modes)
+        runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant,
+                            base_profile=args.profile)
     print(f"replaying {len(runs)} runs in the simulator, each in its mode ...", file=sys.stderr)
-    frames = compare_modes(runs, args.profile, train_profile)
+    frames = compare_modes(runs, profile, train_profile)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("steps", "steps_by_repeat"):
         atomic_write(out / f"modes_{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     atomic_write(out / "modes_summary.csv", lambda p: frames["summary"].to_csv(p))
-    print(format_modes(frames["summary"]))
-    print(f"written to {out}/ (modes_summary.csv, modes_steps.parquet, real/)")
+    text = (f"{format_modes(frames['summary'])}\nthe twin's host: {frames['host']}\n"
+            f"written to {out}/ (modes_summary.csv, modes_steps.parquet, modes_steps_by_repeat.parquet, real/)")
+    print(text, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        import json
+
+        from lssim.analysis.fidelity.modes import modes_results
+
+        result = modes_results(frames["summary"], frames["steps_by_repeat"], str(out))
+        print(json.dumps({**result, "profile": profile, "train_profile": train_profile, "host": frames["host"]}, indent=2))
     return 0
 
 

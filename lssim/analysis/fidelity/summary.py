@@ -93,7 +93,8 @@ def unacted(summary: pd.DataFrame) -> list[str]:
 
 def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     """`lssim validate --json`: one object, `policies: {name: {acted, step_error_median, step_error_p90,
-    speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
+    exact_step_error_median (an exact model's median against these repeats), noise_ratio (the first over it: the
+    headline), speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
     model's errors against these repeats, `noise_floor`), repeats_for_goal, speedup_noise: {floor, bound} (an exact
     model's speedup error in points, `speedup_noise_floor`), repeats_for_speedup_goal, meets_goal, meets_goal_probed,
     within_noise, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
@@ -110,6 +111,9 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "responses": int(row["responses"]) if "responses" in row and pd.notna(row["responses"]) else None,
                  "step_error_median": number(row["makespan_median_ape_pct"]),
                  "step_error_p90": number(row["makespan_p90_ape_pct"]),
+                 "exact_step_error_median": number(row.get("noise_floor_median_pct")),
+                 "noise_ratio": number(row["makespan_median_ape_pct"] / row["noise_floor_median_pct"]
+                                       if "noise_floor_median_pct" in row else None),
                  "speedup_error": number(row.get("speedup_error_points")),
                  "speedup_measured": number(row.get("speedup_measured")),
                  "speedup_predicted": number(row.get("speedup_predicted")),
