@@ -13,7 +13,8 @@ overlap those modes buy is partly lost (issue 37: every mode predicted 25-40% to
 How, in rounds (the machine's speed drifts: each round's ratios are taken minutes apart at most): the engine alone
 (`cells` batches of `n_seqs` requests, distinct random prompts, the same long-tailed lengths each time, timed to the
 last token: real_backend.cells.time_cell, the driver on the caller's thread as in a run); the trainer alone
-(`updates` GRPO updates of a synthetic batch like a rollout step's: real_backend.profile_trainer.synthetic_batch);
+(`updates` GRPO updates of a synthetic batch like a rollout step's trained groups, `train_seqs` long-tailed
+sequences: real_backend.profile_trainer.synthetic_batch);
 then both: the updates on a thread of their own (as real_backend.train_job's lane runs them) while the caller runs
 cells until they are done. engine_slowdown: the median cell together over the median alone; trainer_slowdown: the
 same for the updates; each the median over the rounds. A cell counts as "together" only if it ended before the
@@ -38,8 +39,8 @@ from .cells import longtail_lengths, time_cell
 KEY = "shared_host"  # under the profile's measured_by
 
 
-def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 6, updates: int = 3, n_seqs: int = 32,
-                    length: int = 256, train_seqs: int = 32, seed: int = 0) -> pd.DataFrame:
+def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4, updates: int = 3, n_seqs: int = 32,
+                    length: int = 256, train_seqs: int = 24, seed: int = 0) -> pd.DataFrame:
     """Rows: round, phase (engine_alone, trainer_alone, engine_beside, trainer_beside), seconds (a cell's makespan
     or an update's wall time). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
     from .profile_trainer import longtail_lengths as train_lengths

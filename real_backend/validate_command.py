@@ -96,8 +96,8 @@ def _validate_modes(args) -> int:
 
     from .world import RealSetup, prepare
 
-    if args.reprofile or args.full:
-        raise ValueError("--mode takes neither --reprofile nor --full; profile first (`lssim profile`) and pass --profile")
+    if args.full:
+        raise ValueError("--mode takes no --full: name the modes (and --policies) to record")
     if args.runs:
         return run_modes(args, None, None, None)
     config = RunConfig(steps=args.steps or 5, groups_per_step=args.groups_per_step or 8, group_size=args.group_size or 4,

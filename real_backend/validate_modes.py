@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .validate_twin import load_recorded, run_prompts, sim_setup
+from .validate_twin import load_recorded, run_prompts, sim_setup, speed_level
 
 DEFAULT_TRAIN_PROFILE = Path(__file__).parent / "data" / "profile_trainer_cpu.json"
 MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
@@ -101,11 +101,14 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
         predicted = sim.steps.set_index("step")
         unshared = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run)).steps.set_index("step")
         repeat = repeats[run_label(run)] = repeats.get(run_label(run), -1) + 1  # the label's runs, in order
+        level = speed_level(run, profile)  # the probed level the twin priced at (None: the profile alone)
+        level = np.nan if level is None else float(level)
         for _, real in run.steps.iterrows():
             step = int(real["step"])
             p = predicted.loc[step] if step in predicted.index else None
             rows.append({"label": run_label(run), "mode": (run.meta.get("mode") or {}).get("mode", "collocated"),
                          "policy": run.name, "folder": run.folder, "repeat": int(run.meta.get("repeat", repeat)),
+                         "probed_level": level,
                          "step": step, "in_twin": p is not None,
                          "measured_seconds": float(real["step_seconds"]),
                          "predicted_seconds": float(p["step_seconds"]) if p is not None else np.nan,
@@ -192,17 +195,20 @@ def parse_modes(text: str) -> list[str]:
 
 
 def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, repeats: int, staleness: int,
-                 variant: str, base_profile: str) -> list:
+                 variant: str, base_profile: str, reprofile: bool = False) -> list:
     """Run each (mode, policy) `repeats` times on one engine, mode-major within a repeat (drift reaches every mode
-    alike), after a throwaway warm-up run; returns the recorded runs. Before the runs, the engine beside the GRPO
-    trainer is measured (real_backend.host_sharing) into OUT/profile.json, a copy of `base_profile`: what the twins
-    of these runs price with."""
+    alike), after a throwaway warm-up run; returns the recorded runs. Before the runs, OUT/profile.json: the engine
+    profiled now (`reprofile`) or a copy of `base_profile`, with the engine beside the GRPO trainer measured now
+    (real_backend.host_sharing) where a mode trains beside the rollout: what the twins price with. A speed probe
+    after every run (real_backend.speed_probe): the twin is priced at the machine's level of its minutes where the
+    profile has the probe's reference (a profile from `lssim profile` or --reprofile)."""
     import tempfile
 
     from lssim.loop.modes import ModeConfig
     from lssim.results import policy_dirname
     from lssim.analysis.tables import format_step
 
+    from .speed_probe import measure_probe, record_run_probes
     from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
@@ -216,7 +222,9 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
             prompts, policy = prepare(setup, "baseline", config)
             warm = dataclasses.replace(config, steps=2, total_groups=None)
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
-        measure_host(engine, setup, base_profile, out / "profile.json")
+        profile_host(engine, setup, out / "profile.json", base_profile, reprofile, beside=modes != ["collocated"],
+                     length=config.max_tokens)
+        probes, folders = [measure_probe(engine)], []
         for k in range(repeats):
             for mode in modes:
                 cfg = ModeConfig(mode=mode, rollout_devices=setup.n_instances, train_devices=None if mode == "collocated" else 1,
@@ -228,27 +236,39 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
-                    runs.append(load_recorded(folder))
+                    probes.append(measure_probe(engine))
+                    folders.append(folder)
+                    for i in range(max(0, len(folders) - 2), len(folders)):  # the one before gets its whole window now
+                        record_run_probes(folders[i], probes, i, engine.n_instances)
+        runs = [load_recorded(folder) for folder in folders]
     finally:
         engine.close()
     return runs
 
 
-def measure_host(engine, setup, base_profile: str, profile: Path) -> None:
-    """`base_profile` (with its measurements beside it) copied to `profile`, with the engine beside the GRPO trainer
-    measured now (real_backend.host_sharing, ~30 s) in its measured_by.shared_host."""
+def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: bool, beside: bool, length: int) -> None:
+    """OUT/profile.json for the twins: this engine profiled now (`reprofile`: validate_record's --reprofile, with
+    its speed probes) or `base_profile` copied with its measurements; then, where a mode trains `beside` the rollout,
+    the engine beside the GRPO trainer measured now (real_backend.host_sharing, ~1 minute) into its
+    measured_by.shared_host."""
     import shutil
 
     from .host_sharing import fit_sharing, measure_sharing, write_sharing
     from .profile import measurement_files
     from .profile_trainer import _Prompts
     from .trainer import GRPOTrainer
+    from .validate_record import _measure_engine
 
     profile.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(base_profile, profile)
-    for kind, path in measurement_files(base_profile).items():
-        if path.is_file():
-            shutil.copyfile(path, measurement_files(profile)[kind])
+    if reprofile:
+        _measure_engine(engine, setup, profile.parent, str(profile), True, length=length)
+    else:
+        shutil.copyfile(base_profile, profile)
+        for kind, path in measurement_files(base_profile).items():
+            if path.is_file():
+                shutil.copyfile(path, measurement_files(profile)[kind])
+    if not beside:
+        return
     trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
     t0 = time.monotonic()
     fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=2))
@@ -279,7 +299,7 @@ def run(args, specs: list[str], setup, config) -> int:
             raise ValueError("--mode any is for --runs (each run in its recorded mode); name the modes to record")
         profile = str(out / "profile.json")  # --profile with this engine's trainer beside it (record_modes)
         runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant,
-                            base_profile=args.profile)
+                            base_profile=args.profile, reprofile=args.reprofile)
     print(f"replaying {len(runs)} runs in the simulator, each in its mode ...", file=sys.stderr)
     frames = compare_modes(runs, profile, train_profile)
     out.mkdir(parents=True, exist_ok=True)

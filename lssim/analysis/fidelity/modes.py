@@ -70,8 +70,8 @@ def modes_results(summary: pd.DataFrame, by_repeat: pd.DataFrame, out: str = "")
     """`lssim validate --mode --json`: one object, `modes: {mode: {label, runs, steps, step_error_median,
     step_error_p90, exact_step_error_median, exact_step_error_p90, noise_ratio, speedup_measured,
     speedup_predicted, speedup_error, speedup_noise_bound, step_error_median_unshared (the twin with dedicated
-    devices: what a GPU-like twin scores here), step_error_median_anchored, ...}}` (errors in %, speedup errors in
-    points), and `pooled`: the step errors over every run's steps with the number of runs."""
+    devices: what a GPU-like twin scores here), step_error_median_anchored, probed_level (the runs' median probed
+    level the twin priced at; null: the profile alone), ...}}` (errors in %, speedup errors in points), and `pooled`: the step errors over every run's steps with the number of runs."""
     def number(v):
         return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
@@ -97,9 +97,18 @@ def modes_results(summary: pd.DataFrame, by_repeat: pd.DataFrame, out: str = "")
             "s_per_group_predicted": number(row["predicted_s_per_group"]),
             "max_staleness_measured": int(row["measured_max_staleness"]),
             "max_staleness_predicted": int(row["predicted_max_staleness"]),
-            "rank_measured": int(row["measured_rank"]), "rank_predicted": int(row["predicted_rank"])}
+            "rank_measured": int(row["measured_rank"]), "rank_predicted": int(row["predicted_rank"]),
+            "probed_level": number(_median_level(by_repeat, label))}
     return {"out": out, "modes": modes, "pooled": pooled(summary, by_repeat),
             "ranking_agrees": bool((summary["measured_rank"] == summary["predicted_rank"]).all())}
+
+
+def _median_level(by_repeat: pd.DataFrame, label: str) -> float:
+    """The label's runs' median probed speed level (the twin priced at it), NaN where it priced with the profile alone."""
+    if "probed_level" not in by_repeat:
+        return float("nan")
+    levels = by_repeat.loc[by_repeat["label"] == label].drop_duplicates("repeat")["probed_level"].dropna()
+    return float(levels.median()) if len(levels) else float("nan")
 
 
 def pooled(summary: pd.DataFrame, by_repeat: pd.DataFrame) -> dict:
