@@ -11,8 +11,19 @@ step: `step_seconds`, the time from the previous step's weights being ready to t
 step's rollout and update). Per mode: the median and p90 absolute percentage error per step, seconds per trained
 group measured and predicted, and whether the predicted ranking of the modes (by seconds per trained group)
 equals the measured one; and the error once the predictions are scaled by the collocated runs' speed level
-(`anchored_*`: the profiles' absolute speed drifts with the machine's load; what is left is the modes'). Writes OUT/modes_steps.parquet (per mode, policy and step; median over repeats) and
-OUT/modes_summary.csv (the printed table); the runs under OUT/real/<mode>/<policy>/repeat<k>/.
+(`anchored_*`: the profiles' absolute speed drifts with the machine's load; what is left is the modes').
+
+Against the noise (lssim.analysis.fidelity.modes): per mode, an exact model's per-step error on the same repeats
+(`exact_step_error_median`, noise_floor) and the twin's over it (`noise_ratio`, the headline), the speedup over
+collocated measured and predicted with an exact model's 95% bound on its error, the number of runs; `--json` prints
+them per mode, and pooled. On this host the trainer's thread, vLLM and the driver share the cores: the twin of a
+run whose trainer was on the CPU (trainer_shares_host) slows the engine and the update beside each other by the
+factors measured into the profile (`lssim profile --out P --shared-host`; recording measures them on its engine
+into OUT/profile.json), and charges the driver's excess over the profile's cells, fitted on the collocated runs
+(lssim.analysis.fidelity.driver; where both recorded the driver's time). `unshared_*`: the twin with devices of its
+own beside it. Writes OUT/modes_steps.parquet (per mode, policy and step; median over repeats),
+OUT/modes_steps_by_repeat.parquet (per run and step) and OUT/modes_summary.csv (the printed table); the runs under
+OUT/real/<mode>/<policy>/repeat<k>/.
 """
 
 from __future__ import annotations
@@ -319,4 +330,5 @@ def run(args, specs: list[str], setup, config) -> int:
     return 0
 
 
-__all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run"]
+__all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run",
+           "host_pricing", "trainer_shares_host", "profile_host"]

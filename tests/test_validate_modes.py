@@ -79,6 +79,8 @@ def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone
         rows += [{"round": rnd, "phase": "trainer_alone", "seconds": 2.0}, {"round": rnd, "phase": "trainer_beside", "seconds": 2.0 * trainer}]
     fit = fit_sharing(pd.DataFrame(rows))
     assert fit["engine_slowdown"] == pytest.approx(1.6) and fit["trainer_slowdown"] == pytest.approx(1.3)
+    faster = pd.DataFrame(rows).assign(seconds=lambda d: np.where(d["phase"] == "trainer_beside", 1.8, d["seconds"]))
+    assert fit_sharing(faster)["trainer_slowdown"] == 1.0  # beside the engine "faster": the noise, priced as no slow-down
     with pytest.raises(ValueError, match="no round measured both trainer"):
         fit_sharing(pd.DataFrame(rows).query("phase != 'trainer_beside'"))
     profile = tmp_path / "profile.json"
@@ -130,3 +132,13 @@ def test_the_driver_price_is_the_runs_excess_over_the_cells_driver():
     assert price is None and "driver_seconds" in why
     price, why = fit_driver_price([steps], cells.drop(columns="driver_seconds"))
     assert price is None and "cells" in why
+
+
+def test_the_policies_json_reports_the_twins_error_over_an_exact_models_beside_it():
+    from lssim.analysis.fidelity.summary import load_summary, policy_results
+
+    summary = load_summary("paper/experiments/validation/full4")
+    entry = policy_results(summary)["policies"]["april"]
+    assert entry["exact_step_error_median"] == pytest.approx(summary.loc["april", "noise_floor_median_pct"])
+    assert entry["noise_ratio"] == pytest.approx(entry["step_error_median"] / entry["exact_step_error_median"])
+    assert entry["noise_ratio"] == pytest.approx(15.5 / 5.6, rel=0.02)  # the headline table's april row
