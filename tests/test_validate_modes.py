@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -83,8 +82,7 @@ def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone
     assert fit_sharing(faster)["trainer_slowdown"] == 1.0  # beside the engine "faster": the noise, priced as no slow-down
     with pytest.raises(ValueError, match="no round measured both trainer"):
         fit_sharing(pd.DataFrame(rows).query("phase != 'trainer_beside'"))
-    profile = tmp_path / "profile.json"
-    shutil.copyfile("real_backend/data/profile_cpu.json", profile)
+    profile = _bare_profile(tmp_path)
     assert training_share(profile) is None
     write_sharing(profile, fit)
     share = training_share(profile)
@@ -94,14 +92,22 @@ def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone
     ProfiledCostModel.from_json(profile)  # still the engine's profile
 
 
+def _bare_profile(tmp_path):
+    """The shipped engine profile without its shared-host measurement."""
+    payload = json.loads(open("real_backend/data/profile_cpu.json").read())
+    payload["measured_by"].pop("shared_host", None)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
 def _run(mode: str, steps: pd.DataFrame | None = None, device: str = "cpu"):
     return SimpleNamespace(meta={"mode": {"mode": mode}, "setup": {"trainer_device": device}}, folder=f"runs/{mode}",
                            steps=steps if steps is not None else pd.DataFrame())
 
 
 def test_a_run_whose_trainer_shared_the_host_needs_the_profiles_measurement_naming_the_command(tmp_path):
-    profile = tmp_path / "profile.json"
-    shutil.copyfile("real_backend/data/profile_cpu.json", profile)
+    profile = _bare_profile(tmp_path)
     with pytest.raises(ValueError, match="--shared-host"):
         host_pricing([_run("collocated"), _run("async")], str(profile))
     share, driver, said = host_pricing([_run("collocated"), _run("async", device="cuda")], str(profile))
