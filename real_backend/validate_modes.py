@@ -260,7 +260,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
 def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: bool, beside: bool, length: int) -> None:
     """OUT/profile.json for the twins: this engine profiled now (`reprofile`: validate_record's --reprofile, with
     its speed probes) or `base_profile` copied with its measurements; then, where a mode trains `beside` the rollout,
-    the engine beside the GRPO trainer measured now (real_backend.host_sharing, ~1 minute) into its
+    the engine beside the GRPO trainer measured now (real_backend.host_sharing, three rounds, ~1 minute) into its
     measured_by.shared_host."""
     import shutil
 
@@ -282,7 +282,7 @@ def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: boo
         return
     trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
     t0 = time.monotonic()
-    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=2))
+    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3))
     write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1)})
     print(f"shared host: engine x{fit['engine_slowdown']:.3f} beside a GRPO update, the update x{fit['trainer_slowdown']:.3f} "
           f"beside the engine -> {profile}", file=sys.stderr)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -93,11 +94,12 @@ def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone
 
 
 def _bare_profile(tmp_path):
-    """The shipped engine profile without its shared-host measurement."""
+    """The shipped engine profile without its shared-host measurement, its cells beside it."""
     payload = json.loads(open("real_backend/data/profile_cpu.json").read())
     payload["measured_by"].pop("shared_host", None)
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(payload))
+    shutil.copyfile("real_backend/data/profile_cpu_batches.parquet", tmp_path / "profile_batches.parquet")
     return path
 
 
@@ -148,3 +150,38 @@ def test_the_policies_json_reports_the_twins_error_over_an_exact_models_beside_i
     assert entry["exact_step_error_median"] == pytest.approx(summary.loc["april", "noise_floor_median_pct"])
     assert entry["noise_ratio"] == pytest.approx(entry["step_error_median"] / entry["exact_step_error_median"])
     assert entry["noise_ratio"] == pytest.approx(15.5 / 5.6, rel=0.02)  # the headline table's april row
+
+
+def test_recording_puts_the_profile_and_the_hosts_measurement_in_out_before_the_runs(tmp_path, monkeypatch):
+    import real_backend.host_sharing as host_sharing
+    import real_backend.trainer as trainer_module
+    import real_backend.validate_record as validate_record
+    from real_backend.profile import measurement_files
+    from real_backend.validate_modes import profile_host
+
+    class Trainer:  # what profile_host asks of a GRPOTrainer: its vocabulary
+        def __init__(self, *args, **kwargs):
+            self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=64))
+
+    measured, profiled = [], []
+    rows = pd.DataFrame([{"round": 0, "phase": p, "seconds": s} for p, s in
+                         (("engine_alone", 1.0), ("engine_beside", 1.3), ("trainer_alone", 2.0), ("trainer_beside", 2.4))])
+    monkeypatch.setattr(trainer_module, "GRPOTrainer", Trainer)
+    monkeypatch.setattr(host_sharing, "measure_sharing", lambda engine, trainer, vocab, rounds: measured.append(vocab) or rows)
+    setup = SimpleNamespace(model_dir="m", trainer_threads=1)
+    base = _bare_profile(tmp_path)
+    out = tmp_path / "out" / "profile.json"
+    profile_host(None, setup, out, str(base), reprofile=False, beside=False, length=256)
+    assert training_share(out) is None and not measured  # collocated alone: nothing trains beside the rollout
+    profile_host(None, setup, out, str(base), reprofile=False, beside=True, length=256)
+    assert measured == [64] and training_share(out).engine_slowdown == pytest.approx(1.3)
+    assert measurement_files(out)["batches"].is_file()  # the cells came along (the driver's price reads them)
+
+    def measure_engine(engine, setup, folder, profile_to, first, length):
+        profiled.append((folder, profile_to, first, length))
+        shutil.copyfile(base, profile_to)
+
+    monkeypatch.setattr(validate_record, "_measure_engine", measure_engine)
+    again = tmp_path / "again" / "profile.json"
+    profile_host(None, setup, again, str(base), reprofile=True, beside=True, length=128)
+    assert profiled == [(again.parent, str(again), True, 128)] and training_share(again) is not None
