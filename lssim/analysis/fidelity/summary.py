@@ -44,6 +44,8 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     out["meets_goal"] = step_errors_within_goal(out["makespan_median_ape_pct"], out["makespan_p90_ape_pct"]) & speedup_ok
     if "probed_median_ape_pct" in out:
         out["meets_goal_probed"] = step_errors_within_goal(out["probed_median_ape_pct"], out["probed_p90_ape_pct"]) & speedup_ok
+    if steps_by_repeat is not None and len(steps_by_repeat):
+        out["runs"] = out.index.map(steps_by_repeat.groupby("policy")["repeat"].nunique())
     if steps_by_repeat is not None and len(steps_by_repeat) and steps_by_repeat["repeat"].nunique() > 1:
         floor = noise_floor(steps_by_repeat)
         for col in floor:
@@ -97,8 +99,9 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     headline), speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
     model's errors against these repeats, `noise_floor`), repeats_for_goal, speedup_noise: {floor, bound} (an exact
     model's speedup error in points, `speedup_noise_floor`), repeats_for_speedup_goal, meets_goal, meets_goal_probed,
-    within_noise, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
-    points), the baselines apart, and the goal."""
+    within_noise, runs, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
+    points), the baselines apart, `pooled` (the median over every row of the twin's and an exact model's step error
+    and of their ratio, with the rows and runs it pools) and the goal."""
     def number(v):
         return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
@@ -133,12 +136,17 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "repeats_for_goal": number(row.get("repeats_for_goal")),
                  "speedup_noise": {k: number(row.get(f"speedup_noise_{k}_points")) for k in ("floor", "bound")},
                  "repeats_for_speedup_goal": number(row.get("repeats_for_speedup_goal")),
-                 "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
+                 "steps": int(row["steps"]), "runs": int(row["runs"]) if pd.notna(row.get("runs")) else None,
+                 "meets_goal": bool(row.get("meets_goal", False)),
                  "meets_goal_probed": bool(row.get("meets_goal_probed", False)),
                  "meets_goal_anchored": bool(row.get("meets_goal_anchored", False)),
                  "within_noise": bool(row.get("within_noise", False))}
         (baselines if str(name).startswith("baseline") else policies)[str(name)] = entry
-    return {"policies": policies, "baselines": baselines, "out": out,
+    rows = [*policies.values(), *baselines.values()]
+    pooled = {key: number(np.nanmedian([r[key] if r[key] is not None else np.nan for r in rows])) if rows else None
+              for key in ("step_error_median", "exact_step_error_median", "noise_ratio")}
+    pooled.update(rows=len(rows), runs=sum(r["runs"] or 0 for r in rows))  # medians over every row, and what they pool
+    return {"policies": policies, "baselines": baselines, "out": out, "pooled": pooled,
             "goal": {"step_error_median": TARGET_MEDIAN_PCT, "step_error_p90": TARGET_P90_PCT,
                      "speedup_error": TARGET_SPEEDUP_POINTS},
             "all_acted": all((p["acted"] or 0) > 0 for p in policies.values())}
