@@ -152,6 +152,7 @@ def test_the_policies_json_reports_the_twins_error_over_an_exact_models_beside_i
     assert entry["noise_ratio"] == pytest.approx(15.5 / 5.6, rel=0.02)  # the headline table's april row
     pooled = policy_results(summary)["pooled"]
     assert pooled["rows"] == len(summary) == 20 and pooled["noise_ratio"] > 1  # every row of full4, baselines too
+    assert pooled["runs"] == 100 and entry["runs"] == 5  # full4: 100 recorded runs, 5 repeats each
 
 
 def test_recording_puts_the_profile_and_the_hosts_measurement_in_out_before_the_runs(tmp_path, monkeypatch):

@@ -154,18 +154,19 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
 
 def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.DataFrame:
     """A `lssim validate --out` folder's summary.csv. A folder written before the speedup's noise floor gets its
-    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one);
-    within_noise is taken again (`within_noise`), so that folders written under an older rule read as new ones."""
+    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one),
+    and one written before the runs were counted its `runs`, from the same; within_noise is taken again (`within_noise`), so that folders written under an older rule read as new ones."""
     path = Path(folder) / "summary.csv"
     if not path.is_file():
         raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
     summary = pd.read_csv(path, index_col="policy")
     by_repeat = Path(folder) / "steps_by_repeat.parquet"
-    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary:
-        if steps_by_repeat is None and by_repeat.is_file():
-            steps_by_repeat = pd.read_parquet(by_repeat)
-        if steps_by_repeat is not None:
-            with_speedup_noise(summary, steps_by_repeat)
+    if steps_by_repeat is None and by_repeat.is_file() and ("runs" not in summary or "speedup_noise_bound_points" not in summary):
+        steps_by_repeat = pd.read_parquet(by_repeat)
+    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary and steps_by_repeat is not None:
+        with_speedup_noise(summary, steps_by_repeat)
+    if "runs" not in summary and steps_by_repeat is not None:  # folders written before the runs were counted
+        summary["runs"] = summary.index.map(steps_by_repeat.groupby("policy")["repeat"].nunique())
     if "noise_bound_median_pct" in summary:  # every folder read under today's rule
         summary["within_noise"] = within_noise(summary)
     return summary
