@@ -231,6 +231,10 @@ def run(args) -> int:
         raise ValueError(f"--out {args.out}: the profile is a .json file")
     if not out.parent.exists():
         raise ValueError(f"--out {args.out}: folder {out.parent} does not exist")
+    if args.shared_host:  # the engine beside the GRPO trainer on this host (real_backend.host_sharing)
+        from .host_sharing import run_sharing
+
+        return run_sharing(args, out)
     if args.instances > 1 or args.speculating:
         return _run_layout(args, out)
     if args.cpus is not None:
@@ -359,6 +363,11 @@ def add_arguments(p) -> None:
                    help="measure an engine started with n-gram speculation (what spec_tail and tlt run on), drafting "
                         "off, against the profile --out names, into <stem>_layout<N>_speculating.json (vLLM runs such an "
                         "engine without async scheduling: its plain steps are slower than the profile's)")
+    p.add_argument("--shared-host", action="store_true",
+                   help="measure how much slower the engine decodes beside a GRPO update on the trainer's thread, and "
+                        "the update beside the engine, into the profile --out names (measured_by.shared_host: what the "
+                        "twin of a mode that trains beside the rollout on this host prices; real_backend/host_sharing.py); "
+                        "--length and --repeats apply (~1 minute)")
     p.add_argument("--cpus", metavar="C|C|...", help="with --instances: the CPUs each instance's threads are bound to, "
                    "'|' between instances (e.g. 0|1; default: vLLM's own binding)")
     p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "

@@ -96,8 +96,8 @@ def _validate_modes(args) -> int:
 
     from .world import RealSetup, prepare
 
-    if args.reprofile or args.full:
-        raise ValueError("--mode takes neither --reprofile nor --full; profile first (`lssim profile`) and pass --profile")
+    if args.full:
+        raise ValueError("--mode takes no --full: name the modes (and --policies) to record")
     if args.runs:
         return run_modes(args, None, None, None)
     config = RunConfig(steps=args.steps or 5, groups_per_step=args.groups_per_step or 8, group_size=args.group_size or 4,
@@ -203,7 +203,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the per-policy validation worlds (default: real_backend/validation_workloads.toml)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout: policies: {name: {acted, step_error_median, step_error_p90, "
-                        "speedup_error, repeat_spread, ...}} (the tables go to stderr)")
+                        "exact_step_error_median, noise_ratio, speedup_error, repeat_spread, ...}}; with --mode, modes: "
+                        "{mode: {step_error_median, step_error_p90, exact_step_error_median, noise_ratio, speedup_error, "
+                        "runs, ...}} and pooled (the tables go to stderr)")
     p.add_argument("--runs", nargs="+", metavar="DIR", help="take runs recorded by `lssim real --out DIR` instead of running "
                         "(several runs of one policy are repeats: their per-step median is compared)")
     p.add_argument("--profile", default=str(DEFAULT_PROFILE), metavar="JSON",
@@ -230,8 +232,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "exactly --repeats with --full or --policies all")
     p.add_argument("--mode", metavar="A,B,...", help="validate the end-to-end step time per execution mode instead: record "
                    "each policy (default: baseline) in each mode (collocated, disaggregated, async, hybrid), replay each "
-                   "in its mode, report the per-step error per mode and whether the predicted ranking of the modes is "
-                   "the measured one (real_backend/validate_modes.py; with --runs, 'any' takes every run)")
+                   "in its mode, report the per-step error per mode beside an exact model's on the same runs (their "
+                   "ratio, noise_ratio), the speedup over collocated, and whether the predicted ranking of the modes is "
+                   "the measured one (real_backend/validate_modes.py; with --runs, 'any' takes every run). The engine "
+                   "beside the GRPO trainer is measured first into OUT/profile.json (real_backend/host_sharing.py); "
+                   "with --reprofile the engine is profiled there too (recommended: the level of these minutes, and the "
+                   "cells' driver time the driver's price needs)")
     p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
     p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
     p.add_argument("--train-profile", default=str(Path(__file__).parent / "data" / "profile_trainer_cpu.json"), metavar="JSON",

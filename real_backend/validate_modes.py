@@ -11,8 +11,19 @@ step: `step_seconds`, the time from the previous step's weights being ready to t
 step's rollout and update). Per mode: the median and p90 absolute percentage error per step, seconds per trained
 group measured and predicted, and whether the predicted ranking of the modes (by seconds per trained group)
 equals the measured one; and the error once the predictions are scaled by the collocated runs' speed level
-(`anchored_*`: the profiles' absolute speed drifts with the machine's load; what is left is the modes'). Writes OUT/modes_steps.parquet (per mode, policy and step; median over repeats) and
-OUT/modes_summary.csv (the printed table); the runs under OUT/real/<mode>/<policy>/repeat<k>/.
+(`anchored_*`: the profiles' absolute speed drifts with the machine's load; what is left is the modes').
+
+Against the noise (lssim.analysis.fidelity.modes): per mode, an exact model's per-step error on the same repeats
+(`exact_step_error_median`, noise_floor) and the twin's over it (`noise_ratio`, the headline), the speedup over
+collocated measured and predicted with an exact model's 95% bound on its error, the number of runs; `--json` prints
+them per mode, and pooled. On this host the trainer's thread, vLLM and the driver share the cores: the twin of a
+run whose trainer was on the CPU (trainer_shares_host) slows the engine and the update beside each other by the
+factors measured into the profile (`lssim profile --out P --shared-host`; recording measures them on its engine
+into OUT/profile.json), and charges the driver's excess over the profile's cells, fitted on the collocated runs
+(lssim.analysis.fidelity.driver; where both recorded the driver's time). `unshared_*`: the twin with devices of its
+own beside it. Writes OUT/modes_steps.parquet (per mode, policy and step; median over repeats),
+OUT/modes_steps_by_repeat.parquet (per run and step) and OUT/modes_summary.csv (the printed table); the runs under
+OUT/real/<mode>/<policy>/repeat<k>/.
 """
 
 from __future__ import annotations
@@ -25,20 +36,56 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .validate_twin import load_recorded, run_prompts, sim_setup
+from .validate_twin import load_recorded, run_prompts, sim_setup, speed_level
 
 DEFAULT_TRAIN_PROFILE = Path(__file__).parent / "data" / "profile_trainer_cpu.json"
 MODE_ORDER = ("collocated", "disaggregated", "async", "hybrid")
 
 
-def mode_sim_setup(run, profile: str, train_profile: str):
-    """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`)."""
+def trainer_shares_host(run) -> bool:
+    """Whether the run's trainer shared the engine's host: a trainer on the CPU beside vLLM's CPU engine (meta.json's
+    setup.trainer_device; a GPU trainer has devices of its own)."""
+    return run.meta.get("setup", {}).get("trainer_device", "cpu") == "cpu"
+
+
+def mode_sim_setup(run, profile: str, train_profile: str, share=None, driver=None):
+    """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`).
+    `share` (lssim.sim.shared_host.TrainingShare): the engine and the trainer slowed beside each other, where the run's
+    trainer shared the host (trainer_shares_host); `driver` (DriverPrice): the driver's excess seconds."""
     mode = run.meta.get("mode") or {"mode": "collocated"}
     collocated = mode["mode"] == "collocated"
     return dataclasses.replace(sim_setup(run, profile), train=train_profile, train_signal_only=True, mode=mode["mode"],
                                train_devices=None if collocated else int(mode.get("train_devices") or 1),
                                staleness=int(mode.get("staleness", 1)), async_variant=mode.get("variant", "roll"),
-                               elastic=bool(mode.get("elastic", True)))
+                               elastic=bool(mode.get("elastic", True)),
+                               shared_training=share if trainer_shares_host(run) else None, driver=driver)
+
+
+def host_pricing(runs: list, profile: str) -> tuple:
+    """(TrainingShare or None, DriverPrice or None, a description) for the twins of `runs`: the trainer beside the
+    engine from the profile (real_backend.host_sharing; ValueError naming the command where a run's trainer shared
+    the host in a mode that trains beside the rollout and the profile has no measurement), the driver's excess
+    fitted on the collocated runs (the reference) against the profile's cells (lssim.analysis.fidelity.driver)."""
+    from lssim.analysis.fidelity.driver import fit_driver_price
+
+    from .host_sharing import training_share
+    from .profile import measurement_files
+
+    share = training_share(profile)
+    beside = [r for r in runs if trainer_shares_host(r) and (r.meta.get("mode") or {}).get("mode", "collocated") != "collocated"]
+    if beside and share is None:
+        raise ValueError(f"{profile}: no measurement of the engine beside the GRPO trainer on this host, which "
+                         f"{len(beside)} run(s) shared (e.g. {beside[0].folder}); measure it with `lssim profile --out "
+                         f"{profile} --shared-host` (about a minute), or record with `lssim validate --mode`, which does")
+    batches = measurement_files(profile)["batches"]
+    cells = pd.read_parquet(batches) if batches.is_file() else None
+    reference = [r.steps for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") == "collocated"]
+    driver, fit = fit_driver_price(reference, cells)
+    said = (f"engine x{share.engine_slowdown:.3f} / trainer x{share.trainer_slowdown:.3f} beside each other"
+            if share is not None else "trainer on devices of its own")
+    said += (f"; driver {driver.per_request * 1e3:.3f} ms/request, {driver.per_token * 1e6:.2f} us/token, "
+             f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells'" if driver is not None else f"; driver not priced: {fit}")
+    return share, driver, said
 
 
 def run_label(run) -> str:
@@ -57,17 +104,26 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
     seconds NaN and predicted groups 0; it is left out of the per-step error and counted in the summary."""
     from lssim.analysis.fidelity.run import replay_run
 
-    rows = []
+    share, driver, said = host_pricing(runs, profile)
+    print(f"the twin's host: {said}", file=sys.stderr)
+    rows, repeats = [], {}
     for run in runs:
-        sim = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run))
+        sim = replay_run(run, mode_sim_setup(run, profile, train_profile, share, driver), run_prompts(run))
         predicted = sim.steps.set_index("step")
+        unshared = replay_run(run, mode_sim_setup(run, profile, train_profile), run_prompts(run)).steps.set_index("step")
+        repeat = repeats[run_label(run)] = repeats.get(run_label(run), -1) + 1  # the label's runs, in order
+        level = speed_level(run, profile)  # the probed level the twin priced at (None: the profile alone)
+        level = np.nan if level is None else float(level)
         for _, real in run.steps.iterrows():
             step = int(real["step"])
             p = predicted.loc[step] if step in predicted.index else None
             rows.append({"label": run_label(run), "mode": (run.meta.get("mode") or {}).get("mode", "collocated"),
-                         "policy": run.name, "folder": run.folder, "step": step, "in_twin": p is not None,
+                         "policy": run.name, "folder": run.folder, "repeat": int(run.meta.get("repeat", repeat)),
+                         "probed_level": level,
+                         "step": step, "in_twin": p is not None,
                          "measured_seconds": float(real["step_seconds"]),
                          "predicted_seconds": float(p["step_seconds"]) if p is not None else np.nan,
+                         "predicted_unshared_seconds": float(unshared.loc[step, "step_seconds"]) if step in unshared.index else np.nan,
                          "measured_rollout_seconds": float(real["rollout_seconds"]),
                          "predicted_rollout_seconds": float(p["rollout_seconds"]) if p is not None else np.nan,
                          "measured_groups": int(real["groups_trained"]),
@@ -80,7 +136,10 @@ def compare_modes(runs: list, profile: str, train_profile: str) -> dict[str, pd.
              .reset_index())
     steps["ape_pct"] = (steps["predicted_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
     steps["signed_pct"] = (steps["predicted_seconds"] / steps["measured_seconds"] - 1) * 100
-    return {"steps": steps, "steps_by_repeat": by_repeat, "summary": summarize(steps)}
+    steps["unshared_ape_pct"] = (steps["predicted_unshared_seconds"] - steps["measured_seconds"]).abs() / steps["measured_seconds"] * 100
+    from lssim.analysis.fidelity.modes import mode_noise
+
+    return {"steps": steps, "steps_by_repeat": by_repeat, "summary": mode_noise(by_repeat, summarize(steps)), "host": said}
 
 
 def summarize(steps: pd.DataFrame) -> pd.DataFrame:
@@ -99,6 +158,10 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
                        "predicted_max_staleness": int(s["predicted_max_staleness"].max())}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "run"
+    if "unshared_ape_pct" in steps:  # compare_modes' twin with the trainer on devices of its own, beside
+        by = steps.groupby("label", sort=False)["unshared_ape_pct"]
+        table["unshared_median_ape_pct"] = by.median()
+        table["unshared_p90_ape_pct"] = by.quantile(0.9)
     # The machine's speed level, set by the collocated run(s) (their median measured / predicted step time), applied
     # to the other modes' predictions: on a shared machine the profiles' absolute speed drifts (other processes), and
     # what is left is the modes' own error. NaN without a collocated run; the collocated rows themselves are not a test.
@@ -119,13 +182,17 @@ def ranking_agrees(summary: pd.DataFrame) -> bool:
 
 
 def format_modes(summary: pd.DataFrame) -> str:
-    cols = ["steps", "steps_not_in_twin", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct",
-            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "measured_max_staleness",
-            "anchored_median_ape_pct", "anchored_p90_ape_pct"]
-    text = summary[cols].to_string(float_format=lambda x: f"{x:.3f}")
+    cols = ["runs", "steps", "steps_not_in_twin", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct",
+            "exact_step_error_median", "noise_ratio", "unshared_median_ape_pct", "speedup_measured", "speedup_predicted",
+            "speedup_error_points", "speedup_noise_bound_points", "measured_s_per_group", "predicted_s_per_group",
+            "measured_rank", "predicted_rank", "measured_max_staleness", "anchored_median_ape_pct", "anchored_p90_ape_pct"]
+    text = summary[[c for c in cols if c in summary]].to_string(float_format=lambda x: f"{x:.3f}")
     verdict = "equals" if ranking_agrees(summary) else "differs from"
     level = summary["speed_level"].iloc[0] if len(summary) else np.nan
     return (f"{text}\npredicted ranking of the runs by seconds per trained group {verdict} the measured one\n"
+            f"exact_step_error_median: an exact model's per-step error against these repeats (noise_floor); noise_ratio: "
+            f"the twin's over it; unshared_*: the twin with the trainer on devices of its own; speedups over collocated, "
+            f"per trained group, with an exact model's 95% bound on the error (points)\n"
             f"anchored_*: predictions x {level:.3f}, the collocated runs' median measured/predicted step time (this "
             f"machine's speed level now against the profiles')")
 
@@ -139,15 +206,20 @@ def parse_modes(text: str) -> list[str]:
 
 
 def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, repeats: int, staleness: int,
-                 variant: str) -> list:
+                 variant: str, base_profile: str, reprofile: bool = False) -> list:
     """Run each (mode, policy) `repeats` times on one engine, mode-major within a repeat (drift reaches every mode
-    alike), after a throwaway warm-up run; returns the recorded runs."""
+    alike), after a throwaway warm-up run; returns the recorded runs. Before the runs, OUT/profile.json: the engine
+    profiled now (`reprofile`) or a copy of `base_profile`, with the engine beside the GRPO trainer measured now
+    (real_backend.host_sharing) where a mode trains beside the rollout: what the twins price with. A speed probe
+    after every run (real_backend.speed_probe): the twin is priced at the machine's level of its minutes where the
+    profile has the probe's reference (a profile from `lssim profile` or --reprofile)."""
     import tempfile
 
     from lssim.loop.modes import ModeConfig
     from lssim.results import policy_dirname
     from lssim.analysis.tables import format_step
 
+    from .speed_probe import measure_probe, record_run_probes
     from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
@@ -161,6 +233,9 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
             prompts, policy = prepare(setup, "baseline", config)
             warm = dataclasses.replace(config, steps=2, total_groups=None)
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
+        profile_host(engine, setup, out / "profile.json", base_profile, reprofile, beside=modes != ["collocated"],
+                     length=config.max_tokens)
+        probes, folders = [measure_probe(engine)], []
         for k in range(repeats):
             for mode in modes:
                 cfg = ModeConfig(mode=mode, rollout_devices=setup.n_instances, train_devices=None if mode == "collocated" else 1,
@@ -172,10 +247,45 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
-                    runs.append(load_recorded(folder))
+                    probes.append(measure_probe(engine))
+                    folders.append(folder)
+                    for i in range(max(0, len(folders) - 2), len(folders)):  # the one before gets its whole window now
+                        record_run_probes(folders[i], probes, i, engine.n_instances)
+        runs = [load_recorded(folder) for folder in folders]
     finally:
         engine.close()
     return runs
+
+
+def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: bool, beside: bool, length: int) -> None:
+    """OUT/profile.json for the twins: this engine profiled now (`reprofile`: validate_record's --reprofile, with
+    its speed probes) or `base_profile` copied with its measurements; then, where a mode trains `beside` the rollout,
+    the engine beside the GRPO trainer measured now (real_backend.host_sharing, three rounds, ~1 minute) into its
+    measured_by.shared_host."""
+    import shutil
+
+    from .host_sharing import fit_sharing, measure_sharing, write_sharing
+    from .profile import measurement_files
+    from .profile_trainer import _Prompts
+    from .trainer import GRPOTrainer
+    from .validate_record import _measure_engine
+
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    if reprofile:
+        _measure_engine(engine, setup, profile.parent, str(profile), True, length=length)
+    else:
+        shutil.copyfile(base_profile, profile)
+        for kind, path in measurement_files(base_profile).items():
+            if path.is_file():
+                shutil.copyfile(path, measurement_files(profile)[kind])
+    if not beside:
+        return
+    trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
+    t0 = time.monotonic()
+    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3))
+    write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1)})
+    print(f"shared host: engine x{fit['engine_slowdown']:.3f} beside a GRPO update, the update x{fit['trainer_slowdown']:.3f} "
+          f"beside the engine -> {profile}", file=sys.stderr)
 
 
 def run(args, specs: list[str], setup, config) -> int:
@@ -184,7 +294,7 @@ def run(args, specs: list[str], setup, config) -> int:
 
 
     out = Path(args.out)
-    train_profile = args.train_profile
+    train_profile, profile = args.train_profile, args.profile
     from lssim.sim.training import load_train_cost
 
     load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
@@ -198,16 +308,27 @@ def run(args, specs: list[str], setup, config) -> int:
     else:
         if "any" in modes:
             raise ValueError("--mode any is for --runs (each run in its recorded mode); name the modes to record")
-        runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant)
+        profile = str(out / "profile.json")  # --profile with this engine's trainer beside it (record_modes)
+        runs = record_modes(modes, specs, setup, config, out, args.repeats, args.staleness, args.async_variant,
+                            base_profile=args.profile, reprofile=args.reprofile)
     print(f"replaying {len(runs)} runs in the simulator, each in its mode ...", file=sys.stderr)
-    frames = compare_modes(runs, args.profile, train_profile)
+    frames = compare_modes(runs, profile, train_profile)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("steps", "steps_by_repeat"):
         atomic_write(out / f"modes_{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
     atomic_write(out / "modes_summary.csv", lambda p: frames["summary"].to_csv(p))
-    print(format_modes(frames["summary"]))
-    print(f"written to {out}/ (modes_summary.csv, modes_steps.parquet, real/)")
+    text = (f"{format_modes(frames['summary'])}\nthe twin's host: {frames['host']}\n"
+            f"written to {out}/ (modes_summary.csv, modes_steps.parquet, modes_steps_by_repeat.parquet, real/)")
+    print(text, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        import json
+
+        from lssim.analysis.fidelity.modes import modes_results
+
+        result = modes_results(frames["summary"], frames["steps_by_repeat"], str(out))
+        print(json.dumps({**result, "profile": profile, "train_profile": train_profile, "host": frames["host"]}, indent=2))
     return 0
 
 
-__all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run"]
+__all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run",
+           "host_pricing", "trainer_shares_host", "profile_host"]

@@ -26,7 +26,7 @@ from lssim.cost.operators import KERNEL_PROFILES, OperatorCostModel
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
 from lssim.loop.rewards import RewardScale
-from lssim.sim.shared_host import SharedHostEngine, slowdown_problem
+from lssim.sim.shared_host import DriverPrice, SharedHostEngine, TrainingShare, slowdown_problem
 from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.sim.training import AnalyticTrainCost, TrainCostModel, load_train_cost
@@ -63,6 +63,11 @@ class SimSetup:
     # Instances sharing one host (lssim.sim.shared_host): while b are busy each runs host_slowdown[b-1] x slower than the
     # cost model says (measured per layout: real_backend/layout.py). None: independent instances (GPUs).
     host_slowdown: tuple[float, ...] | None = None
+    # Rollout and training on one host (lssim.sim.shared_host.TrainingShare: each slowed while the other runs; modes
+    # that train beside the rollout), and the driver's own seconds the engine loses (DriverPrice). None: their own
+    # devices, a driver that costs the engine nothing (GPUs).
+    shared_training: TrainingShare | None = None
+    driver: DriverPrice | None = None
     # A policy that reads early-exit signals the trace lacks is refused; True runs it without them, and its summary
     # names what was missing (`missing_signals`).
     allow_missing_signals: bool = False
@@ -82,6 +87,10 @@ class SimSetup:
         if self.host_slowdown is not None:
             if slowdown_problem(self.host_slowdown):
                 raise ValueError(f"SimSetup.{slowdown_problem(self.host_slowdown)}")
+        if self.shared_training is not None and not isinstance(self.shared_training, TrainingShare):
+            raise ValueError(f"SimSetup.shared_training must be a TrainingShare or None, got {self.shared_training!r}")
+        if self.driver is not None and not isinstance(self.driver, DriverPrice):
+            raise ValueError(f"SimSetup.driver must be a DriverPrice or None, got {self.driver!r}")
         self.train_cost()  # a missing or bad file fails here, naming itself
         self.mode_config()  # an unknown mode or a bad device split fails here
 
@@ -132,11 +141,12 @@ def _load_numba_target() -> None:
 
 
 def _sim_engine(workload: Workload, setup: SimSetup, batch_route: bool) -> SimEngine:
-    """The simulated engine `setup` describes: instances sharing a host where it measured their slow-down."""
-    if setup.host_slowdown is None:
+    """The simulated engine `setup` describes: on a shared host where it says so (instances, trainer or driver)."""
+    if setup.host_slowdown is None and setup.shared_training is None and setup.driver is None:
         return SimEngine(workload, setup.cost_model(), setup.engine_config(), batch_route=batch_route,
                          allow_missing_signals=setup.allow_missing_signals)
-    return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown,
+    return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown or (1.0,),
+                            training=setup.shared_training, driver=setup.driver,
                             allow_missing_signals=setup.allow_missing_signals)
 
 

@@ -64,6 +64,8 @@ class Engine(Protocol):
     - `wake_at(time)` / `wake_when(future)`: timers for the execution modes; an engine without them refuses.
     - `spec_counters()` / `reset_spec_counters()`: the engine's speculative-decoding counters (vLLM's); None where
       the engine counts none. `driver_seconds(start, end)`: the caller's own share of a span; None unknown.
+    - `train_beside(start, seconds)`: when a priced train job beside the rollout ends; start + seconds unless the
+      engine shares its host with the trainer.
     """
 
     n_instances: int
@@ -95,6 +97,12 @@ class Engine(Protocol):
         """Report an Event(WAKE, None, t) from next_events once `future` (a concurrent.futures.Future: a real train
         job on its own thread, real_backend.train_job) is done: a timer whose time is not known in advance."""
         raise NotImplementedError(f"{type(self).__name__} cannot wake on a future: this execution mode needs it")
+
+    def train_beside(self, start: float, seconds: float) -> float:
+        """When a train job that takes `seconds` on devices of its own, started at `start` beside the rollout,
+        ends (the simulator's priced job, lssim.loop.modes). Independent devices: start + seconds. An engine that
+        shares its host with the trainer (lssim.sim.shared_host) slows the job and itself over their overlap."""
+        return start + seconds
 
     def spec_counters(self) -> dict | None:
         """Speculative-decoding counters since the last reset (drafts, draft_tokens, accepted_tokens, steps,

@@ -174,7 +174,7 @@ class ExecutionMode(ModeHooks):
         phases = _phases(metrics)
         start = max(ready_at, self._lane_free)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        end = start + compute
+        end = self._engine.train_beside(start, compute)  # start + compute, unless the trainer shares the engine's host
         self._lane_free = end
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)

@@ -1,25 +1,43 @@
-"""Simulated engine instances that share one host: while b of them are busy, each runs `slowdown[b-1]` times
-slower than its cost model says (processor sharing, measured per layout by real_backend/layout.py).
+"""A simulated engine on a shared host: engine instances, the trainer and the driver on the same cores.
 
     engine = SharedHostEngine(workload, cost, EngineConfig(n_instances=2, ...), slowdown=(0.99, 1.52))
+    engine = SharedHostEngine(workload, cost, config, slowdown=(1.0,), training=TrainingShare(1.3, 1.6),
+                              driver=DriverPrice(per_request=2e-4, per_finish=1e-4))
 
-Why: SimEngine's instances are independent, as GPUs are. Several vLLM instances on one CPU host are not (they
-share the cores, the front end that streams their tokens, the memory bus): measured on a 2-core machine, an
-instance runs at about its profiled speed alone and ~1.5x slower while the other is busy, so a policy that
-spreads the tail over both instances (seer's requeues) gains less than independent instances would predict,
-and one that leaves an instance alone with the tail loses less.
+Why: SimEngine's instances are independent, and the trainer of a mode that trains beside the rollout has devices
+of its own, as on GPUs. On a CPU host they share the cores, the front end that streams the tokens and the memory
+bus: measured on a 2-core machine, an instance runs at about its profiled speed alone and ~1.5x slower while the
+other is busy, the engine slower while a GRPO update runs on the trainer's thread beside it and the update slower
+while the engine decodes, and the driver's own work (the controller, the policy, rewards, the submit calls) is time
+the engine loses. The factors are measured on the host by `lssim profile` (real_backend/layout.py: the instances;
+real_backend/host_sharing.py: the trainer beside the engine) and used only when the world says it is shared.
 
-How: the cost model every instance prices with is the base model times slowdown[b - 1] (b: instances with a
-sequence running, at most len(slowdown) counted). When b changes (a submission, an abort, an event that
-empties or fills an instance), every busy instance is first brought to its last iteration boundary at the old
-speed, then its next event is priced again at the new one (the iteration in progress is priced at the new
-speed: off by at most one iteration per change). The batch route (lssim.sim.fastsim) prices instances apart, so
-this engine keeps every rollout on the event route; speculation is not modelled on a shared host.
+How:
+- Instances (`slowdown`): every instance prices with the base model times slowdown[b - 1] (b: instances with a
+  sequence running, at most len(slowdown) counted). When b changes (a submission, an abort, an event that empties
+  or fills an instance), every busy instance is first brought to its last iteration boundary at the old speed, then
+  its next event is priced again at the new one (the iteration in progress is priced at the new speed: off by at
+  most one iteration per change).
+- Training beside the rollout (`training`, a TrainingShare): a mode that trains beside the rollout asks
+  `train_beside(start, seconds)` for its job's end. The job is priced as if the engine decoded throughout it
+  (seconds x trainer_slowdown), and the engine runs engine_slowdown x slower from its start to that end, repriced
+  at both boundaries as above. The approximation's bound: where the rollout ends before the job, the job's part
+  past the rollout's end runs slowed though the engine is idle, so its end is late by at most
+  (1 - 1 / trainer_slowdown) x that part; on this host's worlds the rollout (~1.3 s) outlasts the update.
+- The driver (`driver`, a DriverPrice): the caller's own seconds the engine loses, charged to the instances: per
+  request submitted (a stall of the instance it lands on, before its next iteration), per token streamed (added to
+  every decode iteration, n_seqs x per_token) and per finish (added to the re-pack of the boundary it leaves at).
+  What the profile's cells already hold of the driver is in the cost model; a DriverPrice is the excess a run adds
+  (real_backend.validate_modes fits it on the world's reference runs).
+The batch route (lssim.sim.fastsim) prices instances apart, so this engine keeps every rollout on the event route;
+speculation is not modelled on a shared host.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from lssim.loop.cost_contracts import CostModel
@@ -35,6 +53,36 @@ def slowdown_problem(slowdown) -> str | None:
     if not values or not all(math.isfinite(v) and v > 0 for v in values):
         return f"host slow-down must be one finite factor > 0 per number of busy instances, got {slowdown!r}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingShare:
+    """Rollout and training on one host: the engine's times x `engine_slowdown` while a train job runs beside it,
+    the job's x `trainer_slowdown` while the engine decodes (both measured by `lssim profile --shared-host`)."""
+
+    engine_slowdown: float
+    trainer_slowdown: float
+
+    def __post_init__(self):
+        for name in ("engine_slowdown", "trainer_slowdown"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"TrainingShare.{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DriverPrice:
+    """The driver's seconds the engine loses: per request submitted, per token streamed, per response finished."""
+
+    per_request: float = 0.0
+    per_token: float = 0.0
+    per_finish: float = 0.0
+
+    def __post_init__(self):
+        for name in ("per_request", "per_token", "per_finish"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"DriverPrice.{name} must be a finite number >= 0, got {value!r}")
 
 
 class ScaledCost(CostModel):
@@ -68,49 +116,134 @@ class ScaledCost(CostModel):
         return {**self.base.describe(), "scaled_by": self.scale}
 
 
-class SharedHostEngine(SimEngine):
-    """SimEngine whose instances share one host (module docstring)."""
+class DriverCost(ScaledCost):
+    """ScaledCost plus the driver's per-token and per-finish seconds (DriverPrice; per request: the engine's)."""
 
-    def __init__(self, workload, cost, config=None, *args, slowdown: Sequence[float], **kwargs):
+    def __init__(self, base, factor: float, driver: DriverPrice):
+        super().__init__(base, factor)
+        self.driver = driver
+
+    def decode_time(self, n_seqs: int, ctx_tokens: float, n_iters: int) -> float:
+        return super().decode_time(n_seqs, ctx_tokens, n_iters) + self.driver.per_token * n_seqs * n_iters
+
+    def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
+        hi = super().iterations_within(n_seqs, ctx_tokens, seconds)  # the driver only adds: an upper bound
+        lo = 0
+        while lo < hi:  # the largest k whose decode_time fits (monotone in k)
+            mid = (lo + hi + 1) // 2
+            if self.decode_time(n_seqs, ctx_tokens, mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def departure_time(self, n_leaving: int) -> float:
+        return super().departure_time(n_leaving) + self.driver.per_finish * max(0, n_leaving)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "driver": {"per_request": self.driver.per_request,
+                                                 "per_token": self.driver.per_token, "per_finish": self.driver.per_finish}}
+
+
+class SharedHostEngine(SimEngine):
+    """SimEngine whose instances, trainer and driver share one host (module docstring)."""
+
+    def __init__(self, workload, cost, config=None, *args, slowdown: Sequence[float],
+                 training: TrainingShare | None = None, driver: DriverPrice | None = None, **kwargs):
         problem = slowdown_problem(slowdown)
         if problem:
             raise ValueError(problem)
         kwargs["batch_route"] = False  # the batch route prices instances apart
+        self._base_model = cost  # unscaled: every state's cost model wraps it
         super().__init__(workload, cost, config, *args, **kwargs)
         self.slowdown = tuple(float(v) for v in slowdown)
-        self._by_busy = [ScaledCost(cost, s) for s in self.slowdown]
-        self._busy_now = 1
-        self.cost = self.base_cost = self._by_busy[0]
+        self.training, self.driver = training, driver
+        self._costs: dict[tuple[int, bool], CostModel] = {}
+        self._spans: list[tuple[float, float]] = []  # train jobs beside the rollout: (start, end)
+        self._boundaries: list[float] = []  # heap of their starts and ends not yet passed
+        self._state = (1, False)  # (busy instances counted, a train job running)
+        self.cost = self.base_cost = self._cost_for(self._state)
+
+    def _cost_for(self, state: tuple[int, bool]) -> CostModel:
+        if state not in self._costs:
+            busy, training = state
+            factor = self.slowdown[busy - 1] * (self.training.engine_slowdown if training else 1.0)
+            self._costs[state] = (ScaledCost(self._base_model, factor) if self.driver is None
+                                  else DriverCost(self._base_model, factor, self.driver))
+        return self._costs[state]
 
     def set_speculation(self, speculation) -> None:
         if speculation is not None:
             raise ValueError("speculative decoding is not modelled on instances that share a host (SharedHostEngine)")
 
+    def train_beside(self, start: float, seconds: float) -> float:
+        """A train job of `seconds` (alone) from `start` beside the rollout: priced as if the engine decoded
+        throughout it, and the engine slowed from its start to its end (module docstring, with the bound)."""
+        if self.training is None:
+            return super().train_beside(start, seconds)
+        end = start + seconds * self.training.trainer_slowdown
+        if end > start:
+            self._spans.append((start, end))
+            heapq.heappush(self._boundaries, start)
+            heapq.heappush(self._boundaries, end)
+        self._pass_boundaries(self.clock)
+        return end
+
     def submit(self, requests) -> None:
+        self._pass_boundaries(self.clock)
         super().submit(requests)
-        self._reprice()
+        if self.driver is not None and self.driver.per_request and requests:
+            stalled = {}
+            for r in requests:  # the submit call's seconds, on the instance each request lands on
+                stalled[r.ran_on] = stalled.get(r.ran_on, 0) + 1
+            for idx, n in stalled.items():
+                inst = self.instances[idx]
+                if inst.n:
+                    inst.owed += self.driver.per_request * n
+                    self._schedule(inst)
+        self._reprice(self.clock)
 
     def abort(self, r) -> None:
+        self._pass_boundaries(self.clock)
         super().abort(r)
-        self._reprice()
+        self._reprice(self.clock)
 
     def next_events(self):
+        self._pass_boundaries(self._next_time())
         out = super().next_events()
-        self._reprice()
+        self._reprice(self.clock)
         return out
 
-    def _reprice(self) -> None:
-        """If the number of busy instances changed: the busy ones to now at the old speed, then rescheduled."""
+    def _next_time(self) -> float:
+        """When the next live event or timer is due (inf: none); stale instance entries are dropped."""
+        events = self._events
+        while events and events[0][3] != self.instances[events[0][2]].version:
+            heapq.heappop(events)
+        t = events[0][0] if events else math.inf
+        return min(t, self._timers[0][0]) if self._timers else t
+
+    def _pass_boundaries(self, until: float) -> None:
+        """Every train job's start or end at or before `until`, in order, each repriced at its own time."""
+        while self._boundaries and self._boundaries[0] <= until:
+            self._reprice(heapq.heappop(self._boundaries))
+            until = min(until, self._next_time())  # a reschedule may have moved the next event earlier
+
+    def _training_at(self, t: float) -> bool:
+        return any(s <= t < e for s, e in self._spans)
+
+    def _reprice(self, at: float) -> None:
+        """If the state changed (busy instances, a train job running at `at`): the busy instances to `at` at the
+        old speed, then rescheduled at the new one."""
         busy = [inst for inst in self.instances if inst.n]
-        b = min(max(len(busy), 1), len(self.slowdown))
-        if b == self._busy_now:
+        state = (min(max(len(busy), 1), len(self.slowdown)), self.training is not None and self._training_at(at))
+        if state == self._state:
             return
         for inst in busy:
-            self._catch_up(inst, self.clock)
-        self._busy_now = b
-        self.cost = self.base_cost = self._by_busy[b - 1]
+            self._catch_up(inst, at)
+        self._state = state
+        self.cost = self.base_cost = self._cost_for(state)
         for inst in busy:
             self._schedule(inst)
 
 
-__all__ = ["SharedHostEngine", "ScaledCost", "slowdown_problem"]
+__all__ = ["SharedHostEngine", "ScaledCost", "DriverCost", "DriverPrice", "TrainingShare", "slowdown_problem"]

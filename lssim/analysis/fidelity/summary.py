@@ -44,6 +44,8 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     out["meets_goal"] = step_errors_within_goal(out["makespan_median_ape_pct"], out["makespan_p90_ape_pct"]) & speedup_ok
     if "probed_median_ape_pct" in out:
         out["meets_goal_probed"] = step_errors_within_goal(out["probed_median_ape_pct"], out["probed_p90_ape_pct"]) & speedup_ok
+    if steps_by_repeat is not None and len(steps_by_repeat):
+        out["runs"] = out.index.map(steps_by_repeat.groupby("policy")["repeat"].nunique())
     if steps_by_repeat is not None and len(steps_by_repeat) and steps_by_repeat["repeat"].nunique() > 1:
         floor = noise_floor(steps_by_repeat)
         for col in floor:
@@ -93,11 +95,13 @@ def unacted(summary: pd.DataFrame) -> list[str]:
 
 def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     """`lssim validate --json`: one object, `policies: {name: {acted, step_error_median, step_error_p90,
-    speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
+    exact_step_error_median (an exact model's median against these repeats), noise_ratio (the first over it: the
+    headline), speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
     model's errors against these repeats, `noise_floor`), repeats_for_goal, speedup_noise: {floor, bound} (an exact
     model's speedup error in points, `speedup_noise_floor`), repeats_for_speedup_goal, meets_goal, meets_goal_probed,
-    within_noise, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
-    points), the baselines apart, and the goal."""
+    within_noise, runs, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
+    points), the baselines apart, `pooled` (the median over every row of the twin's and an exact model's step error
+    and of their ratio, with the rows and runs it pools) and the goal."""
     def number(v):
         return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
@@ -110,6 +114,9 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "responses": int(row["responses"]) if "responses" in row and pd.notna(row["responses"]) else None,
                  "step_error_median": number(row["makespan_median_ape_pct"]),
                  "step_error_p90": number(row["makespan_p90_ape_pct"]),
+                 "exact_step_error_median": number(row.get("noise_floor_median_pct")),
+                 "noise_ratio": number(row["makespan_median_ape_pct"] / row["noise_floor_median_pct"]
+                                       if "noise_floor_median_pct" in row else None),
                  "speedup_error": number(row.get("speedup_error_points")),
                  "speedup_measured": number(row.get("speedup_measured")),
                  "speedup_predicted": number(row.get("speedup_predicted")),
@@ -129,12 +136,17 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "repeats_for_goal": number(row.get("repeats_for_goal")),
                  "speedup_noise": {k: number(row.get(f"speedup_noise_{k}_points")) for k in ("floor", "bound")},
                  "repeats_for_speedup_goal": number(row.get("repeats_for_speedup_goal")),
-                 "steps": int(row["steps"]), "meets_goal": bool(row.get("meets_goal", False)),
+                 "steps": int(row["steps"]), "runs": int(row["runs"]) if pd.notna(row.get("runs")) else None,
+                 "meets_goal": bool(row.get("meets_goal", False)),
                  "meets_goal_probed": bool(row.get("meets_goal_probed", False)),
                  "meets_goal_anchored": bool(row.get("meets_goal_anchored", False)),
                  "within_noise": bool(row.get("within_noise", False))}
         (baselines if str(name).startswith("baseline") else policies)[str(name)] = entry
-    return {"policies": policies, "baselines": baselines, "out": out,
+    rows = [*policies.values(), *baselines.values()]
+    pooled = {key: number(np.nanmedian([r[key] if r[key] is not None else np.nan for r in rows])) if rows else None
+              for key in ("step_error_median", "exact_step_error_median", "noise_ratio")}
+    pooled.update(rows=len(rows), runs=sum(r["runs"] or 0 for r in rows))  # medians over every row, and what they pool
+    return {"policies": policies, "baselines": baselines, "out": out, "pooled": pooled,
             "goal": {"step_error_median": TARGET_MEDIAN_PCT, "step_error_p90": TARGET_P90_PCT,
                      "speedup_error": TARGET_SPEEDUP_POINTS},
             "all_acted": all((p["acted"] or 0) > 0 for p in policies.values())}
@@ -142,18 +154,19 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
 
 def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.DataFrame:
     """A `lssim validate --out` folder's summary.csv. A folder written before the speedup's noise floor gets its
-    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one);
-    within_noise is taken again (`within_noise`), so that folders written under an older rule read as new ones."""
+    columns (`with_speedup_noise`, from `steps_by_repeat`, else the folder's steps_by_repeat.parquet where it has one),
+    and one written before the runs were counted its `runs`, from the same; within_noise is taken again (`within_noise`), so that folders written under an older rule read as new ones."""
     path = Path(folder) / "summary.csv"
     if not path.is_file():
         raise ValueError(f"{path}: no summary.csv (written by `lssim validate --out {folder}`)")
     summary = pd.read_csv(path, index_col="policy")
     by_repeat = Path(folder) / "steps_by_repeat.parquet"
-    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary:
-        if steps_by_repeat is None and by_repeat.is_file():
-            steps_by_repeat = pd.read_parquet(by_repeat)
-        if steps_by_repeat is not None:
-            with_speedup_noise(summary, steps_by_repeat)
+    if steps_by_repeat is None and by_repeat.is_file() and ("runs" not in summary or "speedup_noise_bound_points" not in summary):
+        steps_by_repeat = pd.read_parquet(by_repeat)
+    if "speedup_noise_bound_points" not in summary and "speedup_measured" in summary and steps_by_repeat is not None:
+        with_speedup_noise(summary, steps_by_repeat)
+    if "runs" not in summary and steps_by_repeat is not None:  # folders written before the runs were counted
+        summary["runs"] = summary.index.map(steps_by_repeat.groupby("policy")["repeat"].nunique())
     if "noise_bound_median_pct" in summary:  # every folder read under today's rule
         summary["within_noise"] = within_noise(summary)
     return summary
