@@ -60,6 +60,10 @@ class LPT(Policy):
     def on_finish(self, request, state):
         self._forget(request.rid)
 
+    def on_finishes(self, ended, state):
+        for rid in ended.rid.tolist():
+            self._forget(rid)
+
     def _forget(self, rid: int) -> None:
         old = self._placed.pop(rid, None)
         if old is not None:

@@ -35,7 +35,11 @@ Array forms, for speed (the simulator's batch route prices a whole rollout as ar
 with a priority or place rule may also answer it for a whole submission at once, `priorities(requests)` and
 `placements(requests, loads)` over lssim.loop.columns.RequestColumns. They must answer what the per-request hooks
 answer (requests placed one after another in priority order, as the controller asks place); the defaults ask
-the per-request hooks, so a policy needs them only where its rule is costly per request (oracle).
+the per-request hooks, so a policy needs them only where its rule is costly per request (oracle). A policy whose
+on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes(ended, state)` for a submission's
+ended responses at once; one without it (or with on_progress or end_rollout) runs on the event route. top_up needs
+no array form: the event route asks it only once nothing is in flight, so the batch route asks it after each
+submission has run to its end (DAPO's generation batches).
 
 Declarations, read once before the first step (not hooks):
 
@@ -70,6 +74,24 @@ class Policy(PolicyHooks):
     def overrides(self, hook: str) -> bool:
         """True if this policy has an opinion on `hook` (the controller skips hooks nobody overrides)."""
         return getattr(type(self), hook) is not getattr(PolicyHooks, hook)
+
+    def reacts_to_events(self) -> bool:
+        """True when a rollout under this policy needs the event route (lssim.sim.world): it acts on single events
+        (on_progress, end_rollout) or hears of finishes with no array form (on_finishes); otherwise the simulator
+        may run its rollouts on the batch route (lssim.sim.fastsim), top-ups included."""
+        return self.overrides("on_progress") or self.overrides("end_rollout") or not self.finishes_in_batches()
+
+    def finishes_in_batches(self) -> bool:
+        """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
+        may then run its rollouts."""
+        return not self.overrides("on_finish") or type(self).on_finishes is not Policy.on_finishes
+
+    def on_finishes(self, ended, state) -> None:
+        """on_finish for many responses at once: `ended` (lssim.loop.columns.RequestColumns) in the order they ended,
+        `state` the rollout's counters once they all had. The batch route calls it once a submission has run to its
+        end, so only a policy whose on_finish keeps books nothing reads before then (no on_progress or end_rollout)
+        may answer it; it must leave the policy as on_finish on each response in that order does."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_finish (on_finishes)")
 
     @property
     def members(self) -> list["Policy"]:
@@ -150,6 +172,13 @@ class Compose(Policy):
     def on_finish(self, request, state):
         for p in self._by_hook["on_finish"]:
             p.on_finish(request, state)
+
+    def finishes_in_batches(self):
+        return all(p.finishes_in_batches() for p in self._by_hook["on_finish"])
+
+    def on_finishes(self, ended, state):
+        for p in self._by_hook["on_finish"]:
+            p.on_finishes(ended, state)
 
     def end_rollout(self, state):
         return any(p.end_rollout(state) for p in self._by_hook["end_rollout"])
