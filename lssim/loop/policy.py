@@ -64,7 +64,8 @@ import numpy as np
 
 from lssim.loop.contracts import POLICY_HOOKS, PolicyHooks
 # What a policy's hooks answer with (lssim.loop.decisions), named here too: a policy's author imports them from here.
-from lssim.loop.decisions import CARRY, DROP, NO_NEEDS, Action, PolicyNeeds, StepOutcome, TrainBatch, TrainMask, intersect_masks
+from lssim.loop.decisions import (CARRY, DROP, NO_NEEDS, Action, PolicyNeeds, ProgressStops, StepOutcome, TrainBatch, TrainMask,
+                                  intersect_masks)
 
 
 class Policy(PolicyHooks):
@@ -79,7 +80,21 @@ class Policy(PolicyHooks):
         """True when a rollout under this policy needs the event route (lssim.sim.world): it acts on single events
         (on_progress, end_rollout) or hears of finishes with no array form (on_finishes); otherwise the simulator
         may run its rollouts on the batch route (lssim.sim.fastsim), top-ups included."""
-        return self.overrides("on_progress") or self.overrides("end_rollout") or not self.finishes_in_batches()
+        return self.overrides("end_rollout") or not self.progress_in_batches() or not self.finishes_in_batches()
+
+    def progress_in_batches(self) -> bool:
+        """True when the policy has no on_progress, or answers it as an array too (`progress_stops`)."""
+        return not self.overrides("on_progress") or type(self).progress_stops is not Policy.progress_stops
+
+    def progress_stops(self, checkpoints) -> ProgressStops:
+        """on_progress for a whole submission, before it runs: where each response is stopped. Only a rule that
+        stops (never carries or requeues) and reads nothing but each response's own tokens and window signals at its
+        checkpoints, and its own books of that response, may answer it. `checkpoints` (lssim.sim.checkpoints.Checkpoints):
+        iterate for (rows, generated), the responses at their next checkpoint, in order, every one reached (a rule
+        skips those it already stopped); `checkpoints.window(rows, generated)` gives the window signals there
+        (lssim.loop.signals) and which rows have any. It must stop what on_progress at each checkpoint in turn stops,
+        and leave the policy as those calls and on_finish would."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_progress (progress_stops)")
 
     def finishes_in_batches(self) -> bool:
         """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
@@ -175,6 +190,14 @@ class Compose(Policy):
 
     def finishes_in_batches(self):
         return all(p.finishes_in_batches() for p in self._by_hook["on_finish"])
+
+    def progress_in_batches(self):
+        # One member's stops only: members that disagree at a checkpoint are settled one checkpoint at a time.
+        deciders = self._by_hook["on_progress"]
+        return not deciders or (len(deciders) == 1 and deciders[0].progress_in_batches())
+
+    def progress_stops(self, checkpoints):
+        return self._by_hook["on_progress"][0].progress_stops(checkpoints)
 
     def on_finishes(self, ended, state):
         for p in self._by_hook["on_finish"]:
@@ -292,5 +315,5 @@ def available_policies() -> list[str]:
 
 
 __all__ = ["Policy", "Compose", "make_policy", "available_policies", "split_policy_spec", "parse_policy_spec",
-           "format_policy_spec", "CARRY", "DROP", "NO_NEEDS", "Action", "PolicyNeeds", "StepOutcome", "TrainBatch", "TrainMask",
+           "format_policy_spec", "CARRY", "DROP", "NO_NEEDS", "Action", "PolicyNeeds", "ProgressStops", "StepOutcome", "TrainBatch", "TrainMask",
            "intersect_masks"]

@@ -85,7 +85,7 @@ def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Polic
     state = s.rollout
     s.batch = fresh
     groups = s.batch_groups()
-    rows = engine.run_batch(fresh, queue)
+    rows = engine.run_batch(fresh, queue, policy.progress_stops if asks["on_progress"] else None)
     state.responses_done += len(fresh)
     state.groups_submitted += len(groups)
     state.groups_done += len(groups)
