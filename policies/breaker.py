@@ -110,12 +110,11 @@ class Breaker(Policy):
         n = len(checkpoints)
         at, code = np.full(n, -1, np.int64), np.zeros(n, np.int64)
         low, high = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        for rows, generated in checkpoints:
-            rows, generated = rows[at[rows] < 0], generated[at[rows] < 0]  # a stopped response has no more checkpoints
-            signals, has = checkpoints.window(rows, generated)
-            rows, generated = rows[has], generated[has]
-            got, low[rows], high[rows], _ = self.rule(generated, signals["repetition"][has], signals["entropy"][has],
-                                                      signals["tokens"][has], signals["window"][has], low[rows], high[rows])
+        for rows, generated, signals, has in checkpoints:
+            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
+            rows, generated = rows[read], generated[read]
+            got, low[rows], high[rows], _ = self.rule(generated, signals["repetition"][read], signals["entropy"][read],
+                                                      signals["tokens"][read], signals["window"][read], low[rows], high[rows])
             hit = got > 0
             at[rows[hit]], code[rows[hit]] = generated[hit], got[hit]
         for c, count in enumerate(np.bincount(code, minlength=len(_REASONS)).tolist()):

@@ -62,11 +62,10 @@ class EarlyExit(Policy):
     def progress_stops(self, checkpoints):
         n = len(checkpoints)
         at, run = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-        for rows, generated in checkpoints:
-            rows, generated = rows[at[rows] < 0], generated[at[rows] < 0]  # a stopped response has no more checkpoints
-            signals, has = checkpoints.window(rows, generated)
-            rows, generated = rows[has], generated[has]
-            stop, run[rows], _ = self.rule(generated, signals["entropy"][has], run[rows])
+        for rows, generated, signals, has in checkpoints:
+            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
+            rows, generated = rows[read], generated[read]
+            stop, run[rows], _ = self.rule(generated, signals["entropy"][read], run[rows])
             at[rows[stop > 0]] = generated[stop > 0]
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
 

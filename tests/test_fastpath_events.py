@@ -105,8 +105,7 @@ def test_checkpoints_are_the_event_engines(seed, interval):
     rows, budget = rng.integers(0, len(wl.signals.source), n), rng.integers(2, 400, n)
     points = Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec())
     seen = {j: [] for j in range(n)}
-    for live, generated in points:
-        signals, has = points.window(live, generated)
+    for live, generated, signals, has in points:
         for k, (j, g) in enumerate(zip(live.tolist(), generated.tolist())):
             seen[j].append(g)
             want = wl.signals.window(int(rows[j]), g, SignalSpec(), int(budget[j]))

@@ -89,11 +89,11 @@ class Policy(PolicyHooks):
     def progress_stops(self, checkpoints) -> ProgressStops:
         """on_progress for a whole submission, before it runs: where each response is stopped. Only a rule that
         stops (never carries or requeues) and reads nothing but each response's own tokens and window signals at its
-        checkpoints, and its own books of that response, may answer it. `checkpoints` (lssim.sim.checkpoints.Checkpoints):
-        iterate for (rows, generated), the responses at their next checkpoint, in order, every one reached (a rule
-        skips those it already stopped); `checkpoints.window(rows, generated)` gives the window signals there
-        (lssim.loop.signals) and which rows have any. It must stop what on_progress at each checkpoint in turn stops,
-        and leave the policy as those calls and on_finish would."""
+        checkpoints, and its own books of that response, may answer it. `checkpoints` (lssim.sim.checkpoints.Checkpoints,
+        of `len(checkpoints)` responses): iterate for (rows, generated, signals, has), the responses at their next
+        checkpoint, in order, every one reached (a rule skips those it already stopped), the window signals there
+        (lssim.loop.signals, arrays) and which rows have any. It must stop what on_progress at each checkpoint in turn
+        stops, and leave the policy as those calls and on_finish would."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_progress (progress_stops)")
 
     def finishes_in_batches(self) -> bool:

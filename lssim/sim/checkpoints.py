@@ -16,9 +16,10 @@ import numpy as np
 
 
 class Checkpoints:
-    """The checkpoints of `len(length)` responses: iterate for (rows, generated) -- the responses that reach their
-    next checkpoint, in checkpoint order (the j-th multiple of the interval for every one of them at once) -- and ask
-    `window(rows, generated)` for the signals there, as the event engine puts them in Request.signals."""
+    """The checkpoints of `len(length)` responses. Iterate for (rows, generated, signals, has): the responses that reach
+    their next checkpoint, in checkpoint order (the j-th multiple of the interval for every one of them at once), the
+    tokens each has generated there, the window signals there as the event engine puts them in Request.signals (a
+    dict of arrays, lssim.loop.signals) and which rows have any (the others' values mean nothing)."""
 
     def __init__(self, length: np.ndarray, start: np.ndarray, interval: int, max_tokens: np.ndarray, trace_rows: np.ndarray,
                  signals, spec):
@@ -30,18 +31,23 @@ class Checkpoints:
     def __len__(self) -> int:
         return len(self.length)
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict, np.ndarray]]:
+        rows, generated, ends = self._all()
+        # every checkpoint's signals in one pass over arrays; then one checkpoint (a slice of each) at a time
+        signals, has = self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
+        for a, b in zip(ends[:-1].tolist(), ends[1:].tolist()):
+            yield rows[a:b], generated[a:b], {name: values[a:b] for name, values in signals.items()}, has[a:b]
+
+    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every (row, tokens generated) checkpoint, the first ones of all rows first, then the second ones, ...; and
+        where each such round ends."""
         c = self.interval
         first = (self.start // c + 1) * c  # SimEngine._push_checkpoint's next multiple
-        live = np.flatnonzero(first < self.length)
-        at = first[live]
-        while len(live):
-            yield live, at
-            at = at + c
-            keep = at < self.length[live]
-            live, at = live[keep], at[keep]
-
-    def window(self, rows: np.ndarray, generated: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The window signals of responses `rows` after `generated` tokens (lssim.traces.signal_trace.TraceSignals.windows):
-        a dict of arrays and which rows have any."""
-        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
+        count = np.maximum(0, -(-(self.length - first) // c))  # multiples in [first, length)
+        by_count = np.argsort(-count, kind="stable")
+        rounds = np.arange(int(count.max()) if len(count) else 0)
+        reaching = np.searchsorted(-count[by_count], -(rounds + 1), side="right")  # count > j: a prefix of by_count
+        rows = np.concatenate([by_count[:m] for m in reaching.tolist()]) if len(rounds) else np.zeros(0, np.int64)
+        ends = np.r_[0, np.cumsum(reaching)]
+        generated = first[rows] + c * np.repeat(rounds, reaching)
+        return rows, generated, ends
