@@ -115,3 +115,23 @@ def test_checkpoints_are_the_event_engines(seed, interval):
     for j in range(n):
         first = (start[j] // interval + 1) * interval
         assert seen[j] == list(range(first, length[j], interval))
+
+
+@pytest.mark.parametrize("interval", [1, 7, 32, 100])
+def test_checkpoints_read_measured_signals_as_the_event_engine(interval):
+    """A trace with signals measured from tokens (lssim.traces.signal_trace): the windows over arrays are the scalar ones."""
+    from test_early_exit import LENGTHS, measured_trace
+
+    wl = Workload(measured_trace([True, False, True, False], [1.0, 1.0, 0.0, 1.0]))
+    rows = np.arange(len(LENGTHS))
+    budget = np.full(len(rows), 1024)
+    points = Checkpoints(np.array(LENGTHS) + 5, np.zeros(len(rows), np.int64), interval, budget, rows, wl.signals, SignalSpec())
+    checked = 0
+    for live, generated, signals, has in points:
+        for k, (j, g) in enumerate(zip(live.tolist(), generated.tolist())):
+            want = wl.signals.window(j, g, SignalSpec(), 1024)
+            assert has[k] and want is not None
+            for name, value in want.items():
+                assert signals[name][k] == value or (np.isnan(value) and np.isnan(signals[name][k])), (name, g)
+            checked += 1
+    assert checked == sum(len(range(interval, n + 5, interval)) for n in LENGTHS)
