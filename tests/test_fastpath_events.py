@@ -135,3 +135,12 @@ def test_checkpoints_read_measured_signals_as_the_event_engine(interval):
                 assert signals[name][k] == value or (np.isnan(value) and np.isnan(signals[name][k])), (name, g)
             checked += 1
     assert checked == sum(len(range(interval, n + 5, interval)) for n in LENGTHS)
+
+
+@pytest.mark.parametrize("policy", ["early_exit(check_every=32, min_tokens=64, patience=3)", "breaker(check_every=40, min_tokens=64)"])
+def test_stops_on_measured_signals_agree(policy):
+    from test_early_exit import measured_trace
+
+    trace = measured_trace([True, False, True, False], [1.0, 1.0, 0.0, 1.0])
+    fast, _ = assert_same_run(trace, policy, ROOFLINE, 2, 2, 1400, "collocated")
+    assert policy.startswith("breaker") or (fast.responses["finish_reason"] == "policy_stop").sum() == 2

@@ -37,9 +37,12 @@ with a priority or place rule may also answer it for a whole submission at once,
 answer (requests placed one after another in priority order, as the controller asks place); the defaults ask
 the per-request hooks, so a policy needs them only where its rule is costly per request (oracle). A policy whose
 on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes(ended, state)` for a submission's
-ended responses at once; one without it (or with on_progress or end_rollout) runs on the event route. top_up needs
-no array form: the event route asks it only once nothing is in flight, so the batch route asks it after each
-submission has run to its end (DAPO's generation batches).
+ended responses at once; one whose on_progress only stops, reading each response's own tokens and window signals,
+answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
+for numbers and arrays alike, that both forms call). A policy with end_rollout, or with on_finish or on_progress
+and no array form, runs on the event route (`reacts_to_events`). top_up needs no array form: the event route asks it
+only once nothing is in flight, so the batch route asks it after each submission has run to its end (DAPO's
+generation batches).
 
 Declarations, read once before the first step (not hooks):
 
