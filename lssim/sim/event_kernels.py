@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lssim.sim.fastsim_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_pop, _heap_push,
-                                      _no_schedule, _peek, _pop)
+from lssim.sim.fastsim_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _no_schedule,
+                                      _peek, _pop)
 
 STOP_RECORD = 2  # a record kind beside _START and _FIRE: a stop's departure and the admission after it
 
