@@ -144,3 +144,13 @@ def test_stops_on_measured_signals_agree(policy):
     trace = measured_trace([True, False, True, False], [1.0, 1.0, 0.0, 1.0])
     fast, _ = assert_same_run(trace, policy, ROOFLINE, 2, 2, 1400, "collocated")
     assert policy.startswith("breaker") or (fast.responses["finish_reason"] == "policy_stop").sum() == 2
+
+
+def test_checkpoints_split_spans_as_the_event_engine_so_ties_between_instances_pop_alike():
+    """One prompt's samples on three instances run in step: their events tie in time to the last bit. Every
+    checkpoint splits a span on the event engine (a few ulps apart from the span whole), so the batch route splits
+    it too; with only the stopped responses' checkpoints, a finish and a stop at the same time popped the other way."""
+    trace = labelled_trace(np.random.default_rng(1249345870), steps=3, prompts=1, group=4, max_len=370)
+    kv = int((trace["prompt_len"] + trace["max_tokens"]).max()) + 203
+    for cost in (PROFILED, ROOFLINE):
+        assert_same_run(trace, "early_exit(check_every=8, min_tokens=16, patience=2)+dapo", cost, 3, 3, kv, "collocated")

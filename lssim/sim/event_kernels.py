@@ -6,10 +6,12 @@ at a stop the controller aborts the response after the instance's boundary was h
 the finishes and checkpoints there in heap order ((iteration, push order): the order the responses end in), the
 finishes' departures, preemption, an admission; then each stop in that order: its departure (none if it was just
 preempted), another admission (SimEngine.abort). Each stop is a record of its own (`STOP_RECORD`: no span, its
-departure and its admission), which instance_clocks prices as the engine does. Only the stopped responses' checkpoints
-are kept (the others change nothing at their boundaries but the split of a span); they are pushed when the event
-engine pushes them (after their finish at an admission, and at the checkpoint before), so ties at one iteration
-pop in its order.
+departure and its admission), which instance_clocks prices as the engine does. Every response's checkpoints are
+boundaries, as they are for the event engine: a checkpoint changes nothing there, but it splits the span (its time is
+then the sum of the pieces, as the event engine adds them, so clocks stay equal to the last bit and so does the order
+of ties between instances) and is an event of the engine's heap (merge_boundaries). Checkpoints are pushed when the
+event engine pushes them (after the response's finish at an admission, and as the checkpoint before fires), so ties
+at one iteration pop in its order.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ STOP_RECORD = 2  # a record kind beside _START and _FIRE: a stop's departure and
 def _admit(order, prompt, gen, length, stop_at, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec,
            done, on, admit_it, gen_at_admit, first_rec, stack, epoch, pushed_req, pushed_ep, pushed_check, fresh):
     """Admission in key order while the cache holds the admitted and the next iteration's tokens (SimEngine._admit):
-    finish keys (and a stopped response's next checkpoint) into `fresh`. Returns (head, n, ctx, ssize, seq, n_fresh,
+    finish keys (and each response's next checkpoint) into `fresh`. Returns (head, n, ctx, ssize, seq, n_fresh,
     prefill, error: 0, OUT_OF_ROOM, or 1 for heap keys outgrown)."""
     prefill = 0
     n_fresh = 0
@@ -57,7 +59,7 @@ def _admit(order, prompt, gen, length, stop_at, interval, capacity, max_seqs, ca
                 at = it + max(0, length[r] - gen[r])
             else:
                 nxt = (gen[r] // interval + 1) * interval
-                if stop_at[r] < 0 or nxt >= length[r]:
+                if nxt >= length[r]:
                     break
                 at = it + (nxt - gen[r])
             if seq > SEQ_MASK or at >= MAX_IT:

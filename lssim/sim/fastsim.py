@@ -158,6 +158,8 @@ def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs
     """structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
     an instance cannot go on. `stops`: (tokens each request is stopped at, -1 never; the checkpoint interval)."""
     room = records_room(len(prompt), n_inst)
+    if stops is not None:  # a record and a push per checkpoint
+        room += 2 * int(np.maximum(0, length - gen - 1).sum() // stops[1])
     start = gen.copy()
     while True:
         gen[:] = start
