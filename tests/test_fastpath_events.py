@@ -154,3 +154,22 @@ def test_checkpoints_split_spans_as_the_event_engine_so_ties_between_instances_p
     kv = int((trace["prompt_len"] + trace["max_tokens"]).max()) + 203
     for cost in (PROFILED, ROOFLINE):
         assert_same_run(trace, "early_exit(check_every=8, min_tokens=16, patience=2)+dapo", cost, 3, 3, kv, "collocated")
+
+
+def test_a_rollout_with_stops_that_outgrows_its_first_room_is_run_again_with_more(monkeypatch):
+    import lssim.sim.fastsim as fastsim
+
+    calls = []
+    schedule = fastsim.schedule_stops
+
+    def counted(*args):
+        calls.append(args[7])  # its room
+        return schedule(*args)
+
+    monkeypatch.setattr(fastsim, "records_room", lambda n_requests, n_instances: 2)
+    monkeypatch.setattr(fastsim, "checkpoint_room", lambda length, gen, interval: 0)
+    monkeypatch.setattr(fastsim, "schedule_stops", counted)
+    trace = labelled_trace(np.random.default_rng(5), steps=2, prompts=8, group=4, max_len=600)
+    fast, engine = assert_same_run(trace, "breaker(check_every=16, min_tokens=32, patience=2)", ROOFLINE, 2, 16, 2000, "collocated")
+    assert 2 in calls and max(calls) >= 128 and engine.preemptions > 0
+    assert (fast.responses["finish_reason"] == "policy_stop").any()

@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lssim.sim.fastsim_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _no_schedule,
-                                      _peek, _pop)
+from lssim.sim.fastsim_kernels import _FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _peek, _pop
 
 STOP_RECORD = 2  # a record kind beside _START and _FIRE: a stop's departure and the admission after it
 
@@ -87,202 +86,180 @@ def _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize):
 
 
 @njit(cache=True)
+def _pop_boundary(it, interval, cap, seq, rec, run, rlo, rhi, heap, hsize, pushed, req, gen, prompt, length, stop_at, fin,
+                  fin_rec, n_fin, stops, n, ctx):
+    """The finishes and checkpoints at boundary `it`, in (iteration, push) order (SimEngine._fire): a finish leaves the
+    batch, a checkpoint at its response's stop joins `stops` (the response leaves after the boundary's admission), any
+    other pushes the next. Both kinds go to `fin` in that order. Returns (rlo, hsize, seq, n, ctx, n_fin, n_stops,
+    error: 0, OUT_OF_ROOM, or 1 for heap keys outgrown)."""
+    pushed_req, pushed_ep, pushed_check = pushed
+    admit_it, gen_at_admit, epoch, done, on = req
+    n_stops = 0
+    while True:
+        key = _peek(run, rlo, rhi, heap, hsize)
+        if key < 0 or key >> _SEQ_BITS > it:
+            break
+        s = key & SEQ_MASK
+        r = pushed_req[s]
+        rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+        if pushed_ep[s] != epoch[r]:
+            continue
+        g = gen_at_admit[r] + (it - admit_it[r])
+        if pushed_check[s] and g != stop_at[r]:
+            if g + interval < length[r]:  # the next checkpoint, pushed as this one fires
+                if seq > SEQ_MASK:
+                    return rlo, hsize, seq, n, ctx, n_fin, n_stops, 1
+                if seq == cap:
+                    return rlo, hsize, seq, n, ctx, n_fin, n_stops, OUT_OF_ROOM
+                pushed_req[seq], pushed_ep[seq], pushed_check[seq] = r, epoch[r], True
+                hsize = _heap_push(heap, hsize, (it + interval) << _SEQ_BITS | seq)
+                seq += 1
+            continue
+        if pushed_check[s]:
+            stops[n_stops] = r
+            n_stops += 1
+        else:
+            gen[r] = g
+            done[r] = True
+            on[r] = False
+            epoch[r] += 1
+            n -= 1
+            ctx -= prompt[r] + g
+        fin[n_fin] = r
+        fin_rec[r] = rec
+        n_fin += 1
+    return rlo, hsize, seq, n, ctx, n_fin, n_stops, 0
+
+
+@njit(cache=True)
+def _preempt(order, stack, ssize, req, gen, prompt, capacity, it, n, ctx, head):
+    """Preemption by recompute while the cache cannot hold the next iteration: the last admitted first, back to the
+    head of the queue. Returns (ssize, n, ctx, head, preempted)."""
+    admit_it, gen_at_admit, epoch, done, on = req
+    preempted = 0
+    while n > 0 and capacity - ctx < n:
+        pos = stack[ssize - 1]
+        ssize -= 1
+        r = order[pos]
+        if done[r]:
+            continue
+        g = gen_at_admit[r] + (it - admit_it[r])
+        gen[r] = g
+        n -= 1
+        ctx -= prompt[r] + g
+        epoch[r] += 1
+        on[r] = False
+        head = pos
+        preempted += 1
+    return ssize, n, ctx, head, preempted
+
+
+@njit(cache=True)
+def _depart(recs, rec, leaving, n, it, left_at, left):
+    """`leaving` sequences left at boundary `it`, `n` remain (SimEngine._depart's bookkeeping, in the record). Returns
+    the new (left_at, left)."""
+    rleft, rbefore, rnafter = recs[5], recs[6], recs[7]
+    rleft[rec], rbefore[rec], rnafter[rec] = leaving, 0, n
+    if leaving > 0 and n > 0:
+        before = left if left_at == it else 0
+        rbefore[rec] = before
+        return it, before + leaving
+    return left_at, left
+
+
+@njit(cache=True)
+def _open_record(recs, rec, kind, i, n_fin, n, ctx, k):
+    """Record `rec` of instance i: its kind, the span before it (n sequences, ctx tokens, k iterations), no finish yet."""
+    recs[0][rec], recs[1][rec], recs[2][rec], recs[3][rec], recs[4][rec] = kind, i, n, ctx, k
+    recs[5][rec], recs[6][rec], recs[7][rec] = 0, 0, n
+    recs[11][rec], recs[12][rec] = n_fin, 0
+
+
+@njit(cache=True)
+def _result(recs, n_rec, fin, n_fin, fin_rec, first_rec, preemptions, error):
+    """schedule_records' return over the first n_rec records."""
+    return (recs[0][:n_rec], recs[1][:n_rec], recs[2][:n_rec], recs[3][:n_rec], recs[4][:n_rec], recs[5][:n_rec],
+            recs[6][:n_rec], recs[7][:n_rec], recs[8][:n_rec], recs[9][:n_rec], recs[10][:n_rec], recs[11][:n_rec],
+            recs[12][:n_rec], fin[:n_fin], fin_rec, first_rec, preemptions, error)
+
+
+@njit(cache=True)
 def schedule_stops(order, inst_start, prompt, gen, length, capacity, max_seqs, cap, stop_at, interval):
     """`schedule_records` (same arguments and returns) where request r is stopped at its checkpoint of `stop_at[r]`
     tokens (-1: never; a multiple of `interval` below its natural `length`), as the module docstring says. A stop
     is in `fin` where the event engine ends it (among its boundary's finishes) and has its own STOP_RECORD after."""
-    n_inst = len(inst_start) - 1
     n_req = len(prompt)
-    kind = np.empty(cap, np.int64)
-    rinst = np.empty(cap, np.int64)
-    rn = np.zeros(cap, np.int64)
-    rctx = np.zeros(cap, np.int64)
-    rk = np.empty(cap, np.int64)
-    rleft = np.empty(cap, np.int64)
-    rbefore = np.empty(cap, np.int64)
-    rnafter = np.empty(cap, np.int64)
-    rpf = np.empty(cap, np.int64)
-    ran = np.empty(cap, np.int64)
-    ractx = np.empty(cap, np.int64)
-    rfin0 = np.empty(cap, np.int64)
-    rfinc = np.empty(cap, np.int64)
-    fin = np.empty(n_req, np.int64)
-    fin_rec = np.full(n_req, -1, np.int64)
-    first_rec = np.full(n_req, -1, np.int64)
-    admit_it = np.zeros(n_req, np.int64)
-    gen_at_admit = np.zeros(n_req, np.int64)
-    epoch = np.zeros(n_req, np.int64)
-    done = np.zeros(n_req, np.bool_)
-    on = np.zeros(n_req, np.bool_)  # running (admitted, not finished, stopped or preempted since)
-    heap = np.empty(cap, np.int64)
-    run = np.empty(2 * n_req + 2, np.int64)
-    fresh = np.empty(2 * n_req + 2, np.int64)
-    pushed_req = np.empty(cap, np.int64)
-    pushed_ep = np.empty(cap, np.int64)
-    pushed_check = np.zeros(cap, np.bool_)
-    stack = np.empty(n_req + 1, np.int64)
-    stops = np.empty(n_req + 1, np.int64)  # the stops at the boundary being handled, in the order they popped
-    n_rec = 0
-    n_fin = 0
-    preemptions = 0
-    for i in range(n_inst):
+    recs = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
+            np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+            np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+            np.empty(cap, np.int64))  # schedule_records' records: kind, inst, n, ctx, k, left, before, n after, prefill,
+    # n and ctx after it, first finish and finishes
+    fin, fin_rec, first_rec = np.empty(n_req, np.int64), np.full(n_req, -1, np.int64), np.full(n_req, -1, np.int64)
+    # per request: admission iteration, tokens then, epoch, done, running (admitted, not ended or preempted since)
+    req = (np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.bool_),
+           np.zeros(n_req, np.bool_))
+    pushed = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.zeros(cap, np.bool_))  # request, epoch, checkpoint?
+    heap, run, fresh = np.empty(cap, np.int64), np.empty(2 * n_req + 2, np.int64), np.empty(2 * n_req + 2, np.int64)
+    stack, stops = np.empty(n_req + 1, np.int64), np.empty(n_req + 1, np.int64)
+    n_rec = n_fin = preemptions = 0
+    for i in range(len(inst_start) - 1):
         lo, hi = inst_start[i], inst_start[i + 1]
-        if lo == hi:
-            continue
-        head = lo
-        it = 0
-        n = 0
-        ctx = 0
-        hsize = 0
-        rlo = rhi = 0
-        ssize = 0
-        seq = 0
-        left_at = -1
-        left = 0
-        k = -1
-        n_before = 0
-        ctx_before = 0
-        first = True
-        while True:
+        head, it, n, ctx, hsize, rlo, rhi, ssize, seq, left_at, left = lo, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0
+        k = n_before = ctx_before = -1
+        while lo < hi:
             if n_rec + 1 >= cap:
-                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
+                return _result(recs, 0, fin, 0, fin_rec, first_rec, 0, OUT_OF_ROOM)
             rec = n_rec
             n_rec += 1
-            rinst[rec] = i
-            rfin0[rec] = n_fin
-            rleft[rec] = 0
-            rbefore[rec] = 0
             n_stops = 0
-            if first:
-                kind[rec] = _START
-                rk[rec] = -1
-                rnafter[rec] = 0
-                first = False
+            if k < 0:  # the instance's first admission
+                _open_record(recs, rec, _START, i, n_fin, 0, 0, -1)
             else:
-                kind[rec] = _FIRE
-                rn[rec] = n_before
-                rctx[rec] = ctx_before
-                rk[rec] = k
+                _open_record(recs, rec, _FIRE, i, n_fin, n_before, ctx_before, k)
                 n0 = n
-                while True:  # the finishes and checkpoints at this boundary, in (iteration, push) order
-                    key = _peek(run, rlo, rhi, heap, hsize)
-                    if key < 0 or key >> _SEQ_BITS > it:
-                        break
-                    s = key & SEQ_MASK
-                    r = pushed_req[s]
-                    rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
-                    if pushed_ep[s] != epoch[r]:
-                        continue
-                    g = gen_at_admit[r] + (it - admit_it[r])
-                    if pushed_check[s]:
-                        if g == stop_at[r]:
-                            stops[n_stops] = r
-                            n_stops += 1
-                            fin[n_fin] = r
-                            fin_rec[r] = rec
-                            n_fin += 1
-                        elif g + interval < length[r]:  # the next checkpoint, pushed as this one fires
-                            if seq > SEQ_MASK:
-                                return _no_schedule(fin_rec, first_rec, -2 - i)
-                            if seq == cap:
-                                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
-                            pushed_req[seq] = r
-                            pushed_ep[seq] = epoch[r]
-                            pushed_check[seq] = True
-                            hsize = _heap_push(heap, hsize, (it + interval) << _SEQ_BITS | seq)
-                            seq += 1
-                        continue
-                    gen[r] = g
-                    done[r] = True
-                    on[r] = False
-                    epoch[r] += 1
-                    n -= 1
-                    ctx -= prompt[r] + g
-                    fin[n_fin] = r
-                    fin_rec[r] = rec
-                    n_fin += 1
-                leaving = n0 - n
-                if leaving > 0 and n > 0:
-                    before = left if left_at == it else 0
-                    left_at = it
-                    left = before + leaving
-                    rbefore[rec] = before
-                rleft[rec] = leaving
-                rnafter[rec] = n
-                while n > 0 and capacity - ctx < n:  # preemption by recompute, the last admitted first
-                    pos = stack[ssize - 1]
-                    ssize -= 1
-                    r = order[pos]
-                    if done[r]:
-                        continue
-                    g = gen_at_admit[r] + (it - admit_it[r])
-                    gen[r] = g
-                    n -= 1
-                    ctx -= prompt[r] + g
-                    epoch[r] += 1
-                    on[r] = False
-                    head = pos
-                    preemptions += 1
-            rfinc[rec] = n_fin - rfin0[rec]
+                rlo, hsize, seq, n, ctx, n_fin, n_stops, error = _pop_boundary(
+                    it, interval, cap, seq, rec, run, rlo, rhi, heap, hsize, pushed, req, gen, prompt, length, stop_at,
+                    fin, fin_rec, n_fin, stops, n, ctx)
+                if error != 0:
+                    return _result(recs, 0, fin, 0, fin_rec, first_rec, 0, -2 - i if error == 1 else error)
+                left_at, left = _depart(recs, rec, n0 - n, n, it, left_at, left)
+                ssize, n, ctx, head, preempted = _preempt(order, stack, ssize, req, gen, prompt, capacity, it, n, ctx, head)
+                preemptions += preempted
+            recs[12][rec] = n_fin - recs[11][rec]
             if n_rec + n_stops + 1 >= cap:  # room for the stops' records
-                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
+                return _result(recs, 0, fin, 0, fin_rec, first_rec, 0, OUT_OF_ROOM)
             for j in range(n_stops + 1):
                 if j > 0:  # the j-th stop: SimEngine.abort, a record of its own
                     r = stops[j - 1]
                     rec = n_rec
                     n_rec += 1
-                    kind[rec] = STOP_RECORD
-                    rinst[rec] = i
-                    rk[rec] = 0
-                    rfin0[rec] = n_fin
-                    rfinc[rec] = 0
-                    rleft[rec] = 0
-                    rbefore[rec] = 0
-                    g = stop_at[r]
-                    if on[r]:
-                        n -= 1
-                        ctx -= prompt[r] + g
-                        if n > 0:
-                            before = left if left_at == it else 0
-                            left_at = it
-                            left = before + 1
-                            rbefore[rec] = before
-                        rleft[rec] = 1
-                    rnafter[rec] = n
-                    gen[r] = g
-                    done[r] = True
-                    on[r] = False
-                    epoch[r] += 1
+                    _open_record(recs, rec, STOP_RECORD, i, n_fin, 0, 0, 0)
+                    leaving = 1 if req[4][r] else 0  # running still (not preempted at this boundary): it leaves
+                    n -= leaving
+                    ctx -= leaving * (prompt[r] + stop_at[r])
+                    left_at, left = _depart(recs, rec, leaving, n, it, left_at, left)
+                    gen[r] = stop_at[r]
+                    req[3][r], req[4][r] = True, False
+                    req[2][r] += 1
                 head, n, ctx, ssize, seq, n_fresh, prefill, error = _admit(
                     order, prompt, gen, length, stop_at, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq,
-                    it, rec, done, on, admit_it, gen_at_admit, first_rec, stack, epoch, pushed_req, pushed_ep,
-                    pushed_check, fresh)
-                if error == 1:
-                    return _no_schedule(fin_rec, first_rec, -2 - i)
+                    it, rec, req[3], req[4], req[0], req[1], first_rec, stack, req[2], pushed[0], pushed[1], pushed[2], fresh)
                 if error != 0:
-                    return _no_schedule(fin_rec, first_rec, error)
+                    return _result(recs, 0, fin, 0, fin_rec, first_rec, 0, -2 - i if error == 1 else error)
                 rlo, rhi, hsize = _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize)
-                rpf[rec] = prefill
-                ran[rec] = n
-                ractx[rec] = ctx
+                recs[8][rec], recs[9][rec], recs[10][rec] = prefill, n, ctx
             if n == 0:
                 if head < hi:
-                    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
-                            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
-                            fin[:n_fin], fin_rec, first_rec, preemptions, i)
+                    return _result(recs, n_rec, fin, n_fin, fin_rec, first_rec, preemptions, i)
                 break
-            while True:  # the next boundary: a finish, a stopped response's checkpoint, or the cache full
+            while True:  # the next boundary: a finish, a checkpoint, or the cache full
                 key = _peek(run, rlo, rhi, heap, hsize)
                 s = key & SEQ_MASK
-                if pushed_ep[s] == epoch[pushed_req[s]]:
+                if pushed[1][s] == req[2][pushed[0][s]]:
                     break
                 rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
             target = min(key >> _SEQ_BITS, it + (capacity - ctx) // n)
-            k = target - it
-            n_before = n
-            ctx_before = ctx
+            k, n_before, ctx_before = target - it, n, ctx
             ctx += n * k
             it = target
-    return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
-            rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
-            fin[:n_fin], fin_rec, first_rec, preemptions, -1)
+    return _result(recs, n_rec, fin, n_fin, fin_rec, first_rec, preemptions, -1)

@@ -157,9 +157,7 @@ def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarr
 def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int, stops=None) -> tuple:
     """structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
     an instance cannot go on. `stops`: (tokens each request is stopped at, -1 never; the checkpoint interval)."""
-    room = records_room(len(prompt), n_inst)
-    if stops is not None:  # a record and a push per checkpoint
-        room += 2 * int(np.maximum(0, length - gen - 1).sum() // stops[1])
+    room = records_room(len(prompt), n_inst) + (0 if stops is None else checkpoint_room(length, gen, stops[1]))
     start = gen.copy()
     while True:
         gen[:] = start
@@ -176,6 +174,11 @@ def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs
         raise RuntimeError(f"batch rollout: instance {-2 - error} needs more than {SEQ_MASK + 1:,} admissions or "
                            f"{MAX_IT:,} iterations in one step, beyond what the batch route's heap keys hold")
     return tuple(records)
+
+
+def checkpoint_room(length: np.ndarray, gen: np.ndarray, interval: int) -> int:
+    """Records and pushes `schedule_stops` makes room for beside `records_room`'s: one of each per checkpoint."""
+    return 2 * int(np.maximum(0, length - gen - 1).sum() // interval)
 
 
 def _answers(engine, requests) -> tuple:
