@@ -170,8 +170,9 @@ def signals_from_trace_many(generated, loop_start, collapse_start, entropy, text
     f = np.minimum(1.0, np.maximum(0.0, (generated - start) / window))
     text = text_entropy if text_entropy == text_entropy else entropy
     entropy = np.where(mixed, (1.0 - f) * text + f * entropy, entropy)
+    window = np.asarray(window)
     return {"repetition": repetition, "entropy": entropy, "tokens": np.minimum(generated, window),
-            "window": np.broadcast_to(window, generated.shape)}
+            "window": window if window.shape == generated.shape else np.broadcast_to(window, generated.shape)}
 
 
 def entropy_from_logprobs(logprobs: Iterable[float]) -> float:

@@ -142,6 +142,10 @@ class TraceSignals:
         """`window` of many (row, generated, max_tokens) at once, to the last bit: the signals as arrays and which
         of them have any (the others' values are meaningless)."""
         code, n = self.source[rows], len(rows)
+        synthetic = code == SOURCE_CODES["synthetic"]
+        if synthetic.all():  # a synthesized trace's: modelled, every one
+            return signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
+                                           self.text_entropy, spec.windows_for(max_tokens)), synthetic
         out = {"repetition": np.zeros(n), "entropy": np.full(n, math.nan), "tokens": np.zeros(n, np.int64),
                "window": np.zeros(n, np.int64)}
         measured = code == SOURCE_CODES["measured"]
@@ -155,7 +159,6 @@ class TraceSignals:
             for name, values, none in (("repetition", self._repetition, 0.0), ("entropy", self._entropy_values, math.nan)):
                 out[name][measured] = np.where(seen, values[at] if len(values) else none, none)
             out["tokens"][measured], out["window"][measured] = np.minimum(g, window), window
-        synthetic = code == SOURCE_CODES["synthetic"]
         if synthetic.any():
             r = rows[synthetic]
             modelled = signals_from_trace_many(generated[synthetic], self._loop[r], self._collapse[r], self._entropy[r],
