@@ -120,7 +120,8 @@ class Controller:
 
     def _batch_rollout(self) -> bool:
         """True when a step's rollout is one submission drained to its end (and any top-ups, each drained in turn): no
-        per-event hook (progress, end of rollout; finish only in its array form) and a mode that neither ends the rollout early nor keeps or interrupts it."""
+        per-event hook without an array form (Policy.reacts_to_events) and a mode that neither ends the rollout early
+        nor keeps or interrupts it."""
         mode = self.mode
         # top_up is asked only once nothing is in flight, and on_finish's array form only keeps the policy's books:
         # neither reacts to a single event (lssim.loop.rollout_books.rollout_batch).
