@@ -34,9 +34,14 @@ of the stopped responses) and how many stopped responses would have ended correc
 
 from __future__ import annotations
 
-from lssim.loop.policy import Action, Policy, PolicyNeeds
+import numpy as np
+
+from lssim.loop.policy import Action, Policy, PolicyNeeds, ProgressStops
 from lssim.loop.rewards import RewardScale
 from lssim.loop.signals import WINDOW_KEY
+
+
+_REASONS = ("", "loop", "entropy_collapse", "babble")  # the rule's reason codes
 
 
 class Breaker(Policy):
@@ -68,32 +73,67 @@ class Breaker(Policy):
         self._scale = ctx.reward_scale
         return proposal
 
+    def rule(self, generated, repetition, entropy, tokens, window, low, high):
+        """The rule at one checkpoint, on one response's numbers or elementwise on arrays of many (both routes ask it):
+        (reason code: 0 none, 1 loop, 2 entropy collapse, 3 babble; the low- and high-entropy checks in a row after
+        it; whether it looked: a full window and `min_tokens` tokens)."""
+        looked = (generated >= self.min_tokens) * (tokens >= window)
+        loop = looked * (repetition >= self.repetition_above)
+        counted = looked * (1 - loop)  # a loop stops before the entropy counters move
+        low = counted * (entropy < self.entropy_below) * (low + 1) + (1 - counted) * low
+        high = counted * (entropy > self.entropy_above) * (high + 1) + (1 - counted) * high
+        code = loop * 1 + counted * ((low >= self.patience) * 2 + (low < self.patience) * (high >= self.patience) * 3)
+        return code, low, high, looked
+
     def decide(self, rid: int, generated: int, signals: dict | None) -> str | None:
         """The rule on one checkpoint's signals: the reason to stop, or None."""
-        if not signals or generated < self.min_tokens or signals.get("tokens", 0) < signals.get("window", 0):
+        if not signals:
+            return None
+        code, low, high, looked = self.rule(generated, signals.get("repetition", 0.0), signals.get("entropy", float("nan")),
+                                            signals.get("tokens", 0), signals.get("window", 0), self._low.get(rid, 0),
+                                            self._high.get(rid, 0))
+        if not looked:
             return None
         self._touched.add(rid)
-        if signals.get("repetition", 0.0) >= self.repetition_above:
-            return "loop"
-        entropy = signals.get("entropy", float("nan"))
-        low = self._low[rid] = self._low.get(rid, 0) + 1 if entropy < self.entropy_below else 0
-        high = self._high[rid] = self._high.get(rid, 0) + 1 if entropy > self.entropy_above else 0
-        if low >= self.patience:
-            return "entropy_collapse"
-        if high >= self.patience:
-            return "babble"
-        return None
+        if code != 1:
+            self._low[rid], self._high[rid] = low, high
+        return _REASONS[code] or None
 
     def on_progress(self, request, state):
         reason = self.decide(request.rid, request.generated, request.signals.get(WINDOW_KEY))
         if reason is None:
             return None
         self.stops[reason] += 1
-        return Action.stop(reason, reward=None if self.stop_reward is None else self._scale.value(self.stop_reward))
+        return Action.stop(reason, reward=self._stop_reward())
+
+    def progress_stops(self, checkpoints):
+        n = len(checkpoints)
+        at, code = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+        low, high = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for rows, generated, signals, has in checkpoints:
+            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
+            rows, generated = rows[read], generated[read]
+            got, low[rows], high[rows], _ = self.rule(generated, signals["repetition"][read], signals["entropy"][read],
+                                                      signals["tokens"][read], signals["window"][read], low[rows], high[rows])
+            hit = got > 0
+            at[rows[hit]], code[rows[hit]] = generated[hit], got[hit]
+        for c, count in enumerate(np.bincount(code, minlength=len(_REASONS)).tolist()):
+            if c and count:
+                self.stops[_REASONS[c]] += count
+        return ProgressStops.of(at, np.asarray(_REASONS, object)[code], reward=self._stop_reward())
+
+    def _stop_reward(self) -> float | None:
+        return None if self.stop_reward is None else self._scale.value(self.stop_reward)
 
     def on_finish(self, request, state):
         self._low.pop(request.rid, None)
         self._high.pop(request.rid, None)
+
+    def on_finishes(self, ended, state):
+        if self._low or self._high:  # the batch route keeps no counters of its own here
+            for rid in ended.rid.tolist():
+                self._low.pop(rid, None)
+                self._high.pop(rid, None)
 
     def end_step(self, outcome):
         # Keep the counters of responses that ran this step (a carried one goes on next step); forget the rest.

@@ -21,7 +21,9 @@ Defaults: check_every=32, confident_below=0.1, patience=3, min_tokens=64.
 
 from __future__ import annotations
 
-from lssim.loop.policy import Action, Policy, PolicyNeeds
+import numpy as np
+
+from lssim.loop.policy import Action, Policy, PolicyNeeds, ProgressStops
 from lssim.loop.signals import WINDOW_KEY
 
 
@@ -40,13 +42,37 @@ class EarlyExit(Policy):
     def needs(self):
         return PolicyNeeds(signals=frozenset({"entropy"}))
 
+    def rule(self, generated, entropy, run):
+        """The rule at one checkpoint, on one response's numbers or elementwise on arrays of many (both routes ask it):
+        (stop or not, the confident checks in a row after it, whether it looked: `min_tokens` tokens)."""
+        looked = generated >= self.min_tokens
+        run = looked * (entropy < self.confident_below) * (run + 1) + (1 - looked) * run
+        return looked * (run >= self.patience), run, looked
+
     def on_progress(self, request, state):
         signals = request.signals.get(WINDOW_KEY)
-        if not signals or request.generated < self.min_tokens:
+        if not signals:
             return None
-        run = self._confident[request.rid] = (self._confident.get(request.rid, 0) + 1
-                                              if signals["entropy"] < self.confident_below else 0)
-        return Action.stop("early_exit", score=True) if run >= self.patience else None
+        stop, run, looked = self.rule(request.generated, signals["entropy"], self._confident.get(request.rid, 0))
+        if not looked:
+            return None
+        self._confident[request.rid] = run
+        return Action.stop("early_exit", score=True) if stop else None
+
+    def progress_stops(self, checkpoints):
+        n = len(checkpoints)
+        at, run = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+        for rows, generated, signals, has in checkpoints:
+            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
+            rows, generated = rows[read], generated[read]
+            stop, run[rows], _ = self.rule(generated, signals["entropy"][read], run[rows])
+            at[rows[stop > 0]] = generated[stop > 0]
+        return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)
+
+    def on_finishes(self, ended, state):
+        if self._confident:  # the batch route keeps no counters of its own here
+            for rid in ended.rid.tolist():
+                self._confident.pop(rid, None)

@@ -23,7 +23,10 @@ Defaults: keep=32 (responses remembered per prompt).
 
 from __future__ import annotations
 
+import numpy as np
+
 from lssim.loop.history import LengthHistory
+from lssim.sim.assign import least_work
 from lssim.loop.policy import Policy
 
 
@@ -40,12 +43,22 @@ class LPT(Policy):
         total = self.history.predict(request.prompt_id, default=request.max_tokens)
         return max(1.0, min(total, request.max_tokens) - request.generated)
 
+    def predicted_remainings(self, requests) -> np.ndarray:
+        """predicted_remaining of every request (lssim.loop.columns.RequestColumns), asked once per prompt."""
+        prompts, inverse = np.unique(requests.prompt_id, return_inverse=True)
+        total = np.array([self.history.predict(p, default=np.nan) for p in prompts.tolist()], float)[inverse]
+        total = np.where(np.isnan(total), requests.max_tokens, total)  # nothing seen yet: the budget
+        return np.maximum(1.0, np.minimum(total, requests.max_tokens) - requests.generated)
+
     def plan(self, ctx, proposal):
         self._work, self._placed = [], {}  # a new step: every instance's account starts empty
         return proposal
 
     def priority(self, request):
         return -int(round(self.predicted_remaining(request)))
+
+    def priorities(self, requests):
+        return -np.round(self.predicted_remainings(requests)).astype(np.int64)  # round half to even, as round()
 
     def place(self, request, loads):
         if len(self._work) != len(loads):
@@ -57,8 +70,25 @@ class LPT(Policy):
         self._placed[request.rid] = (i, amount)
         return i
 
+    def placements(self, requests, loads):
+        if len(self._work) != len(loads):
+            self._work, self._placed = [0.0] * len(loads), {}
+        rids = requests.rid.tolist()
+        for rid in rids:
+            self._forget(rid)
+        amounts = self.predicted_remainings(requests)
+        work = np.array(self._work, float)
+        chosen = least_work(work, amounts)  # `place`'s loop, request after request
+        self._work = work.tolist()
+        self._placed.update(zip(rids, zip(chosen.tolist(), amounts.tolist())))
+        return chosen
+
     def on_finish(self, request, state):
         self._forget(request.rid)
+
+    def on_finishes(self, ended, state):
+        for rid in ended.rid.tolist():
+            self._forget(rid)
 
     def _forget(self, rid: int) -> None:
         old = self._placed.pop(rid, None)

@@ -118,9 +118,10 @@ def test_a_batch_that_outgrows_its_first_room_is_run_again_with_more(monkeypatch
 
 
 def test_event_hooks_keep_the_event_engine():
-    """A policy that reacts to single events (APRIL's end of rollout, the breaker's progress) is not batched."""
+    """A policy that reacts to single events (APRIL's end of rollout, seer's requeues, rollpacker's finishes read
+    mid-rollout) is not batched (tests/test_fastpath_events.py: the rollout hooks that are)."""
     trace = make_trace(np.random.default_rng(1), steps=2, prompts=4, group=4, max_len=100)
-    for policy in ("april", "breaker", "lpt"):
+    for policy in ("april", "seer", "rollpacker"):
         _, engine = run(trace, policy, PROFILED, 2, 8, 10**6, "collocated", batch_route=True)
         assert not engine._batch
     _, engine = run(trace, "baseline", PROFILED, 2, 8, 10**6, "async", batch_route=True)

@@ -43,7 +43,6 @@ GOAL_RESPONSES_PER_SECOND = 1_000_000  # issue 15: on one core, baseline, oracle
 GOAL_CLI_SECONDS = 5.0  # issue 15: `lssim replay` of 1,024,000 responses under hadb with its references
 GOAL_KV_REQUESTS_PER_SECOND = 250_000  # issue 15: baseline on the KV-bound workload
 GOAL_REAL_RATIO = 1000  # issue 15: the simulator over the real run it predicts
-EVENT_HOOKS = ("on_progress", "on_finish", "end_rollout", "top_up")  # a policy with one runs on the event engine
 
 
 def _trace(responses: int, **overrides):
@@ -72,7 +71,7 @@ def bench_sim(responses: int, policies: list[str], repeats: int, event_responses
         simulate(small, "baseline", SimSetup())  # loads the batch route's compiled kernels (numba's cache)
         for policy in policies:
             built = make_policy(policy)
-            batch = not any(built.overrides(h) for h in EVENT_HOOKS)
+            batch = not built.reacts_to_events()
             if batch:  # once untimed: the Workload builds its lookup indexes on first use, numba loads the policy's kernels
                 simulate(workload, policy, SimSetup())
             rate, n, times = _rate(workload, policy, SimSetup(), repeats)

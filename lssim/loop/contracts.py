@@ -149,12 +149,13 @@ class Engine(Protocol):
         take each rollout whole through `run_batch` (the simulator); an engine that streams ignores it (False)."""
         return False
 
-    def run_batch(self, requests, queue=None) -> np.ndarray:
+    def run_batch(self, requests, queue=None, progress=None) -> np.ndarray:
         """A whole rollout at once (only after set_batch_rollout returned True): every request of `requests`
         (lssim.loop.columns.RequestColumns, an idle engine) runs to its end; the columns are filled as the event route
         fills Request objects (generated, finish_reason, reward, times, exact, natural_len / natural_reward), the
         clock moves to the last finish, and the rows come back in the order the event route would end them.
-        `queue`: the rows in submission order, where that is not row order (None: row order)."""
+        `queue`: the rows in submission order, where that is not row order (None: row order). `progress`: the
+        policy's stops at its progress checkpoints (Policy.progress_stops), asked with the submission's checkpoints."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
 
 

@@ -119,11 +119,13 @@ class Controller:
                                  f"{type(trainer).__name__} cannot do (no set_train_mask)")
 
     def _batch_rollout(self) -> bool:
-        """True when a step's rollout is one submission drained to its end: no per-event hook (progress, finish,
-        end of rollout, top-up) and a mode that neither ends the rollout early nor keeps or interrupts it."""
+        """True when a step's rollout is one submission drained to its end (and any top-ups, each drained in turn): no
+        per-event hook without an array form (Policy.reacts_to_events) and a mode that neither ends the rollout early
+        nor keeps or interrupts it."""
         mode = self.mode
-        return (not any(self._asks[h] for h in ("on_progress", "on_finish", "end_rollout", "top_up"))
-                and not mode.keeps_generating and not mode.interrupts
+        # top_up is asked only once nothing is in flight, and on_finish's array form only keeps the policy's books:
+        # neither reacts to a single event (lssim.loop.rollout_books.rollout_batch).
+        return (not self.policy.reacts_to_events() and not mode.keeps_generating and not mode.interrupts
                 and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
 
     def set_lower_bound(self, bound: LowerBound | None) -> None:
@@ -216,7 +218,8 @@ class Controller:
         plan = self._admit(self.policy.plan(ctx, proposal), s)
         fresh = self._make_requests(plan, s)
         if self._batched:  # the whole rollout at once, as columns (lssim.sim.fastsim): nothing is carried out of it
-            rollout_batch(fresh, s, self.engine, self.policy, self._asks)
+            rollout_batch(fresh, s, self.engine, self.policy, self._asks,
+                          (lambda: self._top_up_batch(s)) if self._asks["top_up"] else None)
         else:
             s.fresh = register(fresh, s)
             self._launch(s)  # carried responses and the plan's, in one submission
@@ -461,6 +464,18 @@ class Controller:
         self._next_rid += len(cols)
         self._next_group += len(plan)
         return cols
+
+    def _top_up_batch(self, s: StepState) -> RequestColumns | None:
+        """The batch route's top-up once a submission has drained, as _rollout asks it then: the policy's groups the
+        mode admits, as columns (asked again while it offers groups the mode turns away); None once it offers none."""
+        while True:
+            more = self.policy.top_up(s.rollout)
+            if not more:
+                return None
+            more = self._admit(more, s)
+            if more:
+                s.rollout.extra_rounds += 1
+                return self._make_requests(more, s)
 
     def _submit(self, requests: list[Request]) -> None:
         self.engine.submit(order(requests, self.engine, self.policy, self._asks))

@@ -43,6 +43,23 @@ class Action:
 
 
 @dataclass(slots=True, frozen=True)
+class ProgressStops:
+    """The array form of on_progress's stops (Policy.progress_stops) for a submission, one entry per request: where
+    the policy stops it and how, as `Action.stop` would say at that checkpoint."""
+
+    at: np.ndarray  # int: tokens generated at the checkpoint where it is stopped; -1: never
+    reason: np.ndarray  # object: the stop's reason ("" where none)
+    reward: np.ndarray  # float: the reward it trains with; NaN: none given (its own, or the world's score if `score`)
+    score: np.ndarray  # bool: trains with the world's score of what it wrote (Action.stop(score=True))
+
+    @staticmethod
+    def of(at: np.ndarray, reason: np.ndarray, reward: float | None = None, score: bool = False) -> "ProgressStops":
+        """Stops at `at` with their reasons, every one with the same `reward` (None: none given) or `score`."""
+        n = len(at)
+        return ProgressStops(at, reason, np.full(n, np.nan if reward is None else reward), np.full(n, bool(score)))
+
+
+@dataclass(slots=True, frozen=True)
 class PolicyNeeds:
     """What a policy needs of the world it runs in, declared by `Policy.needs()` and read before the first step.
     The default of each is "nothing": a policy that needs nothing runs in every world.

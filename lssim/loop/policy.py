@@ -35,7 +35,14 @@ Array forms, for speed (the simulator's batch route prices a whole rollout as ar
 with a priority or place rule may also answer it for a whole submission at once, `priorities(requests)` and
 `placements(requests, loads)` over lssim.loop.columns.RequestColumns. They must answer what the per-request hooks
 answer (requests placed one after another in priority order, as the controller asks place); the defaults ask
-the per-request hooks, so a policy needs them only where its rule is costly per request (oracle).
+the per-request hooks, so a policy needs them only where its rule is costly per request (oracle). A policy whose
+on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes(ended, state)` for a submission's
+ended responses at once; one whose on_progress only stops, reading each response's own tokens and window signals,
+answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
+for numbers and arrays alike, that both forms call). A policy with end_rollout, or with on_finish or on_progress
+and no array form, runs on the event route (`reacts_to_events`). top_up needs no array form: the event route asks it
+only once nothing is in flight, so the batch route asks it after each submission has run to its end (DAPO's
+generation batches).
 
 Declarations, read once before the first step (not hooks):
 
@@ -60,7 +67,8 @@ import numpy as np
 
 from lssim.loop.contracts import POLICY_HOOKS, PolicyHooks
 # What a policy's hooks answer with (lssim.loop.decisions), named here too: a policy's author imports them from here.
-from lssim.loop.decisions import CARRY, DROP, NO_NEEDS, Action, PolicyNeeds, StepOutcome, TrainBatch, TrainMask, intersect_masks
+from lssim.loop.decisions import (CARRY, DROP, NO_NEEDS, Action, PolicyNeeds, ProgressStops, StepOutcome, TrainBatch, TrainMask,
+                                  intersect_masks)
 
 
 class Policy(PolicyHooks):
@@ -70,6 +78,38 @@ class Policy(PolicyHooks):
     def overrides(self, hook: str) -> bool:
         """True if this policy has an opinion on `hook` (the controller skips hooks nobody overrides)."""
         return getattr(type(self), hook) is not getattr(PolicyHooks, hook)
+
+    def reacts_to_events(self) -> bool:
+        """True when a rollout under this policy needs the event route (lssim.sim.world): it acts on single events
+        (on_progress, end_rollout) or hears of finishes with no array form (on_finishes); otherwise the simulator
+        may run its rollouts on the batch route (lssim.sim.fastsim), top-ups included."""
+        return self.overrides("end_rollout") or not self.progress_in_batches() or not self.finishes_in_batches()
+
+    def progress_in_batches(self) -> bool:
+        """True when the policy has no on_progress, or answers it as an array too (`progress_stops`)."""
+        return not self.overrides("on_progress") or type(self).progress_stops is not Policy.progress_stops
+
+    def progress_stops(self, checkpoints) -> ProgressStops:
+        """on_progress for a whole submission, before it runs: where each response is stopped. Only a rule that
+        stops (never carries or requeues) and reads nothing but each response's own tokens and window signals at its
+        checkpoints, and its own books of that response, may answer it. `checkpoints` (lssim.sim.checkpoints.Checkpoints,
+        of `len(checkpoints)` responses): iterate for (rows, generated, signals, has), the responses at their next
+        checkpoint, in order, every one reached (a rule skips those it already stopped), the window signals there
+        (lssim.loop.signals, arrays) and which rows have any. It must stop what on_progress at each checkpoint in turn
+        stops, and leave the policy as those calls and on_finish would."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_progress (progress_stops)")
+
+    def finishes_in_batches(self) -> bool:
+        """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
+        may then run its rollouts."""
+        return not self.overrides("on_finish") or type(self).on_finishes is not Policy.on_finishes
+
+    def on_finishes(self, ended, state) -> None:
+        """on_finish for many responses at once: `ended` (lssim.loop.columns.RequestColumns) in the order they ended,
+        `state` the rollout's counters once they all had. The batch route calls it once a submission has run to its
+        end, so only a policy whose on_finish keeps books nothing reads before then (no on_progress or end_rollout)
+        may answer it; it must leave the policy as on_finish on each response in that order does."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_finish (on_finishes)")
 
     @property
     def members(self) -> list["Policy"]:
@@ -150,6 +190,21 @@ class Compose(Policy):
     def on_finish(self, request, state):
         for p in self._by_hook["on_finish"]:
             p.on_finish(request, state)
+
+    def finishes_in_batches(self):
+        return all(p.finishes_in_batches() for p in self._by_hook["on_finish"])
+
+    def progress_in_batches(self):
+        # One member's stops only: members that disagree at a checkpoint are settled one checkpoint at a time.
+        deciders = self._by_hook["on_progress"]
+        return not deciders or (len(deciders) == 1 and deciders[0].progress_in_batches())
+
+    def progress_stops(self, checkpoints):
+        return self._by_hook["on_progress"][0].progress_stops(checkpoints)
+
+    def on_finishes(self, ended, state):
+        for p in self._by_hook["on_finish"]:
+            p.on_finishes(ended, state)
 
     def end_rollout(self, state):
         return any(p.end_rollout(state) for p in self._by_hook["end_rollout"])
@@ -263,5 +318,5 @@ def available_policies() -> list[str]:
 
 
 __all__ = ["Policy", "Compose", "make_policy", "available_policies", "split_policy_spec", "parse_policy_spec",
-           "format_policy_spec", "CARRY", "DROP", "NO_NEEDS", "Action", "PolicyNeeds", "StepOutcome", "TrainBatch", "TrainMask",
+           "format_policy_spec", "CARRY", "DROP", "NO_NEEDS", "Action", "PolicyNeeds", "ProgressStops", "StepOutcome", "TrainBatch", "TrainMask",
            "intersect_masks"]

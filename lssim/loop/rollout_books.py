@@ -5,6 +5,8 @@ whole rollout closed at once, and the policy's priorities and placements asked b
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from lssim.loop.columns import RequestColumns, TakenRows, stable_argsort, with_signal
@@ -43,29 +45,54 @@ def end_response(r: Request, s: StepState) -> None:
             state.groups_effective += 1
 
 
-def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool]) -> None:
+def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
+                  top_up: Callable[[], RequestColumns | None] | None = None) -> None:
     """The batch route: the step's requests in priority order on their instances (the policy's priority and place
     hooks asked as on the event route; `asks`: which hooks the policy overrides), run to their end by the engine in
-    one call, the books closed at once as `end_response` closes them one by one."""
+    one call, the books closed at once as `end_response` closes them one by one. `top_up`: the next requests once the
+    engine has drained (None: the rollout ends), asked after every run as the event route asks the policy's top_up
+    when it has no event left; each such batch runs to its end in turn (DAPO's generation batches), and the step's
+    columns are their concatenation. A policy with an array form of on_finish (Policy.on_finishes) hears of each
+    batch's ended responses, in the order they ended, once that batch has run."""
+    state, parts, ended, offset = s.rollout, [], [], 0
+    while True:
+        if len(fresh):
+            ended.append(_run_part(fresh, s, engine, policy, asks) + offset)
+            offset += len(fresh)
+        parts.append(fresh)
+        state.now = engine.now()
+        fresh = top_up() if top_up is not None else None
+        if fresh is None:
+            break
+    s.batch = RequestColumns.concat(parts)
+    s.groups_done = groups = s.batch_groups()
+    s.batch_ended = np.concatenate(ended) if ended else np.zeros(0, np.int64)
+    s.batch_signal = with_signal(s.batch.reward[groups.rows], groups.sizes)
+
+
+def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool]) -> np.ndarray:
+    """One submission of the batch route run to its end, its counters added to the rollout's state: the rows it
+    ended, in that order."""
     queue = None  # the rows stay in plan order; the engine is told the order they are queued in
-    if len(fresh) and asks["priority"]:  # queued in priority order, as `order` submits them
+    if asks["priority"]:  # queued in priority order, as `order` submits them
         fresh.priority[:] = policy.priorities(fresh)
         queue = stable_argsort(fresh.priority)
-    if len(fresh) and asks["place"]:  # placed in the order they are queued, as `order` places them
+    if asks["place"]:  # placed in the order they are queued, as `order` places them
         if queue is None:
             fresh.instance[:] = policy.placements(fresh, engine.loads())
         else:
             fresh.instance[queue] = policy.placements(TakenRows(fresh, queue), engine.loads())
     state = s.rollout
     s.batch = fresh
-    s.groups_done = groups = s.batch_groups()
-    state.groups_submitted = len(groups)
-    s.batch_ended = engine.run_batch(fresh, queue) if len(fresh) else np.zeros(0, np.int64)
+    groups = s.batch_groups()
+    rows = engine.run_batch(fresh, queue, policy.progress_stops if asks["on_progress"] else None)
     state.responses_done += len(fresh)
+    state.groups_submitted += len(groups)
     state.groups_done += len(groups)
-    s.batch_signal = with_signal(fresh.reward[groups.rows], groups.sizes)
-    state.groups_effective += int(s.batch_signal.sum())
-    state.now = engine.now()
+    state.groups_effective += int(with_signal(fresh.reward[groups.rows], groups.sizes).sum())
+    if asks["on_finish"]:
+        policy.on_finishes(fresh.take(rows), state)
+    return rows
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:

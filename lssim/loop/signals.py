@@ -62,6 +62,12 @@ class SignalSpec:
         """The window over a response with this token budget: at most half of it (and at least one n-gram)."""
         return max(self.ngram, min(self.window, max_tokens // 2))
 
+    def windows_for(self, max_tokens):
+        """`window_for` of each budget of an array."""
+        import numpy as np
+
+        return np.maximum(self.ngram, np.minimum(self.window, np.asarray(max_tokens) // 2))
+
     def __post_init__(self):
         if self.window < 1 or self.ngram < 1 or self.ngram > self.window:
             raise ValueError(f"SignalSpec needs 1 <= ngram <= window, got window={self.window}, ngram={self.ngram}")
@@ -147,6 +153,26 @@ def signals_from_trace(generated: int, loop_start: int, collapse_start: int, ent
         text = text_entropy if text_entropy == text_entropy else entropy
         entropy = (1.0 - f) * text + f * entropy
     return {"repetition": repetition, "entropy": entropy, "tokens": min(generated, window), "window": window}
+
+
+def signals_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy: float, window) -> dict:
+    """`signals_from_trace` over arrays (one response each; `window` an array or one size), to the last bit: the
+    simulator's batch route reads a submission's checkpoints at once (lssim.sim.checkpoints)."""
+    import numpy as np
+
+    generated, loop_start, collapse_start = (np.asarray(a, np.int64) for a in (generated, loop_start, collapse_start))
+    entropy = np.asarray(entropy, float)
+    looped = (loop_start >= 0) & (generated > loop_start)
+    repetition = np.where(looped, np.minimum(1.0, (generated - loop_start) / window), 0.0)
+    loop, collapse = loop_start >= 0, collapse_start >= 0
+    start = np.where(loop & collapse, np.minimum(loop_start, collapse_start), np.where(loop, loop_start, collapse_start))
+    mixed = (loop | collapse) & (entropy == entropy)
+    f = np.minimum(1.0, np.maximum(0.0, (generated - start) / window))
+    text = text_entropy if text_entropy == text_entropy else entropy
+    entropy = np.where(mixed, (1.0 - f) * text + f * entropy, entropy)
+    window = np.asarray(window)
+    return {"repetition": repetition, "entropy": entropy, "tokens": np.minimum(generated, window),
+            "window": window if window.shape == generated.shape else np.broadcast_to(window, generated.shape)}
 
 
 def entropy_from_logprobs(logprobs: Iterable[float]) -> float:

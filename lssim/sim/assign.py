@@ -21,7 +21,8 @@ def _least_work(work, sizes):
 
 
 def least_work(work: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Each item, in order, on the instance with the least work so far (`work` is updated in place)."""
+    """Each item, in order, on the instance with the least work so far (`work`, integer or float, is updated in
+    place; `sizes` are read as its type)."""
     if not len(work):
         raise ValueError("least_work: no instance to place on")
-    return _least_work(work, np.asarray(sizes, np.int64))
+    return _least_work(work, np.asarray(sizes, work.dtype))

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 from lssim.loop.columns import stable_argsort
+from lssim.sim.checkpoints import Checkpoints
+from lssim.sim.event_kernels import schedule_stops
 from lssim.sim.fastsim_kernels import (MAX_IT, OUT_OF_ROOM, SEQ_MASK, ended_rows, instance_clocks, merge_boundaries,
                                       records_room, schedule_records, touched_rank)
 
@@ -45,24 +47,31 @@ def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray
     return cost.departure_times(leaving_after) - cost.departure_times(leaving_before)
 
 
-def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
+def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) -> np.ndarray:
     """Run `requests` (lssim.loop.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
     the columns are filled as the event engine fills its Request objects, and the rows come back in the order its
     heap would end them. The engine's clock, utilization and counters move as they would have. `queue`: the rows
     in the order they were submitted (a priority hook's order), where that is not row order: the rows stay where
-    they are (a copy of every column in queue order would cost more than the run)."""
+    they are (a copy of every column in queue order would cost more than the run). `progress`: the policy's stops
+    (Policy.progress_stops, asked with the submission's lssim.sim.checkpoints.Checkpoints), run as the event engine
+    runs the aborts they are (lssim.sim.event_kernels)."""
     instances, cfg = engine.instances, engine.config
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
     _check_fits(requests, capacity)
-    length, reason, reward, exact = _answers(engine, requests)
+    length, reason, reward, exact, trace_rows = _answers(engine, requests)
+    stops = None
+    if progress is not None and engine._interval:
+        stops = progress(Checkpoints(length, requests.generated, engine._interval, requests.max_tokens, trace_rows,
+                                     engine.workload.signals, engine.signals))
     inst, order, touched = _dispatch(requests, n_inst, queue)
     requests.ran_on[:] = inst
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     gen = requests.generated.copy()
     (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
-     preemptions) = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs, n_inst)
+     preemptions) = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs, n_inst,
+                             None if stops is None else (stops.at, engine._interval))
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
@@ -86,9 +95,28 @@ def run_batch(engine, requests, queue: np.ndarray | None = None) -> np.ndarray:
     requests.first_token_time[ended] = first_token[first_rec[ended]]
     requests.submit_time[:] = now
     requests.generated[:] = gen
+    planned_reward = requests.reward.copy()
     requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
-    requests.natural_len[:], requests.natural_reward[:] = length, reward  # nobody stopped them: their natural end
+    requests.natural_len[:], requests.natural_reward[:] = length, reward  # what they would have been unstopped
+    if stops is not None:
+        _note_stops(engine, requests, stops, planned_reward, length, reward)
     return ended
+
+
+def _note_stops(engine, requests, stops, planned_reward: np.ndarray, length: np.ndarray, reward: np.ndarray) -> None:
+    """The stopped rows as the controller leaves a stopped Request (Controller._act): finish reason policy_stop, the
+    stop's reason, the reward it gave (else the world's score of what was written, else the one it had), no finish time."""
+    from lssim.loop.core import POLICY_STOP
+
+    stopped = stops.at >= 0
+    if not stopped.any():
+        return
+    scored = np.where(requests.generated >= length, reward, engine.workload.reward_scale.low)  # SimEngine.score_partial
+    given = np.where(np.isnan(stops.reward), np.where(stops.score, scored, planned_reward), stops.reward)
+    requests.reward[stopped] = given[stopped]
+    requests.finish_reason[stopped] = POLICY_STOP
+    requests.stop_reason[stopped] = stops.reason[stopped]
+    requests.finish_time[stopped] = np.nan
 
 
 def _check_fits(requests, capacity: int) -> None:
@@ -126,14 +154,17 @@ def _dispatch(requests, n_inst: int, queue: np.ndarray | None) -> tuple[np.ndarr
     return inst, order, touched
 
 
-def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int) -> tuple:
+def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs: int, n_inst: int, stops=None) -> tuple:
     """structure's records of the rollout (`gen` filled in place), its room grown until they fit; RuntimeError where
-    an instance cannot go on."""
-    room = records_room(len(prompt), n_inst)
+    an instance cannot go on. `stops`: (tokens each request is stopped at, -1 never; the checkpoint interval)."""
+    room = records_room(len(prompt), n_inst) + (0 if stops is None else checkpoint_room(length, gen, stops[1]))
     start = gen.copy()
     while True:
         gen[:] = start
-        *records, error = schedule_records(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
+        if stops is None:
+            *records, error = schedule_records(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room)
+        else:
+            *records, error = schedule_stops(order, inst_start, prompt, gen, length, capacity, max_num_seqs, room, *stops)
         if error != OUT_OF_ROOM:
             break
         room *= 4
@@ -145,17 +176,23 @@ def _records(order, inst_start, prompt, gen, length, capacity: int, max_num_seqs
     return tuple(records)
 
 
+def checkpoint_room(length: np.ndarray, gen: np.ndarray, interval: int) -> int:
+    """Records and pushes `schedule_stops` makes room for beside `records_room`'s: one of each per checkpoint."""
+    return 2 * int(np.maximum(0, length - gen - 1).sum() // interval)
+
+
 def _answers(engine, requests) -> tuple:
-    """Each request's (length, finish reason, reward, exact) from the Workload, asked once over arrays
+    """Each request's (length, finish reason, reward, exact, trace row) from the Workload, asked once over arrays
     (lssim.traces.workload.lookup_many); the engine's source counts move as SimEngine.submit moves them."""
     from lssim.traces.workload import EXACT, SOURCES, lookup_coded
 
     step, sample = engine.workload.request_keys(requests)  # its own step's, or its loader batch's (Request.batch)
-    length, reason, reward, source, _ = lookup_coded(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
+    length, reason, reward, source, rows = lookup_coded(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
     for name, c in zip(SOURCES.tolist(), np.bincount(source, minlength=len(SOURCES)).tolist()):
         if c:
             engine.sources[name] += c
-    return np.asarray(length, np.int64), reason, np.asarray(reward, float), source == SOURCES.tolist().index(EXACT)
+    return (np.asarray(length, np.int64), reason, np.asarray(reward, float), source == SOURCES.tolist().index(EXACT),
+            np.asarray(rows, np.int64))
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:

@@ -297,13 +297,13 @@ def instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, fir
                 t[i] += dt
                 busy[i] += dt
                 seqs[i] += rn[rec] * dt
-            if rleft[rec] > 0:
-                if rnafter[rec] == 0:
-                    owed[i] = 0.0
-                else:
-                    owed[i] += departure[rec]
         else:
             event_t[rec] = np.nan
+        if rleft[rec] > 0:  # a boundary's departures, or a stop's (lssim.sim.event_kernels)
+            if rnafter[rec] == 0:
+                owed[i] = 0.0
+            else:
+                owed[i] += departure[rec]
         after[rec] = t[i]
         if rpf[rec] > 0:
             t[i] += prefill[rec]

@@ -123,16 +123,20 @@ class SimEngine(Engine):
         """The controller's promise that each rollout is one submission run to its end with no reaction
         (lssim.loop.contracts.Engine.set_batch_rollout): rollouts then come whole through run_batch (lssim.sim.fastsim), priced
         as arrays with the event route's results to the last bit. False when built with batch_route=False."""
-        self._batch = bool(on) and self.batch_route
+        # Stops at progress checkpoints (set_progress_interval first) are aborts: the batch route runs them where an
+        # abort costs the caller nothing, so that no instance catches up to a clock other instances moved.
+        stops_free = self._interval is None or self.base_cost.abort_time(1) == 0.0
+        self._batch = bool(on) and self.batch_route and stops_free
         return self._batch
 
-    def run_batch(self, requests, queue=None) -> np.ndarray:
-        """A whole rollout of `requests` (lssim.loop.columns.RequestColumns) on the idle engine; see lssim.sim.fastsim."""
+    def run_batch(self, requests, queue=None, progress=None) -> np.ndarray:
+        """A whole rollout of `requests` (lssim.loop.columns.RequestColumns) on the idle engine, `progress` the policy's
+        stops at its checkpoints (Policy.progress_stops); see lssim.sim.fastsim."""
         if not self._batch:
             raise RuntimeError("run_batch before set_batch_rollout(True)")
         from lssim.sim.fastsim import run_batch
 
-        return run_batch(self, requests, queue)
+        return run_batch(self, requests, queue, progress)
 
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost

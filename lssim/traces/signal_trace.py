@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lssim.loop.signals import DEFAULT, SIGNAL_NAMES, SignalSpec, signals_along, signals_from_trace
+from lssim.loop.signals import DEFAULT, SIGNAL_NAMES, SignalSpec, signals_along, signals_from_trace, signals_from_trace_many
 
 DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-token checks fall on them
 SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
@@ -137,6 +137,35 @@ class TraceSignals:
             return signals_from_trace(generated, int(self._loop[row]), int(self._collapse[row]), float(self._entropy[row]),
                                       self.text_entropy, spec.window_for(max_tokens))
         return None
+
+    def windows(self, rows: np.ndarray, generated: np.ndarray, spec: SignalSpec, max_tokens: np.ndarray) -> tuple[dict, np.ndarray]:
+        """`window` of many (row, generated, max_tokens) at once, to the last bit: the signals as arrays and which
+        of them have any (the others' values are meaningless)."""
+        code, n = self.source[rows], len(rows)
+        synthetic = code == SOURCE_CODES["synthetic"]
+        if synthetic.all():  # a synthesized trace's: modelled, every one
+            return signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
+                                           self.text_entropy, spec.windows_for(max_tokens)), synthetic
+        out = {"repetition": np.zeros(n), "entropy": np.full(n, math.nan), "tokens": np.zeros(n, np.int64),
+               "window": np.zeros(n, np.int64)}
+        measured = code == SOURCE_CODES["measured"]
+        if measured.any():
+            r, g = rows[measured], generated[measured]
+            window = self._window[r].astype(np.int64)
+            lo, hi = self._start[r], self._start[r + 1]
+            i = lo + np.minimum(g // self._stride[r].astype(np.int64), hi - lo) - 1
+            seen = i >= lo
+            at = np.where(seen, i, 0)
+            for name, values, none in (("repetition", self._repetition, 0.0), ("entropy", self._entropy_values, math.nan)):
+                out[name][measured] = np.where(seen, values[at] if len(values) else none, none)
+            out["tokens"][measured], out["window"][measured] = np.minimum(g, window), window
+        if synthetic.any():
+            r = rows[synthetic]
+            modelled = signals_from_trace_many(generated[synthetic], self._loop[r], self._collapse[r], self._entropy[r],
+                                               self.text_entropy, spec.windows_for(max_tokens[synthetic]))
+            for name, values in modelled.items():
+                out[name][synthetic] = values
+        return out, measured | synthetic
 
 
 __all__ = ["DEFAULT_STRIDE", "SIGNAL_COLUMNS", "UNMEASURED", "default_source", "HOW_TO_MEASURE", "TraceSignals", "measure_response", "measure_rows"]

@@ -1,0 +1,53 @@
+"""A submission's progress checkpoints on the simulator's batch route: what the array form of on_progress reads
+(Policy.progress_stops) to say where it stops each response, before the rollout is scheduled (lssim.sim.event_kernels).
+
+The event engine (lssim.sim.world.SimEngine) reports a running response every `interval` tokens strictly inside its
+natural length, each multiple once, in order, whatever preemption does (a checkpoint at a boundary fires before the
+boundary preempts, and a resumed response's next one is the next multiple), with the window signals of its trace row
+there. A rule that reads only those (and its own books of each response) therefore decides the same stops on both
+routes, wherever the checkpoints fall in time.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+
+class Checkpoints:
+    """The checkpoints of `len(length)` responses. Iterate for (rows, generated, signals, has): the responses that reach
+    their next checkpoint, in checkpoint order (the j-th multiple of the interval for every one of them at once), the
+    tokens each has generated there, the window signals there as the event engine puts them in Request.signals (a
+    dict of arrays, lssim.loop.signals) and which rows have any (the others' values mean nothing)."""
+
+    def __init__(self, length: np.ndarray, start: np.ndarray, interval: int, max_tokens: np.ndarray, trace_rows: np.ndarray,
+                 signals, spec):
+        if interval < 1:
+            raise ValueError(f"Checkpoints: the interval must be >= 1 token, got {interval}")
+        self.length, self.start, self.interval = length, start, interval  # start: tokens generated before the rollout
+        self.max_tokens, self.trace_rows, self._signals, self._spec = max_tokens, trace_rows, signals, spec
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict, np.ndarray]]:
+        rows, generated, ends = self._all()
+        # every checkpoint's signals in one pass over arrays; then one checkpoint (a slice of each) at a time
+        signals, has = self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
+        for a, b in zip(ends[:-1].tolist(), ends[1:].tolist()):
+            yield rows[a:b], generated[a:b], {name: values[a:b] for name, values in signals.items()}, has[a:b]
+
+    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every (row, tokens generated) checkpoint, the first ones of all rows first, then the second ones, ...; and
+        where each such round ends."""
+        c = self.interval
+        first = (self.start // c + 1) * c  # SimEngine._push_checkpoint's next multiple
+        count = np.maximum(0, -(-(self.length - first) // c))  # multiples in [first, length)
+        by_count = np.argsort(-count, kind="stable")
+        rounds = np.arange(int(count.max()) if len(count) else 0)
+        reaching = np.searchsorted(-count[by_count], -(rounds + 1), side="right")  # count > j: a prefix of by_count
+        rows = np.concatenate([by_count[:m] for m in reaching.tolist()]) if len(rounds) else np.zeros(0, np.int64)
+        ends = np.r_[0, np.cumsum(reaching)]
+        generated = first[rows] + c * np.repeat(rounds, reaching)
+        return rows, generated, ends
