@@ -55,7 +55,7 @@ def _step(trainer, groups, fed, step=0):
     return job, grads, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
-def _assert_same_update(a, b, grad_atol=1e-7):
+def _assert_same_update(a, b, grad_atol=1e-7, weight_atol=1e-3 * LR):
     (job_a, grads_a, weights_a), (job_b, grads_b, weights_b) = a, b
     assert grads_a.keys() == grads_b.keys() and grads_a
     for name in grads_a:  # the clipped gradient the optimizer stepped with
@@ -64,7 +64,7 @@ def _assert_same_update(a, b, grad_atol=1e-7):
     # g changes the step by a share of lr, so the weights are compared where the gradient is well above it.
     for name, grad in grads_a.items():
         clear = grad.abs() > 1e-6
-        torch.testing.assert_close(weights_a[name][clear], weights_b[name][clear], rtol=0, atol=1e-3 * LR)
+        torch.testing.assert_close(weights_a[name][clear], weights_b[name][clear], rtol=0, atol=weight_atol)
     assert weights_a.keys() == weights_b.keys()
     for key in ("loss", "grad_norm", "clip_fraction", "logprob_gap"):
         assert job_a.metrics[key] == pytest.approx(job_b.metrics[key], rel=1e-4, abs=1e-7), key
@@ -114,8 +114,10 @@ def test_two_steps_streamed_equal_two_steps_whole(real_model_dir):
     whole, streamer = _trainer(real_model_dir, prompts), _trainer(real_model_dir, prompts)
     _step(whole, first, fed=[])
     _step(streamer, first, fed=first[:2])
-    # (the first steps' weights differ by rounding where Adam's eps decides: the second gradients by about 1e-7)
-    _assert_same_update(_step(whole, second, fed=[], step=1), _step(streamer, second, fed=second[::-1], step=1), 1e-6)
+    # (the first steps' weights differ by rounding where Adam's eps decided: the second gradients by about 1e-7, and
+    # the moments of those weights are that small too)
+    _assert_same_update(_step(whole, second, fed=[], step=1), _step(streamer, second, fed=second[::-1], step=1),
+                        grad_atol=1e-6, weight_atol=1e-2 * LR)
 
 
 def test_several_mini_batches_do_not_stream(real_model_dir):
