@@ -103,7 +103,9 @@ def test_a_fed_group_left_out_of_the_batch_makes_the_update_start_over(real_mode
 
 
 def test_two_steps_streamed_equal_two_steps_whole(real_model_dir):
-    """AdamW's moments after a streamed step are the whole step's: the second step agrees too."""
+    """The optimizer's state after a streamed step is the whole step's: the second step agrees too. (SGD with
+    momentum here: AdamW's step divides by |g| + eps, which turns rounding on a gradient near eps into a share of
+    lr, and two steps compound it; the gradients are what streaming changes.)"""
     first, prompts = _groups(np.random.default_rng(2))
     second, more = _groups(np.random.default_rng(3))
     for g in second:
@@ -112,12 +114,12 @@ def test_two_steps_streamed_equal_two_steps_whole(real_model_dir):
         g.prompt_id, g.step = g.prompt_id + 10, 1
     prompts.update({k + 10: v for k, v in more.items()})
     whole, streamer = _trainer(real_model_dir, prompts), _trainer(real_model_dir, prompts)
+    for trainer in (whole, streamer):
+        trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=LR, momentum=0.9)
     _step(whole, first, fed=[])
     _step(streamer, first, fed=first[:2])
-    # (the first steps' weights differ by rounding where Adam's eps decided: the second gradients by about 1e-7, and
-    # the moments of those weights are that small too)
     _assert_same_update(_step(whole, second, fed=[], step=1), _step(streamer, second, fed=second[::-1], step=1),
-                        grad_atol=1e-6, weight_atol=1e-2 * LR)
+                        weight_atol=1e-8)
 
 
 def test_several_mini_batches_do_not_stream(real_model_dir):
