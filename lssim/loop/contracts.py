@@ -191,6 +191,9 @@ class Trainer(Protocol):
       train beside it; None where the trainer cannot (the controller then calls `train`, which prices or blocks).
       `started_jobs()`: the jobs started so far, in order ([] for a trainer that starts none); `finish_jobs()`: wait
       for them all (a run's end).
+    - `feed(group, step)`: step `step`'s update takes a group that ended mid-rollout now (hybrid streams them,
+      ModeHooks.group_done); `start(groups, step)` then finishes it with the step's batch, the same update as
+      unstreamed. Nothing where the trainer cannot stream (the simulator prices the streaming instead).
     """
 
     def train(self, groups: list[Group], step: int) -> dict: ...
@@ -200,6 +203,9 @@ class Trainer(Protocol):
 
     def start(self, groups: list[Group], step: int) -> TrainJob | None:
         return None
+
+    def feed(self, group: Group, step: int) -> None:
+        """Nothing streams: the update takes the step's groups at `start` or `train`."""
 
     def started_jobs(self) -> list[TrainJob]:
         return []
@@ -402,6 +408,10 @@ class ModeHooks:
         """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
         the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
         return None
+
+    def group_done(self, group: Group, step: int, trainer: Trainer) -> None:
+        """A group of step `step`'s rollout ended (every member) while the rollout goes on. A mode that streams
+        groups into training (hybrid) hands it to `trainer.feed`; the others wait for the rollout's end."""
 
     def is_stale(self, step: int, first_version: int) -> bool:
         """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""
