@@ -115,12 +115,14 @@ class TrainLane:
             self._pool = None
 
 
-def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1) -> None:
+def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1, restarts: set[int] = frozenset()) -> None:
     """The controller's step rows (lssim.loop.records: mode_fields, step_row) of steps whose update ran as a job: their
     train fields were unknown when the step was recorded (the job was running); now, for each job done, its
     measured times, phases and metrics. Each step's `step_seconds` runs from the previous step's weights being
-    ready (from the first rollout's start for the first step, as the simulator's clock starts there); NaN while a
-    job runs. Idempotent: called before every write (a job's sync is known only once its weights were pushed)."""
+    ready (from the first rollout's start for the first step, as the simulator's clock starts there, and for each
+    step in `restarts`, the first of a resumed run, whose engine's clock is new); NaN while a job runs. A job run
+    again after a resume (`rerun`) fills in its phases and metrics but not its step's times (the killed run's: kept
+    if it had ended, else NaN). Idempotent: called before every write (a job's sync is known only once pushed)."""
     by_step = {j.step: j for j in jobs if j.future.done() and j.future.exception() is None}
     pending = {j.step for j in jobs} - set(by_step)
     previous = rows[0]["rollout_start"] if rows else math.nan
@@ -129,10 +131,13 @@ def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: 
         job = by_step.get(step)
         if job is not None:
             phases = job.phases()
-            row.update(train_start=job.start, train_end=job.end, train_seconds=sum(phases.values()),
+            times = {} if job.rerun else {"train_start": job.start, "train_end": job.end}
+            row.update(**times, train_seconds=sum(phases.values()),
                        train_busy_device_seconds=(phases["logprob"] + phases["update"]) * train_devices,
                        **{f"{p}_seconds": v for p, v in phases.items()},
                        **{f"trainer_{k}": v for k, v in job.metrics.items()})
+        if step in restarts:
+            previous = row["rollout_start"]
         end = math.nan if step in pending else row["train_end"]
         row["step_seconds"] = end - previous
         previous = end

@@ -122,6 +122,11 @@ class GRPOTrainer(Trainer):
         (real_backend.train_job.ThreadTrainJob.push). Jobs run one after another, in the order started."""
         return self.lane.start(self, groups, step)
 
+    def rerun(self, groups: list[Group], step: int) -> ThreadTrainJob:
+        """`start` for a resumed run: an update its checkpoint had not seen pushed, run again (its times are the
+        resume's, not its step's: train_job.fill_step_rows leaves the step's own)."""
+        return self.lane.start(self, groups, step, rerun=True)
+
     def feed(self, group: Group, step: int) -> None:
         """Step `step`'s update takes `group` now, beside the rollout (lssim.loop.contracts.Trainer.feed: hybrid hands
         over each group as it ends): its forward and backward run on the lane, the gradients accumulate
