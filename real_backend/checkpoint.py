@@ -158,6 +158,22 @@ def restart_jobs(ckpt: Checkpoint, controller, trainer) -> None:
     controller.mode.resume_jobs([trainer.rerun(groups, step) for step, groups in ckpt.jobs or []])
 
 
+def recorded_train_times(out_dir, rows: list[dict]) -> None:
+    """The step rows a checkpoint took while their update ran (train_end NaN) get the times the killed run's
+    steps.parquet recorded once the update ended, if it did: the step's own times, which the update run again after
+    the resume cannot give (train_job.fill_step_rows leaves a re-run's times alone)."""
+    import pandas as pd
+
+    try:
+        old = pd.read_parquet(Path(out_dir) / "steps.parquet", columns=["step", "train_start", "train_end"])
+    except (OSError, ValueError, KeyError):  # no file, or one without these columns: nothing to take back
+        return
+    ended = {int(step): (start, end) for step, start, end in old.itertuples(index=False) if end == end}
+    for row in rows:
+        if row.get("train_end") != row.get("train_end") and int(row["step"]) in ended:
+            row["train_start"], row["train_end"] = ended[int(row["step"])]
+
+
 class _Draw:
     """A policy may keep the StepContext it was given (dapo does); its `draw` is a lambda on the controller, which
     pickle cannot write. It is written as a name and read back as this, which draws from the new controller."""
@@ -198,5 +214,5 @@ def set_loader_state(prompts, state: dict) -> None:
     prompts.set_loader_state(state)
 
 
-__all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "restart_jobs", "loader_state",
-           "set_loader_state"]
+__all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "restart_jobs", "recorded_train_times",
+           "loader_state", "set_loader_state"]

@@ -143,9 +143,14 @@ def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: 
         previous = end
 
 
+def resumed_steps(meta: dict) -> set[int]:
+    """The steps a resume started from (meta.json "resumes"): their step time counts from their own rollout."""
+    return {int(r["after_step"]) + 1 for r in meta.get("resumes", [])}
+
+
 def _pin(cpus) -> None:
     if cpus:
         os.sched_setaffinity(threading.get_native_id(), set(cpus))
 
 
-__all__ = ["ThreadTrainJob", "TrainLane", "fill_step_rows"]
+__all__ = ["ThreadTrainJob", "TrainLane", "fill_step_rows", "resumed_steps"]

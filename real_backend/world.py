@@ -37,7 +37,7 @@ from .engine_config import VLLMConfig
 from .evaluate import EvalSettings, Evaluator, train_seconds
 from .prompts import TaskPrompts
 from .recorder import CHECKPOINT, FILES, Recorder
-from .train_job import fill_step_rows
+from .train_job import fill_step_rows, resumed_steps
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -245,9 +245,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
     update runs as a job beside the rollout (GRPOTrainer.start, real_backend.train_job) and the mode pushes its
     weights into the engine (between steps, or mid-rollout in async); the step rows get each job's measured times
-    once it is done, and the run waits for the last jobs before it finishes. Checkpoints there never wait for the
-    updates still running (real_backend.checkpoint: the trainer's state behind the engine's weights, and the
-    updates not pushed yet, run again on resume).
+    once it is done, and the run waits for the last jobs before it finishes.
 
     `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on, and the
     trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
@@ -301,14 +299,9 @@ def _last_jobs(controller: Controller, trainer, recorder: Recorder, mode: ModeCo
     """The updates still running when the last step ended (modes that train beside the rollout): waited for, their
     rows filled and written; the run's result with them."""
     trainer.finish_jobs()
-    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices, restarts(recorder))
+    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices, resumed_steps(recorder.meta))
     recorder.write()
     return controller.result()
-
-
-def restarts(recorder: Recorder) -> set[int]:
-    """The steps a resume started from (meta.json "resumes"): their step time counts from their own rollout."""
-    return {int(r["after_step"]) + 1 for r in recorder.meta.get("resumes", [])}
 
 
 def step_observers(controller: Controller, trainer, recorder: Recorder, mode: ModeConfig, spec: Speculation | None,
@@ -322,7 +315,7 @@ def step_observers(controller: Controller, trainer, recorder: Recorder, mode: Mo
     observers: list[StepObserver] = [evaluator.discount] if evaluator.on else []
     if not mode.collocated:
         observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices,
-                                                    restarts(recorder)))
+                                                    resumed_steps(recorder.meta)))
     if spec is not None:
         engine, policy = controller.engine, controller.policy
         observers.append(lambda row: recorder.meta.update(speculation=speculation_meta(spec, engine.spec_counters(), policy)))
@@ -365,9 +358,10 @@ def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, con
 def _resume(ckpt, controller: Controller, trainer, prompts, recorder: Recorder) -> int:
     """Restore a checkpoint into the run's fresh objects, push its weights, rewrite the files from its state (they
     may lag the checkpoint by one step after a kill, or lead it); returns the first step to run."""
-    from .checkpoint import restart_jobs, restore
+    from .checkpoint import recorded_train_times, restart_jobs, restore
 
     restore(ckpt, controller, trainer, prompts, recorder)
+    recorded_train_times(recorder.out, controller.step_rows)  # updates the checkpoint saw running that ended after it
     trainer.last_sync_seconds = controller.engine.update_weights(trainer.model.state_dict(), version=ckpt.mode_version)
     restart_jobs(ckpt, controller, trainer)  # the updates whose weights were not on the engine yet
     old = old_meta(recorder.out)
