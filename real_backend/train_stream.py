@@ -34,10 +34,11 @@ class GradientStream:
     unnormalised sums of loss, clipped tokens and |logp - behaviour|, and when and how long it ran."""
 
     __slots__ = ("step", "keys", "samples", "signal_groups", "tokens", "loss", "clipped", "gap", "start", "seconds",
-                 "logprob_seconds", "cpu_seconds", "logprob_cpu_seconds")
+                 "logprob_seconds", "cpu_seconds", "logprob_cpu_seconds", "work")
 
     def __init__(self, step: int):
         self.step, self.keys = step, set()
+        self.work: list = []  # the futures of the fed groups' work on the lane (their errors are the update's)
         self.samples = self.signal_groups = self.tokens = 0
         self.loss = self.clipped = self.gap = 0.0
         self.start = math.nan  # the engine's clock when the first fed group's work began

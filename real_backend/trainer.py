@@ -137,7 +137,7 @@ class GRPOTrainer(Trainer):
         stream = self._streams.get(step)
         if stream is None:
             stream = self._streams[step] = GradientStream(step)
-        self.lane.submit(self._stream_group, stream, group)
+        stream.work.append(self.lane.submit(self._stream_group, stream, group))
 
     def stream_start(self, step: int) -> float | None:
         """When step `step`'s streamed part began on the engine's clock; None if nothing of it was streamed."""
@@ -249,6 +249,8 @@ class GRPOTrainer(Trainer):
         for old in [k for k in self._streams if k < step]:
             del self._streams[old]
         stream = self._streams.pop(step, None)
+        for work in stream.work if stream is not None else ():
+            work.result()  # done (the lane ran it before this update): a fed group that failed fails the update
         return stream if stream is not None and stream.keys and stream.covers(groups) else None
 
     def _stream_group(self, stream: GradientStream, group: Group) -> None:

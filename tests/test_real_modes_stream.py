@@ -127,3 +127,14 @@ def test_several_mini_batches_do_not_stream(real_model_dir):
     trainer = _trainer(real_model_dir, prompts, mini_batches=2)
     job, _, _ = _step(trainer, groups, fed=groups)
     assert job.metrics["streamed_groups"] == 0 and job.metrics["optimizer_steps"] == 2
+
+
+def test_a_fed_group_that_fails_fails_the_update(real_model_dir):
+    groups, prompts = _groups(np.random.default_rng(6))
+    broken = groups[0].requests[0]
+    broken.signals["logprobs"] = broken.signals["logprobs"][:-1]  # one behaviour log-prob short
+    trainer = _trainer(real_model_dir, prompts)
+    trainer.feed(groups[0], 0)
+    job = trainer.start(groups, 0)
+    with pytest.raises(ValueError, match=f"request {broken.rid}: .* behaviour logprobs"):
+        job.wait(None)
