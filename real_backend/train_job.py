@@ -76,7 +76,7 @@ class ThreadTrainJob(TrainJob):
         metrics = trainer.update(groups, self.step)
         self._state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         self.end = clock()
-        trainer.keep_state(self.version)
+        trainer.keep_state(self.version, self._state)
         self.metrics = metrics
 
 

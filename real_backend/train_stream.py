@@ -49,10 +49,10 @@ class GradientStream:
         return self.keys <= {group_key(g) for g in groups}
 
 
-def capture(trainer) -> dict:
+def capture(trainer, weights: dict | None = None) -> dict:
     """The trainer's state now, as a checkpoint holds it: weights, AdamW's moments, its version and generators
-    (copies: later steps cannot change them)."""
-    return {"model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+    (copies: later steps cannot change them). `weights`: a copy of the weights taken already (a job's snapshot)."""
+    return {"model": weights if weights is not None else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
             "trainer": {"version": trainer.version, "rng": copy.deepcopy(trainer.rng.bit_generator.state),
                         "torch_rng": torch.get_rng_state()}}

@@ -151,10 +151,11 @@ class GRPOTrainer(Trainer):
         with self._states_lock:
             self.states = {version: capture(self)}
 
-    def keep_state(self, version: int) -> None:
-        """On the lane, as a job ends: the state after it, of weights `version`, if states are kept."""
+    def keep_state(self, version: int, weights: dict) -> None:
+        """On the lane, as a job ends: the state after it, of weights `version` (`weights`: the job's snapshot of
+        them, shared), if states are kept."""
         if self.states is not None:
-            state = capture(self)
+            state = capture(self, weights)
             with self._states_lock:
                 self.states[version] = state
 

@@ -182,7 +182,7 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
     if kind == "async":
         assert ckpt.carried  # responses generating across the boundary come back as carried
     with pytest.raises(SystemExit) as refused:  # a resumed run keeps its mode
-        main(["real", "--resume", str(out), "--mode", "collocated" if kind == "async" else "async"])
+        main(["real", "--resume", str(out), "--steps", "3", "--mode", "collocated" if kind == "async" else "async"])
     assert refused.value.code == 2 and "keeps its mode" in capsys.readouterr().err
     assert main(["real", "--resume", str(out), "--steps", "3"]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
