@@ -6,6 +6,7 @@ async runs resumed on the session's engine."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from concurrent.futures import Future
@@ -57,6 +58,70 @@ def test_async_state_holds_the_responses_generating_across_the_boundary_as_carri
     assert (s["responses_in"] == s[["finished", "truncated", "policy_stopped", "dropped", "carried_out"]].sum(axis=1)).all()
     assert not r.duplicated(KEY).any() and len(r) == s["responses_in"].sum() - s["carried_in"].sum()
     assert s["carried_out"].iloc[-1] == 0 and 0 < int(s["groups_trained"].iloc[2:].sum()) <= 16 - int(s["groups_trained"].iloc[:2].sum())
+
+
+class _Recorder:
+    """What a checkpoint asks of the recorder: its per-response signals (none here)."""
+
+    def signals(self):
+        return {}
+
+    def restore_signals(self, signals):
+        assert signals == {}
+
+
+@pytest.mark.parametrize("kind", ["disaggregated", "hybrid"])
+def test_checkpoint_round_trip_beside_the_rollout(kind, real_model_dir, tmp_path):
+    """save_checkpoint / load_checkpoint / restore / restart_jobs on a simulated engine with the real trainer's jobs
+    (the simulator's responses have no tokens: the updates train nothing, the plumbing is what is checked): the
+    checkpoint holds the trainer's state behind the engine's weights and the updates not pushed yet; the resumed run
+    re-runs exactly those, the mode takes them as before, and the run goes on to its end with its books balanced."""
+    from lssim.sim.world import EngineConfig, SimEngine
+    from lssim.traces.workload import Workload
+    from real_backend.checkpoint import load_checkpoint, restart_jobs, restore, save_checkpoint
+    from real_backend.trainer import GRPOTrainer
+    from test_sim import COST, make_trace
+
+    class _Engine(SimEngine):  # takes pushed weights (real_backend.engine.VLLMEngine.update_weights)
+        def update_weights(self, state, version):
+            self.pushed = version
+            return 0.0
+
+    trace = make_trace(np.minimum(np.random.default_rng(1).lognormal(4.0, 0.8, size=(4, 4, 2)).astype(int) + 1, 300),
+                       max_tokens=300)
+    mode = ModeConfig(kind, 1, 1)
+
+    def world():
+        wl = Workload(trace, seed=0)
+        engine = _Engine(wl, COST, EngineConfig(1, 8, 10**7), batch_route=False)
+        trainer = GRPOTrainer(str(real_model_dir), engine, None, threads=1)
+        cfg = RunConfig(steps=4, groups_per_step=4, group_size=2, max_tokens=300)
+        return Controller(engine, trainer, wl, make_policy("baseline"), cfg, mode=mode.build()), trainer, wl
+
+    first, trainer, wl = world()
+    trainer.keep_states(0)
+    for step in range(2):
+        first.run_step(step)
+    pending = [job.step for job in first.mode.pending()]
+    assert pending == ([0, 1] if kind == "disaggregated" else [1])  # disaggregated: rollout 2 needs update 0 only
+    save_checkpoint(tmp_path, 1, first, trainer, wl, _Recorder(), {"mode": dataclasses.asdict(mode)})
+    ckpt = load_checkpoint(tmp_path)
+    assert [step for step, _ in ckpt.jobs] == pending and ckpt.mode_version == first.mode.version
+    assert all(len(groups) == 4 for _, groups in ckpt.jobs)
+    first.trainer.finish_jobs()
+
+    resumed, new_trainer, new_wl = world()
+    restore(ckpt, resumed, new_trainer, new_wl, _Recorder())
+    restart_jobs(ckpt, resumed, new_trainer)
+    assert [job.step for job in resumed.mode.pending()] == pending and all(j.rerun for j in resumed.mode.pending())
+    result = resumed.run(first_step=2)
+    new_trainer.finish_jobs()
+    s = result.steps
+    assert s["step"].tolist() == [0, 1, 2, 3] and int(s["groups_trained"].sum()) == 16
+    assert (s["responses_in"] == s[["finished", "truncated", "policy_stopped", "dropped", "carried_out"]].sum(axis=1)).all()
+    # each update ran once before the checkpoint or once after it; the engine got every version it needed
+    assert [j.step for j in new_trainer.started_jobs()] == pending + [2, 3]
+    assert resumed.mode.version == resumed.engine.pushed == (2 if kind == "disaggregated" else 3)  # rollout 3's weights
 
 
 class _Job:
