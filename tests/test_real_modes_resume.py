@@ -244,8 +244,8 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
     assert len(lines) == 2 and not any("nan" in line for line in lines)  # each step's train time, once known
     ckpt = load_checkpoint(out)
     assert ckpt.step == 1 and ckpt.run["mode"]["mode"] == kind and ckpt.jobs  # step 1's update was still running
-    if kind == "async":
-        assert ckpt.carried  # responses generating across the boundary come back as carried
+    # every response held after step 1 is in the checkpoint (async: those generating across the boundary, as carried)
+    assert len(ckpt.carried) == pd.read_parquet(out / "steps.parquet")["carried_out"].iloc[1]
     with pytest.raises(SystemExit) as refused:  # a resumed run keeps its mode
         main(["real", "--resume", str(out), "--steps", "3", "--mode", "collocated" if kind == "async" else "async"])
     assert refused.value.code == 2 and "keeps its mode" in capsys.readouterr().err
