@@ -160,13 +160,16 @@ class GRPOTrainer(Trainer):
                 self.states[version] = state
 
     def state_for(self, version: int) -> dict:
-        """The trainer's state when it made weights `version` (kept by keep_states); older states are let go."""
+        """The trainer's state when it made weights `version` (kept by keep_states): that of the newest update up to
+        it (a step with nothing to train made no update: its version's weights are the one before). Older states
+        are let go."""
         with self._states_lock:
-            if self.states is None or version not in self.states:
+            made = max((v for v in self.states or () if v <= version), default=None)
+            if made is None:
                 raise ValueError(f"no trainer state kept for weights version {version} (kept: {sorted(self.states or ())})")
-            for old in [v for v in self.states if v < version]:
+            for old in [v for v in self.states if v < made]:
                 del self.states[old]
-            return self.states[version]
+            return self.states[made]
 
     def started_jobs(self) -> list[ThreadTrainJob]:
         return self.lane.jobs

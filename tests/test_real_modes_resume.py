@@ -206,6 +206,7 @@ def test_the_trainer_keeps_the_state_behind_each_version(real_model_dir):
     assert sorted(trainer.states) == [1] and after["trainer"]["version"] == 1
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(after["model"][k], v)
+    assert trainer.state_for(3) is after  # versions 2-3 made by steps with nothing to train: version 1's weights
     with pytest.raises(ValueError, match="no trainer state kept for weights version 0"):
         trainer.state_for(0)
 

@@ -154,13 +154,15 @@ class TrainJob(Protocol):
     """One step's training beside the rollout (execution modes that `trains_beside`): it makes weights `version`
     (= step + 1). The simulator's is priced up front (lssim.loop.modes.PricedTrainJob); a real trainer's runs on a
     thread (real_backend.train_job.ThreadTrainJob). `start` / `end`: when it ran on the world's clock (NaN while
-    unknown); `metrics`: what the trainer reported (the step row's trainer_* columns)."""
+    unknown); `metrics`: what the trainer reported (the step row's trainer_* columns); `groups`: what it trains, kept
+    where a checkpoint may re-run it (real_backend.checkpoint; empty otherwise)."""
 
     step: int
     version: int
     start: float
     end: float
     metrics: dict
+    groups: Sequence[Group]
 
     def ready(self, engine: Engine) -> bool:
         """Are its weights trained by now?"""

@@ -67,6 +67,7 @@ class PricedTrainJob(TrainJob):
     `metrics`: what the trainer reported (the step row's trainer_* columns); here the priced phases."""
 
     __slots__ = ("step", "version", "start", "end", "phases", "metrics")
+    groups = ()  # nothing kept: a real run prices a step with nothing to train this way, and re-runs it as empty
 
     def __init__(self, step: int, start: float, end: float, phases: dict, metrics: dict | None = None):
         if end < start:
