@@ -248,7 +248,7 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
     # every response held after step 1 is in the checkpoint (async: those generating across the boundary, as carried)
     assert len(ckpt.carried) == pd.read_parquet(out / "steps.parquet")["carried_out"].iloc[1]
     with pytest.raises(SystemExit) as refused:  # a resumed run keeps its mode
-        main(["real", "--resume", str(out), "--steps", "3", "--mode", "collocated" if kind == "async" else "async"])
+        main(["real", "--resume", str(out), "--steps", "3", "--mode", "hybrid" if kind == "async" else "async"])
     assert refused.value.code == 2 and "keeps its mode" in capsys.readouterr().err
     assert main(["real", "--resume", str(out), "--steps", "3"]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
