@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         engine.close()
-    lines.flush()
+        lines.flush()  # a run that failed: its last lines as far as they are known
     s = result.steps
     say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
         f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {out}/")
