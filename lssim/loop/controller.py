@@ -185,12 +185,11 @@ class Controller:
         the id counters, the admission count, the data loader's cursor and the batches it fetched, the responses
         table and step rows so far, the groups trained, the carried responses and their open groups, the weights
         version on the engine. Not the world (engine, trainer, prompts, policy, mode) nor anything on the engine's
-        clock; nothing may be generating across the boundary (`kept` empty: only such modes resume)."""
-        if self._kept:
-            raise ValueError(f"{len(self._kept)} responses still generating across the step boundary: the state "
-                             f"between steps cannot hold them (only modes that stop at the boundary can resume)")
+        clock. Responses still generating across the boundary (`kept`, async) are held as carried: restored on a new
+        engine, they resume from their tokens so far, as an interrupted response does."""
         return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
-                "carried": self._carried, "admitted": self._admitted, "waiting_groups": self._waiting_groups,
+                "carried": self._carried + list(self._kept.values()), "admitted": self._admitted,
+                "waiting_groups": self._waiting_groups,
                 "batches": self.loader.batches, "cursor": self.loader.cursor, "batch_samples": self.loader.batch_samples,
                 "responses": self._responses, "left_out": self.loader.left_out, "step_rows": self._step_rows,
                 "groups_trained": self.groups_trained, "mode_version": self.mode.version}
@@ -353,6 +352,7 @@ class Controller:
     def _rollout(self, s: StepState) -> None:
         engine, policy, asks, state, in_flight = self.engine, self.policy, self._asks, s.rollout, s.in_flight
         mode_ends = type(self.mode).rollout_done is not ModeHooks.rollout_done
+        streams = type(self.mode).group_done is not ModeHooks.group_done
         while True:
             events = engine.next_events()
             if not events:
@@ -370,6 +370,9 @@ class Controller:
                     continue  # a stale event for a request the controller already ended
                 if ev.kind == FINISHED:
                     end_response(r, s)
+                    if streams and not s.open_members[r.group_id]:  # its group is whole: hybrid trains it now
+                        members = s.members[r.group_id]
+                        self.mode.group_done(Group(members[0].prompt_id, members[0].step, members), s.step, self.trainer)
                     if asks["on_finish"]:
                         policy.on_finish(r, state)
                 elif asks["on_progress"]:

@@ -28,7 +28,10 @@ What each is, as read in the frameworks' code (commits in the README's "Executio
   its oldest token would be more than K versions stale, so no trained token ever is.
 - hybrid: RLinf's pipelined mode: finished groups stream into the trainer's micro-batches while the rollout goes
   on, weights are synced at the step's start (on-policy); with `elastic` the rollout devices join the update
-  once the rollout ends (RLinf's auto-scheduler).
+  once the rollout ends (RLinf's auto-scheduler). The controller tells the mode of each group that ends during
+  the rollout (`group_done`): the simulator prices the streaming (`_stream`); a real trainer takes the group
+  into the step's update at once (`Trainer.feed`: its gradients accumulate; the optimizer step runs once the
+  rollout ends).
 
 Only the timing of training is world-specific, and the world supplies it as a `TrainJob`: a blocking phase is
 `Engine.advance`d past (virtual time in the simulator, already spent on a real engine); one that overlaps the
@@ -64,6 +67,7 @@ class PricedTrainJob(TrainJob):
     `metrics`: what the trainer reported (the step row's trainer_* columns); here the priced phases."""
 
     __slots__ = ("step", "version", "start", "end", "phases", "metrics")
+    groups = ()  # nothing kept: a real run prices a step with nothing to train this way, and re-runs it as empty
 
     def __init__(self, step: int, start: float, end: float, phases: dict, metrics: dict | None = None):
         if end < start:
@@ -179,6 +183,15 @@ class ExecutionMode(ModeHooks):
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)
 
+    # -- a checkpoint between steps (real_backend.checkpoint) -------------------------------------------
+    def pending(self) -> list[TrainJob]:
+        """The jobs whose weights are not on the engine yet, in version order (a checkpoint re-runs them)."""
+        return list(self._ready)
+
+    def resume_jobs(self, jobs: list[TrainJob]) -> None:
+        """A resumed run's `pending` jobs, started again on its trainer, in version order."""
+        self._ready = list(jobs)
+
     def _wait_for(self, version: int) -> None:
         """Block until weights `version` are trained, then sync them into the idle engine."""
         jobs = [j for j in self._ready if j.version <= version]
@@ -231,6 +244,11 @@ class Async(ExecutionMode):
         self._ready[-1].notify(self._engine)
         return timing
 
+    def resume_jobs(self, jobs):
+        super().resume_jobs(jobs)
+        for job in jobs:  # each arrives mid-rollout, as when it was started
+            job.notify(self._engine)
+
     def on_wake(self):
         """The jobs trained by now, in version order (a job's weights never overtake an older job's still running);
         the newest of them is pushed."""
@@ -253,8 +271,11 @@ class Hybrid(ExecutionMode):
     def before_rollout(self, step: int) -> None:
         self._wait_for(step)
 
+    def group_done(self, group, step, trainer):
+        trainer.feed(group, step)  # a real trainer computes its share of the update now; the simulator prices it below
+
     def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
-        if job is not None:  # a real trainer takes the step's groups once the rollout ends: no streaming (yet)
+        if job is not None:  # a real trainer's job: the groups it was fed are in; the rest and the optimizer step run now
             return self._schedule(metrics, rollout_end, step, job)
         phases = _phases(metrics)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
