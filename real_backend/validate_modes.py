@@ -245,6 +245,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                     folder = out / "real" / mode / policy_dirname(spec) / f"repeat{k}"
                     print(f"-- {cfg.label()} / {spec} (repeat {k + 1} of {repeats}): {config.steps} steps", file=sys.stderr)
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
+                             checkpoint=False,  # timing runs: the twin prices no checkpoint writes (nor threads)
                              on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
                              meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
                     probes.append(measure_probe(engine))
