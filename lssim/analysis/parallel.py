@@ -204,12 +204,19 @@ def _pool_task(task: _Task, row: Callable) -> tuple[str, dict]:
 
 def _run_on_pool(pending: list[_Task], traces, workers: int, row: Callable, finished) -> None:
     needed = {t.trace_key: traces[t.trace_key] for t in pending}
-    with ProcessPoolExecutor(min(workers, len(pending)), initializer=_pool_init, initargs=(needed,)) as pool:
+    pool = ProcessPoolExecutor(min(workers, len(pending)), initializer=_pool_init, initargs=(needed,))
+    try:
         futures = {pool.submit(_pool_task, task, row) for task in pending}
         while futures:
             done, futures = wait(futures, return_when=FIRST_COMPLETED)
             for future in done:
                 finished(*future.result())
+    except BaseException:
+        # Interrupted (Ctrl-C): the queued runs are dropped, not run unrecorded to the end as the pool's own exit
+        # would; only those already running finish, and the next --resume runs the rest.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _run_on_ray(pending: list[_Task], traces, address: str, workers: int, row: Callable, finished) -> None:
