@@ -4,7 +4,7 @@
 under /tmp) under hadb with both references, in a fresh process: its wall and CPU seconds and its peak memory, read
 two ways: ru_maxrss (resource.getrusage(RUSAGE_CHILDREN) of a wrapper process, so the largest single process of the
 replay, forked workers included) and the whole replay's peak (the sum of the proportional set sizes, PSS, of the
-process and its workers, sampled every half second; pages the workers share with the parent counted once).
+process and its workers, sampled every second; pages the workers share with the parent counted once).
 
 `resume`: `lssim sweep --ray` of 1,000 runs mixing event-route policies (april, breaker, lpt, dapo, with hadb and
 baseline) on a small trace, three times: uncut; cut by Ctrl-C (SIGINT) once a share of the runs is written to
@@ -84,7 +84,7 @@ def measure(command: list[str]) -> dict:
     peak = 0
     while child.poll() is None:
         peak = max(peak, _tree_pss(child.pid))
-        time.sleep(0.5)
+        time.sleep(1.0)  # reading smaps_rollup walks the page tables: a few ms a process at 10M rows
     wall = time.perf_counter() - t
     if child.returncode:
         raise RuntimeError(f"{' '.join(command)} exited with {child.returncode}")
