@@ -158,7 +158,8 @@ def bench_resume(report: Report, runs: int, cut: float, ray: bool) -> None:
         report.add(Figure("resume.uncut_runs_per_second", runs / seconds, "runs/s"))
         written = _sweep(command + ["--out", str(cut_dir)], runs, cut_at=int(cut * runs))
         before = _lines(cut_dir / "runs.jsonl")
-        print(f"  cut by SIGINT after {written:.1f} s with {len(before):,} runs written")
+        print(f"  cut by SIGINT after {written:.1f} s; it had written {len(before):,} runs when it exited")
+        report.check("resume.the_cut_sweep_stopped_short", len(before) < runs)
         seconds = _sweep(command + ["--out", str(cut_dir), "--resume"], runs)
         after = _lines(cut_dir / "runs.jsonl")
         jobs = [json.loads(line)["job"] for line in after]
@@ -196,6 +197,7 @@ def _follow(child: subprocess.Popen, stream: Path, runs: int, cut_at: int | None
         done = len(_lines(stream))
         if cut_at is not None and done >= cut_at:
             child.send_signal(signal.SIGINT)
+            print(f"    SIGINT sent with {done:,}/{runs:,} runs written, after {time.perf_counter() - t:.0f} s", flush=True)
             child.wait()
             return
         if time.perf_counter() - last >= 10:
