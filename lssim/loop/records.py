@@ -166,7 +166,7 @@ class ResponseTable:
     def __setstate__(self, state: dict) -> None:
         chunks = state.pop("_chunks", None)  # a checkpoint written before the blocks: its step chunks, added again
         if chunks is None:
-            self.__dict__.update({"_filled": [], "_base": 0, **state})  # (a table pickled before blocks were kept)
+            self.__dict__.update({"_filled": [], "_base": 0, **state})  # (pickled before outgrown blocks were kept apart)
             return
         self.__init__()
         self._pending, self._settled = state["_pending"], state["_settled"]
