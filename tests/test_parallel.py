@@ -5,17 +5,24 @@ interrupted sweep resumes without rerunning what it finished, parameter grids ex
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from lssim.cli import main
-from lssim.analysis.parallel import SimJob, run_jobs
+from lssim.analysis.parallel import SimJob, run_jobs, summary_row
 from lssim.analysis.replay import SimSetup
 from lssim.analysis.sweep import expand_grid, sweep_specs
 from lssim.traces.synth import get_preset, synthesize
 
 SPECS = ["baseline", "hadb", "april", "hadb+april", "seer+spec_tail"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +73,62 @@ def test_resume_skips_the_jobs_already_in_the_file_and_runs_the_rest(jobs, seria
     # Without resume the file starts afresh: every job runs again.
     pd.testing.assert_frame_equal(run_jobs(jobs[:2], workers=1, out=out), serial.iloc[:2])
     assert len(out.read_text().splitlines()) == 2
+
+
+_ROWS_BEFORE_THE_CUT = 3
+
+
+def _row_then_ctrl_c(policy, result, lengths):
+    """summary_row for the first runs, then the Ctrl-C a user would press (a real KeyboardInterrupt in the run)."""
+    global _ROWS_BEFORE_THE_CUT
+    if _ROWS_BEFORE_THE_CUT == 0:
+        raise KeyboardInterrupt
+    _ROWS_BEFORE_THE_CUT -= 1
+    return summary_row(policy, result, lengths)
+
+
+def test_a_sweep_interrupted_by_ctrl_c_resumes_with_only_the_missing_runs(jobs, serial, tmp_path):
+    out = tmp_path / "runs.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        run_jobs(jobs, workers=1, out=out, row=_row_then_ctrl_c)
+    before = out.read_text().splitlines()
+    assert len(before) == 3  # what finished before the cut, flushed
+    table = run_jobs(jobs, workers=2, out=out, resume=True)
+    after = out.read_text().splitlines()
+    assert after[:3] == before and len(after) == len(jobs)  # the rest ran once each; nothing before the cut again
+    assert sorted(json.loads(line)["job"] for line in after) == sorted(serial["job"])
+    pd.testing.assert_frame_equal(table, serial)
+
+
+def _sweep_lines(path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_the_sweep_command_cut_by_sigint_resumes_to_the_uncut_table(trace, tmp_path):
+    """A real cut: `lssim sweep` in a process of its own on a pool of 2, SIGINT once a run is written (Ctrl-C), then
+    --resume; the table equals an uncut sweep's and only the missing runs ran."""
+    path = tmp_path / "t.parquet"
+    trace.to_parquet(path)
+    argv = [sys.executable, "-m", "lssim.cli", "sweep", str(path), "--policies", "april,lpt,dapo,hadb", "--max-size", "2",
+            "--grid", "april(over_provision=1.1,1.2,1.3,1.4,1.5,1.6,1.7,1.8,1.9,2.0)+lpt(keep=4,8)+hadb(short_batch_factor=1,2)",
+            "--instances", "2", "--workers", "2", "--json"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(argv + ["--out", str(tmp_path / "uncut")], check=True, env=env, stdout=subprocess.DEVNULL)
+    cut = tmp_path / "cut"
+    stream = cut / "runs.jsonl"
+    child = subprocess.Popen(argv + ["--out", str(cut)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while child.poll() is None and _sweep_lines(stream) < 2:
+        time.sleep(0.01)
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=120) != 0  # cut, not finished
+    before = stream.read_text().splitlines()
+    complete = [line for line in before if line.endswith("}")]
+    runs = len(json.loads((tmp_path / "uncut" / "sweep.json").read_text())["results"])
+    assert 2 <= len(complete) < runs
+    subprocess.run(argv + ["--out", str(cut), "--resume"], check=True, env=env, stdout=subprocess.DEVNULL)
+    after = stream.read_text().splitlines()
+    assert after[:len(complete)] == complete and len(after) == runs == len({json.loads(line)["job"] for line in after})
+    assert (cut / "sweep.csv").read_text() == (tmp_path / "uncut" / "sweep.csv").read_text()
 
 
 def test_the_fingerprint_is_the_trace_content_and_the_run(trace, tmp_path):

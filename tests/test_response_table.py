@@ -1,5 +1,6 @@
-"""lssim.loop.records.ResponseTable: rows written step by step into preallocated blocks give the frame that concatenating
-the steps' columns gives (dtypes included), whatever the first capacity; a frame taken between steps stays as taken;
+"""lssim.loop.records.ResponseTable: rows written step by step into preallocated blocks (a new one when outgrown) give the
+frame that concatenating the steps' columns gives (dtypes included), whatever the first capacity; a frame taken between
+steps stays as taken; a final one is a view where the rows fit one block;
 a checkpoint pickled before the blocks still loads."""
 
 import pickle
@@ -62,8 +63,13 @@ def test_a_frame_taken_between_steps_stays_as_taken_and_a_final_one_shares():
     pd.testing.assert_frame_equal(before, kept, check_exact=True)
     after = table.frame(share=True)
     assert len(after) == 38 and after["train_step"].iloc[3] == 1 and after["off_policy_tokens"].iloc[3] == 7
-    assert np.shares_memory(after["reward"].to_numpy(), table._columns["reward"])
-    assert not np.shares_memory(table.frame()["reward"].to_numpy(), table._columns["reward"])
+    # outgrown, the first block kept its rows where they were: the final frame gathers the blocks once
+    assert not np.shares_memory(after["reward"].to_numpy(), table._columns["reward"])
+    fits = ResponseTable(40)
+    fits._store(chunk(rng, 8))
+    fits._store(chunk(rng, 30))
+    assert np.shares_memory(fits.frame(share=True)["reward"].to_numpy(), fits._columns["reward"])
+    assert not np.shares_memory(fits.frame()["reward"].to_numpy(), fits._columns["reward"])
 
 
 def test_a_checkpoint_pickled_before_the_blocks_loads():

@@ -60,13 +60,14 @@ def trace_lengths(trace: pd.DataFrame, steps: int | None = None) -> TraceLengths
     return TraceLengths(int(trace["response_len"].sum()), len(trace), per_prompt)
 
 
-def run_signal(res, lengths: TraceLengths | None = None) -> dict:
+def run_signal(res, lengths: TraceLengths | None = None, reasons: dict[str, np.ndarray] | None = None) -> dict:
     """The run's signal fields (SIGNAL_COLUMNS) from its responses and steps frames; `lengths`: the replayed
-    trace's `trace_lengths` (None: no length_bias fields, as where a run is summarized without its trace)."""
+    trace's `trace_lengths` (None: no length_bias fields, as where a run is summarized without its trace);
+    `reasons`: the responses' finish reasons as masks, where the caller has them (`cut_correct`)."""
     r, s = res.responses, res.steps
     trained = r["trained"].to_numpy(bool)
     trained_lengths = r["response_len"].to_numpy()[trained]
-    lost, unknown, dropped = cut_correct(r, RewardScale(*res.meta.get("reward_scale", (0.0, 1.0))))
+    lost, unknown, dropped = cut_correct(r, RewardScale(*res.meta.get("reward_scale", (0.0, 1.0))), reasons)
     fields = {
         "nonzero_advantage_groups": int(s["effective_groups"].sum()),
         "trained_response_tokens": int(trained_lengths.sum()),
@@ -82,18 +83,20 @@ def run_signal(res, lengths: TraceLengths | None = None) -> dict:
     return fields
 
 
-def cut_correct(r: pd.DataFrame, scale: RewardScale) -> tuple[int, int, int]:
+def cut_correct(r: pd.DataFrame, scale: RewardScale, reasons: dict[str, np.ndarray] | None = None) -> tuple[int, int, int]:
     """(lost_correct, lost_correct_unknown, dropped_correct). A truncated (`length`) or policy-stopped response is
     lost correct when it ended short of its natural length (natural_len > response_len: the policy, or a lower cap,
     cut it) and its natural reward is correct on the run's scale (lssim.loop.rewards); one at its natural length
     ended as the trace's did and lost nothing. Unknown: natural_len < 0 or natural_reward NaN (no Workload behind
-    it). dropped_correct: the same test over the aborted responses (dropped, never trained)."""
-    reason = r["finish_reason"].to_numpy()
+    it). dropped_correct: the same test over the aborted responses (dropped, never trained). `reasons`: {finish
+    reason: mask} where the caller has them (lssim.analysis.replay.finish_reason_masks)."""
+    if reasons is None:
+        reasons = {reason: (r["finish_reason"] == reason).to_numpy(bool, na_value=False) for reason in ("length", "policy_stop", "abort")}
     natural_len, length = r["natural_len"].to_numpy(), r["response_len"].to_numpy()
     natural_reward = r["natural_reward"].to_numpy(float)
     known = (natural_len >= 0) & np.isfinite(natural_reward)
     lost = known & (natural_len > length) & scale.correct(np.where(known, natural_reward, scale.low))
-    cut, dropped = (reason == "length") | (reason == "policy_stop"), reason == "abort"
+    cut, dropped = reasons["length"] | reasons["policy_stop"], reasons["abort"]
     return int((cut & lost).sum()), int((cut & ~known).sum()), int((dropped & lost).sum())
 
 

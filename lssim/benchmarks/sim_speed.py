@@ -1,7 +1,10 @@
-"""Simulator speed, as ratios against issue 15's goals: responses per second per policy on one core (each policy's
+"""Simulator speed, each figure as a ratio against its goal (issues 15 and 38) and against the previous release's
+figure (lssim/benchmarks/data/previous_release.json): responses per second per policy on one core (each policy's
 route: the batch route, lssim.sim.fastsim, where it has no per-event hook; the event engine otherwise), a KV-bound
-long-response workload, sweep runs per second with 1 and 2 workers, and the wall time of `lssim replay` on a
-1,024,000-response trace with and without its references.
+long-response workload (the simulation alone, and `lssim replay`'s whole work end to end), sweep runs per second
+with 1 and 2 workers, the wall time of `lssim replay` on a 1,024,000-response trace with and without its
+references, and the scale checks of lssim/benchmarks/scale.py (a 10,000,000-response replay's time and peak
+memory; a 1,000-run Ray sweep cut and resumed).
 
     python -m lssim.benchmarks.sim_speed                       # every section, defaults below
     python -m lssim.benchmarks.sim_speed --only sim --responses 1000000 --policy baseline --policy hadb
@@ -9,17 +12,24 @@ long-response workload, sweep runs per second with 1 and 2 workers, and the wall
     python -m lssim.benchmarks.sim_speed --only sweep --sweep-runs 24
     python -m lssim.benchmarks.sim_speed --only cli --cli-responses 1024000
     python -m lssim.benchmarks.sim_speed --only real
+    python -m lssim.benchmarks.sim_speed --only scale --scale-responses 10000000
+    python -m lssim.benchmarks.sim_speed --only resume --resume-runs 1000      # not in the default run (minutes)
+    python -m lssim.benchmarks.sim_speed --write-release FILE                  # this run's figures, for the next release
 
 Every figure is the median of `--repeats` runs (the machine this was written on is shared and noisy: read
 the spread it prints too). `sim`: the trace is synthesized from the math7b preset with as many steps as it
 takes, its synthesis and the Workload's index timed apart; the simulation runs pinned to one CPU; a policy on the
 batch route is also run on the event engine (`--event-responses` of the trace) for the ratio. `kv`: requests of
 mean ~2.4k tokens (max 8k) on one H100 running llama3-8b with 256 sequences, so the KV cache binds and requests
-are preempted; the baseline on both routes (the event engine on `--kv-event-requests` of them). `sweep`:
+are preempted; the baseline on both routes (the event engine on `--kv-event-requests` of them), then end to end:
+`lssim replay`'s work in this process (read and validate the parquet, the Workload, baseline and oracle, the
+table; process start and numba's load excluded), its rate per simulation (2 x requests / seconds), and where that
+time goes, stage by stage (`--kv-profile N` prints cProfile's top N too). `sweep`:
 `lssim.analysis.parallel.run_jobs` over a small trace (policies x instance counts), on 1 and on 2 processes, pool start
 included. `cli`: `python -m lssim.cli replay` in a fresh process on a synthesized trace (process start,
 reading and validating the trace included), with baseline and oracle, then with --no-reference. `real`: the traces
 the real backend recorded (traces/), simulated with the CPU profiles, against the real run's own seconds.
+`scale` and `resume`: lssim/benchmarks/scale.py.
 """
 
 from __future__ import annotations
@@ -34,14 +44,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from lssim.benchmarks.figures import PREVIOUS_RELEASE, Figure, Report, load_release
+from lssim.benchmarks.scale import add_scale_arguments, run_scale_sections
 from lssim.loop.policy import available_policies, make_policy
 from lssim.analysis.replay import SimSetup, simulate
 from lssim.traces.synth import get_preset, synthesize
 from lssim.traces.workload import Workload
 
-GOAL_RESPONSES_PER_SECOND = 1_000_000  # issue 15: on one core, baseline, oracle and hadb
+GOAL_RESPONSES_PER_SECOND = 1_000_000  # issues 15 and 38: on one core, baseline, oracle and hadb
+GOAL_POLICY_RESPONSES_PER_SECOND = 250_000  # issue 38: every other registered policy, on one core
+REFERENCE_POLICIES = ("baseline", "hadb", "oracle")
 GOAL_CLI_SECONDS = 5.0  # issue 15: `lssim replay` of 1,024,000 responses under hadb with its references
-GOAL_KV_REQUESTS_PER_SECOND = 250_000  # issue 15: baseline on the KV-bound workload
+GOAL_KV_REQUESTS_PER_SECOND = 250_000  # issue 15: baseline on the KV-bound workload; issue 38: end to end, per simulation
 GOAL_REAL_RATIO = 1000  # issue 15: the simulator over the real run it predicts
 
 
@@ -55,7 +69,7 @@ def _median(times: list[float]) -> str:
     return f"median of {len(times)}, {min(times):.2f}-{max(times):.2f} s" if len(times) > 1 else "1 run"
 
 
-def bench_sim(responses: int, policies: list[str], repeats: int, event_responses: int) -> None:
+def bench_sim(report: Report, responses: int, policies: list[str], repeats: int, event_responses: int) -> None:
     t = time.perf_counter()
     trace = _trace(responses)
     t_synth = time.perf_counter() - t
@@ -64,8 +78,9 @@ def bench_sim(responses: int, policies: list[str], repeats: int, event_responses
     t_index = time.perf_counter() - t
     small = Workload(_trace(event_responses))
     print(f"sim: {len(trace):,} responses (synthesized in {t_synth:.2f} s, indexed in {t_index:.2f} s); one core; "
-          f"goal {GOAL_RESPONSES_PER_SECOND:,} responses/s; event engine on {event_responses:,} for the ratio; each "
-          f"batch-route policy run once untimed first")
+          f"goal {GOAL_RESPONSES_PER_SECOND:,} responses/s for {', '.join(REFERENCE_POLICIES)}, "
+          f"{GOAL_POLICY_RESPONSES_PER_SECOND:,} for every other policy; event engine on {event_responses:,} for the "
+          f"ratio; each batch-route policy run once untimed first")
     pinned = _pin_one_cpu()
     try:
         simulate(small, "baseline", SimSetup())  # loads the batch route's compiled kernels (numba's cache)
@@ -75,12 +90,13 @@ def bench_sim(responses: int, policies: list[str], repeats: int, event_responses
             if batch:  # once untimed: the Workload builds its lookup indexes on first use, numba loads the policy's kernels
                 simulate(workload, policy, SimSetup())
             rate, n, times = _rate(workload, policy, SimSetup(), repeats)
-            line = (f"  {policy:16s} {'batch' if batch else 'event'}  {rate:>10,.0f} responses/s  "
-                    f"{rate / GOAL_RESPONSES_PER_SECOND:6.3f}x goal  ({n:,} in {statistics.median(times):.2f} s, {_median(times)})")
+            line = f"  {policy:16s} {'batch' if batch else 'event'}  {rate:>10,.0f} responses/s  ({n:,} in {statistics.median(times):.2f} s, {_median(times)})"
             if batch:
                 event_rate, _, _ = _rate(small, policy, SimSetup(), 1, batch_route=False)
                 line += f"  {rate / event_rate:5.1f}x its event-engine rate ({event_rate:,.0f}/s)"
             print(line)
+            goal = GOAL_RESPONSES_PER_SECOND if policy in REFERENCE_POLICIES else GOAL_POLICY_RESPONSES_PER_SECOND
+            report.add(Figure(f"sim.{policy}", rate, "responses/s", goal))
     finally:
         _unpin(pinned)
 
@@ -95,14 +111,20 @@ def _rate(workload: Workload, policy: str, setup: SimSetup, repeats: int, **kw) 
     return n / statistics.median(times), n, times
 
 
-def bench_kv(requests: int, event_requests: int, repeats: int) -> None:
+KV_SETUP = dict(model="llama3-8b", hardware="H100", n_instances=1, max_num_seqs=256)
+
+
+def kv_trace(requests: int):
+    """Long responses (mean ~2.4k tokens, at most 8k) in steps of 256 prompts: one H100 holds fewer than 256."""
+    preset = get_preset("math7b").replace(prompts_per_step=256, max_tokens=8192, length_median=1700.0)
+    return synthesize(preset.replace(steps=max(1, math.ceil(requests / (256 * preset.group_size)))))
+
+
+def bench_kv(report: Report, requests: int, event_requests: int, repeats: int, profile_top: int = 0) -> None:
     """The KV-bound regime: long responses, one instance, the cache holding fewer sequences than max_num_seqs."""
-    setup = SimSetup(model="llama3-8b", hardware="H100", n_instances=1, max_num_seqs=256)
+    from lssim.benchmarks.kv_end_to_end import bench_kv_end_to_end
 
-    def kv_trace(n):
-        preset = get_preset("math7b").replace(prompts_per_step=256, max_tokens=8192, length_median=1700.0)
-        return synthesize(preset.replace(steps=max(1, math.ceil(n / (256 * preset.group_size)))))
-
+    setup = SimSetup(**KV_SETUP)
     trace = kv_trace(requests)
     workload, small = Workload(trace), Workload(kv_trace(event_requests))
     print(f"kv: {len(trace):,} requests of mean {trace['response_len'].mean():,.0f} tokens, llama3-8b on one H100, "
@@ -114,10 +136,12 @@ def bench_kv(requests: int, event_requests: int, repeats: int) -> None:
         rate, n, times = _rate(workload, "baseline", setup, repeats)
         result = simulate(small, "baseline", setup)
         event_rate, _, _ = _rate(small, "baseline", setup, 1, batch_route=False)
-        print(f"  baseline batch  {rate:>10,.0f} requests/s  {rate / GOAL_KV_REQUESTS_PER_SECOND:6.3f}x goal  "
-              f"({n:,} in {statistics.median(times):.2f} s, {_median(times)})")
+        print(f"  baseline batch  {rate:>10,.0f} requests/s  ({n:,} in {statistics.median(times):.2f} s, {_median(times)}); "
+              f"the simulation alone")
+        report.add(Figure("kv.baseline_batch", rate, "requests/s", GOAL_KV_REQUESTS_PER_SECOND))
         print(f"  baseline event  {event_rate:>10,.0f} requests/s  on {event_requests:,} "
               f"({result.meta['preemptions']:,} preemptions): batch/event {rate / event_rate:.1f}x")
+        bench_kv_end_to_end(report, trace, setup, repeats, profile_top, GOAL_KV_REQUESTS_PER_SECOND)
     finally:
         _unpin(pinned)
 
@@ -135,7 +159,7 @@ def _unpin(before) -> None:
         os.sched_setaffinity(0, before)
 
 
-def bench_sweep(n_runs: int, repeats: int) -> None:
+def bench_sweep(report: Report, n_runs: int, repeats: int) -> None:
     from lssim.analysis.parallel import SimJob, run_jobs
 
     trace = synthesize(get_preset("math7b").replace(steps=4, prompts_per_step=64, n_prompts=128))
@@ -152,10 +176,11 @@ def bench_sweep(n_runs: int, repeats: int) -> None:
             times.append(time.perf_counter() - t)
         rates[workers] = n_runs / statistics.median(times)
         print(f"  {workers} worker{'s' if workers > 1 else ' '}  {rates[workers]:7.2f} runs/s  ({_median(times)})")
+        report.add(Figure(f"sweep.{workers}_worker{'s' if workers > 1 else ''}", rates[workers], "runs/s"))
     print(f"  2 workers over 1: {rates[2] / rates[1]:.2f}x (ideal 2x on 2 idle cores)")
 
 
-def bench_cli(responses: int, policy: str, repeats: int) -> None:
+def bench_cli(report: Report, responses: int, policy: str, repeats: int) -> None:
     with tempfile.TemporaryDirectory(prefix="lssim-bench-") as tmp:
         path = Path(tmp) / "trace.parquet"
         from lssim.traces.trace import write_trace
@@ -173,11 +198,14 @@ def bench_cli(responses: int, policy: str, repeats: int) -> None:
                 times.append(time.perf_counter() - t)
             walls[label] = statistics.median(times)
             print(f"  {label:26s} {walls[label]:7.2f} s  {responses / walls[label]:>9,.0f} responses/s of trace  ({_median(times)})")
+            references = label.startswith("with")
+            report.add(Figure("cli.with_references" if references else "cli.no_reference", walls[label], "s",
+                              GOAL_CLI_SECONDS if references and responses == 1_024_000 else None, higher_is_better=False))
         ratio = walls["with baseline and oracle"] / walls["--no-reference"]
         print(f"  references cost {ratio:.2f}x the policy's run alone")
 
 
-def bench_real(repeats: int) -> None:
+def bench_real(report: Report, repeats: int) -> None:
     """The simulator's speed over the real runs it predicts: each trace in traces/ recorded by the real backend
     (it has per-step rollout and train seconds) replayed under its own policy with the CPU profiles it was
     calibrated on; the real run's seconds over the simulation's (goal >= 1000x)."""
@@ -212,33 +240,56 @@ def bench_real(repeats: int) -> None:
         sim_seconds = statistics.median(times)
         print(f"  {path.name:28s} {len(trace):6,} responses, {len(per_step)} steps: real {real_seconds:8.1f} s, "
               f"simulated in {sim_seconds * 1e3:6.1f} ms: {real_seconds / sim_seconds:>10,.0f}x  "
-              f"({real_seconds / sim_seconds / GOAL_REAL_RATIO:.0f}x goal; {_median(times)})")
+              f"({_median(times)})")
+        report.add(Figure(f"real.{path.name}", real_seconds / sim_seconds, "x real", GOAL_REAL_RATIO))
+
+
+SECTIONS = ["sim", "kv", "sweep", "cli", "real", "scale", "resume"]
+DEFAULT_SECTIONS = SECTIONS[:-1]  # `resume` (a 1,000-run sweep run three times) is asked for by name
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["sim", "kv", "sweep", "cli", "real"], action="append", help="sections to run (default: all)")
+    ap.add_argument("--only", choices=SECTIONS, action="append", help=f"sections to run (default: {', '.join(DEFAULT_SECTIONS)})")
     ap.add_argument("--responses", type=int, default=300_000, help="sim: responses in the trace (default 300,000)")
     ap.add_argument("--policy", action="append", default=None, help="sim: policies (default: every policy in policies/)")
     ap.add_argument("--event-responses", type=int, default=50_000, help="sim: responses the event engine runs for the ratio")
     ap.add_argument("--kv-requests", type=int, default=51_200, help="kv: requests in the KV-bound workload (default 51,200)")
     ap.add_argument("--kv-event-requests", type=int, default=2_048, help="kv: requests the event engine runs (default 2,048)")
+    ap.add_argument("--kv-profile", type=int, default=0, metavar="N", help="kv: print cProfile's top N functions of the end-to-end work")
     ap.add_argument("--sweep-runs", type=int, default=24, help="sweep: runs (default 24)")
     ap.add_argument("--cli-responses", type=int, default=1_024_000, help="cli: responses in the trace (default 1,024,000)")
     ap.add_argument("--cli-policy", default="hadb")
+    add_scale_arguments(ap)
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is printed (default 3)")
+    ap.add_argument("--previous", default=str(PREVIOUS_RELEASE), metavar="JSON",
+                    help="the previous release's figures (default lssim/benchmarks/data/previous_release.json)")
+    ap.add_argument("--write-release", metavar="JSON", help="write this run's figures as a release file (what --previous reads)")
     args = ap.parse_args(argv)
-    sections = args.only or ["sim", "kv", "sweep", "cli", "real"]
+    report = Report(load_release(args.previous))
+    sections = args.only or DEFAULT_SECTIONS
     if "sim" in sections:
-        bench_sim(args.responses, args.policy or available_policies(), args.repeats, args.event_responses)
+        bench_sim(report, args.responses, args.policy or available_policies(), args.repeats, args.event_responses)
     if "kv" in sections:
-        bench_kv(args.kv_requests, args.kv_event_requests, args.repeats)
+        bench_kv(report, args.kv_requests, args.kv_event_requests, args.repeats, args.kv_profile)
     if "sweep" in sections:
-        bench_sweep(args.sweep_runs, args.repeats)
+        bench_sweep(report, args.sweep_runs, args.repeats)
     if "cli" in sections:
-        bench_cli(args.cli_responses, args.cli_policy, args.repeats)
+        bench_cli(report, args.cli_responses, args.cli_policy, args.repeats)
     if "real" in sections:
-        bench_real(args.repeats)
+        bench_real(report, args.repeats)
+    run_scale_sections(report, sections, args)
+    report.summary()
+    if args.write_release:
+        command = "python -m lssim.benchmarks.sim_speed " + " ".join(argv if argv is not None else sys.argv[1:])
+        report.write_release(args.write_release, release="lssim at " + _commit(), command=command.strip(),
+                             machine=f"{os.cpu_count()} cores")
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "an unknown commit"
 
 
 if __name__ == "__main__":

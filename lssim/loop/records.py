@@ -138,12 +138,17 @@ class StepEnd:
 class ResponseTable:
     """The response rows of a run, a step's columns at a time, with the rows of members whose groups are still open,
     to settle when the groups complete. Numeric columns are written as they come into rows of one preallocated block
-    per dtype (`capacity`: the rows a run is expected to make; it doubles when outgrown): a block is large enough for
-    the kernel to back it with huge pages, and the final frame is a view of it, not a copy made at the end."""
+    per dtype (`capacity`: the rows a run is expected to make): a block is large enough for the kernel to back it
+    with huge pages, and the final frame is a view of it, not a copy made at the end. An outgrown block keeps its
+    rows where they are and a block twice its size takes the next ones (copying them into one larger block at every
+    doubling cost a 10M-response run a copy of 12M rows of every column); the final frame then gathers the columns
+    it is asked for, once."""
 
     def __init__(self, capacity: int = 0):
         self._capacity = max(0, int(capacity))
-        self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows] written
+        self._columns: dict[str, np.ndarray] = {}  # numeric: rows of blocks, `_capacity` long, [:_rows - _base] written
+        self._filled: list[dict[str, np.ndarray]] = []  # outgrown blocks' columns, each cut to the rows written in it
+        self._base = 0  # rows in `_filled`
         self._strings: dict[str, list[np.ndarray]] = {name: [] for name in STRING_COLUMNS}  # object chunks
         self._rows = 0
         self._pending: dict[int, int] = {}  # rid -> its row, for members of groups not yet settled
@@ -153,14 +158,15 @@ class ResponseTable:
         """Only the rows written: the blocks are preallocated for the whole run (a real run bounded by wall-clock asks
         for millions of rows), and a checkpoint pickles the table after every step (it was 556 MB after 127 steps)."""
         state = dict(self.__dict__)
-        state["_columns"] = {name: column[:self._rows].copy() for name, column in self._columns.items()}
+        state["_columns"] = self._gathered(list(self._columns))
+        state["_filled"], state["_base"] = [], 0
         state["_capacity"] = self._rows  # the next step's rows grow the blocks again
         return state
 
     def __setstate__(self, state: dict) -> None:
         chunks = state.pop("_chunks", None)  # a checkpoint written before the blocks: its step chunks, added again
         if chunks is None:
-            self.__dict__.update(state)
+            self.__dict__.update({"_filled": [], "_base": 0, **state})  # (pickled before outgrown blocks were kept apart)
             return
         self.__init__()
         self._pending, self._settled = state["_pending"], state["_settled"]
@@ -178,8 +184,11 @@ class ResponseTable:
             raise ValueError(f"no response column(s) {', '.join(sorted(unknown))}; there are {', '.join(RESPONSE_COLUMNS)}")
         if not self._columns:  # nothing added (a step with no rows still makes the blocks)
             return pd.DataFrame({name: [] for name in names})
-        numeric = {name: self._columns[name][:self._rows] for name in names if name not in STRING_COLUMNS}
-        cols = numeric if share else _in_blocks(numeric)
+        numeric = [name for name in names if name not in STRING_COLUMNS]
+        if share and not self._filled:
+            cols = {name: self._columns[name][:self._rows] for name in numeric}
+        else:
+            cols = self._gathered(numeric)
         cols.update((name, string_column(self._strings[name])) for name in names if name in STRING_COLUMNS)
         cols = {name: cols[name] for name in names}
         if self._settled:
@@ -223,25 +232,37 @@ class ResponseTable:
         })
 
     def _store(self, chunk: dict[str, np.ndarray]) -> None:
-        """A step's rows written after the others: numeric columns into their blocks (grown, or a column widened to
-        what np.concatenate would have made of it, where needed), string columns kept as chunks."""
+        """A step's rows written after the others: numeric columns into the current blocks (a new block when they are
+        outgrown, a column widened to what np.concatenate would have made of it where needed), string columns kept
+        as chunks."""
         n = len(chunk["step"])
-        end = self._rows + n
         numeric = {name: np.asarray(v) for name, v in chunk.items() if name not in STRING_COLUMNS}
-        if not self._columns or end > self._capacity:
-            self._capacity = max(end, self._capacity if not self._columns else 2 * self._capacity)
-            old, self._columns = self._columns, _blocks({name: v.dtype for name, v in numeric.items()}, self._capacity)
-            for name, column in old.items():
-                self._columns[name] = _widened(self._columns[name], column.dtype, self._rows)
-                self._columns[name][:self._rows] = column[:self._rows]
+        if not self._columns:
+            self._capacity = max(n, self._capacity)
+            self._columns = _blocks({name: v.dtype for name, v in numeric.items()}, self._capacity)
+        elif self._rows + n - self._base > self._capacity:
+            self._filled.append({name: column[:self._rows - self._base] for name, column in self._columns.items()})
+            self._base = self._rows
+            self._capacity = max(n, 2 * self._capacity)
+            self._columns = _blocks({name: column.dtype for name, column in self._columns.items()}, self._capacity)
+        at = self._rows - self._base
         for name, values in numeric.items():
             column = self._columns[name]
             if values.dtype != column.dtype:
-                column = self._columns[name] = _widened(column, np.result_type(column, values), self._rows)
-            column[self._rows:end] = values
+                column = self._columns[name] = _widened(column, np.result_type(column, values), at)
+            column[at:at + n] = values
         for name in STRING_COLUMNS:
             self._strings[name].append(chunk[name])
-        self._rows = end
+        self._rows += n
+
+    def _gathered(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Copies of the numeric columns `names`, every row written, in blocks by dtype (`_blocks`); a column widened
+        in a later block is widened in all."""
+        parts = [*self._filled, {name: self._columns[name][:self._rows - self._base] for name in names}]
+        out = _blocks({name: np.result_type(*(part[name].dtype for part in parts)) for name in names}, self._rows)
+        for name in names:
+            np.concatenate([part[name] for part in parts], out=out[name])
+        return out
 
 
 STRING_COLUMNS = ("finish_reason", "stop_reason")
@@ -283,15 +304,6 @@ def _widened(column: np.ndarray, dtype: np.dtype, rows: int) -> np.ndarray:
         return column
     out = np.empty(len(column), dtype)
     out[:rows] = column[:rows]
-    return out
-
-
-def _in_blocks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Copies of the columns, in blocks by dtype (`_blocks`)."""
-    n = len(next(iter(columns.values()))) if columns else 0
-    out = _blocks({name: c.dtype for name, c in columns.items()}, n)
-    for name, c in columns.items():
-        out[name][:] = c
     return out
 
 
