@@ -1,0 +1,117 @@
+"""How lssim declares its numba kernels: `@kernel(arg types)` instead of `@njit(cache=True)`.
+
+A kernel is compiled for its declared argument types only, once, on its first call (from Python or from another
+kernel), then never again: a call with other types is converted to them (a writable array passes where a read-only one
+is declared, a literal int where an int64 is) or refused with numba's TypeError naming the types. Without the
+declaration numba compiled a kernel once per distinct set of argument types it met -- twice for a read-only and a
+writable array, up to three times for a helper called with literal ints -- and each cold compile costs seconds.
+
+The compiled code is cached on disk where numba caches it: the source's __pycache__, or, where that is not writable
+(an install in a read-only site-packages), the user's cache directory (~/.cache/numba); NUMBA_CACHE_DIR replaces
+both. When a kernel is not in the cache (a fresh clone or install, an edited kernel, another numba), the first one
+compiled prints one line on stderr (COMPILING) so the pause that follows is not mistaken for a hang.
+`lssim warmup` (`warm_up`) compiles them all ahead, e.g. in an image build. The modules that hold kernels are
+KERNEL_MODULES; each is imported only by the route that runs its kernels, so a command loads only what it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from numba import types
+from numba.core.registry import CPUDispatcher
+
+# Argument types. A kernel that only reads an array declares it read-only (_IN): numba then takes writable and
+# read-only arrays (a pandas column's, a memory map's) with one compile.
+I64 = types.int64
+U64 = types.uint64
+F64 = types.float64
+I64S = types.Array(types.int64, 1, "C")
+I64S_IN = types.Array(types.int64, 1, "C", readonly=True)
+F64S = types.Array(types.float64, 1, "C")
+F64S_IN = types.Array(types.float64, 1, "C", readonly=True)
+BOOLS_IN = types.Array(types.bool_, 1, "C", readonly=True)
+U64S_2D_IN = types.Array(types.uint64, 2, "C", readonly=True)
+
+KERNEL_MODULES = ("lssim.traces.workload_index", "lssim.sim.fastsim_kernels", "lssim.sim.bounds", "lssim.sim.assign",
+                  "lssim.cost.roofline_arrays")
+COMPILING = ("lssim: compiling the simulator's numba kernels, once after an install or a change to them "
+             "(about 15 s on 2 cores; cached in {where})...")
+_announced = False
+
+
+class Kernel(CPUDispatcher):
+    """A numba dispatcher that compiles only its declared signatures, each on first use (module docstring)."""
+
+    def __init__(self, py_func, signatures: tuple[tuple, ...]):
+        super().__init__(py_func, targetoptions={"nopython": True, "boundscheck": None})
+        self.enable_caching()
+        self.declared = signatures
+        self._can_compile = False  # numba compiles nothing on its own: the two hooks below compile a declared signature
+
+    def _search_new_conversions(self, *args, **kws):  # a call from Python that no compiled signature takes as it is
+        self.compile_matching(tuple(self.typeof_pyval(a) for a in args))
+        return super()._search_new_conversions(*args, **kws)
+
+    def get_call_template(self, args, kws):  # a call from another kernel being compiled
+        self.compile_matching(tuple(args))
+        return super().get_call_template(args, kws)
+
+    def compile_matching(self, argtypes: tuple) -> None:
+        """Compile (or load from the cache) the first declared signature `argtypes` convert to, if any and not yet."""
+        for signature in self.declared:
+            if len(signature) == len(argtypes) and all(
+                    self.typingctx.can_convert(a, d) is not None for a, d in zip(argtypes, signature)):
+                self.compile_declared(signature)
+                return
+
+    def compile_declared(self, signature: tuple) -> None:
+        if signature in self.overloads:
+            return
+        if not self.is_cached(signature):
+            _announce(self._cache.cache_path)
+        self._can_compile = True
+        try:
+            self.compile(signature)
+        finally:
+            self._can_compile = False
+
+    def is_cached(self, signature: tuple) -> bool:
+        """Whether the on-disk cache holds `signature` compiled from this source, by this numba, for this CPU."""
+        key = self._cache._index_key(signature, self.targetctx.codegen())
+        return key in self._cache._cache_file._load_index()
+
+
+def kernel(*argtypes, more: tuple[tuple, ...] = ()):
+    """Decorate a function as a numba kernel compiled for `argtypes` (numba types), and for each signature in `more`
+    (tuples of them), each only when a call needs it (see the module docstring)."""
+    def declare(func) -> Kernel:
+        return Kernel(func, (tuple(argtypes), *map(tuple, more)))
+    return declare
+
+
+def _announce(where: str) -> None:
+    global _announced
+    if not _announced:
+        _announced = True
+        print(COMPILING.format(where=where), file=sys.stderr, flush=True)
+
+
+def kernels() -> list[Kernel]:
+    """Every kernel of KERNEL_MODULES (importing them)."""
+    found = []
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(name)
+        found += [v for v in vars(module).values() if isinstance(v, Kernel) and v.__module__ == name]
+    return found
+
+
+def warm_up() -> tuple[int, int]:
+    """Load every kernel's every declared signature, compiling those not cached; returns (signatures, of them
+    compiled now)."""
+    every = [(k, signature) for k in kernels() for signature in k.declared]
+    cold = [(k, signature) for k, signature in every if not k.is_cached(signature)]
+    for k, signature in every:
+        k.compile_declared(signature)
+    return len(every), len(cold)
