@@ -60,25 +60,27 @@ import sys
 from typing import Sequence
 
 from lssim.cli.handlers import COMMANDS
-from lssim.cli.parsers import PROG, Parser
+from lssim.cli.parsers import PROG, Parser, add_help_line
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The command line's parser, with `command`'s options (a name of COMMANDS; None: no command's); every other
+    command is a help line (parsers.add_help_line), so that `lssim --help` or `lssim replay` imports only what the
+    command that runs needs (some parsers import their choices: presets, importers)."""
     parser = Parser(
         prog=PROG,
         description="Replay rollout-length traces of RL post-training under scheduling policies.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (add_parser, handler) in COMMANDS.items():
-        add_parser(sub, name).set_defaults(func=handler)
+        (add_parser if name == command else add_help_line)(sub, name).set_defaults(func=handler)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns 0 on success, exits with status 2 on bad input."""
-    from lssim.traces.trace import TraceError
-
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(1) from None
-    except (TraceError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # lssim.traces.checks.TraceError is a ValueError
         msg = str(e)
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
             msg = f"{e.filename}: {msg}"

@@ -12,9 +12,8 @@ import sys
 from dataclasses import fields
 from typing import Callable, Sequence
 
-from lssim.analysis.tables import format_summary
 from lssim.cli.parsers import (PARALLEL_REPLAY_ROWS, REAL_BACKEND, add_import, add_signals, add_plan, add_real_backend, add_replay,
-                               add_report, add_sweep, add_synth, add_trace, real_backend_parser)
+                               add_report, add_sweep, add_synth, add_trace, add_warmup, real_backend_parser)
 
 
 def _parse_set(items: Sequence[str]) -> dict[str, object]:
@@ -126,6 +125,7 @@ def _setup_from_args(args: argparse.Namespace):
 
 def _run_replay(args: argparse.Namespace) -> int:
     from lssim.analysis.replay import replay, replay_summary, summarize
+    from lssim.analysis.tables import format_summary
     from lssim.results import write_results
     from lssim.sim.world import MissingSignals
     from lssim.traces.trace import load_trace
@@ -228,8 +228,9 @@ def _run_report(args: argparse.Namespace) -> int:
 def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from lssim.loop.policy import available_policies
     from lssim.analysis.sweep import sweep, sweep_specs
+    from lssim.analysis.tables import format_summary
+    from lssim.loop.policy import available_policies
     from lssim.traces.trace import load_trace
 
     grid = args.grid or []
@@ -340,6 +341,18 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def _run_warmup(args: argparse.Namespace) -> int:
+    """`lssim warmup`: compile (or load) every numba kernel now, so that no later run pays for it."""
+    import time
+
+    from lssim.kernels import warm_up
+
+    start = time.perf_counter()
+    signatures, compiled = warm_up()
+    print(f"{signatures} kernel signatures ready, {compiled} of them compiled now ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
 def _run_real_backend(args: argparse.Namespace) -> int:
     """`lssim real`, `learn`, `profile` and `validate`: real_backend's module for the command parses the arguments and runs it."""
     module = importlib.import_module(REAL_BACKEND[args.command][0])
@@ -361,6 +374,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "report": (add_report, _run_report),
     "import": (add_import, _run_import),
     "signals": (add_signals, _run_signals),
+    "warmup": (add_warmup, _run_warmup),
 }
 """Command name -> (the function that adds its parser, its handler); `lssim --help` lists them in this order. The
 handlers keep their names: `lssim replay --out` writes its arguments into meta.json, the handler (``func``) among them."""

@@ -244,7 +244,11 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 n_fresh += 1
                 seq += 1
             if rlo == rhi and n_fresh > 1:
-                run[:n_fresh] = np.sort(fresh[:n_fresh])
+                # sorted in place, copied by a loop: `run[:m] = np.sort(...)` had numba compile an allocating sort and
+                # the slice assignment's shape-mismatch message, 3.5 s of CPU in a cold start (docs/performance.md)
+                fresh[:n_fresh].sort()
+                for j in range(n_fresh):
+                    run[j] = fresh[j]
                 rlo, rhi = 0, n_fresh
             else:
                 for j in range(n_fresh):
