@@ -36,6 +36,15 @@ U64S_2D_IN = types.Array(types.uint64, 2, "C", readonly=True)
 
 KERNEL_MODULES = ("lssim.traces.workload_index", "lssim.sim.fastsim_kernels", "lssim.sim.bounds", "lssim.sim.assign",
                   "lssim.cost.roofline_arrays")
+# What a replay runs (the Workload's lookups, the batch route, the lower bound, the roofline's spans, the oracle's
+# placement): load_replay_kernels loads them before a replay reads its trace or forks its workers.
+REPLAY_KERNELS = {
+    "lssim.traces.workload_index": ("probe", "answer_rows", "resampled_rows"),
+    "lssim.sim.fastsim_kernels": ("schedule_records", "instance_clocks", "touched_rank", "ended_rows", "merge_boundaries"),
+    "lssim.sim.bounds": ("bound_terms",),
+    "lssim.cost.roofline_arrays": ("decode_times",),
+    "lssim.sim.assign": ("_least_work",),
+}
 COMPILING = ("lssim: compiling the simulator's numba kernels, once after an install or a change to them "
              "(about 15 s on 2 cores; cached in {where})...")
 _announced = False
@@ -105,6 +114,18 @@ def kernels() -> list[Kernel]:
         module = importlib.import_module(name)
         found += [v for v in vars(module).values() if isinstance(v, Kernel) and v.__module__ == name]
     return found
+
+
+def load_replay_kernels() -> None:
+    """Load REPLAY_KERNELS' first signatures, compiling those not cached (announced): the simulation commands call it
+    first, so that the announcement comes before their seconds of reading and indexing, and lssim.analysis.replay
+    before it forks, so that each worker inherits the kernels instead of loading, or on a cold cache compiling, its
+    own."""
+    for module, names in REPLAY_KERNELS.items():
+        loaded = importlib.import_module(module)
+        for name in names:
+            k = vars(loaded)[name]
+            k.compile_declared(k.declared[0])
 
 
 def warm_up() -> tuple[int, int]:

@@ -106,6 +106,17 @@ def _run_signals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_to_simulate(path: str):
+    """The trace (a bad one fails here), once the kernels a replay runs are loaded, or compiled on a cold cache
+    (lssim.kernels.load_replay_kernels): that announcement then comes before the seconds of indexing the trace."""
+    from lssim.kernels import load_replay_kernels
+    from lssim.traces.trace import load_trace
+
+    trace = load_trace(path)
+    load_replay_kernels()
+    return trace
+
+
 def _setup_from_args(args: argparse.Namespace):
     from lssim.analysis.replay import SimSetup
 
@@ -128,13 +139,12 @@ def _run_replay(args: argparse.Namespace) -> int:
     from lssim.analysis.tables import format_summary
     from lssim.results import write_results
     from lssim.sim.world import MissingSignals
-    from lssim.traces.trace import load_trace
 
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
                references=not args.no_reference, workers=replay_workers(args.workers, len(trace)))
@@ -212,11 +222,10 @@ def _run_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lssim.analysis.report import PAGE, build_report, write_report
-    from lssim.traces.trace import load_trace
 
     tty = sys.stderr.isatty()
     say = (lambda msg: print(f"report: {msg}", file=sys.stderr)) if tty else (lambda msg: None)
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     report = build_report(trace, args.policy, setup, trace_name=Path(args.trace).stem, steps=args.steps, seed=args.seed,
                           timeline_step=args.timeline_step, say=say, progress=tty)
@@ -231,7 +240,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from lssim.analysis.sweep import sweep, sweep_specs
     from lssim.analysis.tables import format_summary
     from lssim.loop.policy import available_policies
-    from lssim.traces.trace import load_trace
 
     grid = args.grid or []
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else \
@@ -240,7 +248,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         raise ValueError("--policies: no policy named")
     if args.resume and not args.out:
         raise ValueError("--resume continues the sweep written to --out DIR: name it")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     n_runs = len(sweep_specs(names, args.max_size, grid))
     tty = not args.json and sys.stderr.isatty()
@@ -299,7 +307,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from lssim.analysis.plan import PlanSpace, plan
-    from lssim.traces.trace import load_trace
 
     space = PlanSpace(devices=args.devices, modes=tuple(_names(args.modes)), policies=tuple(_names(args.policies)),
                       rollout_fractions=tuple(float(f) for f in _names(args.rollout_fractions)),
@@ -308,7 +315,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     for mode in space.modes:
         if mode not in ("collocated", "disaggregated", "async", "hybrid"):
             raise ValueError(f"--modes: unknown mode {mode!r}")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     args.mode, args.rollout_devices, args.train_devices, args.staleness, args.async_variant, args.no_elastic = \
         "collocated", None, None, 1, "roll", False
     base = replace(_setup_from_args(args), n_instances=args.devices // args.tp)
