@@ -7,8 +7,8 @@ declaration numba compiled a kernel once per distinct set of argument types it m
 writable array, up to three times for a helper called with literal ints -- and each cold compile costs seconds.
 
 The compiled code is cached on disk where numba caches it: the source's __pycache__, or, where that is not writable
-(an install in a read-only site-packages), the user's cache directory (~/.cache/numba); NUMBA_CACHE_DIR replaces
-both. When a kernel is not in the cache (a fresh clone or install, an edited kernel, another numba), the first one
+(an install in a read-only site-packages), the user's cache directory (~/.cache/numba), or where neither is, the
+temp directory's lssim-numba-UID; NUMBA_CACHE_DIR replaces them all. When a kernel is not in the cache (a fresh clone or install, an edited kernel, another numba), the first one
 compiled prints one line on stderr (COMPILING) so the pause that follows is not mistaken for a hang.
 `lssim warmup` (`warm_up`) compiles them all ahead, e.g. in an image build. The modules that hold kernels are
 KERNEL_MODULES; each is imported only by the route that runs its kernels, so a command loads only what it uses.
@@ -17,8 +17,11 @@ KERNEL_MODULES; each is imported only by the route that runs its kernels, so a c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import tempfile
 
+import numba
 from numba import types
 from numba.core.registry import CPUDispatcher
 
@@ -55,7 +58,7 @@ class Kernel(CPUDispatcher):
 
     def __init__(self, py_func, signatures: tuple[tuple, ...]):
         super().__init__(py_func, targetoptions={"nopython": True, "boundscheck": None})
-        self.enable_caching()
+        _enable_caching(self)
         self.declared = signatures
         self._can_compile = False  # numba compiles nothing on its own: the two hooks below compile a declared signature
 
@@ -90,6 +93,16 @@ class Kernel(CPUDispatcher):
         """Whether the on-disk cache holds `signature` compiled from this source, by this numba, for this CPU."""
         key = self._cache._index_key(signature, self.targetctx.codegen())
         return key in self._cache._cache_file._load_index()
+
+
+def _enable_caching(dispatcher: Kernel) -> None:
+    """numba's on-disk cache for `dispatcher`, where numba puts it (the source's __pycache__, else the user's cache
+    directory), else in the temp directory: an install that is read-only for a user whose home is too."""
+    try:
+        dispatcher.enable_caching()
+    except RuntimeError:  # numba found no writable place for it
+        numba.config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"lssim-numba-{os.getuid()}")
+        dispatcher.enable_caching()
 
 
 def kernel(*argtypes, more: tuple[tuple, ...] = ()):
