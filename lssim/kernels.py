@@ -17,13 +17,14 @@ KERNEL_MODULES; each is imported only by the route that runs its kernels, so a c
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import sys
 import tempfile
 
 import numba
 from numba import types
-from numba.core.registry import CPUDispatcher
+from numba.core.registry import CPUDispatcher, cpu_target
 
 # Argument types. A kernel that only reads an array declares it read-only (_IN): numba then takes writable and
 # read-only arrays (a pandas column's, a memory map's) with one compile.
@@ -40,16 +41,18 @@ U64S_2D_IN = types.Array(types.uint64, 2, "C", readonly=True)
 KERNEL_MODULES = ("lssim.traces.workload_index", "lssim.sim.fastsim_kernels", "lssim.sim.bounds", "lssim.sim.assign",
                   "lssim.cost.roofline_arrays")
 # What a replay runs (the Workload's lookups, the batch route, the lower bound, the roofline's spans, the oracle's
-# placement): load_replay_kernels loads them before a replay reads its trace or forks its workers.
-REPLAY_KERNELS = {
-    "lssim.traces.workload_index": ("probe", "answer_rows", "resampled_rows"),
-    "lssim.sim.fastsim_kernels": ("schedule_records", "instance_clocks", "touched_rank", "ended_rows", "merge_boundaries"),
-    "lssim.sim.bounds": ("bound_terms",),
-    "lssim.cost.roofline_arrays": ("decode_times",),
-    "lssim.sim.assign": ("_least_work",),
-}
+# placement), in groups that a cold cache compiles side by side, each with the CPU seconds it took here (2-core VM,
+# 2026-11): load_replay_kernels loads them before a replay reads its trace or forks its workers.
+REPLAY_KERNELS = (
+    (4.7, ("lssim.sim.fastsim_kernels:schedule_records",)),
+    (2.3, ("lssim.traces.workload_index:probe", "lssim.traces.workload_index:answer_rows",
+           "lssim.traces.workload_index:resampled_rows")),
+    (2.3, ("lssim.sim.fastsim_kernels:instance_clocks", "lssim.sim.fastsim_kernels:touched_rank",
+           "lssim.sim.fastsim_kernels:ended_rows", "lssim.sim.fastsim_kernels:merge_boundaries",
+           "lssim.sim.bounds:bound_terms", "lssim.cost.roofline_arrays:decode_times", "lssim.sim.assign:_least_work")),
+)
 COMPILING = ("lssim: compiling the simulator's numba kernels, once after an install or a change to them "
-             "(about 15 s on 2 cores; cached in {where})...")
+             "(about 5 to 10 s; cached in {where})...")
 _announced = False
 
 
@@ -130,22 +133,71 @@ def kernels() -> list[Kernel]:
 
 
 def load_replay_kernels() -> None:
-    """Load REPLAY_KERNELS' first signatures, compiling those not cached (announced): the simulation commands call it
-    first, so that the announcement comes before their seconds of reading and indexing, and lssim.analysis.replay
-    before it forks, so that each worker inherits the kernels instead of loading, or on a cold cache compiling, its
-    own."""
-    for module, names in REPLAY_KERNELS.items():
-        loaded = importlib.import_module(module)
-        for name in names:
-            k = vars(loaded)[name]
-            k.compile_declared(k.declared[0])
+    """Load REPLAY_KERNELS' first signatures, compiling those not cached (announced, side by side): the simulation
+    commands call it first, so that the announcement comes before their seconds of reading and indexing, and
+    lssim.analysis.replay before it forks, so that each worker inherits the kernels instead of loading, or on a cold
+    cache compiling, its own."""
+    groups = [(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS]
+    _load(groups)
 
 
 def warm_up() -> tuple[int, int]:
     """Load every kernel's every declared signature, compiling those not cached; returns (signatures, of them
     compiled now)."""
-    every = [(k, signature) for k in kernels() for signature in k.declared]
-    cold = [(k, signature) for k, signature in every if not k.is_cached(signature)]
-    for k, signature in every:
+    groups = [(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS]
+    grouped = {pair for _, pairs in groups for pair in pairs}
+    groups.append((1.0, [(k, signature) for k in kernels() for signature in k.declared if (k, signature) not in grouped]))
+    cold = sum(not k.is_cached(signature) for _, pairs in groups for k, signature in pairs)
+    _load(groups)
+    return sum(len(pairs) for _, pairs in groups), cold
+
+
+def _declared(name: str) -> tuple[Kernel, tuple]:
+    """'module:function' -> the kernel and its first declared signature."""
+    module, _, function = name.partition(":")
+    k = vars(importlib.import_module(module))[function]
+    return k, k.declared[0]
+
+
+def _load(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]) -> None:
+    """Each (kernel, signature) of the (cost, pairs) groups loaded, or compiled where not cached: the cold groups
+    side by side first, where this platform forks and has the cores."""
+    cold = [(cost, pairs) for cost, pairs in groups if any(not k.is_cached(signature) for k, signature in pairs)]
+    if cold:
+        _announce(cold[0][1][0][0]._cache.cache_path)
+        _compile_side_by_side(cold)
+    for _, pairs in groups:
+        for k, signature in pairs:
+            k.compile_declared(signature)  # loaded from the cache where a forked process compiled it
+
+
+def _compile_side_by_side(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]) -> None:
+    """Compile the groups in as many processes as there are cores (at most one per group), this one among them: the
+    heaviest group first, onto the least loaded process. The forked ones write numba's cache and exit; this process
+    then loads what they compiled (or compiles what one of them failed to). A 2-core cold start compiles in the time
+    of its longest share, not of the sum."""
+    cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else (os.cpu_count() or 1)
+    shares: list[list] = [[0.0, []] for _ in range(min(cores, len(groups)))]
+    if len(shares) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return
+    for cost, pairs in sorted(groups, key=lambda group: -group[0]):
+        share = min(shares, key=lambda s: s[0])
+        share[0] += cost
+        share[1] += pairs
+    cpu_target.target_context.refresh()  # numba's registries, loaded once here for every process forked below
+    children = []
+    for _, pairs in shares[1:]:
+        pid = os.fork()
+        if pid == 0:  # the child compiles its share into the cache and leaves without running anything else
+            status = 1
+            try:
+                for k, signature in pairs:
+                    k.compile_declared(signature)
+                status = 0
+            finally:
+                os._exit(status)
+        children.append(pid)
+    for k, signature in shares[0][1]:
         k.compile_declared(signature)
-    return len(every), len(cold)
+    for pid in children:
+        os.waitpid(pid, 0)

@@ -95,7 +95,7 @@ def test_a_call_no_declared_signature_takes_is_refused_naming_the_types():
 
 def test_every_replay_kernel_is_declared_and_every_kernel_module_holds_kernels():
     found = {(k.__module__, k.__name__) for k in kernels()}
-    assert {(module, name) for module, names in REPLAY_KERNELS.items() for name in names} <= found
+    assert {tuple(name.split(":")) for _, names in REPLAY_KERNELS for name in names} <= found
     assert {module for module, _ in found} == set(KERNEL_MODULES)
     assert all(isinstance(k, Kernel) and k.declared for k in kernels())
 
@@ -106,3 +106,20 @@ def test_no_kernel_is_left_to_plain_numba():
     plain = [f"{p.relative_to(ROOT)}: {line.strip()}" for p in sorted((ROOT / "lssim").rglob("*.py"))
              for line in p.read_text().splitlines() if line.lstrip().startswith(("@njit", "@jit", "@numba."))]
     assert plain == []
+
+
+def test_a_cold_replay_compiles_its_kernels_side_by_side_announced_once_and_replays_as_a_warm_one(tmp_path):
+    """The first replay on an empty cache compiles REPLAY_KERNELS (in forked processes where there are cores), says
+    so once, and prints what any later replay prints; the later one compiles nothing."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    replay = "from lssim.cli import main; main(['replay', 'traces/real_cpu_baseline.parquet', '--policy', 'hadb'])"
+    cold = _python(replay, env)
+    assert cold.returncode == 0, cold.stderr
+    assert cold.stderr.count(ANNOUNCED) == 1
+    cached = {p.name.split("-")[0] for p in tmp_path.rglob("*.nbi")}  # numba's index files: MODULE.FUNCTION-LINE...
+    replayed = [name.split(":") for _, names in REPLAY_KERNELS for name in names]
+    assert {f"{module.rsplit('.', 1)[-1]}.{function}" for module, function in replayed} <= cached
+    warm = _python(replay, env)
+    assert warm.returncode == 0, warm.stderr
+    assert ANNOUNCED not in warm.stderr
+    assert warm.stdout == cold.stdout
