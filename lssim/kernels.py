@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 
 import numba
 from numba import types
@@ -112,6 +113,8 @@ def kernel(*argtypes, more: tuple[tuple, ...] = ()):
     """Decorate a function as a numba kernel compiled for `argtypes` (numba types), and for each signature in `more`
     (tuples of them), each only when a call needs it (see the module docstring)."""
     def declare(func) -> Kernel:
+        if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1 (a debugger, coverage): the Python function, as njit does
+            return func
         return Kernel(func, (tuple(argtypes), *map(tuple, more)))
     return declare
 
@@ -137,13 +140,16 @@ def load_replay_kernels() -> None:
     commands call it first, so that the announcement comes before their seconds of reading and indexing, and
     lssim.analysis.replay before it forks, so that each worker inherits the kernels instead of loading, or on a cold
     cache compiling, its own."""
-    groups = [(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS]
-    _load(groups)
+    if numba.config.DISABLE_JIT:  # the kernels are plain Python functions
+        return
+    _load([(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS])
 
 
 def warm_up() -> tuple[int, int]:
     """Load every kernel's every declared signature, compiling those not cached; returns (signatures, of them
     compiled now)."""
+    if numba.config.DISABLE_JIT:
+        return 0, 0
     groups = [(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS]
     grouped = {pair for _, pairs in groups for pair in pairs}
     groups.append((1.0, [(k, signature) for k in kernels() for signature in k.declared if (k, signature) not in grouped]))
@@ -164,7 +170,8 @@ def _load(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]) -> None:
     side by side first, where this platform forks and has the cores."""
     cold = [(cost, pairs) for cost, pairs in groups if any(not k.is_cached(signature) for k, signature in pairs)]
     if cold:
-        _announce(cold[0][1][0][0]._cache.cache_path)
+        first, _ = cold[0][1][0]
+        _announce(first._cache.cache_path)
         _compile_side_by_side(cold)
     for _, pairs in groups:
         for k, signature in pairs:
@@ -178,7 +185,8 @@ def _compile_side_by_side(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]
     of its longest share, not of the sum."""
     cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else (os.cpu_count() or 1)
     shares: list[list] = [[0.0, []] for _ in range(min(cores, len(groups)))]
-    if len(shares) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    # a fork copies only this thread: with others running (a notebook's), one might hold a lock the child then waits on
+    if len(shares) < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
         return
     for cost, pairs in sorted(groups, key=lambda group: -group[0]):
         share = min(shares, key=lambda s: s[0])

@@ -34,6 +34,9 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         add measured early-exit signals to a trace from its responses' token ids (lssim.traces.signal_import)
     lssim plan TRACE --devices N [cluster options]
         rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.analysis.plan)
+    lssim warmup
+        compile the simulator's numba kernels now, into numba's on-disk cache, rather than in the first replay
+        (lssim.kernels)
 
 Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
 --instances N --max-num-seqs N --kv-tokens N --profile JSON --train-cost JSON --seed N``, and the execution
@@ -41,11 +44,14 @@ mode: ``--mode collocated|disaggregated|async|hybrid --rollout-devices N --train
 --async-variant roll|areal --no-elastic`` (lssim.loop.modes). ``real``, ``profile`` and
 ``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
-The package: ``lssim.cli.parsers`` (one ``add_NAME(subparsers, name)`` per command, returning its parser),
-``lssim.cli.handlers`` (one handler per command, and :data:`~lssim.cli.handlers.COMMANDS`, the one table from a
-command's name to its parser and handler). Adding a subcommand: write its ``add_NAME`` and its handler
-``(args) -> int | None``, and list the pair in ``COMMANDS``. ``real``, ``profile`` and ``validate`` share one
-parser and one handler: their options are real_backend's own, parsed when the command runs.
+The package: ``lssim.cli.parsers`` (one ``add_NAME(subparsers, name)`` per command, returning its parser, and
+each command's help line in ``HELP``), ``lssim.cli.handlers`` (one handler per command, and
+:data:`~lssim.cli.handlers.COMMANDS`, the one table from a command's name to its parser and handler). Only the
+command that runs gets its own parser (``build_parser``); the others are their help line, and each handler imports
+what it uses when it runs: ``lssim --help`` imports neither numpy nor pandas nor numba. Adding a subcommand: write its
+``add_NAME`` and its handler ``(args) -> int | None``, its line in ``HELP``, and list the pair in ``COMMANDS``.
+``real``, ``profile`` and ``validate`` share one parser and one handler: their options are real_backend's own,
+parsed when the command runs.
 
 Errors caused by the user's input (:class:`~lssim.traces.trace.TraceError`, any
 ``ValueError``, a file that cannot be read or written) print ``lssim: error:
