@@ -135,6 +135,17 @@ def kernels() -> list[Kernel]:
     return found
 
 
+def announce_if_cold() -> None:
+    """Print COMPILING now if REPLAY_KERNELS' first group (the batch route's scheduler, whose module imports only numpy
+    and numba) is not cached: the simulation commands call this before importing pandas and reading their trace, and
+    load_replay_kernels then compiles it."""
+    if numba.config.DISABLE_JIT:
+        return
+    for k, signature in [_declared(name) for name in REPLAY_KERNELS[0][1]]:
+        if not k.is_cached(signature):
+            _announce(k._cache.cache_path)
+
+
 def load_replay_kernels() -> None:
     """Load REPLAY_KERNELS' first signatures, compiling those not cached (announced, side by side): the simulation
     commands call it first, so that the announcement comes before their seconds of reading and indexing, and

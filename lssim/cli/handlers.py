@@ -106,9 +106,16 @@ def _run_signals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announce_if_cold() -> None:
+    """What a simulation command does first: on a cold numba cache, say so before the imports (lssim.kernels)."""
+    from lssim.kernels import announce_if_cold
+
+    announce_if_cold()
+
+
 def _trace_to_simulate(path: str):
     """The trace (a bad one fails here), once the kernels a replay runs are loaded, or compiled on a cold cache
-    (lssim.kernels.load_replay_kernels): that announcement then comes before the seconds of indexing the trace."""
+    (lssim.kernels.load_replay_kernels)."""
     from lssim.kernels import load_replay_kernels
     from lssim.traces.trace import load_trace
 
@@ -135,6 +142,7 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from lssim.analysis.replay import replay, replay_summary, summarize
     from lssim.analysis.tables import format_summary
     from lssim.results import write_results
@@ -219,6 +227,7 @@ def _plot_replay_step(results: dict, step: int, path: str) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from pathlib import Path
 
     from lssim.analysis.report import PAGE, build_report, write_report
@@ -235,6 +244,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from pathlib import Path
 
     from lssim.analysis.sweep import sweep, sweep_specs
@@ -304,6 +314,7 @@ PLAN_TABLE = {  # plan column -> (header, format)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from dataclasses import replace
 
     from lssim.analysis.plan import PlanSpace, plan
