@@ -7,11 +7,15 @@ declaration numba compiled a kernel once per distinct set of argument types it m
 writable array, up to three times for a helper called with literal ints -- and each cold compile costs seconds.
 
 The compiled code is cached on disk where numba caches it: the source's __pycache__, or, where that is not writable
-(an install in a read-only site-packages), the user's cache directory (~/.cache/numba), or where neither is, the
-temp directory's lssim-numba-UID; NUMBA_CACHE_DIR replaces them all. When a kernel is not in the cache (a fresh clone or install, an edited kernel, another numba), the first one
-compiled prints one line on stderr (COMPILING) so the pause that follows is not mistaken for a hang.
-`lssim warmup` (`warm_up`) compiles them all ahead, e.g. in an image build. The modules that hold kernels are
-KERNEL_MODULES; each is imported only by the route that runs its kernels, so a command loads only what it uses.
+(an install in a read-only site-packages), the user's cache directory (~/.cache/numba), or where neither is, the temp
+directory's lssim-numba-UID; NUMBA_CACHE_DIR replaces them all. When a kernel is not in the cache (a fresh clone or
+install, an edited kernel, another numba or CPU), one line on stderr (COMPILING) says so, so that the pause is not
+mistaken for a hang; the kernels every replay runs (REPLAY_KERNELS) are then compiled side by side, one forked process
+per core. `lssim warmup` (`warm_up`) compiles them all ahead, e.g. in an image build. The modules that hold kernels are
+KERNEL_MODULES; each is imported only by the route that runs its kernels.
+
+Kernel hooks into numba's dispatcher where numba's own explicit signatures do (`_search_new_conversions`,
+`get_call_template`) and reads its cache index (`is_cached`); tests/test_cold_start.py checks both.
 """
 
 from __future__ import annotations
@@ -144,6 +148,7 @@ def announce_if_cold() -> None:
     for k, signature in [_declared(name) for name in REPLAY_KERNELS[0][1]]:
         if not k.is_cached(signature):
             _announce(k._cache.cache_path)
+            return
 
 
 def load_replay_kernels() -> None:
