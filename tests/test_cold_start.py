@@ -75,7 +75,7 @@ def test_one_compile_serves_writable_and_read_only_arrays():
     read_only = sizes.copy()
     read_only.setflags(write=False)
     assert _least_work(np.zeros(2, np.int64), sizes).tolist() == _least_work(np.zeros(2, np.int64), read_only).tolist()
-    assert len(_least_work.signatures) == 1
+    assert set(_least_work.signatures) <= set(_least_work.declared)  # no specialization of numba's own
 
 
 def test_a_kernel_compiles_each_declared_signature_it_is_called_with():
@@ -83,7 +83,7 @@ def test_a_kernel_compiles_each_declared_signature_it_is_called_with():
 
     assert _least_work(np.zeros(2), np.array([1.5, 2.0, 0.5])).tolist() == [0, 1, 0]  # float work: `more`'s signature
     assert _least_work(np.zeros(2, np.int64), np.array([1, 2, 1])).tolist() == [0, 1, 0]
-    assert len(_least_work.signatures) == 2
+    assert set(_least_work.signatures) == set(_least_work.declared)
 
 
 def test_a_call_no_declared_signature_takes_is_refused_naming_the_types():
