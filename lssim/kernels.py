@@ -40,6 +40,7 @@ I64S = types.Array(types.int64, 1, "C")
 I64S_IN = types.Array(types.int64, 1, "C", readonly=True)
 F64S = types.Array(types.float64, 1, "C")
 F64S_IN = types.Array(types.float64, 1, "C", readonly=True)
+BOOLS = types.Array(types.bool_, 1, "C")
 BOOLS_IN = types.Array(types.bool_, 1, "C", readonly=True)
 U64S_2D_IN = types.Array(types.uint64, 2, "C", readonly=True)
 
