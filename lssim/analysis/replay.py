@@ -24,6 +24,7 @@ from lssim.loop.controller import Controller, RunConfig, RunResult
 from lssim.loop.core import FINISH_REASONS
 from lssim.cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
 from lssim.cost.operators import KERNEL_PROFILES, OperatorCostModel
+from lssim.kernels import load_replay_kernels
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
 from lssim.loop.rewards import RewardScale
@@ -122,23 +123,6 @@ class SimSetup:
     def engine_config(self) -> EngineConfig:
         kv = self.kv_capacity_tokens or kv_capacity_tokens(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
         return EngineConfig(self.n_instances, self.max_num_seqs, kv)
-
-
-def _load_numba_target() -> None:
-    """Load numba and its CPU target (its registries, scipy's BLAS with them): what the first call of any cached
-    kernel of the batch route (lssim.sim.fastsim) pays, about half a second. Done before forking replay's workers, so
-    that each inherits it instead of paying it again. Any failure is left to that first call to raise.
-
-    (Loading it in a thread while the trace is read was measured and dropped: both are mostly Python, so the GIL
-    runs them one after the other, and the hand-overs made the start slower, not faster.)"""
-    try:
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
-
-        with global_compiler_lock:
-            cpu_target.target_context.refresh()  # what numba's cache does before it loads a kernel
-    except Exception:  # noqa: BLE001  (only a head start: the kernels load as usual without it)
-        pass
 
 
 def _sim_engine(workload: Workload, setup: SimSetup, batch_route: bool) -> SimEngine:
@@ -267,7 +251,7 @@ def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None,
     """The runs on `workers` forked processes, the baseline started last (it is usually the cheapest: two workers
     and three runs then end closest together); what each sends back is `keep` of its result, in the order named."""
     global _INHERITED
-    _load_numba_target()  # once here rather than once in each worker
+    load_replay_kernels()  # once here rather than once in each worker
     _INHERITED = (workload, built, setup, steps, seed, keep, columns)
     gc.freeze()  # what exists now is shared with the workers: the collector leaves it be, so its pages stay shared
     try:

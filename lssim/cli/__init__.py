@@ -34,6 +34,9 @@ Subcommands (``lssim COMMAND --help`` lists every option)::
         add measured early-exit signals to a trace from its responses' token ids (lssim.traces.signal_import)
     lssim plan TRACE --devices N [cluster options]
         rank execution modes x device splits x staleness bounds x policies for a cluster (lssim.analysis.plan)
+    lssim warmup
+        compile the simulator's numba kernels now, into numba's on-disk cache, rather than in the first replay
+        (lssim.kernels)
 
 Cluster options, shared by ``replay`` and ``sweep``: ``--steps N --model NAME --hardware NAME --tp N
 --instances N --max-num-seqs N --kv-tokens N --profile JSON --train-cost JSON --seed N``, and the execution
@@ -41,11 +44,14 @@ mode: ``--mode collocated|disaggregated|async|hybrid --rollout-devices N --train
 --async-variant roll|areal --no-elastic`` (lssim.loop.modes). ``real``, ``profile`` and
 ``validate`` need vLLM (real_backend/), imported only when one of them runs.
 
-The package: ``lssim.cli.parsers`` (one ``add_NAME(subparsers, name)`` per command, returning its parser),
-``lssim.cli.handlers`` (one handler per command, and :data:`~lssim.cli.handlers.COMMANDS`, the one table from a
-command's name to its parser and handler). Adding a subcommand: write its ``add_NAME`` and its handler
-``(args) -> int | None``, and list the pair in ``COMMANDS``. ``real``, ``profile`` and ``validate`` share one
-parser and one handler: their options are real_backend's own, parsed when the command runs.
+The package: ``lssim.cli.parsers`` (one ``add_NAME(subparsers, name)`` per command, returning its parser, and
+each command's help line in ``HELP``), ``lssim.cli.handlers`` (one handler per command, and
+:data:`~lssim.cli.handlers.COMMANDS`, the one table from a command's name to its parser and handler). Only the
+command that runs gets its own parser (``build_parser``); the others are their help line, and each handler imports
+what it uses when it runs: ``lssim --help`` imports neither numpy nor pandas nor numba. Adding a subcommand: write its
+``add_NAME`` and its handler ``(args) -> int | None``, its line in ``HELP``, and list the pair in ``COMMANDS``.
+``real``, ``profile`` and ``validate`` share one parser and one handler: their options are real_backend's own,
+parsed when the command runs.
 
 Errors caused by the user's input (:class:`~lssim.traces.trace.TraceError`, any
 ``ValueError``, a file that cannot be read or written) print ``lssim: error:
@@ -60,25 +66,27 @@ import sys
 from typing import Sequence
 
 from lssim.cli.handlers import COMMANDS
-from lssim.cli.parsers import PROG, Parser
+from lssim.cli.parsers import PROG, Parser, add_help_line
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The command line's parser, with `command`'s options (a name of COMMANDS; None: no command's); every other
+    command is a help line (parsers.add_help_line), so that `lssim --help` or `lssim replay` imports only what the
+    command that runs needs (some parsers import their choices: presets, importers)."""
     parser = Parser(
         prog=PROG,
         description="Replay rollout-length traces of RL post-training under scheduling policies.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (add_parser, handler) in COMMANDS.items():
-        add_parser(sub, name).set_defaults(func=handler)
+        (add_parser if name == command else add_help_line)(sub, name).set_defaults(func=handler)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns 0 on success, exits with status 2 on bad input."""
-    from lssim.traces.trace import TraceError
-
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
@@ -86,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(1) from None
-    except (TraceError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # lssim.traces.checks.TraceError is a ValueError
         msg = str(e)
         if isinstance(e, OSError) and e.filename and str(e.filename) not in msg:
             msg = f"{e.filename}: {msg}"

@@ -12,9 +12,8 @@ import sys
 from dataclasses import fields
 from typing import Callable, Sequence
 
-from lssim.analysis.tables import format_summary
 from lssim.cli.parsers import (PARALLEL_REPLAY_ROWS, REAL_BACKEND, add_import, add_signals, add_plan, add_real_backend, add_replay,
-                               add_report, add_sweep, add_synth, add_trace, real_backend_parser)
+                               add_report, add_sweep, add_synth, add_trace, add_warmup, real_backend_parser)
 
 
 def _parse_set(items: Sequence[str]) -> dict[str, object]:
@@ -107,6 +106,24 @@ def _run_signals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announce_if_cold() -> None:
+    """What a simulation command does first: on a cold numba cache, say so before the imports (lssim.kernels)."""
+    from lssim.kernels import announce_if_cold
+
+    announce_if_cold()
+
+
+def _trace_to_simulate(path: str):
+    """The trace (a bad one fails here), once the kernels a replay runs are loaded, or compiled on a cold cache
+    (lssim.kernels.load_replay_kernels)."""
+    from lssim.kernels import load_replay_kernels
+    from lssim.traces.trace import load_trace
+
+    trace = load_trace(path)
+    load_replay_kernels()
+    return trace
+
+
 def _setup_from_args(args: argparse.Namespace):
     from lssim.analysis.replay import SimSetup
 
@@ -125,16 +142,17 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from lssim.analysis.replay import replay, replay_summary, summarize
+    from lssim.analysis.tables import format_summary
     from lssim.results import write_results
     from lssim.sim.world import MissingSignals
-    from lssim.traces.trace import load_trace
 
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
                references=not args.no_reference, workers=replay_workers(args.workers, len(trace)))
@@ -209,14 +227,14 @@ def _plot_replay_step(results: dict, step: int, path: str) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from pathlib import Path
 
     from lssim.analysis.report import PAGE, build_report, write_report
-    from lssim.traces.trace import load_trace
 
     tty = sys.stderr.isatty()
     say = (lambda msg: print(f"report: {msg}", file=sys.stderr)) if tty else (lambda msg: None)
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     report = build_report(trace, args.policy, setup, trace_name=Path(args.trace).stem, steps=args.steps, seed=args.seed,
                           timeline_step=args.timeline_step, say=say, progress=tty)
@@ -226,11 +244,12 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from pathlib import Path
 
-    from lssim.loop.policy import available_policies
     from lssim.analysis.sweep import sweep, sweep_specs
-    from lssim.traces.trace import load_trace
+    from lssim.analysis.tables import format_summary
+    from lssim.loop.policy import available_policies
 
     grid = args.grid or []
     names = [n.strip() for n in args.policies.split(",") if n.strip()] if args.policies else \
@@ -239,7 +258,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         raise ValueError("--policies: no policy named")
     if args.resume and not args.out:
         raise ValueError("--resume continues the sweep written to --out DIR: name it")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     setup = _setup_from_args(args)
     n_runs = len(sweep_specs(names, args.max_size, grid))
     tty = not args.json and sys.stderr.isatty()
@@ -295,10 +314,10 @@ PLAN_TABLE = {  # plan column -> (header, format)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    _announce_if_cold()
     from dataclasses import replace
 
     from lssim.analysis.plan import PlanSpace, plan
-    from lssim.traces.trace import load_trace
 
     space = PlanSpace(devices=args.devices, modes=tuple(_names(args.modes)), policies=tuple(_names(args.policies)),
                       rollout_fractions=tuple(float(f) for f in _names(args.rollout_fractions)),
@@ -307,7 +326,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     for mode in space.modes:
         if mode not in ("collocated", "disaggregated", "async", "hybrid"):
             raise ValueError(f"--modes: unknown mode {mode!r}")
-    trace = load_trace(args.trace)
+    trace = _trace_to_simulate(args.trace)
     args.mode, args.rollout_devices, args.train_devices, args.staleness, args.async_variant, args.no_elastic = \
         "collocated", None, None, 1, "roll", False
     base = replace(_setup_from_args(args), n_instances=args.devices // args.tp)
@@ -340,6 +359,18 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def _run_warmup(args: argparse.Namespace) -> int:
+    """`lssim warmup`: compile (or load) every numba kernel now, so that no later run pays for it."""
+    import time
+
+    from lssim.kernels import warm_up
+
+    start = time.perf_counter()
+    signatures, compiled = warm_up()
+    print(f"{signatures} kernel signatures ready, {compiled} of them compiled now ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
 def _run_real_backend(args: argparse.Namespace) -> int:
     """`lssim real`, `learn`, `profile` and `validate`: real_backend's module for the command parses the arguments and runs it."""
     module = importlib.import_module(REAL_BACKEND[args.command][0])
@@ -361,6 +392,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction, str], argparse.A
     "report": (add_report, _run_report),
     "import": (add_import, _run_import),
     "signals": (add_signals, _run_signals),
+    "warmup": (add_warmup, _run_warmup),
 }
 """Command name -> (the function that adds its parser, its handler); `lssim --help` lists them in this order. The
 handlers keep their names: `lssim replay --out` writes its arguments into meta.json, the handler (``func``) among them."""

@@ -10,6 +10,20 @@ import argparse
 PROG = "lssim"
 PARALLEL_REPLAY_ROWS = 100_000  # below this, forking the runs costs about what running them side by side saves
 
+# Each command's line in `lssim --help` (the real backend's are in REAL_BACKEND): all that a command's parser is
+# built for while another command runs (lssim.cli.build_parser), so that its imports wait until it runs.
+HELP = {
+    "synth": "generate a synthetic trace from a preset",
+    "trace": "inspect trace files",
+    "import": "import a verl, slime, AReaL or TRL rollout dump as a trace",
+    "signals": "add measured early-exit signals to a trace from its responses' token ids",
+    "replay": "replay a trace under policies, against baseline, oracle and the lower bound",
+    "report": "write one HTML page (figures, tables) on what a policy does to a trace",
+    "sweep": "search compositions of policies on a trace for the best one, against the lower bound",
+    "plan": "rank execution modes, device splits, staleness bounds and policies for a cluster on a trace",
+    "warmup": "compile the simulator's numba kernels now (cached on disk), not in the first replay",
+}
+
 
 class Parser(argparse.ArgumentParser):
     """No option is reachable by an abbreviation (`--mode` must never be taken for `--model`); subcommands'
@@ -25,7 +39,7 @@ def add_synth(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
 
     p = sub.add_parser(
         name,
-        help="generate a synthetic trace from a preset",
+        help=HELP[name],
         description="Generate a synthetic rollout-length trace from a preset configuration "
         "(see lssim.traces.synth.SynthConfig for every knob) and write it as parquet.",
     )
@@ -44,7 +58,7 @@ def add_synth(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
 
 
 def add_trace(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="inspect trace files", description="Inspect trace files.")
+    p = sub.add_parser(name, help=HELP[name], description="Inspect trace files.")
     tsub = p.add_subparsers(dest="trace_command", metavar="COMMAND", required=True)
     info = tsub.add_parser(
         "info",
@@ -63,7 +77,7 @@ def add_import(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 
     p = sub.add_parser(
         name,
-        help="import a verl, slime, AReaL or TRL rollout dump as a trace",
+        help=HELP[name],
         description="Read a training framework's rollout dump and write it as an lssim trace (atomically; nothing "
         "is written on error), with columns saying which values the dump measured and which were inferred.",
     )
@@ -84,7 +98,7 @@ def add_signals(sub: argparse._SubParsersAction, name: str) -> argparse.Argument
 
     p = sub.add_parser(
         name,
-        help="add measured early-exit signals to a trace from its responses' token ids",
+        help=HELP[name],
         description="Measure each response's early-exit signals (window repetition and entropy, every --stride tokens: "
         "lssim.loop.signals.signals_along, as the real engine computes them) from its token ids and write the trace "
         "with them (atomically), so a replay of a policy that reads them (breaker) can run. Every trace row needs its "
@@ -147,7 +161,7 @@ def add_cluster_args(p: argparse.ArgumentParser, modes: bool = True) -> None:
 def add_replay(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
         name,
-        help="replay a trace under policies, against baseline, oracle and the lower bound",
+        help=HELP[name],
         description="Replay a trace in the simulator under each --policy (composed with +, e.g. hadb+oracle), "
         "always with baseline and oracle as references, and print each against the per-step lower bound.",
     )
@@ -170,7 +184,7 @@ def add_replay(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def add_report(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
         name,
-        help="write one HTML page (figures, tables) on what a policy does to a trace",
+        help=HELP[name],
         description="Replay TRACE under --policy beside baseline and oracle and write DIR/report.html, one self-contained "
         "page (figures inline): what the trace is, what the policy did, how far each step is from its lower bound, one "
         "step's timeline, what was modelled rather than replayed, and the execution mode's end-to-end figures; the same "
@@ -188,7 +202,7 @@ def add_report(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentP
 def add_sweep(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
         name,
-        help="search compositions of policies on a trace for the best one, against the lower bound",
+        help=HELP[name],
         description="Replay the trace under every composition of 1..--max-size of the --policies (a+b in the order "
         "listed) and every point of each --grid, beside baseline, and report them best first with their efficiency "
         "against the per-step lower bound. Runs go in parallel on every local core (or on Ray with --ray); with "
@@ -218,7 +232,7 @@ def add_sweep(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPa
 def add_plan(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
         name,
-        help="rank execution modes, device splits, staleness bounds and policies for a cluster on a trace",
+        help=HELP[name],
         description="Simulate the trace under every execution mode x rollout/train split of --devices x async "
         "staleness bound x policy, and rank them by trained tokens per second of the whole run (end to end), "
         "with the staleness and lost signal each pays. Candidates that break --max-staleness or --max-off-policy "
@@ -241,6 +255,12 @@ def add_plan(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPar
     p.add_argument("--out", metavar="CSV", help="write every candidate's row here")
     p.add_argument("--json", action="store_true", help="print one JSON object: every candidate, best first")
     return p
+
+
+def add_warmup(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=HELP[name], description="Compile every numba kernel of the simulator (lssim.kernels) "
+                          "that is not in numba's on-disk cache yet, and load the others: the first replay after an "
+                          "install or a change to a kernel otherwise pays for it (docs/performance.md).")
 
 
 # The real backend's commands: the real_backend module that adds their options (add_arguments) and runs them (run),
@@ -281,6 +301,11 @@ def add_real_backend(sub: argparse._SubParsersAction, name: str) -> argparse.Arg
     p = sub.add_parser(name, help=help_line, add_help=False, prefix_chars="\0")  # no prefix: every argument is kept
     p.add_argument("arguments", nargs=argparse.REMAINDER)
     return p
+
+
+def add_help_line(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    """A command's place in `lssim --help` and in argparse's list of choices, without its options."""
+    return sub.add_parser(name, help=HELP[name] if name in HELP else REAL_BACKEND[name][1])
 
 
 def real_backend_parser(name: str, add_arguments) -> Parser:

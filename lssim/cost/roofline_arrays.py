@@ -2,10 +2,11 @@
 load numba: only the simulator's batch route asks for it)."""
 
 import numpy as np
-from numba import njit
+
+from lssim.kernels import F64, I64S_IN, kernel
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64S_IN, F64, F64, F64, F64, F64)
 def decode_times(n, ctx, k, mem_a, mem_b, cmp_a, cmp_b, ov):
     """RooflineCostModel.decode_time for each span, its operations in its order (so equal to the last bit): k
     iterations of n sequences from context ctx, each max(memory, compute) + ov, both affine in the iteration, summed

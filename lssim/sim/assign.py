@@ -4,10 +4,11 @@ policies that answer `Policy.placements` at once (the oracle's LPT)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from lssim.kernels import F64S, F64S_IN, I64S, I64S_IN, kernel
 
 
-@njit(cache=True)
+@kernel(I64S, I64S_IN, more=[(F64S, F64S_IN)])  # integer or float work
 def _least_work(work, sizes):
     out = np.empty(len(sizes), np.int64)
     for j in range(len(sizes)):

@@ -21,9 +21,9 @@ ones that can hold it), and the work term sums integers.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from lssim.cost.protocol import solo_decode_time
+from lssim.kernels import I64S_IN, kernel
 
 
 def solo_candidates(ctx0: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +93,7 @@ def make_lower_bound(cost, n_instances: int, max_num_seqs: int):
     return lower_bound
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN)
 def bound_terms(ctx0, tokens):
     """`lower_bound`'s terms over the responses that ran (tokens > 0), none of them kept generating: how many ran,
     the solo candidates (`solo_candidates`: most tokens first), the tokens, the context reads (integers: exact) and

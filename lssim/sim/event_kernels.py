@@ -17,14 +17,21 @@ at one iteration pop in its order.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import types
 
+from lssim.kernels import BOOLS, BOOLS_IN, I64, I64S, I64S_IN, kernel
 from lssim.sim.fastsim_kernels import _FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _peek, _pop
+
+# The tuples schedule_stops hands its helpers (lssim.kernels): each push's request, epoch and whether a checkpoint; each
+# request's state as _pop_boundary and _preempt take it; the records' 13 columns.
+PUSHED = types.Tuple((I64S, I64S, BOOLS))
+REQUESTS = types.Tuple((I64S, I64S, I64S, BOOLS, BOOLS))
+RECORDS = types.UniTuple(I64S, 13)
 
 STOP_RECORD = 2  # a record kind beside _START and _FIRE: a stop's departure and the admission after it
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64S_IN, I64S_IN, I64S_IN, *(I64,) * 12, BOOLS_IN, BOOLS, I64S, I64S, I64S, I64S, I64S_IN, I64S, I64S, BOOLS, I64S)
 def _admit(order, prompt, gen, length, stop_at, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec,
            done, on, admit_it, gen_at_admit, first_rec, stack, epoch, pushed_req, pushed_ep, pushed_check, fresh):
     """Admission in key order while the cache holds the admitted and the next iteration's tokens (SimEngine._admit):
@@ -74,18 +81,22 @@ def _admit(order, prompt, gen, length, stop_at, interval, capacity, max_seqs, ca
     return head, n, ctx, ssize, seq, n_fresh, prefill, 0
 
 
-@njit(cache=True)
+@kernel(I64S, I64, I64S, I64, I64, I64S, I64)
 def _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize):
     """An admission's keys: the new sorted run when the last one is used up, else onto the heap. Returns (rlo, rhi, hsize)."""
     if rlo == rhi and n_fresh > 1:
-        run[:n_fresh] = np.sort(fresh[:n_fresh])
+        # sorted in place, copied by a loop: `run[:m] = np.sort(...)` would have numba compile an allocating sort and
+        # the slice assignment's shape-mismatch message (docs/performance.md, Cold start)
+        fresh[:n_fresh].sort()
+        for j in range(n_fresh):
+            run[j] = fresh[j]
         return 0, n_fresh, hsize
     for j in range(n_fresh):
         hsize = _heap_push(heap, hsize, fresh[j])
     return rlo, rhi, hsize
 
 
-@njit(cache=True)
+@kernel(*(I64,) * 5, I64S, I64, I64, I64S, I64, PUSHED, REQUESTS, I64S, I64S_IN, I64S_IN, I64S_IN, I64S, I64S, I64, I64S, I64, I64)
 def _pop_boundary(it, interval, cap, seq, rec, run, rlo, rhi, heap, hsize, pushed, req, gen, prompt, length, stop_at, fin,
                   fin_rec, n_fin, stops, n, ctx):
     """The finishes and checkpoints at boundary `it`, in (iteration, push) order (SimEngine._fire): a finish leaves the
@@ -131,7 +142,7 @@ def _pop_boundary(it, interval, cap, seq, rec, run, rlo, rhi, heap, hsize, pushe
     return rlo, hsize, seq, n, ctx, n_fin, n_stops, 0
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64, REQUESTS, I64S, I64S_IN, *(I64,) * 5)
 def _preempt(order, stack, ssize, req, gen, prompt, capacity, it, n, ctx, head):
     """Preemption by recompute while the cache cannot hold the next iteration: the last admitted first, back to the
     head of the queue. Returns (ssize, n, ctx, head, preempted)."""
@@ -154,7 +165,7 @@ def _preempt(order, stack, ssize, req, gen, prompt, capacity, it, n, ctx, head):
     return ssize, n, ctx, head, preempted
 
 
-@njit(cache=True)
+@kernel(RECORDS, *(I64,) * 6)
 def _depart(recs, rec, leaving, n, it, left_at, left):
     """`leaving` sequences left at boundary `it`, `n` remain (SimEngine._depart's bookkeeping, in the record). Returns
     the new (left_at, left)."""
@@ -167,7 +178,7 @@ def _depart(recs, rec, leaving, n, it, left_at, left):
     return left_at, left
 
 
-@njit(cache=True)
+@kernel(RECORDS, *(I64,) * 7)
 def _open_record(recs, rec, kind, i, n_fin, n, ctx, k):
     """Record `rec` of instance i: its kind, the span before it (n sequences, ctx tokens, k iterations), no finish yet."""
     recs[0][rec], recs[1][rec], recs[2][rec], recs[3][rec], recs[4][rec] = kind, i, n, ctx, k
@@ -175,7 +186,7 @@ def _open_record(recs, rec, kind, i, n_fin, n, ctx, k):
     recs[11][rec], recs[12][rec] = n_fin, 0
 
 
-@njit(cache=True)
+@kernel(RECORDS, I64, I64S, I64, I64S, I64S, I64, I64)
 def _result(recs, n_rec, fin, n_fin, fin_rec, first_rec, preemptions, error):
     """schedule_records' return over the first n_rec records."""
     return (recs[0][:n_rec], recs[1][:n_rec], recs[2][:n_rec], recs[3][:n_rec], recs[4][:n_rec], recs[5][:n_rec],
@@ -183,7 +194,7 @@ def _result(recs, n_rec, fin, n_fin, fin_rec, first_rec, preemptions, error):
             recs[12][:n_rec], fin[:n_fin], fin_rec, first_rec, preemptions, error)
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64, I64S_IN, I64)
 def schedule_stops(order, inst_start, prompt, gen, length, capacity, max_seqs, cap, stop_at, interval):
     """`schedule_records` (same arguments and returns) where request r is stopped at its checkpoint of `stop_at[r]`
     tokens (-1: never; a multiple of `interval` below its natural `length`), as the module docstring says. A stop

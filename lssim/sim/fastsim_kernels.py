@@ -5,7 +5,8 @@ lssim.sim.fastsim runs them over a step's requests and says how the three passes
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from lssim.kernels import F64S_IN, I64, I64S, I64S_IN, kernel
 
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 
@@ -15,7 +16,7 @@ SEQ_MASK = (1 << _SEQ_BITS) - 1
 MAX_IT = 1 << (62 - _SEQ_BITS)
 
 
-@njit(cache=True)
+@kernel(I64S, I64, I64)
 def _heap_push(heap, size, key):
     """A binary min-heap of int64 keys (`heap` has room); returns the new size."""
     i = size
@@ -29,7 +30,7 @@ def _heap_push(heap, size, key):
     return size + 1
 
 
-@njit(cache=True)
+@kernel(I64S, I64)
 def _heap_pop(heap, size):
     """Remove the top; returns the new size (the top must be read before)."""
     size -= 1
@@ -57,14 +58,14 @@ def records_room(n_requests: int, n_instances: int) -> int:
     return 2 * n_requests + 2 * n_instances + 16
 
 
-@njit(cache=True)
+@kernel(I64S, I64S, I64)
 def _no_schedule(fin_rec, first_rec, error):
     """`schedule_records`'s return when it gives up with `error` (no records)."""
     e = np.zeros(0, np.int64)
     return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, error
 
 
-@njit(cache=True)
+@kernel(I64S, I64, I64, I64S, I64)
 def _peek(run, rlo, rhi, heap, hsize):
     """The smallest pending finish key of the sorted run run[rlo:rhi] and the heap; -1 if none is pending."""
     if rlo < rhi:
@@ -72,7 +73,7 @@ def _peek(run, rlo, rhi, heap, hsize):
     return heap[0] if hsize > 0 else -1
 
 
-@njit(cache=True)
+@kernel(I64S, I64, I64, I64S, I64)
 def _pop(run, rlo, rhi, heap, hsize):
     """Remove the smallest pending key (`_peek`'s); returns the new (rlo, hsize)."""
     if rlo < rhi and (hsize == 0 or run[rlo] < heap[0]):
@@ -80,7 +81,7 @@ def _pop(run, rlo, rhi, heap, hsize):
     return rlo, _heap_pop(heap, hsize)
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64)
 def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
     """Every instance's schedule, integers only (module docstring, pass 1).
 
@@ -243,7 +244,11 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 n_fresh += 1
                 seq += 1
             if rlo == rhi and n_fresh > 1:
-                run[:n_fresh] = np.sort(fresh[:n_fresh])
+                # sorted in place, copied by a loop: `run[:m] = np.sort(...)` had numba compile an allocating sort and
+                # the slice assignment's shape-mismatch message, 3.5 s of CPU in a cold start (docs/performance.md)
+                fresh[:n_fresh].sort()
+                for j in range(n_fresh):
+                    run[j] = fresh[j]
                 rlo, rhi = 0, n_fresh
             else:
                 for j in range(n_fresh):
@@ -274,7 +279,7 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
             fin[:n_fin], fin_rec, first_rec, preemptions, -1)
 
 
-@njit(cache=True)
+@kernel(*(I64S_IN,) * 7, *(F64S_IN,) * 7)
 def instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, first_decode, departure, t0, busy0, seqs0):
     """The instance clocks, added up in the event engine's order (module docstring, pass 3). Returns each
     record's event time (the heap's key) and clock after its span, the first-token time of what it admitted,
@@ -314,7 +319,7 @@ def instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, fir
     return event_t, after, first_token, t, busy, seqs, owed
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64)
 def touched_rank(inst, n_inst):
     """Each instance's place in the order requests first reached it (n_inst: none did)."""
     rank = np.full(n_inst, n_inst, np.int64)
@@ -326,7 +331,7 @@ def touched_rank(inst, n_inst):
     return rank
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, I64S_IN, I64S_IN, F64S_IN)
 def ended_rows(popped, rfin0, rfinc, fin, after):
     """The requests the popped records end, in that order, and the clock each ends at."""
     total = 0
@@ -343,7 +348,7 @@ def ended_rows(popped, rfin0, rfinc, fin, after):
     return ended, at
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64S_IN, F64S_IN, I64S_IN, I64)
 def merge_boundaries(kind, rinst, event_t, touched_rank, n_inst):
     """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
     an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from numba import njit
 
+from lssim.kernels import BOOLS_IN, F64, F64S_IN, I64, I64S_IN, U64, U64S_2D_IN, kernel
 from lssim.loop.core import STOP
 from lssim.traces.checks import is_sorted
 from lssim.traces.signal_trace import SOURCE_CODES, default_source
@@ -93,7 +93,7 @@ def hash01_many(seed: int, *parts: np.ndarray) -> np.ndarray:
     return _splitmix01(words.view(_U))
 
 
-@njit(cache=True)
+@kernel(U64S_2D_IN)
 def _splitmix01(words):
     """Each column's words folded through splitmix64 (wrapping uint64), as a float in [0, 1): one pass, where numpy
     made two dozen temporaries per call."""
@@ -107,7 +107,7 @@ def _splitmix01(words):
     return out
 
 
-@njit(cache=True)
+@kernel(U64, U64)
 def _fold(x, word):
     """One word into the splitmix64 state (wrapping uint64)."""
     x = (x ^ word) * np.uint64(0xBF58476D1CE4E5B9)
@@ -115,12 +115,12 @@ def _fold(x, word):
     return x ^ (x >> np.uint64(29))
 
 
-@njit(cache=True)
+@kernel(U64)
 def _unit(x):
     return float(x >> np.uint64(11)) / 9007199254740992.0  # 2**53
 
 
-@njit(cache=True)
+@kernel(I64, I64, I64, I64, I64)
 def _hash01_words(seed, a, b, c, n_words):
     """hash01(seed, a, b) (n_words 2) or hash01(seed, a, b, c) (3) of int64 words, bit for bit hash01_many's."""
     x = _fold(np.uint64(0x9E3779B97F4A7C15), np.uint64(seed))
@@ -130,7 +130,7 @@ def _hash01_words(seed, a, b, c, n_words):
     return _unit(x)
 
 
-@njit(cache=True)
+@kernel(*(I64S_IN,) * 10)
 def probe(pids, prompt_lo, prompt_hi, prompt_step, prompt_group, group_start, group_count, step, pid, sample):
     """Each query's prompt code (its place among the trace's sorted prompt ids, the last where it is not one),
     whether its prompt is known, whether the trace recorded the (step, prompt), whether it recorded the sample too, and
@@ -165,7 +165,7 @@ def probe(pids, prompt_lo, prompt_hi, prompt_step, prompt_group, group_start, gr
     return code, known, hit, exact, row
 
 
-@njit(cache=True)
+@kernel(I64S_IN, BOOLS_IN, I64S_IN, F64S_IN, I64S_IN, I64S_IN, I64S_IN, BOOLS_IN, F64)
 def answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, budget, exact, low):
     """`Workload._from_row` of each (row, budget), where one row answers it: the length, the reward, the reason as a
     number into `_ArrayIndex.answer_reasons` (0 cut at the budget, 1 ended by itself, 2 + the trace's own reason:
@@ -190,7 +190,7 @@ def answer_rows(rec_length, rec_stopped, rec_max, rec_reward, rec_reason, row, b
     return length, reward, reason, cut, scalar
 
 
-@njit(cache=True)
+@kernel(*(I64S_IN,) * 6, I64, *(I64S_IN,) * 4)
 def resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_group, group_start, group_count, seed, step, code, pid, sample):
     """The row answering each query of a known prompt at a step the trace did not record it at (lookup_many's
     resampling): its nearest recorded step (`_nearest_many`; the earlier on a tie), that group, and the sample
@@ -213,7 +213,7 @@ def resampled_rows(prompt_step, prompt_lo, prompt_hi, prompt_group, group_start,
     return rows
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64, I64, I64, I64)
 def _nearest_place(sorted_steps, lo, hi, i, step):
     """Where in sorted_steps[lo:hi] the step nearest to `step` is (the earlier one on a tie), `i` being `step`'s place
     there (bisect_left): `_nearest_at`'s answer, as a place (the resampling reads that entry's group)."""
@@ -224,14 +224,14 @@ def _nearest_place(sorted_steps, lo, hi, i, step):
     return i if sorted_steps[i] == step or sorted_steps[i] - step < step - sorted_steps[i - 1] else i - 1
 
 
-@njit(cache=True)
+@kernel(I64S_IN, I64, I64, I64, I64)
 def _nearest_at(sorted_steps, lo, hi, i, step):
     """`Workload._nearest`: the step of sorted_steps[lo:hi] nearest to `step` (the earlier one on a tie), `i` being
     `step`'s place there (bisect_left)."""
     return sorted_steps[_nearest_place(sorted_steps, lo, hi, i, step)]
 
 
-@njit(cache=True)
+@kernel(*(I64S_IN,) * 6)
 def nearest_many(sorted_steps, lo, hi, step, keys, query):
     """`_nearest_at` of each step within its sorted_steps[lo:hi]. `keys` are the sorted (range, step) pairs as one int
     and `query` each step's pair: one search finds its place in its range (other ranges' keys sort outside it)."""
