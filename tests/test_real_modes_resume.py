@@ -264,5 +264,6 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
     if kind == "hybrid":  # groups streamed into the update while the rollout ran, and it stayed on-policy
         assert (steps["trainer_streamed_groups"].iloc[[0, 2]] > 0).all() and steps["max_staleness"].max() == 0
         assert (steps["train_start"].iloc[[0, 2]] < steps["rollout_end"].iloc[[0, 2]]).any()
+        assert meta["mode"]["elastic"] is False  # the trainer's thread shares the engine's cores: nothing joins it
     else:
         assert steps["max_staleness"].max() <= 1
