@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.loop.core import GroupSpec
+from lssim.loop.core import GroupSpec, GroupSpecs
 from lssim.loop.difficulty import PromptPosterior
 from lssim.loop.policy import Policy
 from lssim.loop.rewards import RewardScale
@@ -76,12 +76,21 @@ class VADE(Policy):
         sampled = ctx.rng.beta(alpha, beta)
         score = sampled * (1.0 - sampled)
         chosen = candidates[np.argsort(-score, kind="stable")[:len(proposal)]]
+        if isinstance(proposal, GroupSpecs) and proposal.untouched:  # columns in, columns out (no loader batch, as below)
+            return self._plan_columns(ctx, proposal, pool[chosen], tier[chosen])
         plan = []
         for g, i in zip(proposal, chosen.tolist()):
             fraction = self.hard_budget if tier[i] == 2 else self.medium_budget
             budget = max(1, min(g.max_tokens, int(round(ctx.max_tokens * fraction))))
             plan.append(GroupSpec(int(pool[i]), g.n_samples, budget, g.priority, g.instance))
         return plan
+
+    def _plan_columns(self, ctx, proposal: GroupSpecs, prompt_ids: np.ndarray, tiers: np.ndarray) -> GroupSpecs:
+        """`plan`'s groups as columns: the proposal's first group sizes and budgets, each capped by its tier's budget."""
+        k = len(prompt_ids)
+        hard, medium = (int(round(ctx.max_tokens * f)) for f in (self.hard_budget, self.medium_budget))
+        budgets = np.maximum(1, np.minimum(proposal.max_tokens[:k], np.where(tiers == 2, hard, medium)))
+        return GroupSpecs(np.asarray(prompt_ids, np.int64), proposal.n_samples[:k], budgets.astype(np.int64))
 
     def end_step(self, outcome):
         self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward, self._scale)
