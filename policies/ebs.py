@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lssim.loop.columns import runs, stable_argsort
 from lssim.loop.core import spec_columns
 from lssim.loop.history import LengthHistory
 from lssim.loop.policy import Policy
@@ -69,11 +70,11 @@ class Slots:
     """Each planned prompt's instances, one per member in dispatch order; members take them in the order asked."""
 
     def __init__(self, prompt_ids: np.ndarray, instances: np.ndarray):
-        order = np.argsort(prompt_ids, kind="stable")  # by prompt, each prompt's slots in dispatch order
+        order = stable_argsort(prompt_ids)  # by prompt, each prompt's slots in dispatch order
         sorted_ids = prompt_ids[order]
-        first = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]]) if len(order) else np.zeros(0, np.int64)
+        first, sizes = runs(sorted_ids)
         self.ids, self.instances = sorted_ids[first], instances[order]
-        self.next, self.end = first.copy(), np.r_[first[1:], len(order)].astype(np.int64)
+        self.next, self.end = first.copy(), first + sizes
 
     def take_one(self, prompt_id: int) -> int | None:
         at = int(np.searchsorted(self.ids, prompt_id))
@@ -87,10 +88,9 @@ class Slots:
         out = np.full(len(prompt_ids), -1, np.int64)
         if not len(prompt_ids) or not len(self.ids):
             return out
-        order = np.argsort(prompt_ids, kind="stable")
+        order = stable_argsort(prompt_ids)
         ids = prompt_ids[order]
-        first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        sizes = np.diff(np.r_[first, len(ids)])
+        first, sizes = runs(ids)
         at = np.minimum(np.searchsorted(self.ids, ids[first]), len(self.ids) - 1)
         left = np.where(self.ids[at] == ids[first], self.end[at] - self.next[at], 0)
         rank = np.arange(len(ids)) - np.repeat(first, sizes)  # its place among the requests of its prompt
@@ -161,17 +161,19 @@ class EBS(Policy):
         predicted = self.predictions(pids, budgets)
         bucket = np.where(predicted <= self.short_max * budgets, SHORT,
                           np.where(predicted >= self.long_min * budgets, LONG, MEDIUM))
-        self._batches = self._make_batches(*(np.repeat(c, sizes) for c in (predicted, self.loads(pids, budgets), bucket, pids)))
+        self._batches = self._make_batches(predicted, self.loads(pids, budgets), bucket, pids, sizes)
         self._slots, self._load = None, []
         return proposal
 
-    def _make_batches(self, predicted, load, bucket, pids) -> Batches:
-        """Each bucket's requests, longest predicted first (a stable sort), cut into batches of its batch size."""
+    def _make_batches(self, predicted, load, bucket, pids, sizes) -> Batches:
+        """Each bucket's requests (a group's `sizes` members each), longest predicted first, cut into batches of its
+        batch size. A group's members are equal and consecutive: sorting the groups stably sorts the members so."""
         longest, loads, buckets, starts, items = [], [], [], [], []
         done = 0
         for b, size in enumerate(self.batch_sizes):
-            members = np.flatnonzero(bucket == b)
-            members = members[np.argsort(-predicted[members], kind="stable")]
+            groups = np.flatnonzero(bucket == b)
+            groups = groups[np.argsort(-predicted[groups], kind="stable")]
+            members = np.repeat(groups, sizes[groups])
             chunks = range(0, len(members), size)
             weights = load[members].tolist()
             longest.append(predicted[members[::size]])
@@ -198,7 +200,7 @@ class EBS(Policy):
         rank = np.empty(len(order), np.int64)
         rank[order] = np.arange(len(order))
         sizes = np.diff(batches.start)
-        in_order = np.argsort(np.repeat(rank, sizes), kind="stable")  # the items, batch after batch in dispatch order
+        in_order = stable_argsort(np.repeat(rank, sizes))  # the items, batch after batch in dispatch order
         return Slots(batches.items[in_order], np.repeat(placed, sizes)[in_order])
 
     def priority(self, request):

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lssim.loop.columns import stable_smallest
 from lssim.loop.core import InstanceLoad, LENGTH, STOP, GroupSpec, GroupSpecs, PromptPool, StepContext, spec_columns
 from lssim.loop.decisions import StepOutcome
 from lssim.loop.difficulty import PromptPosterior
@@ -232,3 +233,12 @@ def test_a_plan_from_columns_is_the_plan_from_groups(spec, past, step):
     columns, groups = loader_batch(), list(loader_batch())  # untouched columns; the same groups as objects
     from_columns, from_groups = a.plan(ctx(step, pool=20), columns), b.plan(ctx(step, pool=20), groups)
     assert columns.untouched and list(from_columns) == list(from_groups)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(-5, 5, allow_nan=False), st.sampled_from([0.0, -0.0, 1.0, -1.0])), max_size=60),
+       st.integers(-1, 70))
+def test_stable_smallest_is_the_head_of_a_stable_argsort(values, k):
+    values = np.array(values, float)
+    expected = np.argsort(values, kind="stable")[:max(k, 0)]
+    assert stable_smallest(values, k).tolist() == expected.tolist()

@@ -44,6 +44,7 @@ class PromptPosterior:
         self._rows = PromptRows()  # prompt -> its row in the evidence below
         self._a, self._b = np.zeros(0), np.zeros(0)  # a row's evidence, decayed to step _t
         self._t = np.zeros(0, np.int64)
+        self._decay_powers = np.ones(1)  # step_decay ** gap, by gap
 
     def _decayed(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The evidence of each row at `step` (rows -1: none yet)."""
@@ -56,10 +57,15 @@ class PromptPosterior:
             gap = np.where(known, step - self._t[safe], 0)
             late = gap > 0
             if late.any():
-                gaps, at = np.unique(gap[late], return_inverse=True)
-                factor = np.array([self.step_decay ** g for g in gaps.tolist()])[at]  # as one prompt's decay
+                factor = self._powers(int(gap.max()))[gap[late]]
                 a[late], b[late] = a[late] * factor, b[late] * factor
         return a, b
+
+    def _powers(self, top: int) -> np.ndarray:
+        """step_decay ** g for g = 0..top, each a Python float power (what one prompt's decay computes), kept."""
+        if len(self._decay_powers) <= top:
+            self._decay_powers = np.array([self.step_decay ** g for g in range(2 * top + 1)])
+        return self._decay_powers
 
     def update(self, step: int, prompt_ids: np.ndarray, rewards: np.ndarray, scale: RewardScale = RewardScale()) -> None:
         """Add the responses that ended at `step` (one prompt id and reward per response, on `scale`)."""
@@ -75,7 +81,7 @@ class PromptPosterior:
         n = len(self._rows)
         self._a, self._b, self._t = grown(self._a, n), grown(self._b, n), grown(self._t, n)
         self._t[before:] = step  # a new prompt's evidence: none, as of now
-        touched = np.unique(rows)
+        touched = np.flatnonzero(np.bincount(rows, minlength=n))  # the rows updated, in order
         a, b = self._decayed(touched, step)
         # bincount adds each weight to its row in order: each prompt's counts summed response by response
         successes, failures = np.bincount(rows, x, n)[touched], np.bincount(rows, 1.0 - x, n)[touched]
@@ -90,7 +96,10 @@ class PromptPosterior:
 
     def mean(self, prompt_ids: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(posterior mean solve rate, evidence = pseudo-responses seen after decay) of each prompt."""
-        alpha, beta = self.params(prompt_ids, step)
+        return self.mean_of(*self.params(prompt_ids, step))
+
+    def mean_of(self, alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`mean` from `params` already read."""
         return alpha / (alpha + beta), alpha + beta - self.prior_a - self.prior_b
 
     def __len__(self) -> int:

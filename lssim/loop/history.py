@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lssim.loop.columns import runs, stable_argsort
 from lssim.loop.core import LENGTH, STOP
 from lssim.loop.prompt_rows import PromptRows, grown
 
@@ -66,10 +67,9 @@ class LengthHistory:
 
     def _add(self, rows: np.ndarray, lens: np.ndarray) -> None:
         """Append each length to its row's ring, in order (as a deque of maxlen `keep` would), and refresh the sums."""
-        order = np.argsort(rows, kind="stable")
+        order = stable_argsort(rows)
         sorted_rows = rows[order]
-        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-        sizes = np.diff(np.r_[starts, len(rows)])
+        starts, sizes = runs(sorted_rows)
         rank = np.arange(len(rows)) - np.repeat(starts, sizes)  # its place among the step's lengths of its row
         last = rank >= np.repeat(sizes, sizes) - self.keep  # only a row's latest `keep` lengths stay in its ring
         touched = sorted_rows[starts]

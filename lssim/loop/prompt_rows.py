@@ -7,10 +7,12 @@ import numpy as np
 
 
 class PromptRows:
-    """Each prompt id seen gets the next row, in the order first added."""
+    """Each prompt id seen gets the next row, in the order first added. Ids that are small non-negative numbers (a
+    trace's, a dataset's) are looked up in a table indexed by id; others by a binary search over the sorted ids."""
 
     def __init__(self):
         self.row: dict[int, int] = {}
+        self._table: np.ndarray | None = None  # id -> row (-1: none), where the ids are dense enough (_table)
         self._sorted_ids = np.zeros(0, np.int64)
         self._sorted_rows = np.zeros(0, np.int64)
 
@@ -20,8 +22,12 @@ class PromptRows:
     def find(self, prompt_ids: np.ndarray) -> np.ndarray:
         """Each id's row, -1 for an id never added."""
         ids = np.asarray(prompt_ids, np.int64)
-        if not len(self._sorted_ids):
+        table = self._table
+        if not len(self.row):
             return np.full(len(ids), -1, np.int64)
+        if table is not None:
+            inside = (ids >= 0) & (ids < len(table))
+            return table[ids] if inside.all() else np.where(inside, table[np.where(inside, ids, 0)], -1)
         at = np.minimum(np.searchsorted(self._sorted_ids, ids), len(self._sorted_ids) - 1)
         return np.where(self._sorted_ids[at] == ids, self._sorted_rows[at], -1)
 
@@ -37,7 +43,17 @@ class PromptRows:
         order = np.argsort(ids, kind="stable")
         self._sorted_ids = ids[order]
         self._sorted_rows = np.concatenate([self._sorted_rows, np.arange(first, first + len(new))])[order]
+        self._table = _table(self._sorted_ids, self._sorted_rows)
         return self.find(prompt_ids)
+
+
+def _table(sorted_ids: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """id -> row over 0..max id, where the ids are non-negative and dense enough for it to stay small."""
+    if sorted_ids[0] < 0 or sorted_ids[-1] >= 8 * len(sorted_ids) + 65536:
+        return None
+    table = np.full(int(sorted_ids[-1]) + 1, -1, np.int64)
+    table[sorted_ids] = rows
+    return table
 
 
 def grown(values: np.ndarray, rows: int) -> np.ndarray:

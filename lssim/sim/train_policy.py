@@ -55,12 +55,10 @@ def group_advantages(rewards: np.ndarray, sizes: np.ndarray, eps: float = 1e-6) 
         out[starts[g]:starts[g] + sizes[g]] = grpo_advantages(rewards[starts[g]:starts[g] + sizes[g]], eps)
     for n in np.unique(sizes[finite & (sizes >= 2)]).tolist():
         of = np.flatnonzero(finite & (sizes == n))
-        at = (starts[of][:, None] + np.arange(n)).ravel()
-        rows = rewards[at].reshape(len(of), n)
+        at = starts[of][:, None] + np.arange(n)  # row k: the members of group of[k]
+        rows = rewards.reshape(len(of), n) if len(of) * n == len(rewards) else rewards[at]
         std = rows.std(axis=1, keepdims=True)
-        signal = (std != 0.0).ravel()
-        adv = (rows - rows.mean(axis=1, keepdims=True)) / (std + eps)
-        out[at.reshape(len(of), n)[signal]] = adv[signal]
+        out[at] = np.where(std != 0.0, (rows - rows.mean(axis=1, keepdims=True)) / (std + eps), 0.0)
     return out
 
 
