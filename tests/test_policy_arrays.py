@@ -223,7 +223,7 @@ def test_spec_columns_read_a_loader_batch_without_making_its_groups():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["ar3po", "vade", "vade(min_evidence=0.5)", "ar3po(max_samples=3)"]),
+@given(st.sampled_from(["ar3po", "vade", "vade(min_evidence=0.5)", "ar3po(max_samples=3)", "alc", "alc(start_fraction=1.0)"]),
        st.lists(st.tuples(st.integers(8, 16), st.sampled_from([0.0, 1.0, 0.5])), max_size=40), st.integers(0, 3))
 def test_a_plan_from_columns_is_the_plan_from_groups(spec, past, step):
     a, b = make_policy(spec), make_policy(spec)
