@@ -117,6 +117,11 @@ class EBS(Policy):
         self._slots: Slots | None = None
         self._load: list[float] = []  # instance -> predicted KV its responses read
 
+    def __setstate__(self, state: dict) -> None:
+        if "_batches" not in state:  # a checkpoint written when the batches were tuples (between steps: plan remakes them)
+            state = {**{k: v for k, v in state.items() if k != "batches"}, "_batches": Batches.empty(), "_slots": None}
+        self.__dict__.update(state)
+
     @property
     def batches(self) -> list[tuple[float, float, int, list[int]]]:
         """This step's batches as (longest prediction, load, bucket, prompt ids)."""

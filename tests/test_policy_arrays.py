@@ -242,3 +242,34 @@ def test_stable_smallest_is_the_head_of_a_stable_argsort(values, k):
     values = np.array(values, float)
     expected = np.argsort(values, kind="stable")[:max(k, 0)]
     assert stable_smallest(values, k).tolist() == expected.tolist()
+
+
+def test_a_checkpoint_of_the_per_prompt_state_reads_back_into_the_arrays():
+    import pickle
+
+    ref, post = DequeHistory(3), DictPosterior()
+    for step, rows in enumerate([[(1, 10), (2, 20), (1, 30)], [(1, 40), (1, 50), (3, 7)]]):
+        o = outcome(step, [p for p, _ in rows], [n for _, n in rows], [STOP] * len(rows), [n % 2 for _, n in rows])
+        ref.update(o)
+        post.update(step, o.prompt_id, o.reward, RewardScale())
+    old_history = {"keep": 3, "_lengths": ref.q, "_total": ref.total, "_total_sq": ref.total_sq, "_count": ref.count}
+    h = LengthHistory.__new__(LengthHistory)
+    h.__setstate__(dict(old_history))
+    for p in (1, 2, 3, 4):
+        assert _same(h.mean(p), ref.mean(p)) and _same(h.remaining(p, 15), ref.remaining(p, 15))
+    o = outcome(2, [1, 1], [60, 70], [STOP, STOP])  # the oldest lengths leave first, as from the deque
+    h.update(o)
+    ref.update(o)
+    assert _same(h.mean(1), ref.mean(1)) and _same(h.global_mean(), ref.total / ref.count)
+    p = PromptPosterior.__new__(PromptPosterior)
+    p.__setstate__({"prior_a": 1.0, "prior_b": 1.0, "step_decay": 0.98, "visit_decay": 0.7, "_evidence": dict(post.e)})
+    ids = np.arange(5)
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(p.params(ids, 4), post.params(ids, 4)))
+    again = pickle.loads(pickle.dumps(h))  # and the arrays' own state round-trips
+    assert _same(again.mean(1), h.mean(1)) and len(again) == len(h)
+    ebs = make_policy("ebs")
+    old_ebs = {k: v for k, v in ebs.__dict__.items() if k not in ("_batches", "_slots")}
+    restored = type(ebs).__new__(type(ebs))
+    restored.__setstate__({**old_ebs, "batches": [(1.0, 0.5, 0, [7])], "_slots": {7: deque([0])}})
+    restored.plan(ctx(), [GroupSpec(7, 2, 1000)])
+    assert restored.batches == [(1000.0, 1000.0 ** 2, 2, [7, 7])]  # nothing known: the budget, in the long bucket

@@ -46,6 +46,18 @@ class PromptPosterior:
         self._t = np.zeros(0, np.int64)
         self._decay_powers = np.ones(1)  # step_decay ** gap, by gap
 
+    def __setstate__(self, state: dict) -> None:
+        evidence = state.pop("_evidence", None)  # a checkpoint written when the evidence was a dict per prompt
+        if evidence is None:
+            self.__dict__.update(state)
+            return
+        self.__init__(state["prior_a"], state["prior_b"], state["step_decay"], state["visit_decay"])
+        rows = self._rows.add(np.fromiter(evidence, np.int64, len(evidence)))
+        n = len(self._rows)
+        self._a, self._b, self._t = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
+        for row, (a, b, t) in zip(rows.tolist(), evidence.values()):
+            self._a[row], self._b[row], self._t[row] = a, b, t
+
     def _decayed(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The evidence of each row at `step` (rows -1: none yet)."""
         known = rows >= 0

@@ -45,6 +45,16 @@ class LengthHistory:
         self._total_sq = 0.0
         self._count = 0
 
+    def __setstate__(self, state: dict) -> None:
+        lengths = state.pop("_lengths", None)  # a checkpoint written when each prompt's lengths were a deque
+        if lengths is None:
+            self.__dict__.update(state)
+            return
+        self.__init__(state["keep"])
+        for pid, q in lengths.items():  # oldest first, as the deque holds them
+            self._add(self._rows_adding(np.array([pid] * len(q), np.int64)), np.array(list(q), np.int64))
+        self._total, self._total_sq, self._count = state["_total"], state["_total_sq"], state["_count"]
+
     def update(self, outcome) -> None:
         """Remember the natural lengths of the responses that ended in a step (a `StepOutcome`)."""
         if len(outcome.prompt_id) == 0:
