@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from lssim.loop.columns import GroupBatch
-from lssim.loop.core import LENGTH, Group
+from lssim.loop.core import LENGTH, Group, GroupSpecs
 from lssim.loop.policy import Policy
 from lssim.loop.rewards import RewardScale
 
@@ -64,6 +64,9 @@ class ALC(Policy):
             self._max_tokens = ctx.max_tokens
             self.budget = max(1, int(round(self.start_fraction * ctx.max_tokens)))
         self.history.append((ctx.step, self.budget))
+        if isinstance(proposal, GroupSpecs) and proposal.untouched:  # a loader batch: its columns, budgets capped
+            return GroupSpecs(proposal.prompt_id, proposal.n_samples, np.minimum(proposal.max_tokens, self.budget),
+                              proposal.batch, proposal.members)
         return [dataclasses.replace(g, max_tokens=min(g.max_tokens, self.budget)) if g.max_tokens > self.budget else g
                 for g in proposal]
 
@@ -85,7 +88,7 @@ class ALC(Policy):
         return out
 
     def end_step(self, outcome):
-        rewards = [r for r in outcome.reward.tolist() if r == r]
+        rewards = outcome.reward[~np.isnan(outcome.reward)].tolist()
         span = self._scale.span
         if not rewards or self.budget is None:
             return

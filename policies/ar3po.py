@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.loop.core import GroupSpec
+from lssim.loop.core import GroupSpec, GroupSpecs, spec_columns
 from lssim.loop.difficulty import PromptPosterior, samples_for_one_success
 from lssim.loop.policy import Policy
 from lssim.loop.rewards import RewardScale
@@ -72,9 +72,10 @@ class AR3PO(Policy):
         self._scale = ctx.reward_scale
         if not proposal:
             return proposal
-        ids = np.array([g.prompt_id for g in proposal], dtype=np.int64)
-        sizes = np.array([g.n_samples for g in proposal], dtype=np.int64)
+        ids, sizes, budgets = (np.asarray(c, np.int64) for c in spec_columns(proposal))
         counts = self.allocate(ids, sizes, ctx.step)
+        if isinstance(proposal, GroupSpecs) and proposal.untouched:  # columns in, columns out (no loader batch, as below)
+            return GroupSpecs(ids, counts, budgets)
         return [GroupSpec(g.prompt_id, int(k), g.max_tokens, g.priority, g.instance) for g, k in zip(proposal, counts.tolist())]
 
     def end_step(self, outcome):

@@ -60,6 +60,7 @@ class EntropyPrune(Policy):
         _fraction(pruned_fraction, "pruned_fraction", False)
         self.window, self.threshold, self.compact = window, float(threshold), compact
         self.computed_fraction, self.pruned_fraction, self.measurement = computed_fraction, pruned_fraction, measurement
+        self._measured: tuple[float, float] | None = None  # (computed, pruned) fractions measured, once read
 
     def train_mask(self, batch: TrainBatch) -> TrainMask:
         if batch.logprobs is not None:
@@ -68,8 +69,10 @@ class EntropyPrune(Policy):
 
         computed, pruned = self.computed_fraction, self.pruned_fraction
         if computed is None or pruned is None:
-            settings = {"window": self.window, "threshold": self.threshold, "compact": True}
-            m_computed, m_pruned = measured_fractions(self.measurement or MEASUREMENT, "entropy", settings)
+            if self._measured is None:  # read once: the measurement does not change during a run
+                settings = {"window": self.window, "threshold": self.threshold, "compact": True}
+                self._measured = measured_fractions(self.measurement or MEASUREMENT, "entropy", settings)
+            m_computed, m_pruned = self._measured
             computed = m_computed if computed is None else computed
             pruned = m_pruned if pruned is None else pruned
         return measured_mask(batch, computed if self.compact else 1.0, pruned)

@@ -55,6 +55,7 @@ class G2TP(Policy):
         if computed_fraction is not None and not (isinstance(computed_fraction, (int, float)) and 0 < computed_fraction <= 1):
             raise ValueError(f"g2tp: computed_fraction must be in (0, 1] or None (measured), got {computed_fraction!r}")
         self.fraction, self.compact, self.computed_fraction, self.measurement = float(fraction), compact, computed_fraction, measurement
+        self._measured: float | None = None  # the measured computed_fraction, once read
 
     def train_mask(self, batch: TrainBatch) -> TrainMask:
         if batch.logprobs is not None:
@@ -63,7 +64,9 @@ class G2TP(Policy):
 
         computed = self.computed_fraction
         if computed is None:
-            path = self.measurement or MEASUREMENT
-            computed = 1.0 if not self.compact or self.fraction == 0 else measured_fractions(
-                path, "g2tp", {"fraction": self.fraction, "compact": True})[0]
+            if self._measured is None:  # read once: the measurement does not change during a run
+                path = self.measurement or MEASUREMENT
+                self._measured = 1.0 if not self.compact or self.fraction == 0 else measured_fractions(
+                    path, "g2tp", {"fraction": self.fraction, "compact": True})[0]
+            computed = self._measured
         return measured_mask(batch, computed, self.fraction)

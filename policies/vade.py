@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.loop.core import GroupSpec
+from lssim.loop.columns import stable_smallest
+from lssim.loop.core import GroupSpec, GroupSpecs
 from lssim.loop.difficulty import PromptPosterior
 from lssim.loop.policy import Policy
 from lssim.loop.rewards import RewardScale
@@ -58,7 +59,10 @@ class VADE(Policy):
 
     def tiers(self, prompt_ids: np.ndarray, step: int) -> np.ndarray:
         """0 = easy (skipped), 1 = medium, 2 = hard, per prompt."""
-        p, n = self.posterior.mean(prompt_ids, step)
+        return self._tiers(*self.posterior.params(prompt_ids, step))
+
+    def _tiers(self, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+        p, n = self.posterior.mean_of(alpha, beta)
         known = n >= self.min_evidence
         return np.where(known & (p >= self.easy_above), 0, np.where(known & (p > self.hard_below), 1, 2))
 
@@ -67,21 +71,30 @@ class VADE(Policy):
         if not proposal:
             return proposal
         pool = ctx.pool.prompt_id
-        tier = self.tiers(pool, ctx.step)
+        alpha, beta = self.posterior.params(pool, ctx.step)
+        tier = self._tiers(alpha, beta)
         self.last_tiers = {"easy": int((tier == 0).sum()), "medium": int((tier == 1).sum()), "hard": int((tier == 2).sum())}
         candidates = np.flatnonzero(tier > 0)
         if len(candidates) == 0:
             return []
-        alpha, beta = self.posterior.params(pool[candidates], ctx.step)
-        sampled = ctx.rng.beta(alpha, beta)
+        sampled = ctx.rng.beta(alpha[candidates], beta[candidates])
         score = sampled * (1.0 - sampled)
-        chosen = candidates[np.argsort(-score, kind="stable")[:len(proposal)]]
+        chosen = candidates[stable_smallest(-score, len(proposal))]
+        if isinstance(proposal, GroupSpecs) and proposal.untouched:  # columns in, columns out (no loader batch, as below)
+            return self._plan_columns(ctx, proposal, pool[chosen], tier[chosen])
         plan = []
         for g, i in zip(proposal, chosen.tolist()):
             fraction = self.hard_budget if tier[i] == 2 else self.medium_budget
             budget = max(1, min(g.max_tokens, int(round(ctx.max_tokens * fraction))))
             plan.append(GroupSpec(int(pool[i]), g.n_samples, budget, g.priority, g.instance))
         return plan
+
+    def _plan_columns(self, ctx, proposal: GroupSpecs, prompt_ids: np.ndarray, tiers: np.ndarray) -> GroupSpecs:
+        """`plan`'s groups as columns: the proposal's first group sizes and budgets, each capped by its tier's budget."""
+        k = len(prompt_ids)
+        hard, medium = (int(round(ctx.max_tokens * f)) for f in (self.hard_budget, self.medium_budget))
+        budgets = np.maximum(1, np.minimum(proposal.max_tokens[:k], np.where(tiers == 2, hard, medium)))
+        return GroupSpecs(np.asarray(prompt_ids, np.int64), proposal.n_samples[:k], budgets.astype(np.int64))
 
     def end_step(self, outcome):
         self.posterior.update(outcome.step, outcome.prompt_id, outcome.reward, self._scale)

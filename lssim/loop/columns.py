@@ -371,6 +371,19 @@ def stable_argsort(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def stable_smallest(values: np.ndarray, k: int) -> np.ndarray:
+    """np.argsort(values, kind="stable")[:k] for numbers without NaN, sorting only those k (a partition finds them;
+    ties at the k-th value go in index order, as the stable sort takes them)."""
+    if k >= len(values):
+        return np.argsort(values, kind="stable")
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    kth = np.partition(values, k - 1)[k - 1]
+    below = np.flatnonzero(values < kth)
+    chosen = np.sort(np.concatenate([below, np.flatnonzero(values == kth)[:k - len(below)]]))
+    return chosen[np.argsort(values[chosen], kind="stable")]
+
+
 def rid_order(rid: np.ndarray) -> np.ndarray:
     """np.argsort(rid, kind="stable") for rids, quicker where they are distinct and cover one range (a step's are,
     in whatever order a priority hook left them): one scatter instead of a sort."""

@@ -259,6 +259,15 @@ class StepContext:
     reward_scale: RewardScale = RewardScale()  # the run's reward range: what "correct" and "lowest" mean (lssim.loop.rewards)
 
 
+def spec_columns(proposal) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt_id, n_samples, max_tokens) of each group of a plan, as int64 arrays: read from the columns of a
+    GroupSpecs no one has read a member of (so the plan stays columns for the controller), else from the objects."""
+    if isinstance(proposal, GroupSpecs) and proposal.untouched:
+        return proposal.prompt_id, proposal.n_samples, proposal.max_tokens
+    fields = np.array([(g.prompt_id, g.n_samples, g.max_tokens) for g in proposal], np.int64).reshape(-1, 3)
+    return fields[:, 0], fields[:, 1], fields[:, 2]
+
+
 @dataclass(slots=True)
 class RolloutState:
     """Counters of the rollout phase in progress, kept by the controller and read by policies."""

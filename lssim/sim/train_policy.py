@@ -43,16 +43,37 @@ def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return out
 
 
+def group_advantages(rewards: np.ndarray, sizes: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """`grpo_advantages` of consecutive groups of `sizes` members, at once: the groups of one size with every reward
+    finite as the rows of one array (numpy reduces each row as it reduces one group's array), any other group alone."""
+    rewards, sizes = np.asarray(rewards, dtype=float), np.asarray(sizes, np.int64)
+    out = np.zeros(len(rewards))
+    starts = np.cumsum(sizes) - sizes
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    finite = np.bincount(group, ~np.isfinite(rewards), len(sizes)) == 0
+    for g in np.flatnonzero(~finite).tolist():
+        out[starts[g]:starts[g] + sizes[g]] = grpo_advantages(rewards[starts[g]:starts[g] + sizes[g]], eps)
+    for n in np.unique(sizes[finite & (sizes >= 2)]).tolist():
+        of = np.flatnonzero(finite & (sizes == n))
+        at = starts[of][:, None] + np.arange(n)  # row k: the members of group of[k]
+        rows = rewards.reshape(len(of), n) if len(of) * n == len(rewards) else rewards[at]
+        std = rows.std(axis=1, keepdims=True)
+        out[at] = np.where(std != 0.0, (rows - rows.mean(axis=1, keepdims=True)) / (std + eps), 0.0)
+    return out
+
+
 def sim_batch(groups, step: int, signal_only: bool = False) -> TrainBatch:
     """The batch a SimTrainer prices (every member of the groups; `signal_only`: of groups with signal) as a
-    TrainBatch without tokens."""
-    from lssim.loop.columns import gather
+    TrainBatch without tokens, read from the groups' columns (no Group object is made for a step's GroupBatch)."""
+    from lssim.loop.columns import gather, with_signal
 
-    trained = [g for g in groups if not signal_only or g.has_signal]
-    cols, sizes = gather(trained)
-    advantage = [a for g in trained for a in grpo_advantages(g.rewards)]
-    return TrainBatch(step, cols.prompt_len, cols.generated, np.array(advantage, float),
-                      np.repeat(np.arange(len(trained)), sizes), rid=cols.rid)
+    cols, sizes = gather(groups)
+    rewards = np.asarray(cols.reward, dtype=float)
+    keep = with_signal(rewards, sizes) if signal_only else np.ones(len(sizes), bool)
+    members = np.repeat(keep, sizes)
+    sizes = sizes[keep]
+    return TrainBatch(step, cols.prompt_len[members], cols.generated[members], group_advantages(rewards[members], sizes),
+                      np.repeat(np.arange(len(sizes)), sizes), rid=cols.rid[members])
 
 
 def measured_mask(batch: TrainBatch, computed_fraction: float, pruned_fraction: float) -> TrainMask:
