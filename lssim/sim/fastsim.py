@@ -48,7 +48,15 @@ def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray
 
 
 def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) -> np.ndarray:
-    """Run `requests` (lssim.loop.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
+    """`run_batch_boundaries`' rows only (SimEngine.run_batch)."""
+    return run_batch_boundaries(engine, requests, queue, progress)[0]
+
+
+def run_batch_boundaries(engine, requests, queue: np.ndarray | None = None, progress=None) -> tuple:
+    """(rows, boundary, clock): `run_batch`'s rows, and for each the boundary that ended it (one number per boundary,
+    increasing in the order the event engine's heap pops them) and the engine's clock once it popped that boundary
+    (its heap key: the instance's clock before the span plus what it owed plus the span, which may differ in the last
+    bit from the finish time, the clock after them). Run `requests` (lssim.loop.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
     the columns are filled as the event engine fills its Request objects, and the rows come back in the order its
     heap would end them. The engine's clock, utilization and counters move as they would have. `queue`: the rows
     in the order they were submitted (a priority hook's order), where that is not row order: the rows stay where
@@ -91,6 +99,8 @@ def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) 
         engine.clock = max(now, float(event_t[popped].max()))
     # Fill the columns as the event engine fills its requests, and give the rows in its order of finishes.
     ended, ended_at = ended_rows(popped, rfin0, rfinc, fin, after)
+    boundary_rank = np.empty(len(kind), np.int64)
+    boundary_rank[popped] = np.arange(len(popped))
     requests.finish_time[ended] = ended_at
     requests.first_token_time[ended] = first_token[first_rec[ended]]
     requests.submit_time[:] = now
@@ -100,7 +110,8 @@ def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) 
     requests.natural_len[:], requests.natural_reward[:] = length, reward  # what they would have been unstopped
     if stops is not None:
         _note_stops(engine, requests, stops, planned_reward, length, reward)
-    return ended
+    ending = fin_rec[ended]
+    return ended, boundary_rank[ending], event_t[ending]
 
 
 def _note_stops(engine, requests, stops, planned_reward: np.ndarray, length: np.ndarray, reward: np.ndarray) -> None:
