@@ -23,7 +23,7 @@ from lssim.loop.policy import make_policy
 from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import OracleLengths, Workload
-from test_fastpath import PROFILED, ROOFLINE, TRAIN, make_trace
+from test_fastpath import PROFILED, ROOFLINE, TRAIN, make_trace, run
 
 ENDING = ["april", "april(over_provision=1.5, max_carry_steps=1)", "april(over_provision=3.0, max_carry_steps=2)",
           "rollpacker", "rollpacker(ratio=2.0)", "rollpacker+april"]
@@ -102,3 +102,28 @@ def controller(trace: pd.DataFrame, policy: str, cost, n_instances: int, max_num
     modes = ModeConfig(mode="collocated", rollout_devices=n_instances, train_devices=n_instances)
     return Controller(engine, SimTrainer(engine, TRAIN, n_devices=n_instances, collocated=True), wl, make_policy(policy),
                       cfg, mode=modes.build(), oracle_length=OracleLengths(wl))
+
+
+def assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode="collocated"):
+    """The run on the cut route (lssim.sim.cut_route) and on the event engine alone: the same frames and counters."""
+    slow, slow_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=False)
+    fast, fast_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=True)
+    assert fast_engine._cut and not slow_engine._cut
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=False, rtol=1e-9, atol=0)
+    pd.testing.assert_frame_equal(fast.responses, slow.responses, check_exact=False, rtol=1e-9, atol=0)
+    assert fast_engine.preemptions == slow_engine.preemptions
+    assert fast_engine.sources == slow_engine.sources
+    assert fast_engine.clock == pytest.approx(slow_engine.clock, rel=1e-12)
+    assert fast_engine.utilization() == pytest.approx(slow_engine.utilization(), rel=1e-12)
+    return fast, fast_engine
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), steps=st.integers(1, 4), prompts=st.integers(1, 6), group=st.integers(1, 4),
+       max_len=st.integers(1, 300), n_instances=st.integers(1, 3), max_num_seqs=st.integers(1, 8),
+       slack=st.integers(0, 400), policy=st.sampled_from(ENDING), cost=st.sampled_from([PROFILED, ROOFLINE]))
+def test_the_cut_route_equals_the_event_engine(seed, steps, prompts, group, max_len, n_instances, max_num_seqs, slack,
+                                               policy, cost):
+    trace = make_trace(np.random.default_rng(seed), steps, prompts, group, max_len)
+    kv = int((trace["prompt_len"] + trace["max_tokens"]).max()) + slack
+    assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv)

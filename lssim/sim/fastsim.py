@@ -66,6 +66,7 @@ def run_batch_boundaries(engine, requests, queue: np.ndarray | None = None, prog
     run). `progress`: the policy's stops (Policy.progress_stops, asked with the submission's
     lssim.sim.checkpoints.Checkpoints), run as the event engine runs the aborts they are (lssim.sim.event_kernels)."""
     plan = schedule(engine, requests, queue, progress)
+    count_sources(engine, plan.answers[5])
     commit(engine, plan)
     return fill(engine, requests, plan)
 
@@ -124,9 +125,9 @@ def schedule(engine, requests, queue: np.ndarray | None = None, progress=None) -
 
 
 def commit(engine, plan: Schedule) -> None:
-    """The engine as the schedule leaves it once every row ended: clocks, utilization and counters."""
+    """The engine as the schedule leaves it once every row ended: clocks, utilization and counters (not the sources
+    of its answers: count_sources)."""
     event_t, _, _, t, busy, seqs, owed = plan.clocks
-    count_sources(engine, plan.answers[5])
     _note_speculation(engine, plan.records[2], plan.records[4])
     for i, x in enumerate(engine.instances):
         x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
