@@ -164,8 +164,9 @@ class Engine(Protocol):
         submission through `run_cut` (the simulator); an engine that streams ignores it (False)."""
         return False
 
-    def run_cut(self, requests, cut_at):
-        """A submission (Request objects, in the order queued, an idle engine) scheduled whole and cut at the boundary
+    def run_cut(self, requests, columns, cut_at):
+        """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
+        lssim.loop.columns.RequestColumns, which it may fill) scheduled whole and cut at the boundary
         `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
         the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
         leaves them there (abort them as usual). None: the engine could not, nothing ran (submit them instead)."""

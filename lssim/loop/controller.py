@@ -234,7 +234,7 @@ class Controller:
         else:
             s.fresh = register(fresh, s)
             submission = self._launch(s)  # carried responses and the plan's, in one submission
-            if not (self._cut and self._rollout_cut(submission, s)):
+            if not (self._cut and self._rollout_cut(submission, fresh, s)):
                 self.engine.submit(submission)
                 self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
             self._settle_unfinished(s)  # what still runs is carried or dropped
@@ -299,11 +299,15 @@ class Controller:
         self._drop_stale(s)
         return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
 
-    def _rollout_cut(self, submission: list[Request], s: StepState) -> bool:
+    def _rollout_cut(self, submission: list[Request], fresh: RequestColumns, s: StepState) -> bool:
         """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
         (Engine.run_cut): the responses ended by then are booked as the event route books them; False if the engine
-        left it to the event route."""
-        ended = self.engine.run_cut(submission, self.policy.end_rollout_at)
+        left it to the event route. `fresh`: the plan's requests as the columns they were made from."""
+        carried = [r for r in s.carried_in if not r.done]
+        queued_as_made = not (self._asks["priority"] or self._asks["place"])  # else the submission is in another order
+        columns = (RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh) if queued_as_made \
+            else RequestColumns.of(submission)
+        ended = self.engine.run_cut(submission, columns, self.policy.end_rollout_at)
         if ended is None:
             return False
         state, tell = s.rollout, self._asks["on_finish"]

@@ -22,14 +22,16 @@ from lssim.sim.fastsim import Schedule, commit, count_sources, fill, schedule
 from lssim.sim.fastsim_kernels import _START, instance_clocks
 
 
-def run_cut(engine, requests: list[Request], cut_at) -> list[Request] | None:
-    """Run `requests` (the submission, in the order it is queued) on the idle engine until the boundary `cut_at`
+def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) -> list[Request] | None:
+    """Run `requests` (the submission, in the order it is queued; `columns`: the same as columns, filled here as the
+    batch route fills them) on the idle engine until the boundary `cut_at`
     (Policy.end_rollout_at, asked with the schedule's lssim.loop.rollout_cut.RolloutProgress) names, or to their end;
     the responses ended by then, in the order the event engine ends them, filled as it fills them. The others are in
     flight in the engine, as in the event engine at that boundary. None: left to the event engine (nothing ran)."""
+    if len(columns) != len(requests):
+        raise ValueError(f"run_cut: {len(requests)} requests but {len(columns)} rows of columns")
     if engine._spec_batch or not requests:
         return None
-    columns = RequestColumns.of(requests)
     plan = schedule(engine, columns)
     if plan.preemptions:
         return None

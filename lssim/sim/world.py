@@ -145,13 +145,13 @@ class SimEngine(Engine):
         self._cut = bool(on) and self.batch_route
         return self._cut
 
-    def run_cut(self, requests, cut_at):
+    def run_cut(self, requests, columns, cut_at):
         """A submission scheduled whole and cut where `cut_at` (Policy.end_rollout_at) says; see lssim.sim.cut_route."""
         if not self._cut:
             raise RuntimeError("run_cut before set_cut_rollout(True)")
         from lssim.sim.cut_route import run_cut
 
-        return run_cut(self, requests, cut_at)
+        return run_cut(self, requests, columns, cut_at)
 
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost
