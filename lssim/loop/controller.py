@@ -28,7 +28,7 @@ from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rewards import RewardScale
-from lssim.loop.rollout_books import end_response, order, register, rollout_batch
+from lssim.loop.rollout_books import end_response, order, register, rollout_batch, rollout_cut
 
 
 @dataclass(slots=True)
@@ -123,22 +123,24 @@ class Controller:
 
     def _batch_rollout(self) -> bool:
         """True when a step's rollout is one submission drained to its end (and any top-ups, each drained in turn): no
-        per-event hook without an array form (Policy.reacts_to_events) and a mode that neither ends the rollout early
-        nor keeps or interrupts it."""
-        mode = self.mode
+        per-event hook without an array form (Policy.reacts_to_events) and a mode that runs a rollout whole."""
         # top_up is asked only once nothing is in flight, and on_finish's array form only keeps the policy's books:
         # neither reacts to a single event (lssim.loop.rollout_books.rollout_batch).
-        return (not self.policy.reacts_to_events() and not mode.keeps_generating and not mode.interrupts
-                and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
+        return not self.policy.reacts_to_events() and self._mode_runs_whole()
 
     def _cut_rollout(self) -> bool:
         """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
-        the whole schedule (Policy.ends_in_batches): no progress checkpoints, no top-ups, and a mode as _batch_rollout."""
-        policy, mode = self.policy, self.mode
+        the whole schedule (Policy.ends_in_batches): no progress checkpoints, no top-ups, no group streamed to training."""
+        policy = self.policy
         return (policy.overrides("end_rollout") and policy.ends_in_batches() and not policy.overrides("on_progress")
-                and not policy.overrides("top_up") and not mode.keeps_generating and not mode.interrupts
-                and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake
-                and type(mode).group_done is ModeHooks.group_done)
+                and not policy.overrides("top_up") and self._mode_runs_whole()
+                and type(self.mode).group_done is ModeHooks.group_done)
+
+    def _mode_runs_whole(self) -> bool:
+        """The mode neither ends a rollout early nor keeps or interrupts it."""
+        mode = self.mode
+        return (not mode.keeps_generating and not mode.interrupts and type(mode).rollout_done is ModeHooks.rollout_done
+                and type(mode).on_wake is ModeHooks.on_wake)
 
     def set_lower_bound(self, bound: LowerBound | None) -> None:
         """The bound each step's row prices its rollout against (made once the engine's cost model is set up)."""
@@ -234,7 +236,7 @@ class Controller:
         else:
             s.fresh = register(fresh, s)
             submission = self._launch(s)  # carried responses and the plan's, in one submission
-            if not (self._cut and self._rollout_cut(submission, fresh, s)):
+            if not (self._cut and rollout_cut(submission, fresh, s, self.engine, self.policy, self._asks)):
                 self.engine.submit(submission)
                 self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
             self._settle_unfinished(s)  # what still runs is carried or dropped
@@ -298,26 +300,6 @@ class Controller:
         s.rollout.requests_in_flight = len(s.in_flight)
         self._drop_stale(s)
         return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
-
-    def _rollout_cut(self, submission: list[Request], fresh: RequestColumns, s: StepState) -> bool:
-        """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
-        (Engine.run_cut): the responses ended by then are booked as the event route books them; False if the engine
-        left it to the event route. `fresh`: the plan's requests as the columns they were made from."""
-        carried = [r for r in s.carried_in if not r.done]
-        queued_as_made = not (self._asks["priority"] or self._asks["place"])  # else the submission is in another order
-        columns = (RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh) if queued_as_made \
-            else RequestColumns.of(submission)
-        ended = self.engine.run_cut(submission, columns, self.policy.end_rollout_at)
-        if ended is None:
-            return False
-        state, tell = s.rollout, self._asks["on_finish"]
-        for r in ended:
-            end_response(r, s)
-            if tell:
-                self.policy.on_finish(r, state)
-        if ended:
-            state.now = ended[-1].finish_time
-        return True
 
     def _drop_stale(self, s: StepState) -> None:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
