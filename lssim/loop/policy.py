@@ -37,11 +37,13 @@ with a priority or place rule may also answer it for a whole submission at once,
 answer (requests placed one after another in priority order, as the controller asks place); the defaults ask
 the per-request hooks, so a policy needs them only where its rule is costly per request (oracle). A policy whose
 on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes(ended, state)` for a submission's
-ended responses at once; one whose end_rollout reads only the rollout's counters and its own books of the responses
-that ended answers `end_rollout_at(progress)` over a submission's whole schedule (april); one whose on_progress only stops, reading each response's own tokens and window signals,
+ended responses at once; one whose on_progress only stops, reading each response's own tokens and window signals,
 answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
 for numbers and arrays alike, that both forms call). A policy with end_rollout, or with on_finish or on_progress
-and no array form, runs on the event route (`reacts_to_events`). top_up needs no array form: the event route asks it
+and no array form, runs on the event route (`reacts_to_events`); one whose end_rollout reads only the rollout's
+counters and its own books of the responses that ended answers `end_rollout_at(progress)` over a submission's whole
+schedule (april, rollpacker), and the simulator then schedules each submission whole and cuts it there (the cut
+route, lssim.sim.cut_route; the event route's books). top_up needs no array form: the event route asks it
 only once nothing is in flight, so the batch route asks it after each submission has run to its end (DAPO's
 generation batches).
 
