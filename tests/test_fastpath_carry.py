@@ -23,7 +23,10 @@ from lssim.loop.policy import make_policy
 from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import OracleLengths, Workload
+from lssim.cost import ProfiledCostModel
 from test_fastpath import PROFILED, ROOFLINE, TRAIN, make_trace, run
+
+SLOW_ABORTS = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6, f0=2e-4, f1=3e-5, abort_seconds=1e-3)
 
 ENDING = ["april", "april(over_provision=1.5, max_carry_steps=1)", "april(over_provision=3.0, max_carry_steps=2)",
           "rollpacker", "rollpacker(ratio=2.0)", "rollpacker+april"]
@@ -128,3 +131,26 @@ def test_the_cut_route_equals_the_event_engine(seed, steps, prompts, group, max_
     trace = make_trace(np.random.default_rng(seed), steps, prompts, group, max_len)
     kv = int((trace["prompt_len"] + trace["max_tokens"]).max()) + slack
     assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv)
+
+
+@pytest.mark.parametrize("kv, cost", [(100_000, ROOFLINE), (100_000, SLOW_ABORTS), (700, ROOFLINE)])
+def test_the_cut_route_cuts_and_falls_back_where_it_must(monkeypatch, kv, cost):
+    """Steps cut mid-rollout on the cut route (aborts that cost the caller time too: SimEngine.abort runs them); a
+    schedule that preempts (a small cache) is left to the event engine for that step; the frames equal throughout."""
+    import lssim.sim.cut_route as cut_route
+
+    seen = {"cut": 0, "whole": 0, "event": 0}
+    real = cut_route.run_cut
+
+    def counted(engine, requests, columns, cut_at):
+        ended = real(engine, requests, columns, cut_at)
+        seen["event" if ended is None else "cut" if len(ended) < len(requests) else "whole"] += 1
+        return ended
+
+    monkeypatch.setattr(cut_route, "run_cut", counted)
+    trace = make_trace(np.random.default_rng(7), 4, 6, 4, 300)
+    assert_same_cut_run(trace, "april(max_carry_steps=2)", cost, 2, 4, kv)
+    if kv < 1000:
+        assert seen["event"] > 0, seen
+    else:
+        assert seen["cut"] >= 2 and seen["event"] == 0, seen
