@@ -125,12 +125,14 @@ def assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), steps=st.integers(1, 4), prompts=st.integers(1, 6), group=st.integers(1, 4),
        max_len=st.integers(1, 300), n_instances=st.integers(1, 3), max_num_seqs=st.integers(1, 8),
-       slack=st.integers(0, 400), policy=st.sampled_from(ROUTED), cost=st.sampled_from([PROFILED, ROOFLINE]))
+       slack=st.integers(0, 400), policy=st.sampled_from(ROUTED), cost=st.sampled_from([PROFILED, ROOFLINE]),
+       mode=st.sampled_from(["collocated", "disaggregated"]))
 def test_the_cut_route_equals_the_event_engine(seed, steps, prompts, group, max_len, n_instances, max_num_seqs, slack,
-                                               policy, cost):
+                                               policy, cost, mode):
+    """(async interrupts rollouts and hybrid streams groups to training as they end: both stay on the event route)"""
     trace = make_trace(np.random.default_rng(seed), steps, prompts, group, max_len)
     kv = int((trace["prompt_len"] + trace["max_tokens"]).max()) + slack
-    assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv)
+    assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode)
 
 
 @pytest.mark.parametrize("kv, cost", [(100_000, ROOFLINE), (100_000, SLOW_ABORTS), (700, ROOFLINE)])
