@@ -37,6 +37,8 @@ the twin of that run is exact too (lssim.traces.workload.Workload.request_key). 
 
 from __future__ import annotations
 
+import numpy as np
+
 from lssim.loop.policy import CARRY, Policy, PolicyNeeds
 
 
@@ -65,8 +67,19 @@ class APRIL(Policy):
         extra = round(self.over_provision * self._target) - ctx.carried_groups - len(proposal)
         return proposal + ctx.draw(extra) if extra > 0 else proposal
 
+    def _ends(self, groups_done, must_finish_running):
+        """The rule, for numbers and arrays alike: the target's groups are done and no response that must finish
+        still runs (not on the run's last step, which runs to completion)."""
+        return (not self._last_step) & (groups_done >= self._target) & (must_finish_running == 0)
+
     def end_rollout(self, state):
-        return not self._last_step and state.groups_done >= self._target and not self._must_finish
+        return bool(self._ends(state.groups_done, len(self._must_finish)))
+
+    def end_rollout_at(self, progress):
+        must_finish = np.fromiter(self._must_finish, np.int64, len(self._must_finish))
+        running = len(must_finish) - progress.ended_by(must_finish) if len(must_finish) else 0
+        ends = np.flatnonzero(self._ends(progress.groups_done, running))
+        return int(ends[0]) if len(ends) else -1
 
     def on_unfinished(self, request):
         n = self._carries.get(request.rid, 0) + 1
@@ -78,3 +91,8 @@ class APRIL(Policy):
     def on_finish(self, request, state):
         if self._carries.pop(request.rid, None) is not None:
             self._must_finish.discard(request.rid)
+
+    def on_finishes(self, ended, state):
+        for rid in set(self._carries).intersection(ended.rid.tolist()):
+            del self._carries[rid]
+            self._must_finish.discard(rid)

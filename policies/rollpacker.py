@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from lssim.loop.core import LENGTH, POLICY_STOP, STOP, Group, GroupSpec
 from lssim.loop.policy import Policy
 
@@ -85,8 +87,27 @@ class RollPacker(Policy):
         if len(done) == self._n.get(request.prompt_id, len(done) + 1):
             self._complete += 1
 
+    def _ends(self, complete):
+        """The rule, for numbers and arrays alike: a short round ends once its target's groups are complete."""
+        return (self._round == "short") & (complete >= self._target)
+
     def end_rollout(self, state):
-        return self._round == "short" and self._complete >= self._target
+        return bool(self._ends(self._complete))
+
+    def end_rollout_at(self, progress):
+        ended = progress.ended
+        finished = np.flatnonzero(np.isin(ended.finish_reason, list(_FINISHED)))
+        group = ended.group_id[finished]
+        by_group = np.argsort(group, kind="stable")
+        sorted_group, at = group[by_group], np.arange(len(finished))
+        first = np.maximum.accumulate(np.where(np.r_[True, sorted_group[1:] != sorted_group[:-1]], at, 0))
+        count = np.empty(len(finished), np.int64)  # each finished member's place in its group, from 1 (on_finish's len(done))
+        count[by_group] = at - first + 1
+        needed = np.fromiter((self._n.get(p, -1) for p in ended.prompt_id[finished].tolist()), np.int64, len(finished))
+        completions = finished[count == needed]  # where each group's n-th finished member ended, in order
+        complete = self._complete + np.searchsorted(completions, progress.boundary_end, side="left")
+        ends = np.flatnonzero(self._ends(complete))
+        return int(ends[0]) if len(ends) else -1
 
     def select(self, groups, step):
         if self._round != "short":

@@ -158,6 +158,20 @@ class Engine(Protocol):
         policy's stops at its progress checkpoints (Policy.progress_stops), asked with the submission's checkpoints."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
 
+    def set_cut_rollout(self, on: bool) -> bool:
+        """The controller's promise that a rollout reacts to no single event but where the policy's end_rollout, asked
+        over the whole schedule (Policy.end_rollout_at), ends it. Returns True if the engine then takes each
+        submission through `run_cut` (the simulator); an engine that streams ignores it (False)."""
+        return False
+
+    def run_cut(self, requests, columns, cut_at):
+        """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
+        lssim.loop.columns.RequestColumns, which it may fill) scheduled whole and cut at the boundary
+        `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
+        the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
+        leaves them there (abort them as usual). None: the engine could not, nothing ran (submit them instead)."""
+        raise NotImplementedError(f"{type(self).__name__} streams events: it has no cut rollout")
+
 
 class TrainJob(Protocol):
     """One step's training beside the rollout (execution modes that `trains_beside`): it makes weights `version`

@@ -28,7 +28,7 @@ from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rewards import RewardScale
-from lssim.loop.rollout_books import end_response, order, register, rollout_batch
+from lssim.loop.rollout_books import end_response, order, register, rollout_batch, rollout_cut
 
 
 @dataclass(slots=True)
@@ -104,6 +104,9 @@ class Controller:
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
         self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
+        # A policy that reacts only by ending the rollout, with an array form of that rule, has each submission scheduled
+        # whole and cut where the rule ends it (lssim.loop.contracts.Engine.set_cut_rollout; the event route's books).
+        self._cut = not self._batched and bool(engine.set_cut_rollout(self._cut_rollout()))
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.loop.contracts.Engine.set_speculation).
         engine.set_speculation(policy.needs().speculation)
@@ -120,13 +123,24 @@ class Controller:
 
     def _batch_rollout(self) -> bool:
         """True when a step's rollout is one submission drained to its end (and any top-ups, each drained in turn): no
-        per-event hook without an array form (Policy.reacts_to_events) and a mode that neither ends the rollout early
-        nor keeps or interrupts it."""
-        mode = self.mode
+        per-event hook without an array form (Policy.reacts_to_events) and a mode that runs a rollout whole."""
         # top_up is asked only once nothing is in flight, and on_finish's array form only keeps the policy's books:
         # neither reacts to a single event (lssim.loop.rollout_books.rollout_batch).
-        return (not self.policy.reacts_to_events() and not mode.keeps_generating and not mode.interrupts
-                and type(mode).rollout_done is ModeHooks.rollout_done and type(mode).on_wake is ModeHooks.on_wake)
+        return not self.policy.reacts_to_events() and self._mode_runs_whole()
+
+    def _cut_rollout(self) -> bool:
+        """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
+        the whole schedule (Policy.ends_in_batches): no progress checkpoints, no top-ups, no group streamed to training."""
+        policy = self.policy
+        return (policy.overrides("end_rollout") and policy.ends_in_batches() and not policy.overrides("on_progress")
+                and not policy.overrides("top_up") and self._mode_runs_whole()
+                and type(self.mode).group_done is ModeHooks.group_done)
+
+    def _mode_runs_whole(self) -> bool:
+        """The mode neither ends a rollout early nor keeps or interrupts it."""
+        mode = self.mode
+        return (not mode.keeps_generating and not mode.interrupts and type(mode).rollout_done is ModeHooks.rollout_done
+                and type(mode).on_wake is ModeHooks.on_wake)
 
     def set_lower_bound(self, bound: LowerBound | None) -> None:
         """The bound each step's row prices its rollout against (made once the engine's cost model is set up)."""
@@ -221,8 +235,10 @@ class Controller:
                           (lambda: self._top_up_batch(s)) if self._asks["top_up"] else None)
         else:
             s.fresh = register(fresh, s)
-            self._launch(s)  # carried responses and the plan's, in one submission
-            self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
+            submission = self._launch(s)  # carried responses and the plan's, in one submission
+            if not (self._cut and rollout_cut(submission, fresh, s, self.engine, self.policy, self._asks)):
+                self.engine.submit(submission)
+                self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
             self._settle_unfinished(s)  # what still runs is carried or dropped
         end = self._train(s)
         row, books = self._record(s, end)
@@ -276,13 +292,14 @@ class Controller:
         """Groups submitted and not yet settled (trained, or dropped): the ones still to come of what was admitted."""
         return len(s.members)
 
-    def _launch(self, s: StepState) -> None:
+    def _launch(self, s: StepState) -> list[Request]:
+        """The step's requests in flight; the submission (carried and fresh, kept ones run already) in queue order."""
         s.rollout.groups_submitted = len(s.members)
         for requests in (s.kept_in, s.carried_in, s.fresh):
             s.in_flight.update((r.rid, r) for r in requests)
         s.rollout.requests_in_flight = len(s.in_flight)
         self._drop_stale(s)
-        self._submit([r for r in s.carried_in + s.fresh if not r.done])  # kept ones are running already
+        return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
 
     def _drop_stale(self, s: StepState) -> None:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their

@@ -40,7 +40,10 @@ on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes
 ended responses at once; one whose on_progress only stops, reading each response's own tokens and window signals,
 answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
 for numbers and arrays alike, that both forms call). A policy with end_rollout, or with on_finish or on_progress
-and no array form, runs on the event route (`reacts_to_events`). top_up needs no array form: the event route asks it
+and no array form, runs on the event route (`reacts_to_events`); one whose end_rollout reads only the rollout's
+counters and its own books of the responses that ended answers `end_rollout_at(progress)` over a submission's whole
+schedule (april, rollpacker), and the simulator then schedules each submission whole and cuts it there (the cut
+route, lssim.sim.cut_route; the event route's books). top_up needs no array form: the event route asks it
 only once nothing is in flight, so the batch route asks it after each submission has run to its end (DAPO's
 generation batches).
 
@@ -110,6 +113,19 @@ class Policy(PolicyHooks):
         end, so only a policy whose on_finish keeps books nothing reads before then (no on_progress or end_rollout)
         may answer it; it must leave the policy as on_finish on each response in that order does."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_finish (on_finishes)")
+
+    def ends_in_batches(self) -> bool:
+        """True when the policy has no end_rollout, or answers it as an array too (`end_rollout_at`)."""
+        return not self.overrides("end_rollout") or type(self).end_rollout_at is not Policy.end_rollout_at
+
+    def end_rollout_at(self, progress) -> int:
+        """end_rollout for a whole submission's schedule: the first boundary after which end_rollout would say the
+        rollout ends, or -1 for none. `progress` (lssim.loop.rollout_cut.RolloutProgress): the counters after each
+        boundary at which responses ended, in the order the event route asks end_rollout, and the responses ended by
+        then (on_finish has not been told of them: the rule reads its books as they stood before the first, and
+        what each ended response would change in them). It must answer what end_rollout, asked after each boundary
+        with on_finish told of that boundary's responses, first answers True at."""
+        raise NotImplementedError(f"policy {self.name} has no array form of end_rollout (end_rollout_at)")
 
     @property
     def members(self) -> list["Policy"]:
@@ -208,6 +224,14 @@ class Compose(Policy):
 
     def end_rollout(self, state):
         return any(p.end_rollout(state) for p in self._by_hook["end_rollout"])
+
+    def ends_in_batches(self):
+        return all(p.ends_in_batches() for p in self._by_hook["end_rollout"])
+
+    def end_rollout_at(self, progress):
+        # The rollout ends when any member says so: at the earliest boundary any member answers.
+        answers = [b for p in self._by_hook["end_rollout"] if (b := p.end_rollout_at(progress)) >= 0]
+        return min(answers) if answers else -1
 
     def top_up(self, state):
         return [g for p in self._by_hook["top_up"] for g in p.top_up(state)]

@@ -1,6 +1,7 @@
 """A step's rollout in its books, as functions of the step's state (lssim.loop.records.StepState) that the controller
 (lssim.loop.controller) calls: new requests registered on the event route, a response ended there, the batch route's
-whole rollout closed at once, and the policy's priorities and placements asked before a submission.
+whole rollout closed at once, the cut route's rollout (scheduled whole, cut where end_rollout ends it), and the
+policy's priorities and placements asked before a submission.
 """
 
 from __future__ import annotations
@@ -93,6 +94,30 @@ def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Polic
     if asks["on_finish"]:
         policy.on_finishes(fresh.take(rows), state)
     return rows
+
+
+def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy,
+                asks: dict[str, bool]) -> bool:
+    """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
+    (Engine.run_cut, lssim.sim.cut_route): the responses ended by then are booked as the event route books them, on_finish
+    told of each; False if the engine left it to the event route. `submission`: the requests in the order queued;
+    `fresh`: the plan's requests as the columns they were made from."""
+    carried = [r for r in s.carried_in if not r.done]
+    if asks["priority"] or asks["place"]:  # the submission is not in the order the columns were made
+        columns = RequestColumns.of(submission)
+    else:
+        columns = RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh
+    ended = engine.run_cut(submission, columns, policy.end_rollout_at)
+    if ended is None:
+        return False
+    state, tell = s.rollout, asks["on_finish"]
+    for r in ended:
+        end_response(r, s)
+        if tell:
+            policy.on_finish(r, state)
+    if ended:
+        state.now = ended[-1].finish_time
+    return True
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:

@@ -29,6 +29,8 @@ with per-event hooks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from lssim.loop.columns import stable_argsort
 from lssim.sim.checkpoints import Checkpoints
@@ -48,30 +50,66 @@ def _price_departure(cost, leaving_after: np.ndarray, leaving_before: np.ndarray
 
 
 def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) -> np.ndarray:
-    """Run `requests` (lssim.loop.columns.RequestColumns) on an idle SimEngine until every instance has ended them all:
-    the columns are filled as the event engine fills its Request objects, and the rows come back in the order its
-    heap would end them. The engine's clock, utilization and counters move as they would have. `queue`: the rows
-    in the order they were submitted (a priority hook's order), where that is not row order: the rows stay where
-    they are (a copy of every column in queue order would cost more than the run). `progress`: the policy's stops
-    (Policy.progress_stops, asked with the submission's lssim.sim.checkpoints.Checkpoints), run as the event engine
-    runs the aborts they are (lssim.sim.event_kernels)."""
+    """`run_batch_boundaries`' rows only (SimEngine.run_batch)."""
+    return run_batch_boundaries(engine, requests, queue, progress)[0]
+
+
+def run_batch_boundaries(engine, requests, queue: np.ndarray | None = None, progress=None) -> tuple:
+    """(rows, boundary, clock): `run_batch`'s rows, and for each the boundary that ended it (one number per boundary,
+    increasing in the order the event engine's heap pops them) and the engine's clock once it popped that boundary
+    (its heap key: the instance's clock before the span plus what it owed plus the span, which may differ in the last
+    bit from the finish time, the clock after them). Run `requests` (lssim.loop.columns.RequestColumns) on an idle
+    SimEngine until every instance has ended them all: the columns are filled as the event engine fills its Request
+    objects, and the rows come back in the order its heap would end them. The engine's clock, utilization and counters
+    move as they would have. `queue`: the rows in the order they were submitted (a priority hook's order), where that
+    is not row order: the rows stay where they are (a copy of every column in queue order would cost more than the
+    run). `progress`: the policy's stops (Policy.progress_stops, asked with the submission's
+    lssim.sim.checkpoints.Checkpoints), run as the event engine runs the aborts they are (lssim.sim.event_kernels)."""
+    plan = schedule(engine, requests, queue, progress)
+    count_sources(engine, plan.answers[5])
+    commit(engine, plan)
+    return fill(engine, requests, plan)
+
+
+@dataclass(slots=True)
+class Schedule:
+    """A submission's whole schedule on an idle engine, worked out and not yet committed to it: the Workload's
+    answers, the stops, each row's instance, the records of lssim.sim.fastsim_kernels.schedule_records and their
+    prices, the clocks, and the boundaries in the order the event engine's heap pops them."""
+
+    now: float
+    answers: tuple  # (length, finish reason, reward, exact, trace row, source code) per row
+    stops: object
+    inst: np.ndarray
+    order: np.ndarray
+    start_gen: np.ndarray  # tokens each row had when submitted
+    gen: np.ndarray  # tokens each row has once its schedule ends
+    records: tuple  # schedule_records' arrays, kind .. first_rec
+    preemptions: int
+    priced: tuple  # (span, prefill, first decode, departure) per record
+    clocks: tuple  # instance_clocks' answers
+    popped: np.ndarray
+
+
+def schedule(engine, requests, queue: np.ndarray | None = None, progress=None) -> Schedule:
+    """`requests`' whole schedule on the idle engine, which it leaves as it is (see run_batch_boundaries)."""
     instances, cfg = engine.instances, engine.config
     if any(inst.n or inst.pending for inst in instances):
         raise RuntimeError("batch rollout: the engine must be idle when a batch is submitted")
     n_inst, capacity, now = engine.n_instances, cfg.kv_capacity_tokens, engine.clock
     _check_fits(requests, capacity)
-    length, reason, reward, exact, trace_rows = _answers(engine, requests)
+    answers = _answers(engine, requests)
+    length, trace_rows = answers[0], answers[4]
     stops = None
     if progress is not None and engine._interval:
         stops = progress(Checkpoints(length, requests.generated, engine._interval, requests.max_tokens, trace_rows,
                                      engine.workload.signals, engine.signals))
     inst, order, touched = _dispatch(requests, n_inst, queue)
-    requests.ran_on[:] = inst
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     gen = requests.generated.copy()
-    (kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx, rfin0, rfinc, fin, fin_rec, first_rec,
-     preemptions) = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs, n_inst,
-                             None if stops is None else (stops.at, engine._interval))
+    *records, preemptions = _records(order, inst_start, requests.prompt_len, gen, length, capacity, cfg.max_num_seqs,
+                                     n_inst, None if stops is None else (stops.at, engine._interval))
+    kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx = records[:11]
     cost = engine.cost
     span = price_decode(cost, rn, rctx, rk)
     first_decode = price_decode(cost, ran, ractx, np.where(rpf > 0, 1, 0))
@@ -79,28 +117,47 @@ def run_batch(engine, requests, queue: np.ndarray | None = None, progress=None) 
     t0 = np.array([max(x.t, now) for x in instances])
     busy0 = np.array([x.busy for x in instances])
     seqs0 = np.array([x.seq_seconds for x in instances])
-    event_t, after, first_token, t, busy, seqs, owed = instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill,
-                                                              first_decode, departure, t0, busy0, seqs0)
-    _note_speculation(engine, rn, rk)
-    popped = merge_boundaries(kind, rinst, event_t, touched, n_inst)
-    for i, x in enumerate(instances):
+    clocks = instance_clocks(kind, rinst, rn, rk, rleft, rnafter, rpf, span, prefill, first_decode, departure, t0, busy0,
+                             seqs0)
+    popped = merge_boundaries(kind, rinst, clocks[0], touched, n_inst)
+    return Schedule(now, answers, stops, inst, order, requests.generated.copy(), gen, tuple(records), int(preemptions),
+                    (span, prefill, first_decode, departure), clocks, popped)
+
+
+def commit(engine, plan: Schedule) -> None:
+    """The engine as the schedule leaves it once every row ended: clocks, utilization and counters (not the sources
+    of its answers: count_sources)."""
+    event_t, _, _, t, busy, seqs, owed = plan.clocks
+    _note_speculation(engine, plan.records[2], plan.records[4])
+    for i, x in enumerate(engine.instances):
         x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
         x.version += 1
-    engine.preemptions += int(preemptions)
-    if len(popped):
-        engine.clock = max(now, float(event_t[popped].max()))
-    # Fill the columns as the event engine fills its requests, and give the rows in its order of finishes.
-    ended, ended_at = ended_rows(popped, rfin0, rfinc, fin, after)
+    engine.preemptions += plan.preemptions
+    if len(plan.popped):
+        engine.clock = max(plan.now, float(event_t[plan.popped].max()))
+
+
+def fill(engine, requests, plan: Schedule) -> tuple:
+    """The columns filled as the event engine fills its requests once every row ended; (rows in its order of finishes,
+    the boundary that ended each, the clock then) as run_batch_boundaries gives them."""
+    length, reason, reward, exact = plan.answers[:4]
+    rfin0, rfinc, fin, fin_rec, first_rec = plan.records[11:16]
+    event_t, after, first_token = plan.clocks[:3]
+    ended, ended_at = ended_rows(plan.popped, rfin0, rfinc, fin, after)
+    boundary_rank = np.empty(len(event_t), np.int64)
+    boundary_rank[plan.popped] = np.arange(len(plan.popped))
+    requests.ran_on[:] = plan.inst
     requests.finish_time[ended] = ended_at
     requests.first_token_time[ended] = first_token[first_rec[ended]]
-    requests.submit_time[:] = now
-    requests.generated[:] = gen
+    requests.submit_time[:] = plan.now
+    requests.generated[:] = plan.gen
     planned_reward = requests.reward.copy()
     requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
     requests.natural_len[:], requests.natural_reward[:] = length, reward  # what they would have been unstopped
-    if stops is not None:
-        _note_stops(engine, requests, stops, planned_reward, length, reward)
-    return ended
+    if plan.stops is not None:
+        _note_stops(engine, requests, plan.stops, planned_reward, length, reward)
+    ending = fin_rec[ended]
+    return ended, boundary_rank[ending], event_t[ending]
 
 
 def _note_stops(engine, requests, stops, planned_reward: np.ndarray, length: np.ndarray, reward: np.ndarray) -> None:
@@ -182,17 +239,23 @@ def checkpoint_room(length: np.ndarray, gen: np.ndarray, interval: int) -> int:
 
 
 def _answers(engine, requests) -> tuple:
-    """Each request's (length, finish reason, reward, exact, trace row) from the Workload, asked once over arrays
-    (lssim.traces.workload.lookup_many); the engine's source counts move as SimEngine.submit moves them."""
+    """Each request's (length, finish reason, reward, exact, trace row, source code) from the Workload, asked once over
+    arrays (lssim.traces.workload.lookup_many)."""
     from lssim.traces.workload import EXACT, SOURCES, lookup_coded
 
     step, sample = engine.workload.request_keys(requests)  # its own step's, or its loader batch's (Request.batch)
     length, reason, reward, source, rows = lookup_coded(engine.workload, step, requests.prompt_id, sample, requests.max_tokens)
+    return (np.asarray(length, np.int64), reason, np.asarray(reward, float), source == SOURCES.tolist().index(EXACT),
+            np.asarray(rows, np.int64), source)
+
+
+def count_sources(engine, source: np.ndarray) -> None:
+    """The engine's source counts move as SimEngine.submit moves them for requests it answers for the first time."""
+    from lssim.traces.workload import SOURCES
+
     for name, c in zip(SOURCES.tolist(), np.bincount(source, minlength=len(SOURCES)).tolist()):
         if c:
             engine.sources[name] += c
-    return (np.asarray(length, np.int64), reason, np.asarray(reward, float), source == SOURCES.tolist().index(EXACT),
-            np.asarray(rows, np.int64))
 
 
 def _note_speculation(engine, rn: np.ndarray, rk: np.ndarray) -> None:

@@ -91,6 +91,7 @@ class SimEngine(Engine):
         self.preemptions = 0
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
         self._batch = False  # set_batch_rollout: rollouts come whole through run_batch (lssim.sim.fastsim)
+        self._cut = False  # set_cut_rollout: submissions come whole through run_cut (lssim.sim.cut_route)
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -137,6 +138,20 @@ class SimEngine(Engine):
         from lssim.sim.fastsim import run_batch
 
         return run_batch(self, requests, queue, progress)
+
+    def set_cut_rollout(self, on: bool) -> bool:
+        """The controller's promise that a rollout reacts only where its end_rollout rule ends it: submissions then come
+        whole through run_cut (lssim.sim.cut_route). False when built with batch_route=False."""
+        self._cut = bool(on) and self.batch_route
+        return self._cut
+
+    def run_cut(self, requests, columns, cut_at):
+        """A submission scheduled whole and cut where `cut_at` (Policy.end_rollout_at) says; see lssim.sim.cut_route."""
+        if not self._cut:
+            raise RuntimeError("run_cut before set_cut_rollout(True)")
+        from lssim.sim.cut_route import run_cut
+
+        return run_cut(self, requests, columns, cut_at)
 
     def set_speculation(self, speculation) -> None:
         """Speculative decoding (or layer skip) while an instance runs at most `max_batch` sequences: the cost

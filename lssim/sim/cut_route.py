@@ -1,0 +1,135 @@
+"""The cut route: a rollout that an end_rollout rule ends early (april, rollpacker), scheduled whole and cut.
+
+The controller keeps the event route's books (Request objects, end_response and on_finish per response, on_unfinished
+and the engine's aborts for what still runs); only the engine's work changes. Its submission is scheduled whole on the
+batch route's kernels (lssim.sim.fastsim.schedule), the policy's array form of end_rollout (Policy.end_rollout_at)
+reads the schedule's boundaries (lssim.loop.rollout_cut) and names the one the event route would end at, and the engine
+is rebuilt as the event engine stands right after that boundary: each instance's clocks summed over the records it
+had popped by then (the batch route's own kernel, over those records only), its running sequences with the iteration
+and tokens they were admitted at, its queue. The controller then aborts what still runs with SimEngine.abort itself,
+so the aborts (catch-up, departures, admissions of the queue, their prefill and first tokens) are the event engine's
+by construction. A schedule that preempts, or an engine that speculates, is left to the event engine (nothing was run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lssim.loop.columns import RequestColumns
+from lssim.loop.core import FINISHED, Request
+from lssim.loop.rollout_cut import rollout_progress
+from lssim.sim.fastsim import Schedule, commit, count_sources, fill, schedule
+from lssim.sim.fastsim_kernels import _START, instance_clocks
+
+
+def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) -> list[Request] | None:
+    """Run `requests` (the submission, in the order it is queued; `columns`: the same as columns, filled here as the
+    batch route fills them) on the idle engine until the boundary `cut_at`
+    (Policy.end_rollout_at, asked with the schedule's lssim.loop.rollout_cut.RolloutProgress) names, or to their end;
+    the responses ended by then, in the order the event engine ends them, filled as it fills them. The others are in
+    flight in the engine, as in the event engine at that boundary. None: left to the event engine (nothing ran)."""
+    if len(columns) != len(requests):
+        raise ValueError(f"run_cut: {len(requests)} requests but {len(columns)} rows of columns")
+    if engine._spec_batch or not requests:
+        return None
+    plan = schedule(engine, columns)
+    if plan.preemptions:
+        return None
+    rows, boundary, clock = fill(engine, columns, plan)
+    progress = rollout_progress(columns, rows, boundary, clock)
+    cut = cut_at(progress)
+    first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
+    count_sources(engine, plan.answers[5][first_asked])
+    _remember_answers(engine, requests, plan)
+    if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
+        commit(engine, plan)
+        admitted = np.ones(len(requests), bool)
+        ended = rows
+    else:
+        ended = rows[:progress.boundary_end[cut]]
+        admitted = _rebuild_at(engine, requests, plan, int(boundary[len(ended) - 1]))
+        engine.clock = max(plan.now, float(progress.time[cut]))
+    _fill_requests(requests, columns, plan, ended, admitted)
+    return [requests[i] for i in ended.tolist()]
+
+
+def _remember_answers(engine, requests: list[Request], plan: Schedule) -> None:
+    """The Workload's answers where SimEngine.submit keeps them (its aborts and re-admissions, the books' counterfactual
+    and score_partial read them)."""
+    length, reason, reward, _, trace_row = plan.answers[:5]
+    target = engine._target
+    for r, answer in zip(requests, zip(length.tolist(), reason.tolist(), reward.tolist(), trace_row.tolist())):
+        target[r.rid] = answer
+
+
+def _fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedule, ended: np.ndarray,
+                   admitted: np.ndarray) -> None:
+    """The Request objects as the event engine leaves them: every one submitted (instance, submit time, exact, first
+    token if admitted), the ended ones finished (tokens, reason, reward, finish time)."""
+    first_token = np.full(len(requests), np.nan)
+    first_token[admitted] = plan.clocks[2][plan.records[15][admitted]]
+    for r, inst, exact, first in zip(requests, plan.inst.tolist(), columns.exact.tolist(), first_token.tolist()):
+        r.ran_on, r.submit_time, r.exact, r.first_token_time = inst, plan.now, exact, first
+    for i in ended.tolist():
+        r = requests[i]
+        r.generated, r.finish_reason = int(columns.generated[i]), columns.finish_reason[i]
+        r.reward, r.finish_time = float(columns.reward[i]), float(columns.finish_time[i])
+
+
+def _rebuild_at(engine, requests: list[Request], plan: Schedule, last_popped: int) -> np.ndarray:
+    """Every instance the submission reached as the event engine leaves it right after popping boundary number
+    `last_popped`; which rows had been admitted by then."""
+    kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx = plan.records[:11]
+    fin_rec, first_rec = plan.records[14], plan.records[15]
+    processed = kind == _START  # each instance's first admission, at submission
+    processed[plan.popped[:last_popped + 1]] = True
+    sel = np.flatnonzero(processed)
+    span, prefill, first_decode, departure = plan.priced
+    t0 = np.array([max(x.t, plan.now) for x in engine.instances])
+    busy0 = np.array([x.busy for x in engine.instances])
+    seqs0 = np.array([x.seq_seconds for x in engine.instances])
+    _, _, _, t, busy, seqs, owed = instance_clocks(kind[sel], rinst[sel], rn[sel], rk[sel], rleft[sel], rnafter[sel],
+                                                   rpf[sel], span[sel], prefill[sel], first_decode[sel], departure[sel],
+                                                   t0, busy0, seqs0)
+    iterations = np.cumsum(np.maximum(rk, 0))  # records are grouped by instance, each group opened by its _START
+    block = np.maximum.accumulate(np.where(kind == _START, np.arange(len(kind)), 0))
+    at_it = iterations - iterations[block]
+    last = np.full(engine.n_instances, -1, np.int64)
+    np.maximum.at(last, rinst[sel], sel)
+    admitted = first_rec <= last[plan.inst]
+    running = admitted & (fin_rec > last[plan.inst])
+    for i in np.flatnonzero(last >= 0).tolist():
+        rec = int(last[i])
+        x = engine.instances[i]
+        x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
+        x.it, x.n, x.ctx = int(at_it[rec]), int(ran[rec]), int(ractx[rec])
+        departed = rleft[rec] > 0 and rnafter[rec] > 0
+        x.left_at, x.left = (x.it, int(rbefore[rec] + rleft[rec])) if departed else (-1, 0)
+        x.priced, x.version = (0, 0, 0, 0.0), x.version + 1
+        _queues_at(engine, x, requests, plan, running, admitted, at_it)
+    return admitted
+
+
+def _queues_at(engine, x, requests: list[Request], plan: Schedule, running: np.ndarray, admitted: np.ndarray,
+               at_it: np.ndarray) -> None:
+    """Instance `x`'s running sequences (admitted at the iteration and tokens the schedule says: nothing preempted)
+    and its queue, in the event engine's heaps."""
+    length, first_rec = plan.answers[0], plan.records[15]
+    lo, hi = np.searchsorted(plan.inst[plan.order], [x.idx, x.idx + 1])
+    members, heap, waiting, epochs, where = {}, [], [], engine._epoch, engine._where
+    for row in plan.order[lo:hi].tolist():  # in the order the instance admits them: (priority, arrival)
+        if admitted[row] and not running[row]:
+            continue
+        r, arrival = requests[row], next(engine._seq)  # the engine's own counter: its later entries come after
+        epoch = epochs[r.rid] = epochs.get(r.rid, 0) + 1
+        where[r.rid] = x
+        if running[row]:
+            admit_it, gen0 = int(at_it[first_rec[row]]), int(plan.start_gen[row])
+            members[r.rid] = (r.priority, arrival, admit_it, gen0, r)
+            heap.append((admit_it + max(0, int(length[row]) - gen0), arrival, FINISHED, epoch, r))
+        else:
+            waiting.append((r.priority, arrival, epoch, r))
+    if len(members) != x.n:
+        raise RuntimeError(f"cut route: instance {x.idx} runs {len(members)} sequences, its schedule says {x.n}")
+    heap.sort(key=lambda e: e[:2])
+    x.members, x.running, x.waiting, x.pending = members, heap, sorted(waiting, key=lambda e: e[:2]), len(members) + len(waiting)
