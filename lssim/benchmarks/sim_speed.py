@@ -87,11 +87,12 @@ def bench_sim(report: Report, responses: int, policies: list[str], repeats: int,
         for policy in policies:
             built = make_policy(policy)
             batch = not built.reacts_to_events()
+            route = "batch" if batch else "cut" if built.cuts_in_batches() else "event"
             if batch:  # once untimed: the Workload builds its lookup indexes on first use, numba loads the policy's kernels
                 simulate(workload, policy, SimSetup())
             rate, n, times = _rate(workload, policy, SimSetup(), repeats)
-            line = f"  {policy:16s} {'batch' if batch else 'event'}  {rate:>10,.0f} responses/s  ({n:,} in {statistics.median(times):.2f} s, {_median(times)})"
-            if batch:
+            line = f"  {policy:16s} {route:5s}  {rate:>10,.0f} responses/s  ({n:,} in {statistics.median(times):.2f} s, {_median(times)})"
+            if route != "event":
                 event_rate, _, _ = _rate(small, policy, SimSetup(), 1, batch_route=False)
                 line += f"  {rate / event_rate:5.1f}x its event-engine rate ({event_rate:,.0f}/s)"
             print(line)

@@ -95,9 +95,7 @@ class Controller:
     def _cut_rollout(self) -> bool:
         """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
         the whole schedule (Policy.ends_in_batches): no progress checkpoints, no top-ups, no group streamed to training."""
-        policy = self.policy
-        return (policy.overrides("end_rollout") and policy.ends_in_batches() and not policy.overrides("on_progress")
-                and not policy.overrides("top_up") and self._mode_runs_whole()
+        return (self.policy.cuts_in_batches() and self._mode_runs_whole()
                 and type(self.mode).group_done is ModeHooks.group_done)
 
     def _mode_runs_whole(self) -> bool:

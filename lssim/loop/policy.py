@@ -118,6 +118,13 @@ class Policy(PolicyHooks):
         """True when the policy has no end_rollout, or answers it as an array too (`end_rollout_at`)."""
         return not self.overrides("end_rollout") or type(self).end_rollout_at is not Policy.end_rollout_at
 
+    def cuts_in_batches(self) -> bool:
+        """True when only end_rollout, answered as an array (`end_rollout_at`), cuts a rollout short: no progress
+        checkpoints and no top-ups. The simulator may then schedule a submission whole and cut it where the rule says
+        (the cut route, lssim.sim.cut_route)."""
+        return (self.overrides("end_rollout") and self.ends_in_batches() and not self.overrides("on_progress")
+                and not self.overrides("top_up"))
+
     def end_rollout_at(self, progress) -> int:
         """end_rollout for a whole submission's schedule: the first boundary after which end_rollout would say the
         rollout ends, or -1 for none. `progress` (lssim.loop.rollout_cut.RolloutProgress): the counters after each
