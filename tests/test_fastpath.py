@@ -59,6 +59,16 @@ def run(trace, policy: str, cost, n_instances: int, max_num_seqs: int, kv: int, 
     return ctl.run(), engine
 
 
+def assert_same_runs(fast, fast_engine, slow, slow_engine) -> None:
+    """Two runs of one world agree: every step and response row, and the engines' counters and clocks."""
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=False, rtol=1e-9, atol=0)
+    pd.testing.assert_frame_equal(fast.responses, slow.responses, check_exact=False, rtol=1e-9, atol=0)
+    assert fast_engine.preemptions == slow_engine.preemptions
+    assert fast_engine.sources == slow_engine.sources
+    assert fast_engine.clock == pytest.approx(slow_engine.clock, rel=1e-12)
+    assert fast_engine.utilization() == pytest.approx(slow_engine.utilization(), rel=1e-12)
+
+
 def assert_same_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode):
     try:
         slow, slow_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=False)
@@ -69,12 +79,7 @@ def assert_same_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode):
         return None, None
     fast, fast_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=True)
     assert fast_engine._batch and not slow_engine._batch  # the two routes did run
-    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=False, rtol=1e-9, atol=0)
-    pd.testing.assert_frame_equal(fast.responses, slow.responses, check_exact=False, rtol=1e-9, atol=0)
-    assert fast_engine.preemptions == slow_engine.preemptions
-    assert fast_engine.sources == slow_engine.sources
-    assert fast_engine.clock == pytest.approx(slow_engine.clock, rel=1e-12)
-    assert fast_engine.utilization() == pytest.approx(slow_engine.utilization(), rel=1e-12)
+    assert_same_runs(fast, fast_engine, slow, slow_engine)
     return fast, fast_engine
 
 

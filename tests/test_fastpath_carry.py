@@ -24,7 +24,7 @@ from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.traces.workload import OracleLengths, Workload
 from lssim.cost import ProfiledCostModel
-from test_fastpath import PROFILED, ROOFLINE, TRAIN, make_trace, run
+from test_fastpath import PROFILED, ROOFLINE, TRAIN, assert_same_runs, make_trace, run
 
 SLOW_ABORTS = ProfiledCostModel(c0=1e-3, c1=1e-5, c2=1e-9, p0=1e-4, p1=1e-6, f0=2e-4, f1=3e-5, abort_seconds=1e-3)
 
@@ -113,12 +113,7 @@ def assert_same_cut_run(trace, policy, cost, n_instances, max_num_seqs, kv, mode
     slow, slow_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=False)
     fast, fast_engine = run(trace, policy, cost, n_instances, max_num_seqs, kv, mode, batch_route=True)
     assert fast_engine._cut and not slow_engine._cut
-    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=False, rtol=1e-9, atol=0)
-    pd.testing.assert_frame_equal(fast.responses, slow.responses, check_exact=False, rtol=1e-9, atol=0)
-    assert fast_engine.preemptions == slow_engine.preemptions
-    assert fast_engine.sources == slow_engine.sources
-    assert fast_engine.clock == pytest.approx(slow_engine.clock, rel=1e-12)
-    assert fast_engine.utilization() == pytest.approx(slow_engine.utilization(), rel=1e-12)
+    assert_same_runs(fast, fast_engine, slow, slow_engine)
     return fast, fast_engine
 
 
