@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Callable
 
 EXIT_ENGINE = 1
 EXIT_INTERRUPTED = 130
@@ -122,10 +123,12 @@ def _recorded_mode(args: argparse.Namespace, ckpt):
 class StepLines:
     """The step lines of `lssim real`, each printed once its train time is known: a step whose update runs beside the
     rollout (modes other than collocated) gets its measured times when the update ends, so its line waits for that
-    (train_job.fill_step_rows fills the live row in); lines keep step order; `flush` prints what is left."""
+    (train_job.fill_step_rows fills the live row in); lines keep step order; `flush` prints what is left. `say`: where
+    a line goes (default: stdout)."""
 
-    def __init__(self):
+    def __init__(self, say: Callable[[str], None] | None = None):
         self.waiting: list[dict] = []
+        self.say = say or (lambda line: print(line, flush=True))
 
     def __call__(self, row: dict) -> None:
         self.waiting.append(row)
@@ -137,11 +140,10 @@ class StepLines:
             self._print(row)
         self.waiting = []
 
-    @staticmethod
-    def _print(row: dict) -> None:
+    def _print(self, row: dict) -> None:
         from lssim.analysis.tables import format_step
 
-        print(format_step(row), flush=True)
+        self.say(format_step(row))
 
 
 def _policy_spec(policy_arg, ckpt) -> str | None:

@@ -217,8 +217,8 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
 
     from lssim.loop.modes import ModeConfig
     from lssim.results import policy_dirname
-    from lssim.analysis.tables import format_step
 
+    from .run import StepLines
     from .speed_probe import measure_probe, record_run_probes
     from .world import prepare, run_real, start_engine
 
@@ -244,10 +244,11 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                     prompts, policy = prepare(setup, spec, config)
                     folder = out / "real" / mode / policy_dirname(spec) / f"repeat{k}"
                     print(f"-- {cfg.label()} / {spec} (repeat {k + 1} of {repeats}): {config.steps} steps", file=sys.stderr)
+                    lines = StepLines(lambda line: print("   " + line, file=sys.stderr))  # each once its update ended
                     run_real(setup, policy, config, folder, engine=engine, prompts=prompts, mode=cfg,
                              checkpoint=False,  # timing runs: the twin prices no checkpoint writes (nor threads)
-                             on_step=lambda row: print("   " + format_step(row), file=sys.stderr),
-                             meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
+                             on_step=lines, meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
+                    lines.flush()
                     probes.append(measure_probe(engine))
                     folders.append(folder)
                     for i in range(max(0, len(folders) - 2), len(folders)):  # the one before gets its whole window now
