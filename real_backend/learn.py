@@ -10,7 +10,7 @@ one after another on ONE vLLM engine (started once: ~20-30 s); each run's traine
 pushes its weights into the engine first (world.run_real), so every run starts from the same weights. Learning
 recipe by default (docs/real_backend.md, "Learning"): lr 1e-4, 8 groups x 4 samples, one optimizer step per RL step,
 clip 0.2, no KL, max_tokens 256. Interrupted: run the same command again; finished runs are skipped, a partial
-collocated run resumes from its checkpoint, a partial run of another mode starts over.
+run resumes from its checkpoint, in its mode.
 Writes DIR/learn.json, DIR/learning_curves.png and DIR/learn.html; --json prints learn.json's result.
 """
 
@@ -103,10 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_all(args: argparse.Namespace, todo: list[dict], evaluation, say, total: int) -> int:
     """The runs not finished yet, one after another on one engine."""
-    from lssim.analysis.tables import format_step
-
     from .checkpoint import load_checkpoint
     from .engine import EngineError
+    from .run import StepLines
     from .world import prepare, run_real, start_engine
 
     setup = learn_setup(args)
@@ -115,7 +114,7 @@ def run_all(args: argparse.Namespace, todo: list[dict], evaluation, say, total: 
         for i, r in enumerate(todo):
             config = learn_config(args, r["seed"])
             mode = parse_mode(r["mode"])
-            resume = load_checkpoint(r["out"]) if run_state(r["out"]) == "partial" and mode.collocated else None
+            resume = load_checkpoint(r["out"]) if run_state(r["out"]) == "partial" else None
             prompts, policy = prepare(setup, resume.policy if resume else r["policy"], config)
             if engine is None:
                 say("starting the vLLM engine ...")
@@ -123,10 +122,12 @@ def run_all(args: argparse.Namespace, todo: list[dict], evaluation, say, total: 
             say(f"[{total - len(todo) + i + 1}/{total}] {r['label']} seed {r['seed']} "
                 f"({'resumed after step ' + str(resume.step) if resume else 'from the checkpoint'}) -> {r['out']}")
             t0 = time.monotonic()
+            lines = StepLines(say)  # each step's line once its update has ended
             result = run_real(setup, policy, config, r["out"], engine=engine, prompts=prompts, mode=mode, resume=resume,
-                              on_step=lambda row: say(format_step(row)), evaluation=evaluation, say=say,
+                              on_step=lines, evaluation=evaluation, say=say,
                               budget_seconds=args.budget_seconds,
                               meta={"command": " ".join(sys.argv), "policy_spec": r["policy"], "learn": r})
+            lines.flush()
             say(f"  done: {len(result.steps)} steps in {time.monotonic() - t0:.0f} s")
     except EngineError as e:
         print(f"lssim: error: {e}; run the command again to resume", file=sys.stderr)
