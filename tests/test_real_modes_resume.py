@@ -228,6 +228,10 @@ def test_step_lines_wait_for_the_train_time(capsys):
     assert len(out) == 1 and out[0].startswith("step   0") and "train  0.25 s" in out[0]
     lines.flush()
     assert capsys.readouterr().out.startswith("step   1")
+    said = []
+    elsewhere = StepLines(said.append)  # validate --mode's lines go to stderr, indented
+    elsewhere(row(2, 0.5))
+    assert len(said) == 1 and said[0].startswith("step   2") and capsys.readouterr().out == ""
 
 
 @pytest.mark.real
@@ -267,7 +271,3 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
         assert meta["mode"]["elastic"] is False  # the trainer's thread shares the engine's cores: nothing joins it
     else:
         assert steps["max_staleness"].max() <= 1
-    said = []
-    elsewhere = StepLines(said.append)  # validate --mode's lines go to stderr, indented
-    elsewhere(row(2, 0.5))
-    assert len(said) == 1 and said[0].startswith("step   2") and capsys.readouterr().out == ""
