@@ -264,8 +264,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     if resume is not None and resume.policy is not policy:
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
     mode = mode or ModeConfig(rollout_devices=engine.n_instances)
-    if mode.mode == "hybrid":  # one trainer thread on the engine's cores: the rollout's devices never join the update
-        mode = replace(mode, elastic=False)
+    mode = replace(mode, elastic=False) if mode.mode == "hybrid" else mode  # its trainer shares the engine's cores
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
     recorder = _recorder(setup, policy, config, out_dir, engine, prompts, mode, meta)
     controller = Controller(engine, trainer, prompts, policy, config, lower_bound=_lower_bound(setup, engine),
