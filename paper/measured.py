@@ -289,20 +289,23 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     return out, heldout
 
 
-MODES_SUMMARY = Path("paper") / "experiments" / "validation" / "modes" / "modes_summary.csv"
+MODES_SUMMARY = Path("paper") / "experiments" / "validation" / "modes37" / "twin" / "modes_summary.csv"
 
 
 def modes_numbers(root: Path) -> tuple[dict, dict]:
-    """The execution modes on the real backend against their replays (`lssim validate --mode ...`, written to
-    paper/experiments/validation/modes/): per mode the per-step error, with the collocated runs' speed level, seconds
-    per trained group measured and predicted, and the two rankings."""
+    """The execution modes on the real backend against their replays (`lssim validate --mode ...`, the folder
+    paper/experiments/validation/modes37/ replayed into twin/): per mode the per-step error beside an exact model's on
+    the same runs (their ratio), with the collocated runs' speed level, seconds per trained group measured and
+    predicted, and the two rankings."""
     path = root / MODES_SUMMARY
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; `lssim validate --mode collocated,disaggregated,async --staleness 1 "
-                                f"--steps 5 --repeats 2 --out DIR` writes modes_summary.csv (copy it there)")
+        raise FileNotFoundError(f"{path}: missing; `lssim validate --mode any --runs "
+                                f"paper/experiments/validation/modes37/real/*/baseline/repeat* --profile "
+                                f"paper/experiments/validation/modes37/profile.json --out DIR` writes modes_summary.csv")
     modes = pd.read_csv(path)
     need = ["mode", "step_median_ape_pct", "step_p90_ape_pct", "anchored_median_ape_pct", "anchored_p90_ape_pct",
-            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "speed_level", "run"]
+            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "speed_level", "run",
+            "exact_step_error_median", "noise_ratio"]
     missing = [c for c in need if c not in modes.columns]
     if missing:
         raise ValueError(f"{path}: no column {', '.join(missing)}")
@@ -312,18 +315,22 @@ def modes_numbers(root: Path) -> tuple[dict, dict]:
            "modes.median_ape_min": float(modes["step_median_ape_pct"].min()),
            "modes.median_ape_max": float(modes["step_median_ape_pct"].max()),
            "modes.anchored_median_min": float(modes["anchored_median_ape_pct"].min()),
-           "modes.anchored_median_max": float(modes["anchored_median_ape_pct"].max())}
+           "modes.anchored_median_max": float(modes["anchored_median_ape_pct"].max()),
+           "modes.noise_ratio_min": float(modes["noise_ratio"].min()), "modes.noise_ratio_max": float(modes["noise_ratio"].max())}
     if "collocated" in col.index:
         for mode in col.index.drop("collocated"):
             out[f"modes.{mode}.speedup_measured"] = float(col.loc["collocated", "measured_s_per_group"] / col.loc[mode, "measured_s_per_group"])
             out[f"modes.{mode}.speedup_predicted"] = float(col.loc["collocated", "predicted_s_per_group"] / col.loc[mode, "predicted_s_per_group"])
     frame = modes.assign(median=modes["step_median_ape_pct"] / 100, p90=modes["step_p90_ape_pct"] / 100,
+                         exact=modes["exact_step_error_median"] / 100,
                          level_median=modes["anchored_median_ape_pct"] / 100, level_p90=modes["anchored_p90_ape_pct"] / 100)
     frame = frame.rename(columns={"run": "run", "median": "step error median", "p90": "step error p90",
+                                  "exact": "exact model median", "noise_ratio": "noise ratio",
                                   "level_median": "with the level: median", "level_p90": "with the level: p90",
                                   "measured_s_per_group": "s/group measured", "predicted_s_per_group": "s/group predicted",
                                   "measured_rank": "rank measured", "predicted_rank": "rank predicted"})
     return out, {"modes": table(frame, {"run": "", "step error median": ".1%", "step error p90": ".1%",
+                                        "exact model median": ".1%", "noise ratio": ".2f",
                                         "with the level: median": ".1%", "with the level: p90": ".1%",
                                         "s/group measured": ".3f", "s/group predicted": ".3f",
                                         "rank measured": "d", "rank predicted": "d"})}
