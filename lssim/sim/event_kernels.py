@@ -20,7 +20,8 @@ import numpy as np
 from numba import types
 
 from lssim.kernels import BOOLS, BOOLS_IN, I64, I64S, I64S_IN, kernel
-from lssim.sim.fastsim_kernels import _FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _peek, _pop
+from lssim.sim.fastsim_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _peek, _pop,
+                                      _settle_fresh)
 
 # The tuples schedule_stops hands its helpers (lssim.kernels): each push's request, epoch and whether a checkpoint; each
 # request's state as _pop_boundary and _preempt take it; the records' 13 columns.
@@ -79,21 +80,6 @@ def _admit(order, prompt, gen, length, stop_at, interval, capacity, max_seqs, ca
             n_fresh += 1
             seq += 1
     return head, n, ctx, ssize, seq, n_fresh, prefill, 0
-
-
-@kernel(I64S, I64, I64S, I64, I64, I64S, I64)
-def _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize):
-    """An admission's keys: the new sorted run when the last one is used up, else onto the heap. Returns (rlo, rhi, hsize)."""
-    if rlo == rhi and n_fresh > 1:
-        # sorted in place, copied by a loop: `run[:m] = np.sort(...)` would have numba compile an allocating sort and
-        # the slice assignment's shape-mismatch message (docs/performance.md, Cold start)
-        fresh[:n_fresh].sort()
-        for j in range(n_fresh):
-            run[j] = fresh[j]
-        return 0, n_fresh, hsize
-    for j in range(n_fresh):
-        hsize = _heap_push(heap, hsize, fresh[j])
-    return rlo, rhi, hsize
 
 
 @kernel(*(I64,) * 5, I64S, I64, I64, I64S, I64, PUSHED, REQUESTS, I64S, I64S_IN, I64S_IN, I64S_IN, I64S, I64S, I64, I64S, I64, I64)

@@ -81,6 +81,21 @@ def _pop(run, rlo, rhi, heap, hsize):
     return rlo, _heap_pop(heap, hsize)
 
 
+@kernel(I64S, I64, I64S, I64, I64, I64S, I64)
+def _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize):
+    """An admission's keys: the new sorted run when the last one is used up, else onto the heap. Returns (rlo, rhi, hsize)."""
+    if rlo == rhi and n_fresh > 1:
+        # sorted in place, copied by a loop: `run[:m] = np.sort(...)` would have numba compile an allocating sort and
+        # the slice assignment's shape-mismatch message (docs/performance.md, Cold start)
+        fresh[:n_fresh].sort()
+        for j in range(n_fresh):
+            run[j] = fresh[j]
+        return 0, n_fresh, hsize
+    for j in range(n_fresh):
+        hsize = _heap_push(heap, hsize, fresh[j])
+    return rlo, rhi, hsize
+
+
 @kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64)
 def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
     """Every instance's schedule, integers only (module docstring, pass 1).
@@ -243,16 +258,7 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 fresh[n_fresh] = finish_it << _SEQ_BITS | seq
                 n_fresh += 1
                 seq += 1
-            if rlo == rhi and n_fresh > 1:
-                # sorted in place, copied by a loop: `run[:m] = np.sort(...)` had numba compile an allocating sort and
-                # the slice assignment's shape-mismatch message, 3.5 s of CPU in a cold start (docs/performance.md)
-                fresh[:n_fresh].sort()
-                for j in range(n_fresh):
-                    run[j] = fresh[j]
-                rlo, rhi = 0, n_fresh
-            else:
-                for j in range(n_fresh):
-                    hsize = _heap_push(heap, hsize, fresh[j])
+            rlo, rhi, hsize = _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize)
             rpf[rec] = prefill
             ran[rec] = n
             ractx[rec] = ctx
