@@ -182,3 +182,26 @@ def test_a_trace_with_a_missing_sample_answers_the_others_with_their_own_respons
                           "max_tokens": [64] * 3})
     wl = Workload(trace, seed=0)
     assert [wl.lookup(0, 7, k, 64).length for k in (0, 2, 3)] == [10, 20, 30]
+
+
+def _with_measured_signals(trace: pd.DataFrame, stride: int = 16) -> pd.DataFrame:
+    """The trace as `lssim real` records it on vLLM: every response's signals measured (no repetition seen)."""
+    counts = trace["response_len"].to_numpy(np.int64) // stride
+    return trace.assign(signal_source="measured", signal_window=64, signal_ngram=4, signal_stride=stride,
+                        signal_repetition=[np.zeros(k, np.float32) for k in counts],
+                        signal_entropy=[np.full(k, 0.5, np.float32) for k in counts])
+
+
+def test_a_run_with_measured_signals_gives_its_unfinished_rows_signals_a_breaker_can_read(profile):
+    # full9 (2026-11-28): a breaker world's twin failed on the unfinished rows' missing signal arrays.
+    run = _recorded(profile, seed=3)
+    run = RecordedRun(name="breaker(check_every=32, min_tokens=32)", trace=_with_measured_signals(run.trace),
+                      steps=run.steps, responses=run.responses, config=run.config, unfinished=run.unfinished)
+    trace = twin_trace(run)
+    added = trace[trace["stop_reason"] == UNFINISHED_AT_END]
+    assert len(added) > 0 and (added["signal_source"] == "measured").all()
+    assert [len(a) for a in added["signal_repetition"]] == (added["response_len"] // 16).tolist()
+    signals = Workload(trace, seed=3).signals
+    assert "repetition" in signals.available
+    sim = _replay(run, profile, 3)  # the breaker reads every row's repetition: no row without its arrays
+    assert sim.steps["groups_trained"].sum() > 0

@@ -116,11 +116,27 @@ def twin_trace(run: RecordedRun) -> pd.DataFrame:
                 "end_step", "train_step"):
         if col in run.trace:
             rows[col] = -1 if col != "end_step" else int(run.steps["step"].max())
+    if "signal_source" in run.trace and (run.trace["signal_source"] == "measured").any():
+        _unfinished_signals(rows, run.trace)
     out = pd.concat([run.trace, rows[[c for c in rows if c in run.trace]]], ignore_index=True)  # the trace's columns
     for col in run.trace.columns:  # the trace's dtypes (the rows' NaNs where it has a column they do not)
         if out[col].dtype != run.trace[col].dtype and not out[col].isna().any():
             out[col] = out[col].astype(run.trace[col].dtype)
     return out
+
+
+def _unfinished_signals(rows: pd.DataFrame, trace: pd.DataFrame) -> None:
+    """Give the unfinished rows measured signals in the trace's window and stride: the run did not record what its
+    signals read on them (unfinished.parquet has no signals), so the twin reads them as no repetition and entropy
+    unknown over their `generated` tokens. Without them a replay whose policy reads the signals (breaker) fails on
+    the rows' missing arrays."""
+    measured = trace[trace["signal_source"] == "measured"]
+    for col in ("signal_window", "signal_ngram", "signal_stride"):
+        rows[col] = int(measured[col].mode().iat[0])
+    counts = rows["response_len"].to_numpy(np.int64) // rows["signal_stride"].to_numpy(np.int64)
+    rows["signal_source"] = "measured"
+    rows["signal_repetition"] = [np.zeros(k, np.float32) for k in counts]
+    rows["signal_entropy"] = [np.full(k, np.nan, np.float32) for k in counts]
 
 
 def ends_rollouts(spec: str) -> bool:
