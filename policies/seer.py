@@ -35,6 +35,11 @@ Rule:
   chunks as estimates arrive; doing that here needs the controller to let a policy requeue waiting requests.
 
 Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
+
+On the simulator seer runs on the event route: a requeue moves a running response to another instance at its
+checkpoint's time, and where it is admitted there depends on both instances' clocks (the target catches up to that
+time first), so the instances cannot be scheduled one by one in integers as the batch route's kernels do. `rank` and
+`moves` are the rules on numbers and arrays alike, for a route that runs them in bulk.
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ from lssim.loop.history import LengthHistory
 from lssim.loop.policy import Action, Policy
 
 _BAND = 1 << 40  # priority bands: probes < started requests < fresh requests (lower runs first)
+
+
+def rank(probe, generated, estimate):
+    """Seer's queue order (lower runs first), on one request's numbers or elementwise on arrays of many: a probe by
+    its tokens generated (shortest first), ahead of every started request, ahead of every fresh one; those two
+    longest-first by their group's estimate (never below what they generated)."""
+    longest = estimate + (generated - estimate) * (generated > estimate)  # max(estimate, generated), arrays alike
+    return probe * (generated - 3 * _BAND) + (1 - probe) * (-_BAND - (generated > 0) * _BAND - longest)
 
 
 class Seer(Policy):
@@ -57,13 +70,14 @@ class Seer(Policy):
         self.chunk, self.rebalance, self.every_chunk = chunk, rebalance, bool(every_chunk)
         self.progress_interval = chunk
         self._estimate: dict[int, int] = {}  # group -> longest finished member so far
+        self._past: dict[tuple, int] = {}  # (prompt, budget) -> its estimate from earlier steps, asked once a step
         self._probe: dict[int, int] = {}  # group -> rid of its probe
         self._count: list[int] = []  # instance -> this policy's requests on it, not yet ended
         self._where: dict[int, int] = {}  # rid -> instance
         self.history = LengthHistory()
 
     def plan(self, ctx, proposal):
-        self._estimate, self._probe, self._count, self._where = {}, {}, [], {}
+        self._estimate, self._past, self._probe, self._count, self._where = {}, {}, {}, [], {}
         return proposal
 
     def estimate(self, request) -> int:
@@ -72,22 +86,32 @@ class Seer(Policy):
         known = self._estimate.get(request.group_id)
         if known is not None:
             return known
-        past = self.history.mean(request.prompt_id)
-        return request.max_tokens if past is None else int(round(min(past, request.max_tokens)))
+        key = (request.prompt_id, request.max_tokens)  # the history moves only in end_step
+        past = self._past.get(key)
+        if past is None:
+            mean = self.history.mean(request.prompt_id)
+            past = self._past[key] = request.max_tokens if mean is None else int(round(min(mean, request.max_tokens)))
+        return past
+
+    def moves(self, here, least):
+        """At a chunk boundary, whether a request goes back to the scheduler: its instance holds `here` of this
+        policy's requests and the least-loaded one `least` (numbers, or arrays elementwise)."""
+        return self.every_chunk | (here - least >= self.rebalance)
 
     def priority(self, request):
-        probe = self._probe.setdefault(request.group_id, request.rid)
-        if probe == request.rid:
-            return -3 * _BAND + request.generated  # probes first, shortest-first by tokens generated
-        band = -2 * _BAND if request.generated > 0 else -_BAND  # started before fresh: the starvation guard
-        return band - max(self.estimate(request), request.generated)  # longest estimate first
+        probe = self._probe.setdefault(request.group_id, request.rid) == request.rid
+        return rank(probe, request.generated, 0 if probe else self.estimate(request))
 
     def place(self, request, loads):
         if len(self._count) != len(loads):
             self._count, self._where = [0] * len(loads), {}
+        count = self._count
         self._leave(request.rid)
-        i = min(range(len(loads)), key=lambda j: (self._count[j], loads[j].running + loads[j].waiting))
-        self._count[i] += 1
+        least = min(count)
+        i = count.index(least)
+        if count.count(least) > 1:  # a tie: the least busy of them, then the first
+            i = min((j for j, c in enumerate(count) if c == least), key=lambda j: loads[j].running + loads[j].waiting)
+        count[i] += 1
         self._where[request.rid] = i
         return i
 
@@ -95,7 +119,7 @@ class Seer(Policy):
         i = self._where.get(request.rid)
         if i is None:  # placed by another policy: it keeps its place
             return None
-        if not self.every_chunk and self._count[i] - min(self._count) < self.rebalance:
+        if not self.moves(self._count[i], min(self._count)):
             return None
         return Action.requeue(priority=self.priority(request), instance=None, reason="seer: next chunk")
 
