@@ -17,8 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from lssim.loop.core import (REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of,
-                             object_array)
+from lssim.loop.core import REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of
 
 @dataclass(slots=True, eq=False)
 class RequestColumns:
@@ -83,7 +82,7 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = _object_fields(requests)
+        cols = {name: field_of(requests, name) for name in _OBJECT_FIELDS}
         natural = [counterfactual(r) if counterfactual else None for r in requests]
         resumes = [r.resumes for r in requests]
         return RequestColumns(
@@ -166,27 +165,6 @@ class RequestColumns:
 # Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)
 _MADE_FIELDS = tuple(f.name for f in fields(Request))[:[f.name for f in fields(Request)].index("exact") + 1]
 _OBJECT_FIELDS = REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")
-_READ_FIELDS = operator.attrgetter(*_OBJECT_FIELDS)
-
-
-def _object_fields(requests: Sequence[Request]) -> dict[str, np.ndarray]:
-    """Every field RequestColumns.of reads, as its column (lssim.loop.core.field_of's dtypes, instance None as -1): one
-    read of all of them per object, then a column per field (a pass over the objects per field costs ~4x more)."""
-    if not requests:
-        return {name: field_of([], name) for name in _OBJECT_FIELDS}
-    by_field = list(zip(*map(_READ_FIELDS, requests)))
-    cols = {}
-    for name, values in zip(_OBJECT_FIELDS, by_field):
-        if name in REQUEST_DTYPES:
-            try:
-                cols[name] = np.array(values, REQUEST_DTYPES[name])
-            except TypeError:  # instance None: the dispatcher chooses (-1)
-                cols[name] = np.array([-1 if v is None else v for v in values], REQUEST_DTYPES[name])
-        else:
-            cols[name] = object_array(list(values))
-    return cols
-
-
 _ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
 _ARRAY_NAMES = frozenset(_ARRAYS)
 
