@@ -82,7 +82,7 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = {name: field_of(requests, name) for name in REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")}
+        cols = {name: field_of(requests, name) for name in _OBJECT_FIELDS}
         natural = [counterfactual(r) if counterfactual else None for r in requests]
         resumes = [r.resumes for r in requests]
         return RequestColumns(
@@ -119,15 +119,12 @@ class RequestColumns:
     def to_requests(self, rows=None) -> list[Request]:
         """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
         picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
-        cols = {name: getattr(self, name)[picked].tolist() for name in REQUEST_INTS + REQUEST_FLOATS}
-        cols["instance"] = [None if i < 0 else i for i in cols["instance"]]
-        cols["exact"] = self.exact[picked].tolist()
-        cols["finish_reason"] = self.finish_reason[picked].tolist()
-        cols["stop_reason"] = self.stop_reason[picked].tolist()
-        if self.resumes is not None:
-            cols["resumes"] = [self.resumes[i] for i in picked.tolist()]
-        names = list(cols)
-        return [Request(**dict(zip(names, values))) for values in zip(*cols.values())]
+        cols = {name: getattr(self, name)[picked].tolist() for name in _MADE_FIELDS if name != "resumes"}
+        instance = cols["instance"]
+        if instance and min(instance) < 0:
+            cols["instance"] = [None if i < 0 else i for i in instance]
+        cols["resumes"] = (itertools.repeat(None) if self.resumes is None else [self.resumes[i] for i in picked.tolist()])
+        return list(map(Request, *(cols[name] for name in _MADE_FIELDS)))  # positional: no dict per object
 
     def off_policy_tokens(self, train_step: int) -> np.ndarray:
         """lssim.loop.core.off_policy_tokens of every row: tokens generated under weights older than `train_step`'s."""
@@ -165,6 +162,9 @@ class RequestColumns:
             yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
 
 
+# Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)
+_MADE_FIELDS = tuple(f.name for f in fields(Request))[:[f.name for f in fields(Request)].index("exact") + 1]
+_OBJECT_FIELDS = REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")
 _ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
 _ARRAY_NAMES = frozenset(_ARRAYS)
 

@@ -40,7 +40,7 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
     cut = cut_at(progress)
     first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
     count_sources(engine, plan.answers[5][first_asked])
-    _remember_answers(engine, requests, plan)
+    _remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
         commit(engine, plan)
         admitted = np.ones(len(requests), bool)
@@ -53,13 +53,12 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
     return [requests[i] for i in ended.tolist()]
 
 
-def _remember_answers(engine, requests: list[Request], plan: Schedule) -> None:
+def _remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
     """The Workload's answers where SimEngine.submit keeps them (its aborts and re-admissions, the books' counterfactual
-    and score_partial read them)."""
+    and score_partial read them), by the rids of the submission's columns."""
     length, reason, reward, _, trace_row = plan.answers[:5]
-    target = engine._target
-    for r, answer in zip(requests, zip(length.tolist(), reason.tolist(), reward.tolist(), trace_row.tolist())):
-        target[r.rid] = answer
+    engine._target.update(zip(columns.rid.tolist(), zip(length.tolist(), reason.tolist(), reward.tolist(),
+                                                        trace_row.tolist())))
 
 
 def _fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedule, ended: np.ndarray,

@@ -80,10 +80,11 @@ class SimTrainer(Trainer):
         """(prompt + response, prompt) tokens of every sequence this step trains."""
         from lssim.loop.columns import gather, with_signal
 
-        members, sizes = gather(groups)
-        prompt, seq = members.prompt_len, members.prompt_len + members.generated
+        # only the fields priced (groups of Request objects are read a field at a time, not gathered whole)
+        prompt, sizes = gather(groups, "prompt_len")
+        seq = prompt + gather(groups, "generated")[0]
         if self.signal_only:
-            keep = np.repeat(with_signal(members.reward, sizes), sizes)
+            keep = np.repeat(with_signal(gather(groups, "reward")[0], sizes), sizes)
             prompt, seq = prompt[keep], seq[keep]
         return seq, prompt
 
