@@ -116,11 +116,25 @@ def twin_trace(run: RecordedRun) -> pd.DataFrame:
                 "end_step", "train_step"):
         if col in run.trace:
             rows[col] = -1 if col != "end_step" else int(run.steps["step"].max())
+    for col, value in _unfinished_signals(run.trace).items():
+        rows[col] = [value] * n
     out = pd.concat([run.trace, rows[[c for c in rows if c in run.trace]]], ignore_index=True)  # the trace's columns
     for col in run.trace.columns:  # the trace's dtypes (the rows' NaNs where it has a column they do not)
         if out[col].dtype != run.trace[col].dtype and not out[col].isna().any():
             out[col] = out[col].astype(run.trace[col].dtype)
     return out
+
+
+def _unfinished_signals(trace: pd.DataFrame) -> dict:
+    """The signal columns of an unfinished response's row where the trace measured its responses' signals: measured,
+    at the trace's window, n-gram and stride, with no value yet (the run never stopped it, so its twin reads no loop
+    in it); none for a trace that measured none (its rows' columns as before)."""
+    from lssim.traces.signal_trace import UNMEASURED
+
+    if "signal_source" not in trace or not (trace["signal_source"] == "measured").any():
+        return {}
+    first = trace[trace["signal_source"] == "measured"].iloc[0]
+    return {**UNMEASURED, "signal_source": "measured", **{c: first[c] for c in ("signal_window", "signal_ngram", "signal_stride")}}
 
 
 def ends_rollouts(spec: str) -> bool:
