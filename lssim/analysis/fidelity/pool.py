@@ -21,8 +21,7 @@ from lssim.analysis.fidelity.noise import noise_floor
 from lssim.analysis.fidelity.summary import load_summary
 
 PRICED = "priced"
-NOT_REPLAYED = ("recorded, not priced: written before the twin priced the driver (replay its runs: "
-                "`lssim validate --runs DIR/real/*/*/repeat* --profile DIR/profile.json`)")
+NOT_REPLAYED = "recorded, not priced: written before the twin priced it (replay its runs: lssim validate --runs)"
 NOT_RECORDED = "not recorded: cannot be priced (its runs did not record the driver's seconds)"
 
 
@@ -94,7 +93,8 @@ def pool_text(folders) -> str:
                 f"the same repeats (exact), ratio: twin / exact (the median over the rows), priced: rows whose twin "
                 f"priced the driver\n"
                 + pool_policies(rows).to_string(float_format=lambda v: f"{v:.2f}")
-                + "\n\nthe driver, per folder and world:\n" + folder_drivers(rows).to_string() + "\n")
+                + "\n\nthe driver, per folder and world:\n"
+                + "".join(f"{folder}  {world}: {status}\n" for (folder, world), status in folder_drivers(rows)["driver"].items()))
 
 
 __all__ = ["folder_rows", "pool_rows", "pool_policies", "folder_drivers", "pool_text", "PRICED", "NOT_REPLAYED", "NOT_RECORDED"]
