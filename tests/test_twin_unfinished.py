@@ -182,3 +182,21 @@ def test_a_trace_with_a_missing_sample_answers_the_others_with_their_own_respons
                           "max_tokens": [64] * 3})
     wl = Workload(trace, seed=0)
     assert [wl.lookup(0, 7, k, 64).length for k in (0, 2, 3)] == [10, 20, 30]
+
+
+def test_a_trace_of_measured_signals_gives_its_unfinished_responses_measured_rows_with_no_value_yet(profile):
+    """A real run's trace holds the signals measured from its tokens; an unfinished response has none recorded. Its
+    row in the twin's trace is measured at the trace's window, n-gram and stride with no value yet (the run never
+    stopped it), so that a policy that reads the signals replays (a row of another source broke the trace's index)."""
+    run = _recorded(profile, seed=1)
+    trace = run.trace.assign(signal_source="measured", signal_window=32, signal_ngram=4, signal_stride=16)
+    trace["signal_repetition"] = [np.zeros(n // 16, np.float32) for n in trace["response_len"]]
+    trace["signal_entropy"] = [np.full(n // 16, np.nan, np.float32) for n in trace["response_len"]]
+    run.trace = trace
+    twin = twin_trace(run)
+    added = twin[twin["stop_reason"] == UNFINISHED_AT_END]
+    assert len(added) == len(run.unfinished) > 0 and (added["signal_source"] == "measured").all()
+    assert (added["signal_window"] == 32).all() and (added["signal_stride"] == 16).all()
+    assert all(len(a) == 0 for a in added["signal_repetition"])
+    sim = _replay(run, profile, 1)
+    assert sim.steps["groups_trained"].sum() > 0

@@ -178,11 +178,12 @@ def _driver_entry(row: pd.Series, number) -> dict:
     before the driver was priced)."""
     unpriced = row.get("unpriced_median_ape_pct", row["makespan_median_ape_pct"])
     priced = row.get("driver_priced")
+    why = row.get("driver_why")  # "" or NaN (read back from a csv) where it was priced
     fitted = {k: number(row.get(f"driver_{k}")) for k in ("per_request", "per_token", "per_finish", "steps", "excess_share")}
     return {"step_error_median_unpriced": number(unpriced),
             "noise_ratio_unpriced": number(unpriced / row["noise_floor_median_pct"] if "noise_floor_median_pct" in row else None),
             "driver": {"priced": None if priced is None or pd.isna(priced) else bool(priced),
-                       "why": row.get("driver_why") if isinstance(row.get("driver_why"), str) and row.get("driver_why") else None,
+                       "why": why if isinstance(why, str) and why else None,
                        **fitted}}
 
 
