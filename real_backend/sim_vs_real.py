@@ -18,26 +18,28 @@ import pandas as pd
 from lssim.analysis.fidelity.compare import (acted, anchor_on_baseline, compare, compare_phases, fidelity_table, length_distance,
                                            median_over_repeats, speedup_by_repeat)
 from lssim.analysis.fidelity.run import ends_rollouts, replay_run, with_real_cuts
-from lssim.analysis.fidelity.summary import policy_summary
+from lssim.analysis.fidelity.summary import policy_summary, with_driver
 
 from .layout import measured_layouts, write_layout
 from .profile import fit, measurement_files
-from .validate_twin import run_prompts, run_twin_cost, sim_setup, speed_level
+from .validate_twin import run_prompts, run_twin_cost, sim_setup, speed_level, world_driver
 
 
-def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool = True) -> dict[str, pd.DataFrame]:
+def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool = True,
+             driver=None) -> dict[str, pd.DataFrame]:
     """Replay each recorded run in the simulator and compare. `runs`: policy -> its recordings (a RecordedRun or a
     list of repeats; each repeat is replayed from its own trace, and per step the medians are compared).
     Returns the frames `lssim validate` writes: steps (one row per policy and step), responses, summary,
     noise (with repeats) and counterfactual. `probe`: each twin at its run's speed level (sim_setup). The
-    per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe)."""
+    per-repeat steps have that level either way (speed_level, NaN where a run or the profile has no probe).
+    `driver` (DriverPrice or None): every twin charges the driver's seconds beyond the profile's cells."""
     runs = {name: rs if isinstance(rs, list) else [rs] for name, rs in runs.items()}
     step_frames, response_frames, cut_frames, groups, first_sim, group_rows, phase_frames = [], [], [], {}, {}, [], []
     for name, repeats in runs.items():
         measured_groups, predicted_groups = [], []
         cuts = ends_rollouts(repeats[0].name)
         for k, run in enumerate(repeats):
-            sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run))
+            sim = replay_run(run, sim_setup(run, profile, probe, driver), run_prompts(run))
             first_sim.setdefault(name, sim)
             s, r = compare(run, sim, name)
             level = speed_level(run, profile)
@@ -46,7 +48,7 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
             # where a twin is off: the admission or the generation; on a shared host, the shared part or the tail
             phase_frames.append(compare_phases(run, sim, name).assign(repeat=k))
             if cuts:  # the same run with the real engine's cut points: what is left is the cost model's error
-                cut_sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), policy=with_real_cuts(run))
+                cut_sim = replay_run(run, sim_setup(run, profile, probe, driver), run_prompts(run), policy=with_real_cuts(run))
                 cut_frames.append(compare(run, cut_sim, name)[0].assign(repeat=k))
             measured_groups.append(int(run.steps["groups_trained"].sum()))
             predicted_groups.append(int(sim.steps["groups_trained"].sum()))
@@ -68,11 +70,12 @@ def validate(runs: dict, profile: str, counterfactual: bool = True, probe: bool 
 
     base = runs.get("baseline", [None])[0]
     if counterfactual and base is not None and len(runs) > 1:
-        out["counterfactual"] = _counterfactual(runs, base, first_sim["baseline"], out["summary"], profile, probe)
+        out["counterfactual"] = _counterfactual(runs, base, first_sim["baseline"], out["summary"], profile, probe, driver)
     return out
 
 
-def _counterfactual(runs: dict, base, base_sim, summary: pd.DataFrame, profile: str, probe: bool) -> pd.DataFrame:
+def _counterfactual(runs: dict, base, base_sim, summary: pd.DataFrame, profile: str, probe: bool,
+                    driver=None) -> pd.DataFrame:
     """Each policy's first run predicted from its world's baseline trace (`base`; `base_sim` its twin) instead of its
     own: the lengths the Workload modelled against the measured ones, and the speedup so predicted."""
     rows = []
@@ -82,7 +85,7 @@ def _counterfactual(runs: dict, base, base_sim, summary: pd.DataFrame, profile: 
         if name == "baseline":
             continue
         run = repeats[0]
-        sim = replay_run(run, sim_setup(run, profile, probe), run_prompts(run), trace=base.trace)
+        sim = replay_run(run, sim_setup(run, profile, probe, driver), run_prompts(run), trace=base.trace)
         per_group = sim.steps["rollout_seconds"].sum() / max(1, sim.steps["groups_trained"].sum())
         both = run.responses[["step", "prompt_id", "sample_idx", "response_len", "finish_reason"]].merge(
             sim.responses[["step", "prompt_id", "sample_idx", "response_len", "exact"]], on=["step", "prompt_id", "sample_idx"],
@@ -99,12 +102,13 @@ def _counterfactual(runs: dict, base, base_sim, summary: pd.DataFrame, profile: 
 
 
 def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataFrame],
-           probed: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+           probed: dict[str, pd.DataFrame] | None = None, driver=None) -> pd.DataFrame:
     """The error after each modelling step: the cost models refitted from the measurements `lssim profile` wrote
     beside `profile` (per-iteration decode only, + time to first token), each saved to `workdir` and replayed;
     then the profile itself (`profiled`: the frames `validate` already made with it), the profile at each run's
     probed speed level (`probed`, where the runs were probed), and the profile with the speed level taken from
-    the baseline's runs. Without the measurements, the profile's stages alone."""
+    the baseline's runs. Without the measurements, the profile's stages alone. Every stage's twin charges the
+    world's `driver` (the rows differ by their cost model alone)."""
     files = measurement_files(profile)
     refitted = {}
     if all(f.is_file() for f in files.values()):
@@ -117,7 +121,7 @@ def stages(runs: dict, profile: str, workdir: Path, profiled: dict[str, pd.DataF
         path = workdir / f"stage{len(rows) + 1}.json"
         model.to_json(path, meta={"stage": label, "from": str(profile)})
         _layouts_for(path, profile)
-        frames = validate(runs, str(path), counterfactual=False, probe=False)
+        frames = validate(runs, str(path), counterfactual=False, probe=False, driver=driver)
         rows.append(_stage_row(label, frames["steps"], frames["summary"], str(path)))
     rows.append(_stage_row("fitted to batch makespans (+ departures)", profiled["steps"], profiled["summary"], str(profile)))
     if probed is not None:
@@ -155,23 +159,18 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     world's baseline is named baseline@WORLD; the summary gains per policy its world and spec, how much it
     acted on the real engine (lssim.analysis.fidelity.acted against its world's baseline, median over the repeats) and
     the real engine's run-to-run spread of its step times, and its errors with the world's speed level taken from
-    the world's baseline (lssim.analysis.fidelity.anchor_on_baseline; the frame "anchored") (lssim.analysis.fidelity.policy_summary)."""
+    the world's baseline (lssim.analysis.fidelity.anchor_on_baseline; the frame "anchored") (lssim.analysis.fidelity.policy_summary).
+
+    Each world's twins price the driver's seconds beyond the profile's cells, fitted on the world's baseline runs
+    (validate_twin.world_driver; the frame "driver", one row per world, and its columns in the summary); where a
+    world is priced, its twins are replayed once more without it (the frame "unpriced": per-step medians, and the
+    summary's unpriced_median_ape_pct / _p90; where it is not, those are its own errors)."""
     joined: dict[str, list[pd.DataFrame]] = {}
-    acted_rows = []
+    acted_rows, driver_rows = [], []
     for world, runs in by_world.items():
-        frames = validate(runs, profile, counterfactual=counterfactual, probe=False)
-        probed = None
-        if frames["steps_by_repeat"]["speed_level"].notna().all():  # every run probed: the twin at each run's level
-            probed = validate(runs, profile, counterfactual=False, probe=True)
-            frames["probed"] = probed["steps"]
-            if "phases" in probed:  # the shared part and the tail against the twin at each run's level
-                frames["phases"] = probed["phases"]
-        if stages_dir is not None:
-            frames["stages"] = stages(runs, profile, stages_dir / world, frames, probed).assign(world=world).reset_index()
+        frames, driver_row = _world_frames(world, runs, profile, counterfactual, stages_dir)
+        driver_rows.append(driver_row)
         base = runs.get("baseline", [])
-        if base and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
-            scaled = anchor_on_baseline(frames["steps_by_repeat"])
-            frames["anchored"] = median_over_repeats(scaled)[0].assign(speed_factor=scaled.attrs["speed_factor"])
         for name, repeats in runs.items():
             if name == "baseline" or not base:
                 continue
@@ -192,6 +191,29 @@ def validate_worlds(by_world: dict[str, dict[str, list]], profile: str, counterf
     if "stages" in out:
         out["stages"] = out["stages"].set_index(["world", "stage"])
     out["acted"] = pd.DataFrame(acted_rows)
-    out["summary"] = policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"), out.get("real_cuts"),
-                                    out.get("speedups"), out["steps_by_repeat"], out.get("probed"))
+    out["driver"] = pd.DataFrame(driver_rows).set_index("world")
+    out["summary"] = with_driver(policy_summary(out["summary"], out["acted"], out.get("noise"), out.get("anchored"),
+                                                out.get("real_cuts"), out.get("speedups"), out["steps_by_repeat"],
+                                                out.get("probed")), out["driver"], out["unpriced"])
     return out
+
+
+def _world_frames(world: str, runs: dict, profile: str, counterfactual: bool, stages_dir: Path | None) -> tuple[dict, dict]:
+    """One world's frames (`validate` with its driver's price, the twins without it, at the probed level, the stages,
+    the world's speed level) and its row of driver.csv (validate_twin.world_driver)."""
+    price, driver_row = world_driver(runs, profile)
+    frames = validate(runs, profile, counterfactual=counterfactual, probe=False, driver=price)
+    frames["unpriced"] = (frames["steps"] if price is None else
+                          validate(runs, profile, counterfactual=False, probe=False)["steps"])
+    probed = None
+    if frames["steps_by_repeat"]["speed_level"].notna().all():  # every run probed: the twin at each run's level
+        probed = validate(runs, profile, counterfactual=False, probe=True, driver=price)
+        frames["probed"] = probed["steps"]
+        if "phases" in probed:  # the shared part and the tail against the twin at each run's level
+            frames["phases"] = probed["phases"]
+    if stages_dir is not None:
+        frames["stages"] = stages(runs, profile, stages_dir / world, frames, probed, price).assign(world=world).reset_index()
+    if runs.get("baseline") and len(runs) > 1:  # the world's speed level from its own baseline (engine and load of the minute)
+        scaled = anchor_on_baseline(frames["steps_by_repeat"])
+        frames["anchored"] = median_over_repeats(scaled)[0].assign(speed_factor=scaled.attrs["speed_factor"])
+    return frames, {"world": world, **driver_row}

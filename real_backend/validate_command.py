@@ -5,6 +5,7 @@ policy, seeds, data loader and a profiled cost model, and report how far the pre
     lssim validate --policies seer,breaker,hadb --reprofile --json --out runs/v   # one JSON object on stdout
     lssim validate --full --out runs/validate-full                       # every policy of the table (README)
     lssim validate --runs runs/a runs/b --out runs/validate-ab           # runs recorded by `lssim real`
+    lssim validate --runs runs/v/real/*/*/repeat* --profile runs/v/profile.json --json --out runs/v-again  # replay again
 
 Each policy runs in its own world (real_backend/validation_workloads.toml: engine instances, budget, steps,
 pool, and the policy's parameters scaled to the task) beside that world's baseline, so that it acts there; a
@@ -15,8 +16,9 @@ policy and repeat, the responses it changed, by kind), summary.csv (per policy: 
 real engine's repeat spread, the goal), fidelity.md (the README's table), counterfactual.csv (each policy
 predicted from its world's baseline trace), validation.png (predicted vs measured per step), stages.csv (the
 error after each modelling step), noise.parquet (the spread of the repeats) and speedups.parquet (each repeat's
-real speedup over its world's baseline). Every input is checked before the engine starts. Results and how to read
-them: real_backend/README.md.
+real speedup over its world's baseline), driver.csv (per world: the driver's price every twin of the world
+charges, or why none) and unpriced.parquet (the twins without it, per step). Every input is checked before the
+engine starts. Results and how to read them: real_backend/README.md.
 
 The comparison is real_backend/sim_vs_real.py, the recording real_backend/validate_record.py, a recorded run's
 twin real_backend/validate_twin.py.
@@ -148,10 +150,11 @@ def _write(frames: dict, out: Path, profile: str) -> None:
     from lssim.analysis.fidelity.report import fidelity_markdown, phases_markdown
     from lssim.results import atomic_write
 
-    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed", "phases"):
+    for name in ("steps", "steps_by_repeat", "responses", "noise", "acted", "anchored", "real_cuts", "speedups", "probed", "phases",
+                 "unpriced"):
         if name in frames:
             atomic_write(out / f"{name}.parquet", lambda p, f=frames[name]: f.to_parquet(p, index=False))
-    for name in ("summary", "counterfactual", "stages"):
+    for name in ("summary", "counterfactual", "stages", "driver"):
         if name in frames:
             atomic_write(out / f"{name}.csv", lambda p, f=frames[name]: f.to_csv(p))
     from lssim.analysis.plots import figure_png, sim_vs_real
@@ -177,9 +180,11 @@ def _report(frames: dict, out: Path, as_json: bool) -> int:
             "probed_p90_ape_pct", "anchored_median_ape_pct",
             "anchored_p90_ape_pct", "speed_factor", "real_cuts_median_ape_pct", "real_cuts_p90_ape_pct",
             "noise_floor_median_pct", "noise_floor_p90_pct", "repeats_for_goal", "meets_goal", "meets_goal_probed",
-            "meets_goal_anchored", "within_noise"]
+            "meets_goal_anchored", "within_noise", "unpriced_median_ape_pct", "driver_priced"]
     s = frames["summary"]
     text += s[[c for c in cols if c in s]].to_string(float_format=lambda v: f"{v:.2f}")
+    text += "\n\nthe driver's price per world (beyond the profile's cells; unpriced_*: the twin without it):\n"
+    text += frames["driver"].to_string(float_format=lambda v: f"{v:.3g}")
     text += f"\nwritten to {out}/ (summary.csv, fidelity.md, steps.parquet, acted.parquet, validation.png, ...)"
     print(text, file=sys.stderr if as_json else sys.stdout)
     if as_json:

@@ -15,14 +15,15 @@ from .speed_probe import speed_factor
 
 
 
-def sim_setup(run, profile: str, probe: bool = True):
+def sim_setup(run, profile: str, probe: bool = True, driver=None):
     """The simulated twin of the run's engine: its instances and limits, the profiled cost model of one instance
     (`profile`), and for several instances sharing the host, that profile's measured layout (real_backend.layout:
     how much slower an instance runs while 1, 2, ... are busy, for the CPUs the run's instances were bound to,
     priced on a shared clock by lssim.sim.shared_host); for an engine started with speculation, the layout measured on
     such an engine (drafting off); ValueError naming the command that measures it when there is none.
     With `probe`, the cost model is scaled by the run's speed level (speed_level): the machine's speed during the
-    run over its speed while that cost model was measured, both from the speed probe."""
+    run over its speed while that cost model was measured, both from the speed probe. `driver` (DriverPrice, from
+    `world_driver`): the driver's seconds beyond the profile's cells, charged to the instances (lssim.sim.shared_host)."""
     from lssim.analysis.replay import SimSetup
 
     real = run.meta.get("setup", {})
@@ -37,7 +38,36 @@ def sim_setup(run, profile: str, probe: bool = True):
         model = scaled_model(base, factor, name=f"{base.name} x {factor:.3f} (speed probe)")
     # The CPU engine's KV cache holds far more than max_num_seqs full contexts of the tiny model: never preempts.
     return SimSetup(model="tiny-ref", n_instances=n_instances, max_num_seqs=max_num_seqs,
-                    kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown)
+                    kv_capacity_tokens=max_num_seqs * max_model_len, profile=model, host_slowdown=slowdown,
+                    driver=driver)
+
+
+def world_driver(runs: dict[str, list], profile: str) -> tuple:
+    """The driver's price for one world's twins (`runs`: policy -> its repeats): (DriverPrice or None, its row of
+    driver.csv). Fitted on the world's baseline runs (the reference: their steps.parquet driver_seconds) against the
+    profile's cells (their own driver_seconds; lssim.analysis.fidelity.driver.fit_driver_price); the row: priced, why
+    not (empty when priced), the price per request / token / finish, the steps fitted and the excess's median share
+    of the runs' driver seconds. None where the baseline or the cells did not record the driver's seconds, and for an
+    engine started with speculation: the priced twin runs on lssim.sim.shared_host's engine, which does not model
+    speculation (the world's policies draft), so that world's twins run without it, the price fitted and reported."""
+    from lssim.analysis.fidelity.driver import fit_against_cells
+
+    from .profile import measurement_files
+
+    reference = [run.steps for run in runs.get("baseline", [])]
+    price, fit = (fit_against_cells(reference, measurement_files(profile)["batches"]) if reference
+                  else (None, "the world has no baseline runs (the reference)"))
+    row = {"driver_priced": price is not None, "driver_why": "" if price is not None else fit}
+    if price is not None:
+        row.update(driver_per_request=price.per_request, driver_per_token=price.per_token, driver_per_finish=price.per_finish,
+                   driver_steps=fit["steps"], driver_excess_share=fit["excess_share_median"],
+                   driver_cells_per_request=fit["cells_per_request"], driver_cells_per_token=fit["cells_per_token"])
+    speculating = any(r.meta.get("engine", {}).get("speculation") for repeats in runs.values() for r in repeats)
+    if price is not None and speculating:
+        row.update(driver_priced=False, driver_why="the engine was started with speculation, which the shared host's "
+                   "engine the driver is priced on does not model (lssim.sim.shared_host): fitted, not charged")
+        price = None
+    return price, row
 
 
 def speed_level(run, profile: str) -> float | None:

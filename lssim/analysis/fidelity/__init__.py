@@ -9,6 +9,8 @@
 The modules: run (a recorded run and its twin), compare (real against predicted), noise (the goal, and what an exact
 model would score against the repeats), summary (per policy, what `lssim validate` reports), modes (per execution
 mode, the twin's error beside an exact model's: `lssim validate --mode`), driver (the driver's price for a twin on a
-shared host) and report (markdown and plots). `lssim validate` (real_backend/validate_command.py) records the runs, replays them and prints these tables.
-Nothing here needs vLLM. `python -m lssim.analysis.fidelity FOLDER` prints a validation folder's fidelity table.
+shared host), pool (per policy, the error against an exact model's over several validation folders) and report
+(markdown and plots). `lssim validate` (real_backend/validate_command.py) records the runs, replays them and prints these tables.
+Nothing here needs vLLM. `python -m lssim.analysis.fidelity FOLDER` prints a validation folder's fidelity table,
+`python -m lssim.analysis.fidelity --pool FOLDER...` the pooled table.
 """

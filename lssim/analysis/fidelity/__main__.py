@@ -1,7 +1,20 @@
-"""python -m lssim.analysis.fidelity FOLDER: the README's fidelity table of a validation folder."""
+"""python -m lssim.analysis.fidelity [FOLDER]: the README's fidelity table of a validation folder;
+python -m lssim.analysis.fidelity --pool FOLDER...: each policy's error against an exact model's, pooled over
+validation folders, with and without the driver priced (lssim.analysis.fidelity.pool)."""
 
+import argparse
 import sys
 
+from lssim.analysis.fidelity.pool import pool_text
 from lssim.analysis.fidelity.report import markdown_from
 
-print(markdown_from(sys.argv[1] if len(sys.argv) > 1 else "paper/experiments/validation/full1"), end="")
+parser = argparse.ArgumentParser(prog="python -m lssim.analysis.fidelity", description=__doc__.split("\n")[0])
+parser.add_argument("folder", nargs="?", default="paper/experiments/validation/full1",
+                    help="a `lssim validate --out` folder: its fidelity table (default: %(default)s)")
+parser.add_argument("--pool", nargs="+", metavar="FOLDER", help="pool these folders per policy instead")
+args = parser.parse_args()
+try:
+    print(pool_text(args.pool) if args.pool else markdown_from(args.folder), end="")
+except ValueError as e:
+    print(f"python -m lssim.analysis.fidelity: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -243,7 +243,8 @@ def _speedup_error_parts(table: pd.DataFrame, groups: dict[str, tuple[float, flo
     with_groups = table["speedup_measured"] * (g["predicted"] / base[1]) / (g["measured"] / base[0])
     table["speedup_points_groups"] = (with_groups - table["speedup_measured"]) * 100
     table["speedup_points_seconds"] = (table["speedup_predicted"] - with_groups) * 100
-    # The seconds part split again where the runs recorded the driver's own time (which the twin does not price): the
+    # The seconds part split again where the runs recorded the driver's own time (the twin prices it only where its
+    # world has a driver price): the
     # points it makes (the measured speedup recomputed on each run's rollout seconds less the driver's, both the
     # policy's and the baseline's), and the rest, the engine's.
     engine = table["measured_seconds"] - table["measured_driver_seconds"]

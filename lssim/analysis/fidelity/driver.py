@@ -61,10 +61,19 @@ def fit_driver_price(reference_steps: list[pd.DataFrame], cells: pd.DataFrame | 
                    "excess_share_median": float(np.median(excess / steps["driver_seconds"].to_numpy(float)))}
 
 
+def fit_against_cells(reference_steps: list[pd.DataFrame], cells_path):
+    """fit_driver_price against the profile cells in `cells_path` (a profile's <stem>_batches.parquet, as
+    real_backend.profile.measurement_files names it; absent: the cells are taken as not recording the driver)."""
+    from pathlib import Path
+
+    cells = pd.read_parquet(cells_path) if Path(cells_path).is_file() else None
+    return fit_driver_price(reference_steps, cells)
+
+
 def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     from scipy.optimize import nnls
 
     return nnls(X, y)[0]
 
 
-__all__ = ["fit_driver_price", "cells_driver", "step_features"]
+__all__ = ["fit_driver_price", "fit_against_cells", "cells_driver", "step_features"]

@@ -23,8 +23,9 @@ def phases_markdown(phases: pd.DataFrame) -> str:
              f"prefill; lssim.analysis.fidelity.admission_seconds) and the generation after it, {level}.", "",
              "The driver's share is the part of each real rollout the driver worked on its own thread instead of waiting "
              "for the engine (the controller, the policy, rewards, submit and abort calls; real_backend.recorder's "
-             "driver_seconds): the twin prices none of it, and on a host whose cores the driver shares with the engine it "
-             "is time the engine loses.", "",
+             "driver_seconds): on a host whose cores the driver shares with the engine it is time the engine loses, and the "
+             "twin charges what a world's baseline runs hold beyond the profile's cells where that world's driver is priced "
+             "(the driver's price, below).", "",
              "| policy | admission: measured / predicted s | generation: measured / predicted | driver's share | steps |",
              "|---|---|---|---|---|"]
     for name, r in t.iterrows():
@@ -90,24 +91,50 @@ def fidelity_markdown(summary: pd.DataFrame, profile: str = "") -> str:
                   + (" The speedup's bound: 95% of an exact model's speedup errors against these repeats lie within it "
                      "(lssim.analysis.fidelity.speedup_noise_floor); a speedup error within it cannot be told from noise." if speedup_floor else "")
                   + (f" Cost model: {profile}." if profile else "")]
-    return "\n".join(lines) + _speedup_parts_markdown(summary) + "\n"
+    return "\n".join(lines) + _speedup_parts_markdown(summary) + driver_markdown(summary) + "\n"
 
 
 def _speedup_parts_markdown(summary: pd.DataFrame) -> str:
     """Where the runs recorded the driver's own time: each speedup error split into the points of groups trained, of
-    the driver's time (which the twin does not price) and of the engine (_speedup_error_parts)."""
+    the driver's time and of the engine (_speedup_error_parts)."""
     if "speedup_points_driver" not in summary or summary["speedup_points_driver"].isna().all():
         return ""
     lines = ["", "", "Each speedup error split (points; they add up): from groups trained (the twin trained more or fewer), "
              "from the driver's own time in the real rollouts (the controller, the policy, rewards, submit and abort calls, "
-             "recorded as driver_seconds: on this host it shares the engine's cores, and the twin prices none of it), and "
-             "from the engine (the rest: the cost model's).", "",
+             "recorded as driver_seconds: on this host it shares the engine's cores; the measured speedup recomputed without "
+             "it), and from the engine (the rest: the cost model's, with the driver's price where the world has one).", "",
              "| policy | speedup error | groups | driver | engine |", "|---|---|---|---|---|"]
     for name, r in summary.iterrows():
         if name.startswith("baseline") or pd.isna(r.get("speedup_points_driver", np.nan)):
             continue
         lines.append(f"| `{name}` | {r['speedup_error_points']:+.1f} | {r['speedup_points_groups']:+.1f} | "
                      f"{r['speedup_points_driver']:+.1f} | {r['speedup_points_engine']:+.1f} |")
+    return "\n".join(lines)
+
+
+def driver_markdown(summary: pd.DataFrame) -> str:
+    """The driver's price per world (real_backend.validate_twin.world_driver: fitted on the world's baseline runs
+    against the profile's cells, or why not) and each row's step error and noise ratio with and without it; empty
+    for a summary written before the driver was priced."""
+    if "driver_priced" not in summary:
+        return ""
+    lines = ["", "", "The driver's price per world: the driver's seconds the world's baseline runs hold beyond what the "
+             "profile's cells' own driver takes, fitted per request submitted, token streamed and response finished (NNLS, "
+             "lssim.analysis.fidelity.driver) and charged by every twin of the world (lssim.sim.shared_host); steps: the "
+             "baseline's steps fitted; excess: the median share of their driver seconds beyond the cells'.", "",
+             "| world | priced | per request ms | per token us | per finish ms | steps | excess | why not |", "|---|---|---|---|---|---|---|---|"]
+    for world, r in summary.groupby("world", sort=False).first().iterrows():
+        fitted = pd.notna(r.get("driver_per_request", np.nan))
+        numbers = (f"{r['driver_per_request'] * 1e3:.3f} | {r['driver_per_token'] * 1e6:.2f} | {r['driver_per_finish'] * 1e3:.3f} | "
+                   f"{int(r['driver_steps'])} | {r['driver_excess_share']:.0%}") if fitted else " | | | | "
+        why = r.get("driver_why")
+        lines.append(f"| {world} | {'yes' if r['driver_priced'] else 'no'} | {numbers} | {why if isinstance(why, str) else ''} |")
+    lines += ["", "| policy | step error median %: driver priced / not | an exact model's % | noise ratio: priced / not |",
+              "|---|---|---|---|"]
+    for name, r in summary.iterrows():
+        exact = r.get("noise_floor_median_pct", np.nan)
+        priced, unpriced = r["makespan_median_ape_pct"], r["unpriced_median_ape_pct"]
+        lines.append(f"| `{name}` | {priced:.1f} / {unpriced:.1f} | {exact:.1f} | {priced / exact:.2f} / {unpriced / exact:.2f} |")
     return "\n".join(lines)
 
 

@@ -68,6 +68,19 @@ def policy_summary(summary: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.Da
     return out
 
 
+def with_driver(summary: pd.DataFrame, driver: pd.DataFrame, unpriced: pd.DataFrame) -> pd.DataFrame:
+    """`summary` with, per row, its world's driver price (`driver`: one row per world, real_backend.validate_twin's
+    world_driver: driver_priced, driver_why, driver_per_request / _per_token / _per_finish, the steps fitted...) and
+    its step errors with the twin not charging it (`unpriced`: per-step medians; unpriced_median_ape_pct / _p90)."""
+    out = summary.copy()
+    for col in driver:
+        out[col] = out["world"].map(driver[col])
+    by = unpriced.groupby("policy")["ape_pct"]
+    out["unpriced_median_ape_pct"] = out.index.map(by.median())
+    out["unpriced_p90_ape_pct"] = out.index.map(by.agg(lambda v: float(np.percentile(v, 90))))
+    return out
+
+
 def _add_repeat_columns(out: pd.DataFrame, acted_rows: pd.DataFrame, noise: pd.DataFrame | None,
                         speedups: pd.DataFrame | None) -> None:
     """policy_summary's columns over the repeats, in place: the measured speedup's range, how much each policy acted
@@ -99,9 +112,12 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
     headline), speedup_error, repeat_spread, ..., noise_floor: {floor_median, floor_p90, bound_median, bound_p90} (an exact
     model's errors against these repeats, `noise_floor`), repeats_for_goal, speedup_noise: {floor, bound} (an exact
     model's speedup error in points, `speedup_noise_floor`), repeats_for_speedup_goal, meets_goal, meets_goal_probed,
-    within_noise, runs, cost_model: the profile the world's twin priced with}}` (errors in %, the speedup error in
-    points), the baselines apart, `pooled` (the median over every row of the twin's and an exact model's step error
-    and of their ratio, with the rows and runs it pools) and the goal."""
+    within_noise, runs, cost_model: the profile the world's twin priced with, step_error_median_unpriced and
+    noise_ratio_unpriced (the twin without the driver's price), driver: {priced, why, per_request, per_token,
+    per_finish, steps, excess_share} (its world's, `_driver_entry`)}}` (errors in %, the speedup error in points), the
+    baselines apart, `pooled` (the median over every row of the twin's and an exact model's step error and of their
+    ratio, with and without the driver priced, with the rows and runs it pools), `driver` (world -> its driver
+    entry) and the goal."""
     def number(v):
         return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
@@ -140,16 +156,35 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
                  "meets_goal": bool(row.get("meets_goal", False)),
                  "meets_goal_probed": bool(row.get("meets_goal_probed", False)),
                  "meets_goal_anchored": bool(row.get("meets_goal_anchored", False)),
-                 "within_noise": bool(row.get("within_noise", False))}
+                 "within_noise": bool(row.get("within_noise", False)),
+                 **_driver_entry(row, number)}
         (baselines if str(name).startswith("baseline") else policies)[str(name)] = entry
     rows = [*policies.values(), *baselines.values()]
     pooled = {key: number(np.nanmedian([r[key] if r[key] is not None else np.nan for r in rows])) if rows else None
-              for key in ("step_error_median", "exact_step_error_median", "noise_ratio")}
+              for key in ("step_error_median", "exact_step_error_median", "noise_ratio", "step_error_median_unpriced",
+                          "noise_ratio_unpriced")}
     pooled.update(rows=len(rows), runs=sum(r["runs"] or 0 for r in rows))  # medians over every row, and what they pool
-    return {"policies": policies, "baselines": baselines, "out": out, "pooled": pooled,
+    worlds = {str(r["world"]): r["driver"] for r in rows if isinstance(r["world"], str)}  # each world's driver price
+    return {"policies": policies, "baselines": baselines, "out": out, "pooled": pooled, "driver": worlds,
             "goal": {"step_error_median": TARGET_MEDIAN_PCT, "step_error_p90": TARGET_P90_PCT,
                      "speedup_error": TARGET_SPEEDUP_POINTS},
             "all_acted": all((p["acted"] or 0) > 0 for p in policies.values())}
+
+
+def _driver_entry(row: pd.Series, number) -> dict:
+    """policy_results' driver fields of one row: the twin's error without the driver priced (the same as
+    step_error_median where it was not), its ratio over an exact model's, and the world's price: priced, why not,
+    seconds per request / token / finish, the steps fitted and the excess's median share (null for a folder written
+    before the driver was priced)."""
+    unpriced = row.get("unpriced_median_ape_pct", row["makespan_median_ape_pct"])
+    priced = row.get("driver_priced")
+    why = row.get("driver_why")  # "" or NaN (read back from a csv) where it was priced
+    fitted = {k: number(row.get(f"driver_{k}")) for k in ("per_request", "per_token", "per_finish", "steps", "excess_share")}
+    return {"step_error_median_unpriced": number(unpriced),
+            "noise_ratio_unpriced": number(unpriced / row["noise_floor_median_pct"] if "noise_floor_median_pct" in row else None),
+            "driver": {"priced": None if priced is None or pd.isna(priced) else bool(priced),
+                       "why": why if isinstance(why, str) and why else None,
+                       **fitted}}
 
 
 def load_summary(folder, steps_by_repeat: pd.DataFrame | None = None) -> pd.DataFrame:
