@@ -42,11 +42,17 @@ class EarlyExit(Policy):
     def needs(self):
         return PolicyNeeds(signals=frozenset({"entropy"}))
 
-    def rule(self, generated, entropy, run):
-        """The rule at one checkpoint, on one response's numbers or elementwise on arrays of many (both routes ask it):
-        (stop or not, the confident checks in a row after it, whether it looked: `min_tokens` tokens)."""
+    def checks(self, generated, entropy):
+        """What one checkpoint says, on one response's numbers or elementwise on arrays of many (both routes ask it):
+        (whether the rule looks: `min_tokens` tokens; whether it is confident there)."""
         looked = generated >= self.min_tokens
-        run = looked * (entropy < self.confident_below) * (run + 1) + (1 - looked) * run
+        return looked, looked * (entropy < self.confident_below)
+
+    def rule(self, generated, entropy, run):
+        """The rule at one checkpoint of one response, after `run` confident checks in a row: (stop or not, the
+        confident checks in a row after it, whether it looked). progress_stops runs the same counter along arrays."""
+        looked, confident = self.checks(generated, entropy)
+        run = confident * (run + 1) + (1 - looked) * run
         return looked * (run >= self.patience), run, looked
 
     def on_progress(self, request, state):
@@ -60,13 +66,11 @@ class EarlyExit(Policy):
         return Action.stop("early_exit", score=True) if stop else None
 
     def progress_stops(self, checkpoints):
-        n = len(checkpoints)
-        at, run = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-        for rows, generated, signals, has in checkpoints:
-            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
-            rows, generated = rows[read], generated[read]
-            stop, run[rows], _ = self.rule(generated, signals["entropy"][read], run[rows])
-            at[rows[stop > 0]] = generated[stop > 0]
+        # every checkpoint at once: the rule's counter along each response's checkpoints, then its first stop
+        flat = checkpoints.flat()
+        looked, confident = self.checks(flat.generated, flat.signals["entropy"])
+        counted, reset = flat.has & confident, flat.has & looked & ~confident
+        _, at = flat.first_hits(counted & (flat.streaks(counted, reset) >= self.patience))
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
 
     def on_finish(self, request, state):
