@@ -119,10 +119,10 @@ class Breaker(Policy):
     def progress_stops(self, checkpoints):
         # every checkpoint at once: the rule's counters along each response's checkpoints, then its first stop
         flat = checkpoints.flat()
-        s = flat.signals
+        s, has = flat.signals()
         _, loop, counted, is_low, is_high = self.checks(flat.generated, s["repetition"], s["entropy"], s["tokens"],
                                                         s["window"])
-        loop, counted = flat.has & (loop > 0), flat.has & (counted > 0)
+        loop, counted = has & (loop > 0), has & (counted > 0)
         low = flat.streaks(counted & is_low, counted & ~is_low)
         high = flat.streaks(counted & is_high, counted & ~is_high)
         code = self.code(loop, counted, low, high)

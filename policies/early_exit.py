@@ -66,12 +66,29 @@ class EarlyExit(Policy):
         return Action.stop("early_exit", score=True) if stop else None
 
     def progress_stops(self, checkpoints):
-        # every checkpoint at once: the rule's counter along each response's checkpoints, then its first stop
-        flat = checkpoints.flat()
-        looked, confident = self.checks(flat.generated, flat.signals["entropy"])
-        counted, reset = flat.has & confident, flat.has & looked & ~confident
-        _, at = flat.first_hits(counted & (flat.streaks(counted, reset) >= self.patience))
+        # The rule stops at the end of `patience` confident checks in a row, and any such run holds one of every
+        # response's patience-th checkpoints: the signals are read there, and around the confident ones only.
+        flat, p = checkpoints.flat(), self.patience
+        sampled = flat.every(p)
+        candidates = sampled[self._confident_at(flat, sampled)]
+        window = candidates[:, None] + np.arange(1 - p, p)  # the checks of every run that holds a candidate
+        row = flat.rows[candidates][:, None]
+        inside = (window >= flat.starts[row]) & (window < flat.starts[row + 1])
+        confident = np.zeros(window.shape, bool)
+        confident[inside] = self._confident_at(flat, window[inside])
+        in_a_row = np.zeros((len(window), 2 * p), np.int64)
+        np.cumsum(confident, axis=1, out=in_a_row[:, 1:])
+        ends = in_a_row[:, p:] - in_a_row[:, :p] == p  # the run of p ending at each check from the candidate on
+        stop = candidates + ends.argmax(axis=1)
+        hit = np.zeros(len(flat.rows), bool)
+        hit[stop[ends.any(axis=1)]] = True
+        _, at = flat.first_hits(hit)
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
+
+    def _confident_at(self, flat, index: np.ndarray) -> np.ndarray:
+        """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat) as confident."""
+        signals, has = flat.signals_at(index)
+        return has & self.checks(flat.generated[index], signals["entropy"])[1]
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)

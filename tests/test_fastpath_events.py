@@ -133,9 +133,15 @@ def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(see
     for live, generated, signals, has in points:
         for k, j in enumerate(live.tolist()):
             by_row[j].append((generated[k], has[k], *(signals[name][k] for name in sorted(signals))))
-    flat_rows = [(flat.generated[k], flat.has[k], *(flat.signals[name][k] for name in sorted(flat.signals)))
-                 for k in range(len(flat.rows))]
-    columns = 2 + len(flat.signals)
+    signals, has = flat.signals()
+    flat_rows = [(flat.generated[k], has[k], *(signals[name][k] for name in sorted(signals))) for k in range(len(flat.rows))]
+    at = rng.permutation(len(flat.rows))[:5]
+    some, some_has = flat.signals_at(at)
+    assert some_has.tolist() == has[at].tolist()
+    assert all(np.array_equal(some[name], signals[name][at], equal_nan=True) for name in signals)
+    stride = 1 + seed % 3
+    assert flat.every(stride).tolist() == [k for k in range(len(flat.rows)) if (k - flat.starts[flat.rows[k]]) % stride == stride - 1]
+    columns = 2 + len(signals)
     assert np.array_equal(np.array([x for j in range(n) for x in by_row[j]], float).reshape(-1, columns),
                           np.array(flat_rows, float).reshape(-1, columns), equal_nan=True)
     assert flat.rows.tolist() == [j for j in range(n) for _ in by_row[j]]

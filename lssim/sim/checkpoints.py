@@ -51,9 +51,11 @@ class Checkpoints:
         # repeated per response rather than gathered by row: the same arrays, quicker
         rows = np.repeat(np.arange(len(count)), count)
         generated = np.repeat(first - c * starts[:-1], count) + c * np.arange(starts[-1])
-        signals, has = self._signals.windows(np.repeat(self.trace_rows, count), generated, self._spec,
-                                             np.repeat(self.max_tokens, count))
-        return FlatCheckpoints(rows, generated, signals, has, starts)
+        return FlatCheckpoints(rows, generated, starts, self)
+
+    def windows(self, rows: np.ndarray, generated: np.ndarray) -> tuple[dict, np.ndarray]:
+        """The window signals of responses `rows` at `generated` tokens, and which have any."""
+        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
 
     def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (row, tokens generated) checkpoint, the first ones of all rows first, then the second ones, ...; and
@@ -74,14 +76,30 @@ class Checkpoints:
 @dataclass(slots=True, frozen=True)
 class FlatCheckpoints:
     """Every checkpoint of `len(starts) - 1` responses, response by response, each one's in order (Checkpoints.flat):
-    the row of each, the tokens generated there, the window signals there and whether the row has any, and where each
-    response's checkpoints begin."""
+    the row of each, the tokens generated there, and where each response's checkpoints begin; their window signals
+    where asked (`signals`, `signals_at`: a rule that can tell where it may stop reads only those)."""
 
     rows: np.ndarray
     generated: np.ndarray
-    signals: dict
-    has: np.ndarray
     starts: np.ndarray
+    points: Checkpoints
+
+    def signals(self) -> tuple[dict, np.ndarray]:
+        """Every checkpoint's window signals (a dict of arrays) and whether its row has any."""
+        count = np.diff(self.starts)
+        return self.points._signals.windows(np.repeat(self.points.trace_rows, count), self.generated,
+                                            self.points._spec, np.repeat(self.points.max_tokens, count))
+
+    def signals_at(self, index: np.ndarray) -> tuple[dict, np.ndarray]:
+        """`signals` of the checkpoints at `index` only."""
+        return self.points.windows(self.rows[index], self.generated[index])
+
+    def every(self, stride: int) -> np.ndarray:
+        """The index of every response's stride-th, 2 stride-th, ... checkpoint: any `stride` of a response's
+        checkpoints in a row hold one of them."""
+        count = np.diff(self.starts) // stride
+        base = self.starts[:-1] + stride - 1 - stride * np.concatenate(([0], np.cumsum(count)[:-1]))
+        return np.repeat(base, count) + stride * np.arange(int(count.sum()))
 
     def streaks(self, counted: np.ndarray, reset: np.ndarray) -> np.ndarray:
         """At each checkpoint, a counter of checks in a row: `run + 1` where counted, 0 where reset, else unchanged, from
