@@ -72,7 +72,7 @@ class EarlyExit(Policy):
         sampled = flat.every(p)
         candidates = sampled[self._confident_at(flat, sampled)]
         window = candidates[:, None] + np.arange(1 - p, p)  # the checks of every run that holds a candidate
-        row = flat.rows[candidates][:, None]
+        row = flat.rows_at(candidates)[:, None]
         inside = (window >= flat.starts[row]) & (window < flat.starts[row + 1])
         confident = np.zeros(window.shape, bool)
         confident[inside] = self._confident_at(flat, window[inside])
@@ -80,7 +80,7 @@ class EarlyExit(Policy):
         np.cumsum(confident, axis=1, out=in_a_row[:, 1:])
         ends = in_a_row[:, p:] - in_a_row[:, :p] == p  # the run of p ending at each check from the candidate on
         stop = candidates + ends.argmax(axis=1)
-        hit = np.zeros(len(flat.rows), bool)
+        hit = np.zeros(flat.starts[-1], bool)
         hit[stop[ends.any(axis=1)]] = True
         _, at = flat.first_hits(hit)
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
@@ -88,7 +88,7 @@ class EarlyExit(Policy):
     def _confident_at(self, flat, index: np.ndarray) -> np.ndarray:
         """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat) as confident."""
         signals, has = flat.signals_at(index)
-        return has & self.checks(flat.generated[index], signals["entropy"])[1]
+        return has & self.checks(flat.generated_at(index), signals["entropy"])[1]
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)

@@ -48,10 +48,7 @@ class Checkpoints:
         count = np.maximum(0, -(-(self.length - first) // c))  # multiples in [first, length)
         starts = np.zeros(len(count) + 1, np.int64)
         np.cumsum(count, out=starts[1:])
-        # repeated per response rather than gathered by row: the same arrays, quicker
-        rows = np.repeat(np.arange(len(count)), count)
-        generated = np.repeat(first - c * starts[:-1], count) + c * np.arange(starts[-1])
-        return FlatCheckpoints(rows, generated, starts, self)
+        return FlatCheckpoints(starts, first, self)
 
     def windows(self, rows: np.ndarray, generated: np.ndarray) -> tuple[dict, np.ndarray]:
         """The window signals of responses `rows` at `generated` tokens, and which have any."""
@@ -76,23 +73,40 @@ class Checkpoints:
 @dataclass(slots=True, frozen=True)
 class FlatCheckpoints:
     """Every checkpoint of `len(starts) - 1` responses, response by response, each one's in order (Checkpoints.flat):
-    the row of each, the tokens generated there, and where each response's checkpoints begin; their window signals
-    where asked (`signals`, `signals_at`: a rule that can tell where it may stop reads only those)."""
+    where each response's checkpoints begin and its first one's tokens; each checkpoint's row, tokens and window
+    signals where asked (all of them, or some: a rule that can tell where it may stop reads only those)."""
 
-    rows: np.ndarray
-    generated: np.ndarray
     starts: np.ndarray
+    first: np.ndarray
     points: Checkpoints
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Every checkpoint's row."""
+        return np.repeat(np.arange(len(self.first)), np.diff(self.starts))
+
+    @property
+    def generated(self) -> np.ndarray:
+        """Every checkpoint's tokens generated (repeated per response rather than gathered by row: quicker)."""
+        c = self.points.interval
+        return np.repeat(self.first - c * self.starts[:-1], np.diff(self.starts)) + c * np.arange(self.starts[-1])
+
+    def rows_at(self, index: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, index, side="right") - 1
+
+    def generated_at(self, index: np.ndarray) -> np.ndarray:
+        rows = self.rows_at(index)
+        return self.first[rows] + self.points.interval * (index - self.starts[rows])
 
     def signals(self) -> tuple[dict, np.ndarray]:
         """Every checkpoint's window signals (a dict of arrays) and whether its row has any."""
-        count = np.diff(self.starts)
-        return self.points._signals.windows(np.repeat(self.points.trace_rows, count), self.generated,
-                                            self.points._spec, np.repeat(self.points.max_tokens, count))
+        count, points = np.diff(self.starts), self.points
+        return points._signals.windows(np.repeat(points.trace_rows, count), self.generated, points._spec,
+                                       np.repeat(points.max_tokens, count))
 
     def signals_at(self, index: np.ndarray) -> tuple[dict, np.ndarray]:
         """`signals` of the checkpoints at `index` only."""
-        return self.points.windows(self.rows[index], self.generated[index])
+        return self.points.windows(self.rows_at(index), self.generated_at(index))
 
     def every(self, stride: int) -> np.ndarray:
         """The index of every response's stride-th, 2 stride-th, ... checkpoint: any `stride` of a response's
@@ -116,11 +130,11 @@ class FlatCheckpoints:
         """Each response's first checkpoint where `hit`: (its index into these arrays, the tokens generated there),
         -1 and -1 where none."""
         at = np.flatnonzero(hit)
-        hit_rows = self.rows[at]
+        hit_rows = self.rows_at(at)
         first = np.ones(len(at), bool)
         first[1:] = hit_rows[1:] != hit_rows[:-1]
         index = np.full(len(self.starts) - 1, -1, np.int64)
         index[hit_rows[first]] = at[first]
         tokens = np.full(len(index), -1, np.int64)
-        tokens[hit_rows[first]] = self.generated[at[first]]
+        tokens[hit_rows[first]] = self.generated_at(at[first])
         return index, tokens
