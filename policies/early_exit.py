@@ -69,13 +69,13 @@ class EarlyExit(Policy):
         # The rule stops at the end of `patience` confident checks in a row, and any such run holds one of every
         # response's patience-th checkpoints: the signals are read there, and around the confident ones only.
         flat, p = checkpoints.flat(), self.patience
-        sampled = flat.every(p)
-        candidates = sampled[self._confident_at(flat, sampled)]
+        sampled, rows = flat.every(p)
+        confident = self._confident_at(flat, sampled, rows)
+        candidates, row = sampled[confident], rows[confident][:, None]
         window = candidates[:, None] + np.arange(1 - p, p)  # the checks of every run that holds a candidate
-        row = flat.rows_at(candidates)[:, None]
         inside = (window >= flat.starts[row]) & (window < flat.starts[row + 1])
         confident = np.zeros(window.shape, bool)
-        confident[inside] = self._confident_at(flat, window[inside])
+        confident[inside] = self._confident_at(flat, window[inside], np.broadcast_to(row, window.shape)[inside])
         in_a_row = np.zeros((len(window), 2 * p), np.int64)
         np.cumsum(confident, axis=1, out=in_a_row[:, 1:])
         ends = in_a_row[:, p:] - in_a_row[:, :p] == p  # the run of p ending at each check from the candidate on
@@ -85,10 +85,10 @@ class EarlyExit(Policy):
         _, at = flat.first_hits(hit)
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
 
-    def _confident_at(self, flat, index: np.ndarray) -> np.ndarray:
-        """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat) as confident."""
-        signals, has = flat.signals_at(index)
-        return has & self.checks(flat.generated_at(index), signals["entropy"])[1]
+    def _confident_at(self, flat, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat, rows `rows`) as confident."""
+        signals, has = flat.signals_at(index, rows)
+        return has & self.checks(flat.generated_at(index, rows), signals["entropy"])[1]
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)

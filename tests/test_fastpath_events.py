@@ -140,7 +140,9 @@ def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(see
     assert some_has.tolist() == has[at].tolist()
     assert all(np.array_equal(some[name], signals[name][at], equal_nan=True) for name in signals)
     stride = 1 + seed % 3
-    assert flat.every(stride).tolist() == [k for k in range(len(flat.rows)) if (k - flat.starts[flat.rows[k]]) % stride == stride - 1]
+    every, every_rows = flat.every(stride)
+    assert every.tolist() == [k for k in range(len(flat.rows)) if (k - flat.starts[flat.rows[k]]) % stride == stride - 1]
+    assert every_rows.tolist() == flat.rows[every].tolist()
     columns = 2 + len(signals)
     assert np.array_equal(np.array([x for j in range(n) for x in by_row[j]], float).reshape(-1, columns),
                           np.array(flat_rows, float).reshape(-1, columns), equal_nan=True)

@@ -94,8 +94,9 @@ class FlatCheckpoints:
     def rows_at(self, index: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, index, side="right") - 1
 
-    def generated_at(self, index: np.ndarray) -> np.ndarray:
-        rows = self.rows_at(index)
+    def generated_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """The tokens at the checkpoints at `index` (of rows `rows`, where known)."""
+        rows = self.rows_at(index) if rows is None else rows
         return self.first[rows] + self.points.interval * (index - self.starts[rows])
 
     def signals(self) -> tuple[dict, np.ndarray]:
@@ -104,16 +105,17 @@ class FlatCheckpoints:
         return points._signals.windows(np.repeat(points.trace_rows, count), self.generated, points._spec,
                                        np.repeat(points.max_tokens, count))
 
-    def signals_at(self, index: np.ndarray) -> tuple[dict, np.ndarray]:
-        """`signals` of the checkpoints at `index` only."""
-        return self.points.windows(self.rows_at(index), self.generated_at(index))
+    def signals_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+        """`signals` of the checkpoints at `index` (of rows `rows`, where known) only."""
+        rows = self.rows_at(index) if rows is None else rows
+        return self.points.windows(rows, self.generated_at(index, rows))
 
-    def every(self, stride: int) -> np.ndarray:
-        """The index of every response's stride-th, 2 stride-th, ... checkpoint: any `stride` of a response's
-        checkpoints in a row hold one of them."""
+    def every(self, stride: int) -> tuple[np.ndarray, np.ndarray]:
+        """The index of every response's stride-th, 2 stride-th, ... checkpoint, and its row: any `stride` of a
+        response's checkpoints in a row hold one of them."""
         count = np.diff(self.starts) // stride
         base = self.starts[:-1] + stride - 1 - stride * np.concatenate(([0], np.cumsum(count)[:-1]))
-        return np.repeat(base, count) + stride * np.arange(int(count.sum()))
+        return np.repeat(base, count) + stride * np.arange(int(count.sum())), np.repeat(np.arange(len(count)), count)
 
     def streaks(self, counted: np.ndarray, reset: np.ndarray) -> np.ndarray:
         """At each checkpoint, a counter of checks in a row: `run + 1` where counted, 0 where reset, else unchanged, from
