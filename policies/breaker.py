@@ -73,17 +73,27 @@ class Breaker(Policy):
         self._scale = ctx.reward_scale
         return proposal
 
-    def rule(self, generated, repetition, entropy, tokens, window, low, high):
-        """The rule at one checkpoint, on one response's numbers or elementwise on arrays of many (both routes ask it):
-        (reason code: 0 none, 1 loop, 2 entropy collapse, 3 babble; the low- and high-entropy checks in a row after
-        it; whether it looked: a full window and `min_tokens` tokens)."""
+    def checks(self, generated, repetition, entropy, tokens, window):
+        """What one checkpoint says, on one response's numbers or elementwise on arrays of many (both routes ask it):
+        (whether the rule looks: a full window and `min_tokens` tokens; a loop; whether the entropy counters count it:
+        looked, no loop; low entropy; high entropy)."""
         looked = (generated >= self.min_tokens) * (tokens >= window)
         loop = looked * (repetition >= self.repetition_above)
         counted = looked * (1 - loop)  # a loop stops before the entropy counters move
-        low = counted * (entropy < self.entropy_below) * (low + 1) + (1 - counted) * low
-        high = counted * (entropy > self.entropy_above) * (high + 1) + (1 - counted) * high
-        code = loop * 1 + counted * ((low >= self.patience) * 2 + (low < self.patience) * (high >= self.patience) * 3)
-        return code, low, high, looked
+        return looked, loop, counted, entropy < self.entropy_below, entropy > self.entropy_above
+
+    def code(self, loop, counted, low, high):
+        """The reason code once the counters moved: 0 none, 1 loop, 2 entropy collapse, 3 babble."""
+        return loop * 1 + counted * ((low >= self.patience) * 2 + (low < self.patience) * (high >= self.patience) * 3)
+
+    def rule(self, generated, repetition, entropy, tokens, window, low, high):
+        """The rule at one checkpoint of one response, after `low` and `high` entropy checks in a row: (reason code,
+        the low- and high-entropy checks in a row after it, whether it looked). progress_stops runs the same counters
+        along arrays."""
+        looked, loop, counted, is_low, is_high = self.checks(generated, repetition, entropy, tokens, window)
+        low = counted * is_low * (low + 1) + (1 - counted) * low
+        high = counted * is_high * (high + 1) + (1 - counted) * high
+        return self.code(loop, counted, low, high), low, high, looked
 
     def decide(self, rid: int, generated: int, signals: dict | None) -> str | None:
         """The rule on one checkpoint's signals: the reason to stop, or None."""
@@ -107,20 +117,23 @@ class Breaker(Policy):
         return Action.stop(reason, reward=self._stop_reward())
 
     def progress_stops(self, checkpoints):
-        n = len(checkpoints)
-        at, code = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-        low, high = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        for rows, generated, signals, has in checkpoints:
-            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
-            rows, generated = rows[read], generated[read]
-            got, low[rows], high[rows], _ = self.rule(generated, signals["repetition"][read], signals["entropy"][read],
-                                                      signals["tokens"][read], signals["window"][read], low[rows], high[rows])
-            hit = got > 0
-            at[rows[hit]], code[rows[hit]] = generated[hit], got[hit]
-        for c, count in enumerate(np.bincount(code, minlength=len(_REASONS)).tolist()):
+        # every checkpoint at once: the rule's counters along each response's checkpoints, then its first stop
+        flat = checkpoints.flat()
+        s, has = flat.signals()
+        _, loop, counted, is_low, is_high = self.checks(flat.generated, s["repetition"], s["entropy"], s["tokens"],
+                                                        s["window"])
+        loop, counted = has & (loop > 0), has & (counted > 0)
+        low = flat.streaks(counted & is_low, counted & ~is_low)
+        high = flat.streaks(counted & is_high, counted & ~is_high)
+        code = self.code(loop, counted, low, high)
+        first, at = flat.first_hits(code > 0)
+        stopped = first >= 0
+        reason = np.zeros(len(first), np.int64)
+        reason[stopped] = code[first[stopped]]
+        for c, count in enumerate(np.bincount(reason, minlength=len(_REASONS)).tolist()):
             if c and count:
                 self.stops[_REASONS[c]] += count
-        return ProgressStops.of(at, np.asarray(_REASONS, object)[code], reward=self._stop_reward())
+        return ProgressStops.of(at, np.asarray(_REASONS, object)[reason], reward=self._stop_reward())
 
     def _stop_reward(self) -> float | None:
         return None if self.stop_reward is None else self._scale.value(self.stop_reward)

@@ -42,11 +42,17 @@ class EarlyExit(Policy):
     def needs(self):
         return PolicyNeeds(signals=frozenset({"entropy"}))
 
-    def rule(self, generated, entropy, run):
-        """The rule at one checkpoint, on one response's numbers or elementwise on arrays of many (both routes ask it):
-        (stop or not, the confident checks in a row after it, whether it looked: `min_tokens` tokens)."""
+    def checks(self, generated, entropy):
+        """What one checkpoint says, on one response's numbers or elementwise on arrays of many (both routes ask it):
+        (whether the rule looks: `min_tokens` tokens; whether it is confident there)."""
         looked = generated >= self.min_tokens
-        run = looked * (entropy < self.confident_below) * (run + 1) + (1 - looked) * run
+        return looked, looked * (entropy < self.confident_below)
+
+    def rule(self, generated, entropy, run):
+        """The rule at one checkpoint of one response, after `run` confident checks in a row: (stop or not, the
+        confident checks in a row after it, whether it looked). progress_stops runs the same counter along arrays."""
+        looked, confident = self.checks(generated, entropy)
+        run = confident * (run + 1) + (1 - looked) * run
         return looked * (run >= self.patience), run, looked
 
     def on_progress(self, request, state):
@@ -60,14 +66,29 @@ class EarlyExit(Policy):
         return Action.stop("early_exit", score=True) if stop else None
 
     def progress_stops(self, checkpoints):
-        n = len(checkpoints)
-        at, run = np.full(n, -1, np.int64), np.zeros(n, np.int64)
-        for rows, generated, signals, has in checkpoints:
-            read = has & (at[rows] < 0)  # a stopped response has no more checkpoints
-            rows, generated = rows[read], generated[read]
-            stop, run[rows], _ = self.rule(generated, signals["entropy"][read], run[rows])
-            at[rows[stop > 0]] = generated[stop > 0]
+        # The rule stops at the end of `patience` confident checks in a row, and any such run holds one of every
+        # response's patience-th checkpoints: the signals are read there, and around the confident ones only.
+        flat, p = checkpoints.flat(), self.patience
+        sampled, rows = flat.every(p)
+        confident = self._confident_at(flat, sampled, rows)
+        candidates, row = sampled[confident], rows[confident][:, None]
+        window = candidates[:, None] + np.arange(1 - p, p)  # the checks of every run that holds a candidate
+        inside = (window >= flat.starts[row]) & (window < flat.starts[row + 1])
+        confident = np.zeros(window.shape, bool)
+        confident[inside] = self._confident_at(flat, window[inside], np.broadcast_to(row, window.shape)[inside])
+        in_a_row = np.zeros((len(window), 2 * p), np.int64)
+        np.cumsum(confident, axis=1, out=in_a_row[:, 1:])
+        ends = in_a_row[:, p:] - in_a_row[:, :p] == p  # the run of p ending at each check from the candidate on
+        stop = candidates + ends.argmax(axis=1)
+        hit = np.zeros(flat.starts[-1], bool)
+        hit[stop[ends.any(axis=1)]] = True
+        _, at = flat.first_hits(hit)
         return ProgressStops.of(at, np.where(at >= 0, "early_exit", "").astype(object), score=True)
+
+    def _confident_at(self, flat, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat, rows `rows`) as confident."""
+        signals, has = flat.signals_at(index, rows)
+        return has & self.checks(flat.generated_at(index, rows), signals["entropy"])[1]
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)

@@ -117,6 +117,53 @@ def test_checkpoints_are_the_event_engines(seed, interval):
         assert seen[j] == list(range(first, length[j], interval))
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), interval=st.integers(1, 50), patience=st.integers(1, 3))
+def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(seed, interval, patience):
+    """Checkpoints.flat: the iteration's checkpoints and signals, response by response; its counters of checks in a
+    row (streaks) are the ones a rule keeps checkpoint by checkpoint, and first_hits the first checkpoint that hits."""
+    rng = np.random.default_rng(seed)
+    wl = Workload(labelled_trace(rng, steps=2, prompts=3, group=3, max_len=200))
+    n = 12
+    length, start = rng.integers(0, 200, n), rng.integers(0, 60, n)
+    rows, budget = rng.integers(0, len(wl.signals.source), n), rng.integers(2, 400, n)
+    points = Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec())
+    flat = points.flat()
+    by_row = {j: [] for j in range(n)}
+    for live, generated, signals, has in points:
+        for k, j in enumerate(live.tolist()):
+            by_row[j].append((generated[k], has[k], *(signals[name][k] for name in sorted(signals))))
+    signals, has = flat.signals()
+    flat_rows = [(flat.generated[k], has[k], *(signals[name][k] for name in sorted(signals))) for k in range(len(flat.rows))]
+    at = rng.permutation(len(flat.rows))[:5]
+    some, some_has = flat.signals_at(at)
+    assert some_has.tolist() == has[at].tolist()
+    assert all(np.array_equal(some[name], signals[name][at], equal_nan=True) for name in signals)
+    stride = 1 + seed % 3
+    every, every_rows = flat.every(stride)
+    assert every.tolist() == [k for k in range(len(flat.rows)) if (k - flat.starts[flat.rows[k]]) % stride == stride - 1]
+    assert every_rows.tolist() == flat.rows[every].tolist()
+    columns = 2 + len(signals)
+    assert np.array_equal(np.array([x for j in range(n) for x in by_row[j]], float).reshape(-1, columns),
+                          np.array(flat_rows, float).reshape(-1, columns), equal_nan=True)
+    assert flat.rows.tolist() == [j for j in range(n) for _ in by_row[j]]
+    state = rng.integers(0, 3, len(flat.rows))  # 0 unchanged, 1 counted, 2 reset
+    counted, reset = state == 1, state == 2
+    want, run, last = [], 0, -1
+    for k, j in enumerate(flat.rows.tolist()):
+        run = 0 if j != last else run
+        last = j
+        run = run + 1 if counted[k] else 0 if reset[k] else run
+        want.append(run)
+    runs = flat.streaks(counted, reset)
+    assert runs.tolist() == want
+    index, tokens = flat.first_hits(runs >= patience)
+    for j in range(n):
+        hits = [k for k in range(len(flat.rows)) if flat.rows[k] == j and runs[k] >= patience]
+        assert index[j] == (hits[0] if hits else -1)
+        assert tokens[j] == (flat.generated[hits[0]] if hits else -1)
+
+
 @pytest.mark.parametrize("interval", [1, 7, 32, 100])
 def test_checkpoints_read_measured_signals_as_the_event_engine(interval):
     """A trace with signals measured from tokens (lssim.traces.signal_trace): the windows over arrays are the scalar ones."""
