@@ -17,17 +17,16 @@ at one iteration pop in its order.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
 
-from lssim.kernels import BOOLS, BOOLS_IN, I64, I64S, I64S_IN, kernel
+from lssim.kernels import BOOLS, BOOLS_IN, I64, I64S, I64S_IN, kernel, tuple_of
 from lssim.sim.fastsim_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _heap_push, _peek, _pop,
                                       _settle_fresh)
 
 # The tuples schedule_stops hands its helpers (lssim.kernels): each push's request, epoch and whether a checkpoint; each
 # request's state as _pop_boundary and _preempt take it; the records' 13 columns.
-PUSHED = types.Tuple((I64S, I64S, BOOLS))
-REQUESTS = types.Tuple((I64S, I64S, I64S, BOOLS, BOOLS))
-RECORDS = types.UniTuple(I64S, 13)
+PUSHED = tuple_of(I64S, I64S, BOOLS)
+REQUESTS = tuple_of(I64S, I64S, I64S, BOOLS, BOOLS)
+RECORDS = tuple_of(*(I64S,) * 13)
 
 STOP_RECORD = 2  # a record kind beside _START and _FIRE: a stop's departure and the admission after it
 
