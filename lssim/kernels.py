@@ -6,6 +6,12 @@ is declared, a literal int where an int64 is) or refused with numba's TypeError 
 declaration numba compiled a kernel once per distinct set of argument types it met -- twice for a read-only and a
 writable array, up to three times for a helper called with literal ints -- and each cold compile costs seconds.
 
+Declaring a kernel imports nothing of numba: the types are this module's names for numba's (ArgType, TupleType), and
+numba is imported, its CPU target started and the kernel compiled or loaded on the kernel's first compiled call
+(lssim.kernel_compiler). Inside `python_route()` a kernel runs its own Python source instead, on numpy arrays: the same
+computation to the last bit, without numba's ~0.5 s of import and start, which is what a replay of a small trace
+costs most (`lssim replay` takes that route below PYTHON_ROUTE_RESPONSES).
+
 The compiled code is cached on disk where numba caches it: the source's __pycache__, or, where that is not writable
 (an install in a read-only site-packages), the user's cache directory (~/.cache/numba), or where neither is, the temp
 directory's lssim-numba-UID; NUMBA_CACHE_DIR replaces them all. When a kernel is not in the cache (a fresh clone or
@@ -13,36 +19,52 @@ install, an edited kernel, another numba or CPU), one line on stderr (COMPILING)
 mistaken for a hang; the kernels every replay runs (REPLAY_KERNELS) are then compiled side by side, one forked process
 per core. `lssim warmup` (`warm_up`) compiles them all ahead, e.g. in an image build. The modules that hold kernels are
 KERNEL_MODULES; each is imported only by the route that runs its kernels.
-
-Kernel hooks into numba's dispatcher where numba's own explicit signatures do (`_search_new_conversions`,
-`get_call_template`) and reads its cache index (`is_cached`); tests/test_cold_start.py checks both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import multiprocessing
-import os
 import sys
-import tempfile
-import threading
+from dataclasses import dataclass
+from typing import Iterator
 
-import numba
-from numba import types
-from numba.core.registry import CPUDispatcher, cpu_target
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArgType:
+    """A declared argument type, named without importing numba (lssim.kernel_compiler.numba_type makes it numba's): a
+    scalar of `dtype` (ndim 0), or a C-contiguous array of it, read-only where the kernel only reads it."""
+
+    dtype: str  # int64, uint64, float64 or bool
+    ndim: int = 0
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class TupleType:
+    """A declared tuple argument: numba's Tuple of its items' types (a UniTuple where they are all one type)."""
+
+    items: tuple[ArgType, ...]
+
+
+def tuple_of(*items: ArgType) -> TupleType:
+    return TupleType(tuple(items))
+
 
 # Argument types. A kernel that only reads an array declares it read-only (_IN): numba then takes writable and
 # read-only arrays (a pandas column's, a memory map's) with one compile.
-I64 = types.int64
-U64 = types.uint64
-F64 = types.float64
-I64S = types.Array(types.int64, 1, "C")
-I64S_IN = types.Array(types.int64, 1, "C", readonly=True)
-F64S = types.Array(types.float64, 1, "C")
-F64S_IN = types.Array(types.float64, 1, "C", readonly=True)
-BOOLS = types.Array(types.bool_, 1, "C")
-BOOLS_IN = types.Array(types.bool_, 1, "C", readonly=True)
-U64S_2D_IN = types.Array(types.uint64, 2, "C", readonly=True)
+I64 = ArgType("int64")
+U64 = ArgType("uint64")
+F64 = ArgType("float64")
+I64S = ArgType("int64", 1)
+I64S_IN = ArgType("int64", 1, readonly=True)
+F64S = ArgType("float64", 1)
+F64S_IN = ArgType("float64", 1, readonly=True)
+BOOLS = ArgType("bool", 1)
+BOOLS_IN = ArgType("bool", 1, readonly=True)
+U64S_2D_IN = ArgType("uint64", 2, readonly=True)
 
 KERNEL_MODULES = ("lssim.traces.workload_index", "lssim.sim.fastsim_kernels", "lssim.sim.event_kernels", "lssim.sim.bounds",
                   "lssim.sim.assign", "lssim.cost.roofline_arrays")
@@ -59,96 +81,112 @@ REPLAY_KERNELS = (
 )
 COMPILING = ("lssim: compiling the simulator's numba kernels, once after an install or a change to them "
              "(about 5 to 10 s; cached in {where})...")
+# Below this many responses simulated (the trace's rows times the runs), `lssim replay` runs the kernels' Python source
+# (python_route) and never imports numba: its import and CPU-target init (~0.5 s of CPU) cost more than the Python
+# loops do there (docs/performance.md, Cold start and fixed cost).
+PYTHON_ROUTE_RESPONSES = 6_000
 _announced = False
+_python_route = False
 
 
-class Kernel(CPUDispatcher):
-    """A numba dispatcher that compiles only its declared signatures, each on first use (module docstring)."""
+class KernelFunction:
+    """A kernel: its Python source (`py_func`) and its declared signatures; a call runs numba's compiled code for them
+    (`compiled`, made on first use: numba is imported then), or the Python source itself inside python_route()."""
 
     def __init__(self, py_func, signatures: tuple[tuple, ...]):
-        super().__init__(py_func, targetoptions={"nopython": True, "boundscheck": None})
-        _enable_caching(self)
-        self.declared = signatures
-        self._can_compile = False  # numba compiles nothing on its own: the two hooks below compile a declared signature
+        self.py_func = py_func
+        self.signatures = signatures
+        self.__name__, self.__qualname__, self.__module__ = py_func.__name__, py_func.__qualname__, py_func.__module__
+        self.__doc__ = py_func.__doc__
+        self._compiled = None
+        # numba converts a scalar argument to its declared type; the Python source gets the same numpy scalar
+        self._scalars = tuple(_NUMPY_SCALARS[a.dtype] if isinstance(a, ArgType) and a.ndim == 0 else None
+                              for a in signatures[0])
 
-    def _search_new_conversions(self, *args, **kws):  # a call from Python that no compiled signature takes as it is
-        self.compile_matching(tuple(self.typeof_pyval(a) for a in args))
-        return super()._search_new_conversions(*args, **kws)
+    @property
+    def compiled(self):
+        """numba's dispatcher for this kernel (lssim.kernel_compiler.Kernel), made on first use."""
+        if self._compiled is None:
+            from lssim.kernel_compiler import dispatcher
 
-    def get_call_template(self, args, kws):  # a call from another kernel being compiled
-        self.compile_matching(tuple(args))
-        return super().get_call_template(args, kws)
+            self._compiled = dispatcher(self)
+        return self._compiled
 
-    def compile_matching(self, argtypes: tuple) -> None:
-        """Compile (or load from the cache) the first declared signature `argtypes` convert to, if any and not yet."""
-        for signature in self.declared:
-            if len(signature) == len(argtypes) and all(
-                    self.typingctx.can_convert(a, d) is not None for a, d in zip(argtypes, signature)):
-                self.compile_declared(signature)
-                return
+    def __call__(self, *args):
+        if _python_route:
+            return self.run_python(*args)
+        return self.compiled(*args)
 
-    def compile_declared(self, signature: tuple) -> None:
-        if signature in self.overloads:
-            return
-        if not self.is_cached(signature):
-            _announce(self._cache.cache_path)
-        self._can_compile = True
-        try:
-            self.compile(signature)
-        finally:
-            self._can_compile = False
+    def run_python(self, *args):
+        """The Python source on `args`, its scalars as numba would take them; integers wrap silently, as in numba."""
+        args = [a if kind is None else kind(a) for a, kind in zip(args, self._scalars)] + list(args[len(self._scalars):])
+        with np.errstate(over="ignore"):
+            return self.py_func(*args)
 
-    def is_cached(self, signature: tuple) -> bool:
-        """Whether the on-disk cache holds `signature` compiled from this source, by this numba, for this CPU."""
-        key = self._cache._index_key(signature, self.targetctx.codegen())
-        return key in self._cache._cache_file._load_index()
+    def __repr__(self) -> str:
+        return f"<kernel {self.__module__}.{self.__qualname__}>"
+
+    def __reduce__(self):  # pickled by name, as a function is (a forked or Ray worker imports its module)
+        return _named_kernel, (self.__module__, self.__qualname__)
 
 
-def _enable_caching(dispatcher: Kernel) -> None:
-    """numba's on-disk cache for `dispatcher`, where numba puts it (the source's __pycache__, else the user's cache
-    directory), else in the temp directory: an install that is read-only for a user whose home is too."""
-    try:
-        dispatcher.enable_caching()
-    except RuntimeError:  # numba found no writable place for it
-        numba.config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"lssim-numba-{os.getuid()}")
-        dispatcher.enable_caching()
+def _named_kernel(module: str, name: str) -> KernelFunction:
+    return vars(importlib.import_module(module))[name]
+
+
+_NUMPY_SCALARS = {"int64": np.int64, "uint64": np.uint64, "float64": np.float64, "bool": np.bool_}
 
 
 def kernel(*argtypes, more: tuple[tuple, ...] = ()):
-    """Decorate a function as a numba kernel compiled for `argtypes` (numba types), and for each signature in `more`
-    (tuples of them), each only when a call needs it (see the module docstring)."""
-    def declare(func) -> Kernel:
-        if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1 (a debugger, coverage): the Python function, as njit does
-            return func
-        return Kernel(func, (tuple(argtypes), *map(tuple, more)))
+    """Decorate a function as a kernel compiled for `argtypes` (this module's ArgType and TupleType), and for each
+    signature in `more` (tuples of them), each only when a call needs it (see the module docstring)."""
+    def declare(func) -> KernelFunction:
+        return KernelFunction(func, (tuple(argtypes), *map(tuple, more)))
     return declare
 
 
-def _announce(where: str) -> None:
+@contextlib.contextmanager
+def python_route(on: bool = True) -> Iterator[None]:
+    """Within it (where `on`), every kernel runs its Python source, computing what its compiled code computes, to the
+    last bit (tests/test_python_route.py), without numba: a small replay's route (PYTHON_ROUTE_RESPONSES)."""
+    global _python_route
+    was, _python_route = _python_route, bool(on)
+    try:
+        yield
+    finally:
+        _python_route = was
+
+
+def on_python_route() -> bool:
+    return _python_route
+
+
+def announce_compiling(where: str) -> None:
+    """Print COMPILING once per process (lssim.kernel_compiler calls it before a compile that is not cached)."""
     global _announced
     if not _announced:
         _announced = True
         print(COMPILING.format(where=where), file=sys.stderr, flush=True)
 
 
-def kernels() -> list[Kernel]:
+def kernels() -> list[KernelFunction]:
     """Every kernel of KERNEL_MODULES (importing them)."""
     found = []
     for name in KERNEL_MODULES:
         module = importlib.import_module(name)
-        found += [v for v in vars(module).values() if isinstance(v, Kernel) and v.__module__ == name]
+        found += [v for v in vars(module).values() if isinstance(v, KernelFunction) and v.__module__ == name]
     return found
 
 
 def announce_if_cold() -> None:
-    """Print COMPILING now if REPLAY_KERNELS' first group (the batch route's scheduler, whose module imports only numpy
-    and numba) is not cached: the simulation commands call this before importing pandas and reading their trace, and
+    """Print COMPILING now if REPLAY_KERNELS' first group (the batch route's scheduler, whose module imports only numpy)
+    is not cached: the simulation commands call this before importing pandas and reading their trace, and
     load_replay_kernels then compiles it."""
-    if numba.config.DISABLE_JIT:
+    if _jit_disabled():
         return
     for k, signature in [_declared(name) for name in REPLAY_KERNELS[0][1]]:
         if not k.is_cached(signature):
-            _announce(k._cache.cache_path)
+            announce_compiling(k._cache.cache_path)
             return
 
 
@@ -156,73 +194,38 @@ def load_replay_kernels() -> None:
     """Load REPLAY_KERNELS' first signatures, compiling those not cached (announced, side by side): the simulation
     commands call it first, so that the announcement comes before their seconds of reading and indexing, and
     lssim.analysis.replay before it forks, so that each worker inherits the kernels instead of loading, or on a cold
-    cache compiling, its own."""
-    if numba.config.DISABLE_JIT:  # the kernels are plain Python functions
+    cache compiling, its own. Nothing on the Python route, or where NUMBA_DISABLE_JIT=1 (the kernels are Python)."""
+    if _python_route or _jit_disabled():
         return
-    _load([(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS])
+    from lssim.kernel_compiler import load
+
+    load([(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS])
 
 
 def warm_up() -> tuple[int, int]:
     """Load every kernel's every declared signature, compiling those not cached; returns (signatures, of them
     compiled now)."""
-    if numba.config.DISABLE_JIT:
+    if _jit_disabled():
         return 0, 0
+    from lssim.kernel_compiler import load
+
     groups = [(cost, [_declared(name) for name in names]) for cost, names in REPLAY_KERNELS]
     grouped = {pair for _, pairs in groups for pair in pairs}
-    groups.append((1.0, [(k, signature) for k in kernels() for signature in k.declared if (k, signature) not in grouped]))
+    everything = [(k.compiled, signature) for k in kernels() for signature in k.compiled.declared]
+    groups.append((1.0, [pair for pair in everything if pair not in grouped]))
     cold = sum(not k.is_cached(signature) for _, pairs in groups for k, signature in pairs)
-    _load(groups)
+    load(groups)
     return sum(len(pairs) for _, pairs in groups), cold
 
 
-def _declared(name: str) -> tuple[Kernel, tuple]:
-    """'module:function' -> the kernel and its first declared signature."""
+def _jit_disabled() -> bool:
+    import numba
+
+    return bool(numba.config.DISABLE_JIT)
+
+
+def _declared(name: str) -> tuple:
+    """'module:function' -> its numba dispatcher and first declared signature."""
     module, _, function = name.partition(":")
-    k = vars(importlib.import_module(module))[function]
+    k = vars(importlib.import_module(module))[function].compiled
     return k, k.declared[0]
-
-
-def _load(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]) -> None:
-    """Each (kernel, signature) of the (cost, pairs) groups loaded, or compiled where not cached: the cold groups
-    side by side first, where this platform forks and has the cores."""
-    cold = [(cost, pairs) for cost, pairs in groups if any(not k.is_cached(signature) for k, signature in pairs)]
-    if cold:
-        first, _ = cold[0][1][0]
-        _announce(first._cache.cache_path)
-        _compile_side_by_side(cold)
-    for _, pairs in groups:
-        for k, signature in pairs:
-            k.compile_declared(signature)  # loaded from the cache where a forked process compiled it
-
-
-def _compile_side_by_side(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]) -> None:
-    """Compile the groups in as many processes as there are cores (at most one per group), this one among them: the
-    heaviest group first, onto the least loaded process. The forked ones write numba's cache and exit; this process
-    then loads what they compiled (or compiles what one of them failed to). A 2-core cold start compiles in the time
-    of its longest share, not of the sum."""
-    cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else (os.cpu_count() or 1)
-    shares: list[list] = [[0.0, []] for _ in range(min(cores, len(groups)))]
-    # a fork copies only this thread: with others running (a notebook's), one might hold a lock the child then waits on
-    if len(shares) < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
-        return
-    for cost, pairs in sorted(groups, key=lambda group: -group[0]):
-        share = min(shares, key=lambda s: s[0])
-        share[0] += cost
-        share[1] += pairs
-    cpu_target.target_context.refresh()  # numba's registries, loaded once here for every process forked below
-    children = []
-    for _, pairs in shares[1:]:
-        pid = os.fork()
-        if pid == 0:  # the child compiles its share into the cache and leaves without running anything else
-            status = 1
-            try:
-                for k, signature in pairs:
-                    k.compile_declared(signature)
-                status = 0
-            finally:
-                os._exit(status)
-        children.append(pid)
-    for k, signature in shares[0][1]:
-        k.compile_declared(signature)
-    for pid in children:
-        os.waitpid(pid, 0)

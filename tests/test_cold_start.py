@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lssim.kernels import COMPILING, KERNEL_MODULES, REPLAY_KERNELS, Kernel, kernels
+from lssim.kernels import COMPILING, KERNEL_MODULES, REPLAY_KERNELS, KernelFunction, kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("numba", "numpy", "pandas", "pyarrow", "torch", "matplotlib", "scipy", "vllm")
@@ -75,7 +75,7 @@ def test_one_compile_serves_writable_and_read_only_arrays():
     read_only = sizes.copy()
     read_only.setflags(write=False)
     assert _least_work(np.zeros(2, np.int64), sizes).tolist() == _least_work(np.zeros(2, np.int64), read_only).tolist()
-    assert set(_least_work.signatures) <= set(_least_work.declared)  # no specialization of numba's own
+    assert set(_least_work.compiled.signatures) <= set(_least_work.compiled.declared)  # no specialization of numba's own
 
 
 def test_a_kernel_compiles_each_declared_signature_it_is_called_with():
@@ -83,7 +83,7 @@ def test_a_kernel_compiles_each_declared_signature_it_is_called_with():
 
     assert _least_work(np.zeros(2), np.array([1.5, 2.0, 0.5])).tolist() == [0, 1, 0]  # float work: `more`'s signature
     assert _least_work(np.zeros(2, np.int64), np.array([1, 2, 1])).tolist() == [0, 1, 0]
-    assert set(_least_work.signatures) == set(_least_work.declared)
+    assert set(_least_work.compiled.signatures) == set(_least_work.compiled.declared)
 
 
 def test_a_call_no_declared_signature_takes_is_refused_naming_the_types():
@@ -97,7 +97,7 @@ def test_every_replay_kernel_is_declared_and_every_kernel_module_holds_kernels()
     found = {(k.__module__, k.__name__) for k in kernels()}
     assert {tuple(name.split(":")) for _, names in REPLAY_KERNELS for name in names} <= found
     assert {module for module, _ in found} == set(KERNEL_MODULES)
-    assert all(isinstance(k, Kernel) and k.declared for k in kernels())
+    assert all(isinstance(k, KernelFunction) and k.signatures for k in kernels())
 
 
 def test_no_kernel_is_left_to_plain_numba():
@@ -108,18 +108,40 @@ def test_no_kernel_is_left_to_plain_numba():
     assert plain == []
 
 
+SMALL_REPLAY = ["replay", "traces/real_cpu_baseline.parquet", "--policy", "hadb"]  # 160 responses, 3 runs
+
+
+def _replay(env: dict, compiled: bool) -> subprocess.CompletedProcess:
+    """SMALL_REPLAY in a fresh interpreter: on the compiled kernels (PYTHON_ROUTE_RESPONSES 0), or as `lssim` runs it."""
+    forced = "import lssim.kernels; lssim.kernels.PYTHON_ROUTE_RESPONSES = 0; " if compiled else ""
+    return _python(f"{forced}from lssim.cli import main; main({SMALL_REPLAY!r})", env)
+
+
 def test_a_cold_replay_compiles_its_kernels_side_by_side_announced_once_and_replays_as_a_warm_one(tmp_path):
-    """The first replay on an empty cache compiles REPLAY_KERNELS (in forked processes where there are cores), says
-    so once, and prints what any later replay prints; the later one compiles nothing."""
+    """The first compiled replay on an empty cache compiles REPLAY_KERNELS (in forked processes where there are cores),
+    says so once, and prints what any later replay prints, on either route; the later one compiles nothing."""
     env = {"NUMBA_CACHE_DIR": str(tmp_path)}
-    replay = "from lssim.cli import main; main(['replay', 'traces/real_cpu_baseline.parquet', '--policy', 'hadb'])"
-    cold = _python(replay, env)
+    cold = _replay(env, compiled=True)
     assert cold.returncode == 0, cold.stderr
     assert cold.stderr.count(ANNOUNCED) == 1
     cached = {p.name.split("-")[0] for p in tmp_path.rglob("*.nbi")}  # numba's index files: MODULE.FUNCTION-LINE...
     replayed = [name.split(":") for _, names in REPLAY_KERNELS for name in names]
     assert {f"{module.rsplit('.', 1)[-1]}.{function}" for module, function in replayed} <= cached
-    warm = _python(replay, env)
+    warm = _replay(env, compiled=True)
     assert warm.returncode == 0, warm.stderr
     assert ANNOUNCED not in warm.stderr
     assert warm.stdout == cold.stdout
+    python = _replay(env, compiled=False)
+    assert python.returncode == 0, python.stderr
+    assert python.stdout == cold.stdout
+
+
+def test_a_small_replay_runs_the_python_route_without_numba(tmp_path):
+    """Below PYTHON_ROUTE_RESPONSES a replay never imports numba (nor the scipy and llvmlite its start loads), so an
+    empty cache compiles nothing and says nothing."""
+    imported = _imported_by(SMALL_REPLAY)
+    assert {"numpy", "pandas"} <= imported
+    assert imported.isdisjoint({"numba", "llvmlite", "scipy"})
+    cold = _replay({"NUMBA_CACHE_DIR": str(tmp_path)}, compiled=False)
+    assert cold.returncode == 0, cold.stderr
+    assert ANNOUNCED not in cold.stderr and not list(tmp_path.rglob("*.nbi"))

@@ -11,7 +11,6 @@ import functools
 import gc
 import json
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -251,6 +250,8 @@ def _forked(workload: Workload, built: dict, setup: SimSetup, steps: int | None,
     """The runs on `workers` forked processes, the baseline started last (it is usually the cheapest: two workers
     and three runs then end closest together); what each sends back is `keep` of its result, in the order named."""
     global _INHERITED
+    from concurrent.futures import ProcessPoolExecutor  # its process machinery: only a replay that forks imports it
+
     load_replay_kernels()  # once here rather than once in each worker
     _INHERITED = (workload, built, setup, steps, seed, keep, columns)
     gc.freeze()  # what exists now is shared with the workers: the collector leaves it be, so its pages stay shared

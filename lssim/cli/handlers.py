@@ -124,6 +124,32 @@ def _trace_to_simulate(path: str):
     return trace
 
 
+def _parquet_rows(path: str) -> int | None:
+    """The rows a parquet trace's footer declares, read before pandas is imported; None for a file that is not parquet
+    (a text format, a bad file: load_trace then reads it or names what is wrong)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _replay_runs(args: argparse.Namespace) -> int:
+    """How many runs `lssim replay` makes: each policy named once, and baseline and oracle unless --no-reference."""
+    named = set(args.policy)
+    return len(named) if args.no_reference else len(named | {"baseline", "oracle"})
+
+
+def _python_route(responses: int | None) -> bool:
+    """Whether a replay simulating `responses` (rows times runs; None: not known yet) runs the kernels' Python source
+    (lssim.kernels.python_route): below PYTHON_ROUTE_RESPONSES numba's start costs more than the Python loops."""
+    from lssim.kernels import PYTHON_ROUTE_RESPONSES
+
+    return responses is not None and responses < PYTHON_ROUTE_RESPONSES
+
+
 def _setup_from_args(args: argparse.Namespace):
     from lssim.analysis.replay import SimSetup
 
@@ -142,26 +168,34 @@ def _setup_from_args(args: argparse.Namespace):
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    _announce_if_cold()
-    from lssim.analysis.replay import replay, replay_summary, summarize
-    from lssim.analysis.tables import format_summary
-    from lssim.results import write_results
-    from lssim.sim.world import MissingSignals
-
     if args.no_reference and not args.policy:
         raise ValueError("--no-reference: name at least one --policy (baseline and oracle are not run)")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    trace = _trace_to_simulate(args.trace)
+    rows = _parquet_rows(args.trace)
+    if not _python_route(None if rows is None else rows * _replay_runs(args)):
+        _announce_if_cold()
+    from lssim.analysis.replay import replay, replay_summary, summarize
+    from lssim.analysis.tables import format_summary
+    from lssim.kernels import load_replay_kernels, python_route
+    from lssim.results import write_results
+    from lssim.sim.world import MissingSignals
+    from lssim.traces.trace import load_trace
+
+    trace = load_trace(args.trace)
+    small = _python_route(len(trace) * _replay_runs(args))
+    if not small:
+        load_replay_kernels()
     setup = _setup_from_args(args)
     run = dict(steps=args.steps, seed=args.seed, progress=not args.json and sys.stderr.isatty(),
                references=not args.no_reference, workers=replay_workers(args.workers, len(trace)))
     try:
-        if args.out or args.plot:  # the runs' frames are written or drawn: keep them
-            results = replay(trace, args.policy, setup, **run)
-            table = summarize(results, trace, args.steps)
-        else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
-            results, table = None, replay_summary(trace, args.policy, setup, **run)
+        with python_route(small):
+            if args.out or args.plot:  # the runs' frames are written or drawn: keep them
+                results = replay(trace, args.policy, setup, **run)
+                table = summarize(results, trace, args.steps)
+            else:  # only the table is printed: each run summarized and let go (forked, it sends back a row)
+                results, table = None, replay_summary(trace, args.policy, setup, **run)
     except MissingSignals as e:
         raise ValueError(f"{args.trace}: {e}") from None
     if "speedup" not in table:  # no baseline ran: nothing to be faster than (NaN, so every table has the columns)

@@ -24,9 +24,8 @@ event engine's order.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
 
-from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel
+from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel, tuple_of
 
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 STOP_RECORD = 2  # a stop's departure and the admission after it
@@ -40,13 +39,13 @@ OUT_OF_ROOM = -(1 << 40)  # the scheduler's error: more records or pushes than i
 # epoch, done and running (admitted, not ended or preempted since); each push's request, epoch and whether a stop;
 # the work arrays (heap, sorted run, an admission's fresh keys, pending stop pushes, the running stack, a boundary's
 # stops); the checkpoint phases (count of running responses per phase, and the bit set of those counted in).
-RECORDS = types.UniTuple(I64S, 13)
-REQUESTS = types.Tuple((I64S, I64S, I64S, BOOLS, BOOLS))
-PUSHED = types.Tuple((I64S, I64S, BOOLS))
-WORK = types.UniTuple(I64S, 6)
-PHASES = types.UniTuple(I64S, 2)
-ENDS = types.UniTuple(I64S, 3)  # fin, fin_rec, first_rec
-INPUTS = types.Tuple((I64S_IN, I64S_IN, I64S, I64S_IN, I64S_IN))  # order, prompt, gen, length, stop_at
+RECORDS = tuple_of(*(I64S,) * 13)
+REQUESTS = tuple_of(I64S, I64S, I64S, BOOLS, BOOLS)
+PUSHED = tuple_of(I64S, I64S, BOOLS)
+WORK = tuple_of(*(I64S,) * 6)
+PHASES = tuple_of(I64S, I64S)
+ENDS = tuple_of(I64S, I64S, I64S)  # fin, fin_rec, first_rec
+INPUTS = tuple_of(I64S_IN, I64S_IN, I64S, I64S_IN, I64S_IN)  # order, prompt, gen, length, stop_at
 
 
 def records_room(n_requests: int, n_instances: int) -> int:
