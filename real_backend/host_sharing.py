@@ -2,8 +2,8 @@
 thread beside it, and how much slower the update runs while the engine decodes -- the two factors of
 lssim.sim.shared_host.TrainingShare, which the simulated twin of a run whose trainer shares the engine's CPUs uses.
 
-    lssim profile --out P --shared-host          # into P's measured_by.shared_host (P: the engine's profile), ~1 min
-    share = training_share(P)                    # -> TrainingShare, or None where P has no measurement
+    lssim profile --out P --shared-host --group-size 4   # into P's measured_by.shared_host (P: the engine's profile)
+    share = training_share(P)    # -> TrainingShare (its `streamed`: hybrid's pieces), or None where P has none
 
 Why: the modes that train beside the rollout (disaggregated, async, hybrid) give the trainer devices of its own in
 the simulator, as on GPUs. On this CPU host the trainer's thread and vLLM's engine core share the cores, so the
@@ -22,6 +22,16 @@ under 1 is the machine's noise; `by_round` keeps every round's ratio). On a busy
 (2026-11-27, four other jobs on the 2 cores: engine 1.72-2.00x, trainer 0.93-2.65x over three rounds): measure it
 alone on the machine, as the runs it prices should be. A cell counts as "together" only if it ended before the
 trainer's last update did.
+
+Streamed (hybrid, real_backend.train_stream): a hybrid run does not run its update whole beside the rollout but in
+pieces, one finished group's forward and backward at a time, as the groups finish; between pieces the engine runs
+alone. Each round also times every piece alone (the cell's groups, `group_size` requests each, trained as synthetic
+groups of the lengths the cell generates) and cells whose groups go to the trainer's lane as each finishes
+(`lane.submit`, one piece after another, as `GRPOTrainer.feed` does), and fits the factors of
+measured_by.shared_host.streamed: the engine's over the pieces' busy seconds in the cell (engine time left to it
+there: busy / engine_slowdown, so a cell is late by busy x (1 - 1 / engine_slowdown)), and the piece's over its time
+alone (pieces that ended before the cell). The whole-update factors above do not transfer: beside ~0.4 s of streamed
+update a real hybrid step lost ~0.15 s, not what 1.685x over the update's seconds says (issue 37).
 """
 
 from __future__ import annotations
@@ -30,40 +40,51 @@ import json
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import Request
+from lssim.loop.core import Group, Request
 
 from .cells import longtail_lengths, time_cell
 
 KEY = "shared_host"  # under the profile's measured_by
+STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
 
 
 def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4, updates: int = 3, n_seqs: int = 32,
-                    length: int = 256, train_seqs: int = 24, seed: int = 0) -> pd.DataFrame:
-    """Rows: round, phase (engine_alone, trainer_alone, engine_beside, trainer_beside), seconds (a cell's makespan
-    or an update's wall time). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
+                    length: int = 256, train_seqs: int = 24, group_size: int | None = 4, seed: int = 0) -> pd.DataFrame:
+    """Rows: round, phase, seconds: engine_alone, trainer_alone, engine_beside, trainer_beside (a cell's makespan or
+    an update's wall time); with `group_size` (None: not measured) also piece_alone and piece_streamed (one group's
+    forward and backward; `piece`: its group in the cell) and engine_streamed (a cell with pieces beside it; `busy`:
+    their seconds within it). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
     from .profile_trainer import longtail_lengths as train_lengths
     from .profile_trainer import synthetic_batch
 
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                   or not 2 <= group_size <= n_seqs):
+        raise ValueError(f"measure_sharing: group_size must be an int from 2 to n_seqs ({n_seqs}), got {group_size!r}")
     rng = np.random.default_rng(seed)
     lengths = longtail_lengths(rng, n_seqs, length)
     batch_lengths = train_lengths(rng, train_seqs)
     prompts: dict[int, list[int]] = {}
     rid = [0]
 
-    def cell() -> float:
-        requests = []
+    def requests() -> list[Request]:
+        out = []
         for tokens in lengths:
             prompts[rid[0]] = rng.integers(0, vocab, size=8).tolist()
-            requests.append(Request(rid=rid[0], group_id=rid[0], step=0, prompt_id=rid[0], sample_idx=0, prompt_len=8,
-                                    max_tokens=tokens, seed=int(rng.integers(1 << 30))))
+            out.append(Request(rid=rid[0], group_id=rid[0], step=0, prompt_id=rid[0], sample_idx=0, prompt_len=8,
+                               max_tokens=tokens, seed=int(rng.integers(1 << 30))))
             rid[0] += 1
-        seconds = max(time_cell(engine, requests).values())
-        for r in requests:
+        return out
+
+    def cell() -> float:
+        batch = requests()
+        seconds = max(time_cell(engine, batch).values())
+        for r in batch:
             prompts.pop(r.rid, None)
         return seconds
 
@@ -80,7 +101,98 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
             rows += [{"round": rnd, "phase": "engine_alone", "seconds": cell()} for _ in range(cells)]
             rows += [{"round": rnd, "phase": "trainer_alone", "seconds": update()} for _ in range(updates)]
             rows += [{"round": rnd, **row} for row in _together(cell, update, updates)]
+            if group_size is not None:
+                streamed = _Streamed(engine, trainer, rng, lengths, group_size, vocab)
+                rows += [{"round": rnd, **row} for row in streamed.rows(requests, prompts, cells)]
+    if group_size is not None:
+        trainer.finish_jobs()  # the lane's thread the pieces ran on
     return pd.DataFrame(rows)
+
+
+class _Streamed:
+    """Hybrid's rhythm on this host: each finished group's forward and backward (a piece) on the trainer's lane
+    while the cell goes on, one after another, as GRPOTrainer.feed runs them."""
+
+    def __init__(self, engine, trainer, rng, lengths: list[int], group_size: int, vocab: int):
+        from .train_stream import GradientStream  # torch: only where a trainer is measured
+
+        self.engine, self.trainer, self.group_size, self.new_stream = engine, trainer, group_size, GradientStream
+        trainer.prompts.tokens.clear()  # the update's synthetic prompts: this round's pieces' instead
+        self.groups = [piece_group(rng, lengths[k:k + group_size], trainer.prompts, vocab)
+                       for k in range(0, len(lengths) - group_size + 1, group_size)]
+
+    def rows(self, requests, prompts: dict, cells: int) -> list[dict]:
+        """Every piece alone, `cells` cells with their pieces streamed beside them, every piece alone again (the
+        machine drifts: the alone times bracket the streamed ones)."""
+        self._piece(self.new_stream(0), 0)  # this round's shapes pay for their allocations: not recorded
+        out = self.alone()
+        for _ in range(cells):
+            batch = requests()
+            out += self.cell(batch)
+            for r in batch:
+                prompts.pop(r.rid, None)
+        return out + self.alone()
+
+    def alone(self) -> list[dict]:
+        """Every piece in turn with the engine idle, into one step's gradients (as in a cell)."""
+        out, stream = [], self.new_stream(0)
+        for k in range(len(self.groups)):
+            t0 = time.monotonic()
+            self._piece(stream, k)
+            out.append({"phase": "piece_alone", "piece": k, "seconds": time.monotonic() - t0})
+        return out
+
+    def _piece(self, stream, k: int) -> None:
+        self.trainer._stream_group(stream, self.groups[k])  # what `feed` runs on the lane for a finished group
+
+    def cell(self, batch: list[Request]) -> list[dict]:
+        """One cell, each group (`group_size` requests in order; a last short one is not trained) handed to the lane
+        once its last request finished; the cell's row (its seconds, the pieces' `busy` seconds within it), and a
+        row per piece that ended within it (its seconds beside the engine throughout)."""
+        engine, t0, stream, spans, work = self.engine, self.engine.now(), self.new_stream(0), [], []
+        group_of = {r.rid: i // self.group_size for i, r in enumerate(batch) if i // self.group_size < len(self.groups)}
+        left, finish = Counter(group_of.values()), {}
+
+        def timed(k: int) -> None:
+            start = engine.now() - t0
+            self._piece(stream, k)
+            spans.append((k, start, engine.now() - t0))
+
+        engine.submit(batch)
+        while len(finish) < len(batch):
+            for ev in engine.next_events():
+                if ev.kind == "finished":
+                    finish[ev.request.rid] = ev.time - t0
+                    k = group_of.get(ev.request.rid)
+                    if k is None:
+                        continue
+                    left[k] -= 1
+                    if not left[k]:
+                        work.append(self.trainer.lane.submit(timed, k))
+        seconds = max(finish.values())
+        for w in work:
+            w.result()  # the rest run after the cell, as after a hybrid rollout; an error is the measurement's
+        busy = sum(max(0.0, min(end, seconds) - start) for _, start, end in spans)
+        return ([{"phase": "engine_streamed", "seconds": seconds, "busy": busy}]
+                + [{"phase": "piece_streamed", "piece": k, "seconds": end - start} for k, start, end in spans if end <= seconds])
+
+
+def piece_group(rng, response_lengths, prompts, vocab: int) -> Group:
+    """A trained group like a hybrid piece: responses of these lengths to one synthetic prompt (as
+    real_backend.profile_trainer.synthetic_batch makes them), rewards alternating 0 and 1 so that it has signal."""
+    from . import task
+    from .profile_trainer import PROMPT_LEN
+
+    pid = len(prompts.tokens)
+    prompts.tokens[pid] = [task.BOS_ID] + rng.integers(4, vocab, size=PROMPT_LEN - 1).tolist()
+    members = []
+    for k, n in enumerate(int(n) for n in response_lengths):
+        r = Request(rid=k, group_id=pid, step=0, prompt_id=pid, sample_idx=k, prompt_len=PROMPT_LEN, max_tokens=n)
+        r.tokens = rng.integers(4, vocab, size=n).tolist()
+        r.generated, r.reward = n, float(k % 2)
+        r.signals["logprobs"] = (-np.log(vocab) + 0.01 * rng.standard_normal(n)).tolist()
+        members.append(r)
+    return Group(prompt_id=pid, step=0, requests=members)
 
 
 def _together(cell, update, updates: int) -> list[dict]:
@@ -121,8 +233,45 @@ def fit_sharing(rows: pd.DataFrame) -> dict:
         if not values:
             raise ValueError(f"fit_sharing: no round measured both {name.split('_')[0]} alone and beside the other")
     # Sharing cores never makes either faster: a median under 1 is the machine's noise, and prices as no slow-down.
-    return {name: max(1.0, statistics.median(values)) for name, values in ratios.items()} | {
+    fit = {name: max(1.0, statistics.median(values)) for name, values in ratios.items()} | {
         "by_round": ratios, "median_seconds": rows.groupby("phase")["seconds"].median().round(4).to_dict()}
+    if "engine_streamed" in set(rows["phase"]):
+        fit[STREAMED] = fit_streaming(rows)
+    return fit
+
+
+def fit_streaming(rows: pd.DataFrame) -> dict:
+    """The streamed factors from measure_sharing's rows. The engine's: per streamed cell the share of the pieces'
+    seconds within it the engine lost, f = lost / busy (lost: the cell's seconds over its round's median cell alone;
+    busy: the pieces' seconds within it), so that the engine does busy / engine_slowdown of its work while pieces
+    run: engine_slowdown = 1 / (1 - median f) over every cell (per cell, not per round: one loaded cell moves a
+    round's sum). The piece's: its seconds within a cell over its round's median alone, the median over every piece.
+    Each at least 1 (noise); `by_round`: each round's medians. ValueError naming what no round measured, or where
+    the engine lost more than the pieces ran (that is not their doing: the machine was busy)."""
+    cells, pieces = [], []
+    for rnd, r in rows.groupby("round"):
+        alone = r.loc[r["phase"] == "engine_alone", "seconds"].median()
+        streamed = r[(r["phase"] == "engine_streamed") & (r["busy"] > 0)]
+        cells += [(rnd, (s - alone) / busy) for s, busy in zip(streamed["seconds"], streamed["busy"])]
+        piece_alone = r[r["phase"] == "piece_alone"].groupby("piece")["seconds"].median()
+        beside = r[(r["phase"] == "piece_streamed") & r["piece"].isin(piece_alone.index)]
+        pieces += [(rnd, s / piece_alone[k]) for s, k in zip(beside["seconds"], beside["piece"])]
+    for found, what in ((cells, "a streamed cell with pieces in it (engine_slowdown)"),
+                        (pieces, "a piece both alone and within a streamed cell (trainer_slowdown)")):
+        if not found:
+            raise ValueError(f"fit_streaming: no round measured {what}")
+    lost = statistics.median(f for _, f in cells)
+    if lost >= 1:
+        raise ValueError(f"fit_streaming: the engine lost {lost:.2f}x the pieces' seconds in the median streamed cell: "
+                         f"more than they ran (engine_slowdown); measure it alone on the machine")
+    by_round = {"engine_slowdown": [1 / (1 - min(statistics.median(f for r, f in cells if r == rnd), 0.99))
+                                    for rnd in sorted({r for r, _ in cells})],
+                "trainer_slowdown": [statistics.median(x for r, x in pieces if r == rnd) for rnd in sorted({r for r, _ in pieces})]}
+    streamed = rows[rows["phase"].isin(["engine_streamed", "piece_alone", "piece_streamed"])]
+    return {"engine_slowdown": max(1.0, 1 / (1 - lost)), "trainer_slowdown": max(1.0, statistics.median(x for _, x in pieces)),
+            "by_round": by_round, "cells": len(cells), "pieces": len(pieces),
+            "median_seconds": streamed.groupby("phase")["seconds"].median().round(4).to_dict(),
+            "median_busy_seconds": round(float(rows.loc[rows["phase"] == "engine_streamed", "busy"].median()), 4)}
 
 
 def write_sharing(profile, fit: dict, meta: dict | None = None) -> None:
@@ -137,16 +286,38 @@ def write_sharing(profile, fit: dict, meta: dict | None = None) -> None:
 
 
 def training_share(profile):
-    """The TrainingShare measured into `profile` (lssim.sim.shared_host), or None where it has none."""
+    """The TrainingShare measured into `profile` (lssim.sim.shared_host), its `streamed` factors where the profile
+    has them (None: a profile measured before they were), or None where it has no measurement; ValueError naming
+    the record that is not one."""
     from lssim.sim.shared_host import TrainingShare
 
     record = json.loads(Path(profile).read_text()).get("measured_by", {}).get(KEY)
     if record is None:
         return None
+    where = f"{profile}: measured_by.{KEY}"
     try:
-        return TrainingShare(float(record["engine_slowdown"]), float(record["trainer_slowdown"]))
+        streamed = record.get(STREAMED)
+        whole = (float(record["engine_slowdown"]), float(record["trainer_slowdown"]))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where} is not a measurement of `lssim profile --shared-host` ({e})") from None
+    try:
+        pieces = None if streamed is None else TrainingShare(float(streamed["engine_slowdown"]),
+                                                             float(streamed["trainer_slowdown"]))
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{profile}: measured_by.{KEY} is not a measurement of `lssim profile --shared-host` ({e})") from None
+        raise ValueError(f"{where}.{STREAMED} is not a streamed measurement of `lssim profile --shared-host` "
+                         f"(engine_slowdown and trainer_slowdown, finite numbers > 0: {e})") from None
+    try:
+        return TrainingShare(*whole, streamed=pieces)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def describe_streamed(streamed: dict) -> str:
+    """fit_streaming's result in a line."""
+    rounds = ", ".join(f"{e:.2f}/{t:.2f}" for e, t in zip(*streamed["by_round"].values()))
+    return (f"the engine {streamed['engine_slowdown']:.3f}x slower while a piece runs, a piece "
+            f"{streamed['trainer_slowdown']:.3f}x slower beside the engine (rounds: {rounds}; pieces "
+            f"{streamed['median_busy_seconds']:.2f} s of a median cell of {streamed['median_seconds']['engine_streamed']:.2f} s)")
 
 
 def run_sharing(args, out: Path) -> int:
@@ -171,7 +342,7 @@ def run_sharing(args, out: Path) -> int:
         trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
         t0 = time.monotonic()
         rows = measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=args.repeats + 1,
-                               length=args.length)
+                               length=args.length, group_size=args.group_size)
     finally:
         engine.close()
     fit = fit_sharing(rows)
@@ -179,9 +350,10 @@ def run_sharing(args, out: Path) -> int:
                              "trainer_threads": setup.trainer_threads})
     print(f"shared host: the engine {fit['engine_slowdown']:.3f}x slower beside a GRPO update, the update "
           f"{fit['trainer_slowdown']:.3f}x slower beside the engine (rounds: "
-          f"{', '.join(f'{e:.2f}/{t:.2f}' for e, t in zip(*fit['by_round'].values()))}) -> {out} measured_by.{KEY}",
-          file=sys.stderr)
+          f"{', '.join(f'{e:.2f}/{t:.2f}' for e, t in zip(*fit['by_round'].values()))}); streamed in groups of "
+          f"{args.group_size} (hybrid): {describe_streamed(fit[STREAMED])} -> {out} measured_by.{KEY}", file=sys.stderr)
     return 0
 
 
-__all__ = ["measure_sharing", "fit_sharing", "write_sharing", "training_share", "run_sharing"]
+__all__ = ["measure_sharing", "fit_sharing", "fit_streaming", "write_sharing", "training_share", "run_sharing",
+           "piece_group", "describe_streamed"]

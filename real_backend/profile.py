@@ -367,7 +367,10 @@ def add_arguments(p) -> None:
                    help="measure how much slower the engine decodes beside a GRPO update on the trainer's thread, and "
                         "the update beside the engine, into the profile --out names (measured_by.shared_host: what the "
                         "twin of a mode that trains beside the rollout on this host prices; real_backend/host_sharing.py); "
-                        "--length and --repeats apply (~1 minute)")
+                        "--length, --repeats and --group-size apply (~1-2 minutes)")
+    p.add_argument("--group-size", type=int, default=4, metavar="G",
+                   help="with --shared-host: responses per group, the piece a hybrid run streams into the update as "
+                        "each group finishes (default: 4)")
     p.add_argument("--cpus", metavar="C|C|...", help="with --instances: the CPUs each instance's threads are bound to, "
                    "'|' between instances (e.g. 0|1; default: vLLM's own binding)")
     p.add_argument("--trainer", action="store_true", help="profile the GRPO trainer's phases instead (log-prob, update, "

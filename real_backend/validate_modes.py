@@ -81,11 +81,22 @@ def host_pricing(runs: list, profile: str) -> tuple:
     cells = pd.read_parquet(batches) if batches.is_file() else None
     reference = [r.steps for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") == "collocated"]
     driver, fit = fit_driver_price(reference, cells)
-    said = (f"engine x{share.engine_slowdown:.3f} / trainer x{share.trainer_slowdown:.3f} beside each other"
-            if share is not None else "trainer on devices of its own")
+    said = share_said(share)
     said += (f"; driver {driver.per_request * 1e3:.3f} ms/request, {driver.per_token * 1e6:.2f} us/token, "
              f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells'" if driver is not None else f"; driver not priced: {fit}")
     return share, driver, said
+
+
+def share_said(share) -> str:
+    """What the twins' TrainingShare is, in words: the whole update's factors, and hybrid's streamed pieces' (which
+    ones it used: the profile's streamed measurement, or the whole update's where the profile has none)."""
+    if share is None:
+        return "trainer on devices of its own"
+    pieces = share.for_pieces()
+    which = ("measured streamed" if share.streamed is not None else
+             "the whole update's: the profile has no streamed measurement (`lssim profile --shared-host` adds it)")
+    return (f"engine x{share.engine_slowdown:.3f} / trainer x{share.trainer_slowdown:.3f} beside each other; hybrid's "
+            f"streamed pieces engine x{pieces.engine_slowdown:.3f} / piece x{pieces.trainer_slowdown:.3f} ({which})")
 
 
 def run_label(run) -> str:
@@ -234,7 +245,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
             warm = dataclasses.replace(config, steps=2, total_groups=None)
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
         profile_host(engine, setup, out / "profile.json", base_profile, reprofile, beside=modes != ["collocated"],
-                     length=config.max_tokens)
+                     length=config.max_tokens, group_size=config.group_size if "hybrid" in modes else None)
         probes, folders = [measure_probe(engine)], []
         for k in range(repeats):
             for mode in modes:
@@ -259,11 +270,13 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     return runs
 
 
-def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: bool, beside: bool, length: int) -> None:
+def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: bool, beside: bool, length: int,
+                 group_size: int | None = None) -> None:
     """OUT/profile.json for the twins: this engine profiled now (`reprofile`: validate_record's --reprofile, with
     its speed probes) or `base_profile` copied with its measurements; then, where a mode trains `beside` the rollout,
     the engine beside the GRPO trainer measured now (real_backend.host_sharing, three rounds, ~1 minute) into its
-    measured_by.shared_host."""
+    measured_by.shared_host, and with `group_size` (hybrid is recorded) the engine beside the update streamed in
+    groups of that size (its `streamed` factors, ~1 minute more)."""
     import shutil
 
     from .host_sharing import fit_sharing, measure_sharing, write_sharing
@@ -284,7 +297,8 @@ def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: boo
         return
     trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
     t0 = time.monotonic()
-    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3))
+    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3,
+                                      group_size=group_size))
     write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1)})
     print(f"shared host: engine x{fit['engine_slowdown']:.3f} beside a GRPO update, the update x{fit['trainer_slowdown']:.3f} "
           f"beside the engine -> {profile}", file=sys.stderr)
@@ -333,4 +347,4 @@ def run(args, specs: list[str], setup, config) -> int:
 
 
 __all__ = ["compare_modes", "summarize", "ranking_agrees", "format_modes", "mode_sim_setup", "record_modes", "run",
-           "host_pricing", "trainer_shares_host", "profile_host"]
+           "host_pricing", "share_said", "trainer_shares_host", "profile_host"]

@@ -55,7 +55,7 @@ def test_sharing_the_host_never_makes_a_run_faster_and_collocated_pays_only_the_
     plain = _run(trace, mode)
     shared = _run(trace, mode, shared_training=TrainingShare(engine, trainer))
     assert shared.steps["train_end"].iloc[-1] >= plain.steps["train_end"].iloc[-1] - 1e-9
-    if mode in ("collocated", "hybrid"):  # no priced job beside a rollout still to come: nothing to share
+    if mode == "collocated":  # no priced job beside a rollout: nothing to share
         np.testing.assert_array_equal(plain.steps["step_seconds"].to_numpy(), shared.steps["step_seconds"].to_numpy())
     driven = _run(trace, mode, driver=DriverPrice(per_finish=per_finish))
     assert driven.steps["rollout_seconds"].sum() >= plain.steps["rollout_seconds"].sum() - 1e-9

@@ -170,7 +170,7 @@ def test_recording_puts_the_profile_and_the_hosts_measurement_in_out_before_the_
     rows = pd.DataFrame([{"round": 0, "phase": p, "seconds": s} for p, s in
                          (("engine_alone", 1.0), ("engine_beside", 1.3), ("trainer_alone", 2.0), ("trainer_beside", 2.4))])
     monkeypatch.setattr(trainer_module, "GRPOTrainer", Trainer)
-    monkeypatch.setattr(host_sharing, "measure_sharing", lambda engine, trainer, vocab, rounds: measured.append(vocab) or rows)
+    monkeypatch.setattr(host_sharing, "measure_sharing", lambda engine, trainer, vocab, rounds, group_size: measured.append(vocab) or rows)
     setup = SimpleNamespace(model_dir="m", trainer_threads=1)
     base = _bare_profile(tmp_path)
     out = tmp_path / "out" / "profile.json"

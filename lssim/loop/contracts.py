@@ -65,7 +65,8 @@ class Engine(Protocol):
     - `spec_counters()` / `reset_spec_counters()`: the engine's speculative-decoding counters (vLLM's); None where
       the engine counts none. `driver_seconds(start, end)`: the caller's own share of a span; None unknown.
     - `train_beside(start, seconds)`: when a priced train job beside the rollout ends; start + seconds unless the
-      engine shares its host with the trainer.
+      engine shares its host with the trainer. `streamed_share()`: the engine's and a streamed piece's slow-downs
+      while both run (hybrid); None on devices of their own.
     """
 
     n_instances: int
@@ -103,6 +104,12 @@ class Engine(Protocol):
         ends (the simulator's priced job, lssim.loop.modes). Independent devices: start + seconds. An engine that
         shares its host with the trainer (lssim.sim.shared_host) slows the job and itself over their overlap."""
         return start + seconds
+
+    def streamed_share(self) -> tuple[float, float] | None:
+        """(engine, piece): how many times slower the engine and a streamed train piece (hybrid: one finished group's
+        forward and backward, lssim.loop.modes) run while both do. None: the trainer has devices of its own. An engine
+        that shares its host with the trainer (lssim.sim.shared_host) answers its measured factors."""
+        return None
 
     def spec_counters(self) -> dict | None:
         """Speculative-decoding counters since the last reset (drafts, draft_tokens, accepted_tokens, steps,

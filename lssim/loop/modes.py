@@ -279,18 +279,20 @@ class Hybrid(ExecutionMode):
             return self._schedule(metrics, rollout_end, step, job)
         phases = _phases(metrics)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
+        share = self._engine.streamed_share()  # None: the trainer has devices of its own
+        if share is None:
+            start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
+        else:
+            start, end, busy = _stream_shared(groups, compute, rollout_start, rollout_end, self.config, phases["switch"],
+                                              share)
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, busy)
 
 
-def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
-            switch: float) -> tuple[float, float, float]:
-    """The train devices take each group as it finishes (its share of the compute, by tokens); once the rollout
-    ends, the rollout devices join (elastic) after their context switch and the rest goes (R + T) / T times
-    faster. Returns (start, end, busy device-seconds)."""
-    if not groups or compute <= 0:
-        return rollout_end, rollout_end, 0.0
+def _ready_groups(groups: list[Group], compute: float, rollout_start: float,
+                  rollout_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's ready time and its share of `compute` (seconds on the train devices alone, by tokens), in the
+    order the groups become ready."""
     # A group with a member still carried (a bridged segment, Policy.bridge) is ready when the rollout stops it.
     from lssim.loop.columns import gather
 
@@ -302,20 +304,73 @@ def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_e
     done = np.where(open_, rollout_end, np.fmax(rollout_start, last))
     tokens = np.add.reduceat((cols.prompt_len + cols.generated).astype(float), starts) if len(cols) else np.zeros(0)
     order = np.argsort(done, kind="stable")
-    work = compute * tokens[order] / tokens.sum()  # seconds on the train devices alone
-    t, T = float(done[order][0]), config.train_devices
-    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
-    join = rollout_end + switch  # the rollout devices are free once they have switched to training
+    return done[order], compute * tokens[order] / tokens.sum()
+
+
+def _drain(t: float, ready, work, join: float, speedup: float, train_devices: int) -> tuple[float, float]:
+    """The train devices take each piece (`work` seconds alone) once it is `ready`, from `t` on; from `join` on the
+    rollout devices help, `speedup` times faster. Returns (end, busy device-seconds)."""
     busy = 0.0
-    for ready, w in zip(done[order], work):
-        t = max(t, float(ready))
+    for ready_at, w in zip(ready, work):
+        t = max(t, float(ready_at))
         if t < join <= t + w and speedup > 1:  # the helpers arrive mid-way through this group
             w = (join - t) + (w - (join - t)) / speedup
         elif t >= join:
             w /= speedup
-        busy += w * (T * speedup if t >= join else T)
+        busy += w * (train_devices * speedup if t >= join else train_devices)
         t += w
-    return float(done[order][0]), t, busy
+    return t, busy
+
+
+def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
+            switch: float) -> tuple[float, float, float]:
+    """The train devices take each group as it finishes (its share of the compute, by tokens); once the rollout
+    ends, the rollout devices join (elastic) after their context switch and the rest goes (R + T) / T times
+    faster. Returns (start, end, busy device-seconds)."""
+    if not groups or compute <= 0:
+        return rollout_end, rollout_end, 0.0
+    done, work = _ready_groups(groups, compute, rollout_start, rollout_end)
+    T = config.train_devices
+    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
+    end, busy = _drain(float(done[0]), done, work, rollout_end + switch, speedup, T)
+    return float(done[0]), end, busy
+
+
+def _stream_shared(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
+                   switch: float, share: tuple[float, float]) -> tuple[float, float, float]:
+    """_stream where the trainer shares the engine's host (Engine.streamed_share: `share` = (engine, piece)
+    slow-downs while a piece runs beside the rollout). The rollout ran alone in `rollout_end - rollout_start`; it is
+    replayed here against its pieces: while a piece runs, the rollout does 1 / engine of its work per second and the
+    piece 1 / piece of its own; between pieces the rollout runs alone. Groups become ready at their point in the
+    rollout's work, so one that finished later in it is ready later on the clock. The rollout's end moves out by
+    what the pieces cost it, and the update ends no sooner (the job's end carries the loss onto the step; the step's
+    rollout row keeps the engine's own seconds); what is left then runs as in _stream. Returns (start, end, busy
+    device-seconds)."""
+    if not groups or compute <= 0:
+        return rollout_end, rollout_end, 0.0
+    engine_x, piece_x = share
+    done, work = _ready_groups(groups, compute, rollout_start, rollout_end)
+    ready, span = done - rollout_start, rollout_end - rollout_start  # in seconds of the rollout's work
+    wall = progress = beside = 0.0  # since the rollout's start: clock, the rollout's work done, the pieces' seconds
+    left, nxt, first = 0.0, 0, None  # the running piece's work left (0: none), the next piece, the first's start
+    while progress < span:
+        if left == 0.0 and nxt < len(work) and ready[nxt] <= progress:
+            left, nxt, first = float(work[nxt]), nxt + 1, wall if first is None else first
+        elif left == 0.0:  # the engine alone until the next group is ready or the rollout ends
+            until = min(float(ready[nxt]) if nxt < len(work) else span, span)
+            wall, progress = wall + until - progress, until
+        else:  # both: until the piece ends or the rollout does
+            dt = min(left * piece_x, (span - progress) * engine_x)
+            wall, beside = wall + dt, beside + dt
+            progress = span if dt == (span - progress) * engine_x else progress + dt / engine_x
+            left = 0.0 if dt == left * piece_x else left - dt / piece_x
+    end_rollout = rollout_start + wall
+    T = config.train_devices
+    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
+    rest = ([left] if left > 0 else []) + [float(w) for w in work[nxt:]]  # all ready by now
+    end, busy = _drain(end_rollout, [end_rollout] * len(rest), rest, end_rollout + switch, speedup, T)
+    # the update trains the rollout's batch: it ends no sooner than the (slowed) rollout does
+    return (rollout_start + first if first is not None else end_rollout), end, busy + beside * T
 
 
 def _phases(metrics: dict) -> dict:

@@ -24,6 +24,12 @@ How:
   at both boundaries as above. The approximation's bound: where the rollout ends before the job, the job's part
   past the rollout's end runs slowed though the engine is idle, so its end is late by at most
   (1 - 1 / trainer_slowdown) x that part; on this host's worlds the rollout (~1.3 s) outlasts the update.
+- Training streamed in pieces (hybrid, `streamed_share`): each finished group's forward and backward runs on the
+  trainer's thread while the rollout goes on, and the engine runs alone between pieces, so the whole update's
+  factors over-price it (issue 37). The mode prices the pieces once the rollout has run (lssim.loop.modes
+  `_stream_shared`): while a piece runs, the engine does 1 / engine_slowdown of its work per second and the piece
+  1 / trainer_slowdown of its own, with TrainingShare.streamed's factors (the whole update's where the profile
+  has none); the engine is slowed over the pieces' seconds only.
 - The driver (`driver`, a DriverPrice): the caller's own seconds the engine loses, charged to the instances: per
   request submitted (a stall of the instance it lands on, before its next iteration), per token streamed (added to
   every decode iteration, n_seqs x per_token) and per finish (added to the re-pack of the boundary it leaves at).
@@ -58,16 +64,26 @@ def slowdown_problem(slowdown) -> str | None:
 @dataclass(frozen=True, slots=True)
 class TrainingShare:
     """Rollout and training on one host: the engine's times x `engine_slowdown` while a train job runs beside it,
-    the job's x `trainer_slowdown` while the engine decodes (both measured by `lssim profile --shared-host`)."""
+    the job's x `trainer_slowdown` while the engine decodes (both measured by `lssim profile --shared-host`).
+    `streamed`: the same two for an update streamed in pieces (hybrid: one finished group's forward and backward at
+    a time, the engine alone between them), measured alike; None (a profile from before) prices the pieces with the
+    whole update's factors (`for_pieces`)."""
 
     engine_slowdown: float
     trainer_slowdown: float
+    streamed: "TrainingShare | None" = None
 
     def __post_init__(self):
         for name in ("engine_slowdown", "trainer_slowdown"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"TrainingShare.{name} must be a finite number > 0, got {value!r}")
+        if self.streamed is not None and (not isinstance(self.streamed, TrainingShare) or self.streamed.streamed is not None):
+            raise ValueError(f"TrainingShare.streamed must be None or a TrainingShare of two factors, got {self.streamed!r}")
+
+    def for_pieces(self) -> "TrainingShare":
+        """The factors a streamed piece and the engine beside it are priced with: `streamed`, else the whole update's."""
+        return self.streamed if self.streamed is not None else self
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +191,14 @@ class SharedHostEngine(SimEngine):
     def set_speculation(self, speculation) -> None:
         if speculation is not None:
             raise ValueError("speculative decoding is not modelled on instances that share a host (SharedHostEngine)")
+
+    def streamed_share(self) -> tuple[float, float] | None:
+        """(engine, piece) slow-downs while a streamed piece runs beside the rollout (TrainingShare.for_pieces);
+        None where the trainer has devices of its own."""
+        if self.training is None:
+            return None
+        pieces = self.training.for_pieces()
+        return pieces.engine_slowdown, pieces.trainer_slowdown
 
     def train_beside(self, start: float, seconds: float) -> float:
         """A train job of `seconds` (alone) from `start` beside the rollout: priced as if the engine decoded
