@@ -21,7 +21,30 @@ from numba import types
 from numba.core.registry import CPUDispatcher, cpu_target
 from numba.extending import typeof_impl
 
-from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling
+from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling, blas_probe_wanted
+
+BLAS_PROBE = "scipy.linalg.cython_blas"  # what numba.np.arraymath imports to find out whether a BLAS is there
+
+
+def start_without_blas_probe() -> None:
+    """Import numba.np.arraymath, which numba's CPU target loads when it starts, without its probe for a BLAS: the
+    probe imports scipy.linalg (~0.2 s of a warm replay's CPU, most of it scipy's array-API layer) and its one use is
+    np.correlate and np.convolve choosing np.dot over a loop (numba.np.arraymath._HAVE_BLAS, then False). lssim's
+    kernels call neither nor any BLAS. The import is refused for the probe alone (a None in sys.modules is the import
+    system's documented way to make an import fail) and allowed again at once: np.dot and np.linalg, which import
+    scipy when a kernel using them is typed, compile as before. Nothing where numba.np.arraymath or scipy.linalg is
+    already imported."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    sys.modules[BLAS_PROBE] = None
+    try:
+        import numba.np.arraymath  # noqa: F401  (its _HAVE_BLAS is settled on import)
+    finally:
+        del sys.modules[BLAS_PROBE]
+
+
+if not blas_probe_wanted():  # a process that runs lssim's kernels only (lssim.kernels.lssim_kernels_only)
+    start_without_blas_probe()
 
 _SCALARS = {"int64": types.int64, "uint64": types.uint64, "float64": types.float64, "bool": types.bool_}
 
