@@ -26,6 +26,14 @@ from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling
 BLAS_PROBE = "scipy.linalg.cython_blas"  # what numba.np.arraymath imports to find out whether a BLAS is there
 
 
+def start_target() -> None:
+    """What comes before numba's CPU target starts (its first compile or cache load): in a process that runs lssim's
+    kernels only (lssim.kernels.lssim_kernels_only), numba.np.arraymath imported without the BLAS probe. Not on
+    import, so that a cold cache's line (lssim.kernels.announce_if_cold) comes before these imports."""
+    if not blas_probe_wanted():
+        start_without_blas_probe()
+
+
 def start_without_blas_probe() -> None:
     """Import numba.np.arraymath, which numba's CPU target loads when it starts, without its probe for a BLAS: the
     probe imports scipy.linalg (~0.2 s of a warm replay's CPU, most of it scipy's array-API layer) and its one use is
@@ -42,9 +50,6 @@ def start_without_blas_probe() -> None:
     finally:
         del sys.modules[BLAS_PROBE]
 
-
-if not blas_probe_wanted():  # a process that runs lssim's kernels only (lssim.kernels.lssim_kernels_only)
-    start_without_blas_probe()
 
 _SCALARS = {"int64": types.int64, "uint64": types.uint64, "float64": types.float64, "bool": types.bool_}
 
@@ -92,6 +97,7 @@ class Kernel(CPUDispatcher):
             return
         if not self.is_cached(signature):
             announce_compiling(self._cache.cache_path)
+        start_target()
         self._can_compile = True
         try:
             self.compile(signature)
@@ -148,6 +154,7 @@ def _compile_side_by_side(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]
         share = min(shares, key=lambda s: s[0])
         share[0] += cost
         share[1] += pairs
+    start_target()
     cpu_target.target_context.refresh()  # numba's registries, loaded once here for every process forked below
     children = []
     for _, pairs in shares[1:]:
