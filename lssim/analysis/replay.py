@@ -12,7 +12,7 @@ import gc
 import json
 import multiprocessing
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,10 @@ from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.sim.training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from lssim.traces.workload import OracleLengths, Workload
+
+if TYPE_CHECKING:  # annotations only: replay imports them where a setup names them (SimSetup.cost_model, _sim_engine)
+    from lssim.cost.profiled import ProfiledCostModel
+    from lssim.sim.shared_host import DriverPrice, TrainingShare
 
 
 @dataclass
