@@ -21,7 +21,35 @@ from numba import types
 from numba.core.registry import CPUDispatcher, cpu_target
 from numba.extending import typeof_impl
 
-from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling
+from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling, blas_probe_wanted
+
+BLAS_PROBE = "scipy.linalg.cython_blas"  # what numba.np.arraymath imports to find out whether a BLAS is there
+
+
+def start_target() -> None:
+    """What comes before numba's CPU target starts (its first compile or cache load): in a process that runs lssim's
+    kernels only (lssim.kernels.lssim_kernels_only), numba.np.arraymath imported without the BLAS probe. Not on
+    import, so that a cold cache's line (lssim.kernels.announce_if_cold) comes before these imports."""
+    if not blas_probe_wanted():
+        start_without_blas_probe()
+
+
+def start_without_blas_probe() -> None:
+    """Import numba.np.arraymath, which numba's CPU target loads when it starts, without its probe for a BLAS: the
+    probe imports scipy.linalg (~0.2 s of a warm replay's CPU, most of it scipy's array-API layer) and its one use is
+    np.correlate and np.convolve choosing np.dot over a loop (numba.np.arraymath._HAVE_BLAS, then False). lssim's
+    kernels call neither nor any BLAS. The import is refused for the probe alone (a None in sys.modules is the import
+    system's documented way to make an import fail) and allowed again at once: np.dot and np.linalg, which import
+    scipy when a kernel using them is typed, compile as before. Nothing where numba.np.arraymath or scipy.linalg is
+    already imported."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    sys.modules[BLAS_PROBE] = None
+    try:
+        import numba.np.arraymath  # noqa: F401  (its _HAVE_BLAS is settled on import)
+    finally:
+        del sys.modules[BLAS_PROBE]
+
 
 _SCALARS = {"int64": types.int64, "uint64": types.uint64, "float64": types.float64, "bool": types.bool_}
 
@@ -69,6 +97,7 @@ class Kernel(CPUDispatcher):
             return
         if not self.is_cached(signature):
             announce_compiling(self._cache.cache_path)
+        start_target()
         self._can_compile = True
         try:
             self.compile(signature)
@@ -125,6 +154,7 @@ def _compile_side_by_side(groups: list[tuple[float, list[tuple[Kernel, tuple]]]]
         share = min(shares, key=lambda s: s[0])
         share[0] += cost
         share[1] += pairs
+    start_target()
     cpu_target.target_context.refresh()  # numba's registries, loaded once here for every process forked below
     children = []
     for _, pairs in shares[1:]:

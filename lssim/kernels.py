@@ -87,6 +87,7 @@ COMPILING = ("lssim: compiling the simulator's numba kernels, once after an inst
 PYTHON_ROUTE_RESPONSES = 6_000
 _announced = False
 _python_route = False
+_blas_probe = True  # lssim_kernels_only() turns it off
 
 
 class KernelFunction:
@@ -159,6 +160,18 @@ def python_route(on: bool = True) -> Iterator[None]:
 
 def on_python_route() -> bool:
     return _python_route
+
+
+def lssim_kernels_only() -> None:
+    """Declare that this process compiles no numba code but lssim's kernels (the `lssim` simulation commands): numba's
+    CPU target then starts without its probe for scipy's BLAS (~0.2 s; lssim.kernel_compiler.start_without_blas_probe).
+    It takes effect where called before the first compiled kernel call."""
+    global _blas_probe
+    _blas_probe = False
+
+
+def blas_probe_wanted() -> bool:
+    return _blas_probe
 
 
 def announce_compiling(where: str) -> None:

@@ -12,7 +12,7 @@ import gc
 import json
 import multiprocessing
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -21,17 +21,20 @@ from lssim.analysis.signal import TraceLengths, run_signal, signal_record, trace
 from lssim.sim.bounds import make_lower_bound
 from lssim.loop.controller import Controller, RunConfig, RunResult
 from lssim.loop.core import FINISH_REASONS
-from lssim.cost import HARDWARE, MODELS, SHAPES, ProfiledCostModel, RooflineCostModel, kv_capacity_tokens
-from lssim.cost.operators import KERNEL_PROFILES, OperatorCostModel
+from lssim.cost.catalog import HARDWARE, MODELS, SHAPES, kv_capacity_tokens
+from lssim.cost.roofline import RooflineCostModel
 from lssim.kernels import load_replay_kernels
 from lssim.loop.modes import ModeConfig
 from lssim.loop.policy import Policy, make_policy
 from lssim.loop.rewards import RewardScale
-from lssim.sim.shared_host import DriverPrice, SharedHostEngine, TrainingShare, slowdown_problem
 from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
 from lssim.sim.training import AnalyticTrainCost, TrainCostModel, load_train_cost
 from lssim.traces.workload import OracleLengths, Workload
+
+if TYPE_CHECKING:  # annotations only: replay imports them where a setup names them (SimSetup.cost_model, _sim_engine)
+    from lssim.cost.profiled import ProfiledCostModel
+    from lssim.sim.shared_host import DriverPrice, TrainingShare
 
 
 @dataclass
@@ -80,20 +83,31 @@ class SimSetup:
             raise ValueError(f"unknown hardware {self.hardware!r}; known: {', '.join(HARDWARE)}")
         if self.cost not in ("roofline", "operators"):
             raise ValueError(f"SimSetup.cost must be 'roofline' or 'operators', got {self.cost!r}")
-        if self.cost == "operators" and self.hardware not in KERNEL_PROFILES:
+        if self.cost == "operators":
+            self._check_operators()
+        if any(part is not None for part in (self.host_slowdown, self.shared_training, self.driver)):
+            self._check_shared_host()
+        self.train_cost()  # a missing or bad file fails here, naming itself
+        self.mode_config()  # an unknown mode or a bad device split fails here
+
+    def _check_operators(self) -> None:
+        from lssim.cost.operators import KERNEL_PROFILES  # the operator model's data: only where it is asked for
+
+        if self.hardware not in KERNEL_PROFILES:
             raise ValueError(f"SimSetup.cost='operators': no measured kernel profile for {self.hardware!r}; "
                              f"have {', '.join(KERNEL_PROFILES)}")
-        if self.cost == "operators" and self.model not in SHAPES:
+        if self.model not in SHAPES:
             raise ValueError(f"SimSetup.cost='operators': no DecoderShape for model {self.model!r}")
-        if self.host_slowdown is not None:
-            if slowdown_problem(self.host_slowdown):
-                raise ValueError(f"SimSetup.{slowdown_problem(self.host_slowdown)}")
+
+    def _check_shared_host(self) -> None:
+        from lssim.sim.shared_host import DriverPrice, TrainingShare, slowdown_problem  # only a shared host's setup
+
+        if self.host_slowdown is not None and slowdown_problem(self.host_slowdown):
+            raise ValueError(f"SimSetup.{slowdown_problem(self.host_slowdown)}")
         if self.shared_training is not None and not isinstance(self.shared_training, TrainingShare):
             raise ValueError(f"SimSetup.shared_training must be a TrainingShare or None, got {self.shared_training!r}")
         if self.driver is not None and not isinstance(self.driver, DriverPrice):
             raise ValueError(f"SimSetup.driver must be a DriverPrice or None, got {self.driver!r}")
-        self.train_cost()  # a missing or bad file fails here, naming itself
-        self.mode_config()  # an unknown mode or a bad device split fails here
 
     def mode_config(self) -> ModeConfig:
         rollout = self.n_instances * self.tp
@@ -111,11 +125,13 @@ class SimSetup:
         return self.train
 
     def cost_model(self):
-        if isinstance(self.profile, ProfiledCostModel):
-            return self.profile
-        if self.profile:
-            return ProfiledCostModel.from_json(self.profile)
+        if self.profile:  # each cost model's module imported only where the setup asks for that model
+            from lssim.cost.profiled import ProfiledCostModel
+
+            return self.profile if isinstance(self.profile, ProfiledCostModel) else ProfiledCostModel.from_json(self.profile)
         if self.cost == "operators":
+            from lssim.cost.operators import OperatorCostModel
+
             return OperatorCostModel(MODELS[self.model], self.hardware, tp=self.tp)
         return RooflineCostModel(MODELS[self.model], HARDWARE[self.hardware], tp=self.tp)
 
@@ -129,6 +145,8 @@ def _sim_engine(workload: Workload, setup: SimSetup, batch_route: bool) -> SimEn
     if setup.host_slowdown is None and setup.shared_training is None and setup.driver is None:
         return SimEngine(workload, setup.cost_model(), setup.engine_config(), batch_route=batch_route,
                          allow_missing_signals=setup.allow_missing_signals)
+    from lssim.sim.shared_host import SharedHostEngine
+
     return SharedHostEngine(workload, setup.cost_model(), setup.engine_config(), slowdown=setup.host_slowdown or (1.0,),
                             training=setup.shared_training, driver=setup.driver,
                             allow_missing_signals=setup.allow_missing_signals)

@@ -106,10 +106,12 @@ def _run_signals(args: argparse.Namespace) -> int:
     return 0
 
 
-def _announce_if_cold() -> None:
-    """What a simulation command does first: on a cold numba cache, say so before the imports (lssim.kernels)."""
-    from lssim.kernels import announce_if_cold
+def _start_simulation() -> None:
+    """What a simulation command does first: declare that this process runs no numba code but lssim's kernels (numba
+    then starts without its BLAS probe), and on a cold numba cache say so before the imports (lssim.kernels)."""
+    from lssim.kernels import announce_if_cold, lssim_kernels_only
 
+    lssim_kernels_only()
     announce_if_cold()
 
 
@@ -174,7 +176,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     rows = _parquet_rows(args.trace)
     if not _python_route(None if rows is None else rows * _replay_runs(args)):
-        _announce_if_cold()
+        _start_simulation()
     from lssim.analysis.replay import replay, replay_summary, summarize
     from lssim.analysis.tables import format_summary
     from lssim.kernels import load_replay_kernels, python_route
@@ -261,7 +263,7 @@ def _plot_replay_step(results: dict, step: int, path: str) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    _announce_if_cold()
+    _start_simulation()
     from pathlib import Path
 
     from lssim.analysis.report import PAGE, build_report, write_report
@@ -278,7 +280,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    _announce_if_cold()
+    _start_simulation()
     from pathlib import Path
 
     from lssim.analysis.sweep import sweep, sweep_specs
@@ -348,7 +350,7 @@ PLAN_TABLE = {  # plan column -> (header, format)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    _announce_if_cold()
+    _start_simulation()
     from dataclasses import replace
 
     from lssim.analysis.plan import PlanSpace, plan
@@ -397,8 +399,9 @@ def _run_warmup(args: argparse.Namespace) -> int:
     """`lssim warmup`: compile (or load) every numba kernel now, so that no later run pays for it."""
     import time
 
-    from lssim.kernels import warm_up
+    from lssim.kernels import lssim_kernels_only, warm_up
 
+    lssim_kernels_only()
     start = time.perf_counter()
     signatures, compiled = warm_up()
     print(f"{signatures} kernel signatures ready, {compiled} of them compiled now ({time.perf_counter() - start:.1f} s)")

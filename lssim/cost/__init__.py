@@ -16,32 +16,35 @@ conventions every model follows are in :mod:`lssim.cost.protocol`; the pieces:
                     data/ holds the measurements and the fitted H100 profile
                     (made by python -m lssim.benchmarks.gpu_cost_model --write)
 
-Every public name is re-exported here, so ``from lssim.cost import X`` works for all of them.
+Every public name is re-exported here, so ``from lssim.cost import X`` works for all of them; each is imported from
+its module when first asked for (PEP 562's module ``__getattr__``), so that a replay on the roofline imports neither
+the profiled, operator nor speculative models, nor the fitting code.
 """
 
-from lssim.cost.catalog import HARDWARE, MODELS, SHAPES, DecoderShape, Hardware, ModelSpec, kv_capacity_tokens
-from lssim.cost.operators import KernelProfile, OperatorCostModel
-from lssim.cost.profiled import ProfiledCostModel, batch_features
-from lssim.cost.protocol import peak_tokens_per_second, solo_decode_time
-from lssim.loop.cost_contracts import CostModel
-from lssim.cost.roofline import RooflineCostModel
-from lssim.cost.speculative import SpeculativeCost
+from __future__ import annotations
 
-__all__ = [
-    "CostModel",
-    "ModelSpec",
-    "Hardware",
-    "MODELS",
-    "HARDWARE",
-    "RooflineCostModel",
-    "ProfiledCostModel",
-    "batch_features",
-    "kv_capacity_tokens",
-    "solo_decode_time",
-    "peak_tokens_per_second",
-    "SpeculativeCost",
-    "DecoderShape",
-    "SHAPES",
-    "KernelProfile",
-    "OperatorCostModel",
-]
+import importlib
+
+_EXPORTS = {  # public name -> the module that defines it
+    **dict.fromkeys(("HARDWARE", "MODELS", "SHAPES", "DecoderShape", "Hardware", "ModelSpec", "kv_capacity_tokens"),
+                    "lssim.cost.catalog"),
+    **dict.fromkeys(("KernelProfile", "OperatorCostModel"), "lssim.cost.operators"),
+    **dict.fromkeys(("ProfiledCostModel", "batch_features"), "lssim.cost.profiled"),
+    **dict.fromkeys(("peak_tokens_per_second", "solo_decode_time"), "lssim.cost.protocol"),
+    "CostModel": "lssim.loop.cost_contracts",
+    "RooflineCostModel": "lssim.cost.roofline",
+    "SpeculativeCost": "lssim.cost.speculative",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lssim.cost' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # asked once: later lookups find it in the module's namespace
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
