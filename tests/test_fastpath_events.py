@@ -93,17 +93,23 @@ def test_the_signal_model_over_arrays_equals_the_scalar_one_bit_for_bit(generate
             assert many[name][j] == value or (np.isnan(value) and np.isnan(many[name][j])), (name, j)
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), interval=st.integers(1, 50))
-def test_checkpoints_are_the_event_engines(seed, interval):
-    """Every multiple of the interval strictly inside a response, after what it had generated, in order; and the
-    windows there are the Workload's scalar answers."""
+def _random_checkpoints(seed: int, interval: int):
+    """12 responses of a generated world's Workload, each with a length, the tokens it had before, a trace row and a
+    budget, and their Checkpoints every `interval` tokens: (wl, n, length, start, rows, budget, points)."""
     rng = np.random.default_rng(seed)
     wl = Workload(labelled_trace(rng, steps=2, prompts=3, group=3, max_len=200))
     n = 12
     length, start = rng.integers(0, 200, n), rng.integers(0, 60, n)
     rows, budget = rng.integers(0, len(wl.signals.source), n), rng.integers(2, 400, n)
-    points = Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec())
+    return wl, n, length, start, rows, budget, Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec())
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), interval=st.integers(1, 50))
+def test_checkpoints_are_the_event_engines(seed, interval):
+    """Every multiple of the interval strictly inside a response, after what it had generated, in order; and the
+    windows there are the Workload's scalar answers."""
+    wl, n, length, start, rows, budget, points = _random_checkpoints(seed, interval)
     seen = {j: [] for j in range(n)}
     for live, generated, signals, has in points:
         for k, (j, g) in enumerate(zip(live.tolist(), generated.tolist())):
@@ -122,12 +128,7 @@ def test_checkpoints_are_the_event_engines(seed, interval):
 def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(seed, interval, patience):
     """Checkpoints.flat: the iteration's checkpoints and signals, response by response; its counters of checks in a
     row (streaks) are the ones a rule keeps checkpoint by checkpoint, and first_hits the first checkpoint that hits."""
-    rng = np.random.default_rng(seed)
-    wl = Workload(labelled_trace(rng, steps=2, prompts=3, group=3, max_len=200))
-    n = 12
-    length, start = rng.integers(0, 200, n), rng.integers(0, 60, n)
-    rows, budget = rng.integers(0, len(wl.signals.source), n), rng.integers(2, 400, n)
-    points = Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec())
+    wl, n, length, start, rows, budget, points = _random_checkpoints(seed, interval)
     flat = points.flat()
     by_row = {j: [] for j in range(n)}
     for live, generated, signals, has in points:
@@ -135,7 +136,7 @@ def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(see
             by_row[j].append((generated[k], has[k], *(signals[name][k] for name in sorted(signals))))
     signals, has = flat.signals()
     flat_rows = [(flat.generated[k], has[k], *(signals[name][k] for name in sorted(signals))) for k in range(len(flat.rows))]
-    at = rng.permutation(len(flat.rows))[:5]
+    at = np.random.default_rng(seed).permutation(len(flat.rows))[:5]
     some, some_has = flat.signals_at(at)
     assert some_has.tolist() == has[at].tolist()
     assert all(np.array_equal(some[name], signals[name][at], equal_nan=True) for name in signals)
