@@ -136,7 +136,8 @@ def test_all_checkpoints_at_once_are_the_iterations_and_count_as_a_rule_does(see
             by_row[j].append((generated[k], has[k], *(signals[name][k] for name in sorted(signals))))
     signals, has = flat.signals()
     flat_rows = [(flat.generated[k], has[k], *(signals[name][k] for name in sorted(signals))) for k in range(len(flat.rows))]
-    at = np.random.default_rng(seed).permutation(len(flat.rows))[:5]
+    rng = np.random.default_rng(seed)
+    at = rng.permutation(len(flat.rows))[:5]
     some, some_has = flat.signals_at(at)
     assert some_has.tolist() == has[at].tolist()
     assert all(np.array_equal(some[name], signals[name][at], equal_nan=True) for name in signals)
