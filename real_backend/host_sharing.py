@@ -27,10 +27,11 @@ Streamed (hybrid, real_backend.train_stream): a hybrid run does not run its upda
 pieces, one finished group's forward and backward at a time, as the groups finish; between pieces the engine runs
 alone. Each round also times every piece alone (the cell's groups, `group_size` requests each, trained as synthetic
 groups of the lengths the cell generates) and cells whose groups go to the trainer's lane as each finishes
-(`lane.submit`, one piece after another, as `GRPOTrainer.feed` does), and fits the factors of
-measured_by.shared_host.streamed: the engine's over the pieces' busy seconds in the cell (engine time left to it
-there: busy / engine_slowdown, so a cell is late by busy x (1 - 1 / engine_slowdown)), and the piece's over its time
-alone (pieces that ended before the cell). The whole-update factors above do not transfer: beside ~0.4 s of streamed
+(`lane.submit`, one piece after another, as `GRPOTrainer.feed` does), each streamed cell after a cell alone (the same
+moment's baseline: an alone cell minutes earlier made one round's factor 28.9x, issue 37), and fits the factors of
+measured_by.shared_host.streamed: the engine's from the seconds it loses per piece-second, one least-squares slope
+of cell seconds on the pieces' busy seconds over every cell (fit_piece_loss; a cell is late by busy x (1 - 1 /
+engine_slowdown)), and the piece's over its time alone (pieces that ended before the cell). The whole-update factors above do not transfer: beside ~0.4 s of streamed
 update a real hybrid step lost ~0.15 s, not what 1.685x over the update's seconds says (issue 37).
 """
 
@@ -52,6 +53,7 @@ from .cells import longtail_lengths, time_cell
 
 KEY = "shared_host"  # under the profile's measured_by
 STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
+PAIRED = "engine_paired"  # a cell alone between a round's streamed cells: their same-moment baseline
 
 
 def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4, updates: int = 3, n_seqs: int = 32,
@@ -59,7 +61,7 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
     """Rows: round, phase, seconds: engine_alone, trainer_alone, engine_beside, trainer_beside (a cell's makespan or
     an update's wall time); with `group_size` (None: not measured) also piece_alone and piece_streamed (one group's
     forward and backward; `piece`: its group in the cell) and engine_streamed (a cell with pieces beside it; `busy`:
-    their seconds within it). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
+    their seconds within it) beside engine_paired (a cell alone just before or after; `busy` 0). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
     from .profile_trainer import longtail_lengths as train_lengths
     from .profile_trainer import synthetic_batch
 
@@ -103,7 +105,7 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
             rows += [{"round": rnd, **row} for row in _together(cell, update, updates)]
             if group_size is not None:
                 streamed = _Streamed(engine, trainer, rng, lengths, group_size, vocab)
-                rows += [{"round": rnd, **row} for row in streamed.rows(requests, prompts, cells)]
+                rows += [{"round": rnd, **row} for row in streamed.rows(cell, requests, prompts, cells)]
     if group_size is not None:
         trainer.finish_jobs()  # the lane's thread the pieces ran on
     return pd.DataFrame(rows)
@@ -121,16 +123,19 @@ class _Streamed:
         self.groups = [piece_group(rng, lengths[k:k + group_size], trainer.prompts, vocab)
                        for k in range(0, len(lengths) - group_size + 1, group_size)]
 
-    def rows(self, requests, prompts: dict, cells: int) -> list[dict]:
-        """Every piece alone, `cells` cells with their pieces streamed beside them, every piece alone again (the
-        machine drifts: the alone times bracket the streamed ones)."""
+    def rows(self, alone_cell, requests, prompts: dict, cells: int) -> list[dict]:
+        """Every piece alone, then `cells` streamed cells, each after a cell alone (PAIRED: its moment's baseline;
+        one more after the last), then every piece alone again (the machine drifts: the alone times bracket the
+        streamed ones)."""
         self._piece(self.new_stream(0), 0)  # this round's shapes pay for their allocations: not recorded
         out = self.alone()
         for _ in range(cells):
+            out.append({"phase": PAIRED, "seconds": alone_cell(), "busy": 0.0})
             batch = requests()
             out += self.cell(batch)
             for r in batch:
                 prompts.pop(r.rid, None)
+        out.append({"phase": PAIRED, "seconds": alone_cell(), "busy": 0.0})
         return out + self.alone()
 
     def alone(self) -> list[dict]:
@@ -241,37 +246,62 @@ def fit_sharing(rows: pd.DataFrame) -> dict:
 
 
 def fit_streaming(rows: pd.DataFrame) -> dict:
-    """The streamed factors from measure_sharing's rows. The engine's: per streamed cell the share of the pieces'
-    seconds within it the engine lost, f = lost / busy (lost: the cell's seconds over its round's median cell alone;
-    busy: the pieces' seconds within it), so that the engine does busy / engine_slowdown of its work while pieces
-    run: engine_slowdown = 1 / (1 - median f) over every cell (per cell, not per round: one loaded cell moves a
-    round's sum). The piece's: its seconds within a cell over its round's median alone, the median over every piece.
-    Each at least 1 (noise); `by_round`: each round's medians. ValueError naming what no round measured, or where
-    the engine lost more than the pieces ran (that is not their doing: the machine was busy)."""
-    cells, pieces = [], []
+    """The streamed factors from measure_sharing's rows. The engine's from fit_piece_loss: it loses f of each
+    piece-second, so engine_slowdown = 1 / (1 - f). The piece's: its seconds within a cell over its round's median
+    alone, the median over every piece. Each at least 1 (noise); `by_round`: each round's. ValueError naming what
+    no round measured."""
+    engine = fit_piece_loss(rows)
+    pieces = []
     for rnd, r in rows.groupby("round"):
-        alone = r.loc[r["phase"] == "engine_alone", "seconds"].median()
-        streamed = r[(r["phase"] == "engine_streamed") & (r["busy"] > 0)]
-        cells += [(rnd, (s - alone) / busy) for s, busy in zip(streamed["seconds"], streamed["busy"])]
         piece_alone = r[r["phase"] == "piece_alone"].groupby("piece")["seconds"].median()
         beside = r[(r["phase"] == "piece_streamed") & r["piece"].isin(piece_alone.index)]
         pieces += [(rnd, s / piece_alone[k]) for s, k in zip(beside["seconds"], beside["piece"])]
-    for found, what in ((cells, "a streamed cell with pieces in it (engine_slowdown)"),
-                        (pieces, "a piece both alone and within a streamed cell (trainer_slowdown)")):
-        if not found:
-            raise ValueError(f"fit_streaming: no round measured {what}")
-    lost = statistics.median(f for _, f in cells)
-    if lost >= 1:
-        raise ValueError(f"fit_streaming: the engine lost {lost:.2f}x the pieces' seconds in the median streamed cell: "
-                         f"more than they ran (engine_slowdown); measure it alone on the machine")
-    by_round = {"engine_slowdown": [1 / (1 - min(statistics.median(f for r, f in cells if r == rnd), 0.99))
-                                    for rnd in sorted({r for r, _ in cells})],
+    if not pieces:
+        raise ValueError("fit_streaming: no round measured a piece both alone and within a streamed cell (trainer_slowdown)")
+    by_round = {"engine_slowdown": [_slowdown(f) for f in engine["lost_by_round"]],
                 "trainer_slowdown": [statistics.median(x for r, x in pieces if r == rnd) for rnd in sorted({r for r, _ in pieces})]}
-    streamed = rows[rows["phase"].isin(["engine_streamed", "piece_alone", "piece_streamed"])]
-    return {"engine_slowdown": max(1.0, 1 / (1 - lost)), "trainer_slowdown": max(1.0, statistics.median(x for _, x in pieces)),
-            "by_round": by_round, "cells": len(cells), "pieces": len(pieces),
+    streamed = rows[rows["phase"].isin(["engine_streamed", PAIRED, "piece_alone", "piece_streamed"])]
+    return {"engine_slowdown": _slowdown(engine["lost_per_piece_second"]),
+            "trainer_slowdown": max(1.0, statistics.median(x for _, x in pieces)), **engine,
+            "by_round": by_round, "pieces": len(pieces),
             "median_seconds": streamed.groupby("phase")["seconds"].median().round(4).to_dict(),
             "median_busy_seconds": round(float(rows.loc[rows["phase"] == "engine_streamed", "busy"].median()), 4)}
+
+
+def _slowdown(lost: float) -> float:
+    """The engine's factor while pieces run, losing `lost` of each piece-second: 1 where it lost none or "gained"
+    (noise: sharing never makes it faster); a round's that lost it all (noise too) shown as 100x, not infinite."""
+    return 1 / (1 - min(max(lost, 0.0), 0.99))
+
+
+def fit_piece_loss(rows: pd.DataFrame) -> dict:
+    """What the engine loses per second a piece runs beside it: least squares over every round's engine_paired
+    (busy 0) and engine_streamed cells at once, seconds = a_round + f x busy (a_round: the round's cell alone at that
+    moment, so drift between rounds does not enter f). Returns lost_per_piece_second (f), its standard error,
+    lost_by_round (the same fit in each round alone), spread (their max - min) and cells. ValueError where no round
+    measured both kinds of cell, where the pieces' seconds never varied, or where f is not a share (under -0.5 or
+    at least 1: the engine lost more than the pieces ran, the machine was busy; measure it alone)."""
+    cells = rows[rows["phase"].isin([PAIRED, "engine_streamed"])]
+    both = cells.groupby("round")["phase"].nunique()
+    cells = cells[cells["round"].isin(both.index[both == 2])]
+    if cells.empty:
+        raise ValueError(f"fit_piece_loss: no round measured both {PAIRED} cells (alone) and engine_streamed cells "
+                         f"(engine_slowdown; a profile measured before {PAIRED} cannot be refitted)")
+    busy = cells["busy"] - cells.groupby("round")["busy"].transform("mean")
+    seconds = cells["seconds"] - cells.groupby("round")["seconds"].transform("mean")
+    if float((busy ** 2).sum()) <= 0:
+        raise ValueError("fit_piece_loss: the pieces' busy seconds never varied within a round: no slope to fit")
+    lost = float((busy * seconds).sum() / (busy ** 2).sum())
+    dof = len(cells) - cells["round"].nunique() - 1
+    residual = seconds - lost * busy
+    stderr = float(np.sqrt((residual ** 2).sum() / dof / (busy ** 2).sum())) if dof > 0 else float("nan")
+    if not -0.5 < lost < 1:
+        raise ValueError(f"fit_piece_loss: the engine lost {lost:.2f} s per piece-second (+- {stderr:.2f}) over "
+                         f"{len(cells)} cells: not a share of the pieces' seconds; measure it alone on the machine")
+    by_round = [float((b * s).sum() / (b ** 2).sum()) if float((b ** 2).sum()) > 0 else float("nan")
+                for (_, b), (_, s) in zip(busy.groupby(cells["round"]), seconds.groupby(cells["round"]))]
+    return {"lost_per_piece_second": lost, "lost_stderr": stderr, "lost_by_round": by_round,
+            "spread": max(by_round) - min(by_round), "cells": int((cells["phase"] == "engine_streamed").sum())}
 
 
 def write_sharing(profile, fit: dict, meta: dict | None = None) -> None:
@@ -315,7 +345,9 @@ def training_share(profile):
 def describe_streamed(streamed: dict) -> str:
     """fit_streaming's result in a line."""
     rounds = ", ".join(f"{e:.2f}/{t:.2f}" for e, t in zip(*streamed["by_round"].values()))
-    return (f"the engine {streamed['engine_slowdown']:.3f}x slower while a piece runs, a piece "
+    return (f"the engine {streamed['engine_slowdown']:.3f}x slower while a piece runs (it loses "
+            f"{streamed['lost_per_piece_second']:.3f} +- {streamed['lost_stderr']:.3f} of each piece-second; rounds "
+            f"{', '.join(f'{f:.3f}' for f in streamed['lost_by_round'])}), a piece "
             f"{streamed['trainer_slowdown']:.3f}x slower beside the engine (rounds: {rounds}; pieces "
             f"{streamed['median_busy_seconds']:.2f} s of a median cell of {streamed['median_seconds']['engine_streamed']:.2f} s)")
 
@@ -356,4 +388,4 @@ def run_sharing(args, out: Path) -> int:
 
 
 __all__ = ["measure_sharing", "fit_sharing", "fit_streaming", "write_sharing", "training_share", "run_sharing",
-           "piece_group", "describe_streamed"]
+           "piece_group", "describe_streamed", "fit_piece_loss"]

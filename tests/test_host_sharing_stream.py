@@ -9,7 +9,11 @@ import json
 import pandas as pd
 import pytest
 
-from real_backend.host_sharing import STREAMED, fit_sharing, fit_streaming, training_share, write_sharing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from real_backend.host_sharing import (PAIRED, STREAMED, fit_piece_loss, fit_sharing, fit_streaming, training_share,
+                                       write_sharing)
 from real_backend.validate_modes import share_said
 
 from test_validate_modes import _bare_profile
@@ -25,16 +29,35 @@ def _rows(engine: float = 1.5, piece: float = 1.2, rounds: int = 3) -> pd.DataFr
                  {"round": rnd, "phase": "trainer_alone", "seconds": 2.0}, {"round": rnd, "phase": "trainer_beside", "seconds": 2.6}]
         rows += [{"round": rnd, "phase": "piece_alone", "piece": k, "seconds": 0.1 * (k + 1)} for k in range(3)]
         for busy in (0.3, 0.6):  # a cell with `busy` s of pieces in it: late by busy x (1 - 1 / engine)
+            rows.append({"round": rnd, "phase": PAIRED, "seconds": 1.0, "busy": 0.0})
             rows.append({"round": rnd, "phase": "engine_streamed", "seconds": 1.0 + busy * (1 - 1 / engine), "busy": busy})
+        rows.append({"round": rnd, "phase": PAIRED, "seconds": 1.0, "busy": 0.0})
         rows += [{"round": rnd, "phase": "piece_streamed", "piece": k, "seconds": 0.1 * (k + 1) * piece} for k in (0, 2)]
     return pd.DataFrame(rows)
 
 
-def test_the_streamed_factors_are_the_engines_over_the_pieces_seconds_and_the_pieces_over_their_time_alone():
+def _cells(lost: float, drift: list[float], noise: list[list[float]], busy: float = 0.44) -> pd.DataFrame:
+    """A round per `drift` entry: the engine alone takes 1.1 + drift s in it (the machine's speed that moment),
+    streamed cells lose `lost` of each of their `busy` piece-seconds, each cell off by its `noise` (alternating
+    alone, streamed, ..., alone)."""
+    rows = []
+    for rnd, (d, off) in enumerate(zip(drift, noise)):
+        rows.append({"round": rnd, "phase": "engine_alone", "seconds": 1.1})  # measured minutes before
+        for k, e in enumerate(off):
+            b = busy * (1 + 0.1 * (k % 3)) if k % 2 else 0.0
+            rows.append({"round": rnd, "phase": "engine_streamed" if k % 2 else PAIRED,
+                         "seconds": 1.1 + d + lost * b + e, "busy": b})
+    return pd.DataFrame(rows)
+
+
+def test_the_streamed_factors_are_the_engines_loss_per_piece_second_and_the_pieces_over_their_time_alone():
     fit = fit_streaming(_rows(1.5, 1.2))
     assert fit["engine_slowdown"] == pytest.approx(1.5) and fit["trainer_slowdown"] == pytest.approx(1.2)
+    assert fit["lost_per_piece_second"] == pytest.approx(1 / 3) and fit["lost_by_round"] == pytest.approx([1 / 3] * 3)
+    assert fit["spread"] == pytest.approx(0, abs=1e-12) and fit["cells"] == 6
     assert fit["median_busy_seconds"] == pytest.approx(0.45)
     assert fit_streaming(_rows(0.9, 0.8))["trainer_slowdown"] == 1.0  # "faster" beside the engine: noise, no slow-down
+    assert fit_streaming(_rows(0.9, 0.8))["engine_slowdown"] == 1.0
     whole = fit_sharing(_rows())
     assert (whole["engine_slowdown"], whole["trainer_slowdown"]) == (pytest.approx(1.6), pytest.approx(1.3))
     assert whole[STREAMED]["engine_slowdown"] == pytest.approx(1.5)
@@ -42,9 +65,39 @@ def test_the_streamed_factors_are_the_engines_over_the_pieces_seconds_and_the_pi
                                                      "'trainer_beside']"))  # measured without pieces: none fitted
     with pytest.raises(ValueError, match="no round measured a piece both alone"):
         fit_streaming(_rows().query("phase != 'piece_streamed'"))
-    lost_more = _rows().assign(busy=0.01)  # the pieces ran less than the engine lost: that is not their doing
-    with pytest.raises(ValueError, match="more than they ran"):
-        fit_streaming(lost_more)
+
+
+def test_drift_between_the_alone_and_the_streamed_cells_does_not_enter_the_loss():
+    # modes38's alone-measured profile: rounds 28.9x, 1.60x, 6.99x, from an alone baseline taken minutes before the
+    # streamed cells; the machine 0.35 s, 0.0 s and 0.27 s slower by then. The paired alone cells carry the drift.
+    noise = [[0.02, -0.01, 0.0, 0.015, -0.02, 0.01, 0.0, -0.005, 0.01]] * 3
+    rows = _cells(0.38, [0.35, 0.0, 0.27], noise)
+    fit = fit_piece_loss(rows)
+    assert fit["lost_per_piece_second"] == pytest.approx(0.38, abs=0.05)
+    assert fit["spread"] < 0.1 and all(f == pytest.approx(0.38, abs=0.06) for f in fit["lost_by_round"])
+    assert fit["lost_stderr"] < 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(lost=st.floats(0.0, 0.9), drift=st.lists(st.floats(-0.5, 0.5), min_size=1, max_size=4),
+       shift=st.floats(-0.3, 0.3))
+def test_the_loss_is_exact_without_noise_whatever_the_rounds_drift(lost, drift, shift):
+    rows = _cells(lost, drift, [[0.0] * 7] * len(drift))
+    moved = rows.assign(seconds=rows["seconds"] + shift)  # the whole machine slower or faster: no change
+    for fit in (fit_piece_loss(rows), fit_piece_loss(moved)):
+        assert fit["lost_per_piece_second"] == pytest.approx(lost, abs=1e-9)
+        assert fit["spread"] == pytest.approx(0, abs=1e-9)
+
+
+def test_a_fit_that_is_not_a_share_of_the_pieces_seconds_is_refused_naming_why():
+    with pytest.raises(ValueError, match="lost 1.50 s per piece-second.*not a share"):
+        fit_piece_loss(_cells(1.5, [0.0], [[0.0] * 5]))  # the engine lost more than the pieces ran: a busy machine
+    with pytest.raises(ValueError, match="lost -0.90 s per piece-second"):
+        fit_piece_loss(_cells(-0.9, [0.0], [[0.0] * 5]))
+    with pytest.raises(ValueError, match=f"no round measured both {PAIRED}"):
+        fit_piece_loss(_rows().query(f"phase != '{PAIRED}'"))  # rows measured before the paired cells
+    with pytest.raises(ValueError, match="never varied"):
+        fit_piece_loss(_rows().assign(busy=0.0))
 
 
 def test_the_streamed_factors_round_trip_through_the_profile_and_an_old_one_prices_pieces_with_the_whole(tmp_path):
