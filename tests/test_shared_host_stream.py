@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from lssim.loop.core import Group, Request
@@ -57,6 +57,7 @@ pieces = st.lists(st.tuples(st.one_of(st.none(), st.floats(0.0, 1.0)), st.intege
 
 @FAST
 @given(spec=pieces, compute=st.floats(0.01, 3.0), elastic=st.booleans(), switch=st.floats(0.0, 0.5))
+@example(spec=[(0.0, 10)], compute=3.0, elastic=True, switch=0.0)  # a piece the helpers join mid-way: all busy after
 def test_a_host_shared_at_no_cost_streams_as_on_devices_of_its_own(spec, compute, elastic, switch):
     groups = [_group(i, None if ready is None else 5.0 + 2.0 * ready, tokens) for i, (ready, tokens) in enumerate(spec)]
     config = ModeConfig("hybrid", 2, 1, elastic=elastic)

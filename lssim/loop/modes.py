@@ -314,8 +314,11 @@ def _drain(t: float, ready, work, join: float, speedup: float, train_devices: in
     for ready_at, w in zip(ready, work):
         t = max(t, float(ready_at))
         if t < join <= t + w and speedup > 1:  # the helpers arrive mid-way through this group
-            w = (join - t) + (w - (join - t)) / speedup
-        elif t >= join:
+            before, after = join - t, (w - (join - t)) / speedup
+            busy += before * train_devices + after * train_devices * speedup  # every device busy after the join
+            t += before + after
+            continue
+        if t >= join:
             w /= speedup
         busy += w * (train_devices * speedup if t >= join else train_devices)
         t += w
