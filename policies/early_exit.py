@@ -87,7 +87,7 @@ class EarlyExit(Policy):
 
     def _confident_at(self, flat, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat, rows `rows`) as confident."""
-        signals, has = flat.signals_at(index, rows)
+        signals, has = flat.signals_at(index, rows, ("entropy",))  # the one signal the rule reads
         return has & self.checks(flat.generated_at(index, rows), signals["entropy"])[1]
 
     def on_finish(self, request, state):

@@ -11,9 +11,11 @@ routes, wherever the checkpoints fall in time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
+
+from lssim.traces.signal_trace import WINDOW_FIELDS
 
 
 class Checkpoints:
@@ -50,9 +52,10 @@ class Checkpoints:
         np.cumsum(count, out=starts[1:])
         return FlatCheckpoints(starts, first, self)
 
-    def windows(self, rows: np.ndarray, generated: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The window signals of responses `rows` at `generated` tokens, and which have any."""
-        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
+    def windows(self, rows: np.ndarray, generated: np.ndarray, names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
+        """The window signals `names` (all unless fewer are asked) of responses `rows` at `generated` tokens, and which
+        have any."""
+        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows], names)
 
     def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (row, tokens generated) checkpoint, the first ones of all rows first, then the second ones, ...; and
@@ -105,10 +108,11 @@ class FlatCheckpoints:
         return points._signals.windows(np.repeat(points.trace_rows, count), self.generated, points._spec,
                                        np.repeat(points.max_tokens, count))
 
-    def signals_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
-        """`signals` of the checkpoints at `index` (of rows `rows`, where known) only."""
+    def signals_at(self, index: np.ndarray, rows: np.ndarray | None = None,
+                   names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
+        """`signals` of the checkpoints at `index` (of rows `rows`, where known) only; those `names` only where asked."""
         rows = self.rows_at(index) if rows is None else rows
-        return self.points.windows(rows, self.generated_at(index, rows))
+        return self.points.windows(rows, self.generated_at(index, rows), names)
 
     def every(self, stride: int) -> tuple[np.ndarray, np.ndarray]:
         """The index of every response's stride-th, 2 stride-th, ... checkpoint, and its row: any `stride` of a
