@@ -184,7 +184,8 @@ def entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text
     start = np.where(loop[mixed] & collapse[mixed], np.minimum(loop_at, collapse_at),
                      np.where(loop[mixed], loop_at, collapse_at))
     window = np.asarray(window)
-    f = np.minimum(1.0, np.maximum(0.0, (np.asarray(generated, np.int64)[mixed] - start) / (window[mixed] if window.ndim else window)))
+    window = window[mixed] if window.ndim else window
+    f = np.minimum(1.0, np.maximum(0.0, (np.asarray(generated, np.int64)[mixed] - start) / window))
     label = entropy[mixed]
     text = text_entropy if text_entropy == text_entropy else label
     entropy[mixed] = (1.0 - f) * text + f * label
