@@ -50,7 +50,7 @@ class Checkpoints:
         count = np.maximum(0, -(-(self.length - first) // c))  # multiples in [first, length)
         starts = np.zeros(len(count) + 1, np.int64)
         np.cumsum(count, out=starts[1:])
-        return FlatCheckpoints(starts, first, self)
+        return FlatCheckpoints(starts, first, first - c * starts[:-1], self)
 
     def windows(self, rows: np.ndarray, generated: np.ndarray, names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
         """The window signals `names` (all unless fewer are asked) of responses `rows` at `generated` tokens, and which
@@ -81,6 +81,7 @@ class FlatCheckpoints:
 
     starts: np.ndarray
     first: np.ndarray
+    offset: np.ndarray  # each response's tokens at its checkpoint k, less interval * k: one gather per lookup
     points: Checkpoints
 
     @property
@@ -92,7 +93,7 @@ class FlatCheckpoints:
     def generated(self) -> np.ndarray:
         """Every checkpoint's tokens generated (repeated per response rather than gathered by row: quicker)."""
         c = self.points.interval
-        return np.repeat(self.first - c * self.starts[:-1], np.diff(self.starts)) + c * np.arange(self.starts[-1])
+        return np.repeat(self.offset, np.diff(self.starts)) + c * np.arange(self.starts[-1])
 
     def rows_at(self, index: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, index, side="right") - 1
@@ -100,7 +101,7 @@ class FlatCheckpoints:
     def generated_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """The tokens at the checkpoints at `index` (of rows `rows`, where known)."""
         rows = self.rows_at(index) if rows is None else rows
-        return self.first[rows] + self.points.interval * (index - self.starts[rows])
+        return self.offset[rows] + self.points.interval * index
 
     def signals(self) -> tuple[dict, np.ndarray]:
         """Every checkpoint's window signals (a dict of arrays) and whether its row has any."""
