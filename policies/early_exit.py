@@ -87,8 +87,9 @@ class EarlyExit(Policy):
 
     def _confident_at(self, flat, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Whether the rule counts the checkpoints at `index` (of Checkpoints.flat, rows `rows`) as confident."""
-        signals, has = flat.signals_at(index, rows)
-        return has & self.checks(flat.generated_at(index, rows), signals["entropy"])[1]
+        generated = flat.generated_at(index, rows)
+        signals, has = flat.points.windows(rows, generated, ("entropy",))  # the one signal the rule reads
+        return has & self.checks(generated, signals["entropy"])[1]
 
     def on_finish(self, request, state):
         self._confident.pop(request.rid, None)

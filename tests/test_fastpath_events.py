@@ -222,3 +222,38 @@ def test_a_rollout_with_stops_that_outgrows_its_first_room_is_run_again_with_mor
     fast, engine = assert_same_run(trace, "breaker(check_every=16, min_tokens=32, patience=2)", ROOFLINE, 2, 16, 2000, "collocated")
     assert 2 in calls and max(calls) >= 128 and engine.preemptions > 0
     assert (fast.responses["finish_reason"] == "policy_stop").any()
+
+
+def _mixed_sources(trace: pd.DataFrame, rng: np.random.Generator, stride: int = 8) -> pd.DataFrame:
+    """Some rows' signals measured (random values every `stride` tokens), the others modelled from their labels."""
+    measured = rng.random(len(trace)) < 0.5
+    counts = np.where(measured, trace["response_len"].to_numpy(np.int64) // stride, 0)
+    return trace.assign(signal_source=np.where(measured, "measured", "synthetic"), signal_window=64, signal_ngram=4,
+                        signal_stride=stride, signal_repetition=[rng.random(k).astype(np.float32) for k in counts],
+                        signal_entropy=[rng.choice([0.01, 0.5, 2.0], k).astype(np.float32) for k in counts])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), interval=st.integers(1, 50),
+       names=st.sets(st.sampled_from(["repetition", "entropy", "tokens", "window"]), min_size=1))
+def test_checkpoint_windows_of_some_fields_are_those_of_all(seed, interval, names):
+    """A rule that asks for fewer window fields (early_exit: entropy) gets exactly those, bit for bit, on modelled
+    and measured rows alike."""
+    rng = np.random.default_rng(seed)
+    wl = Workload(_mixed_sources(labelled_trace(rng, steps=2, prompts=3, group=3, max_len=200), rng))
+    n = 12
+    length, start = rng.integers(0, 200, n), rng.integers(0, 60, n)
+    rows, budget = rng.integers(0, len(wl.signals.source), n), rng.integers(2, 400, n)
+    flat = Checkpoints(length, start, interval, budget, rows, wl.signals, SignalSpec()).flat()
+    every = np.arange(flat.starts[-1])
+    full, has = flat.signals_at(every)
+    some, some_has = flat.signals_at(every, names=tuple(names))
+    assert set(some) == names and np.array_equal(some_has, has)
+    assert all(np.array_equal(some[name], full[name], equal_nan=True) for name in names)
+
+
+def test_checkpoint_windows_refuse_a_field_they_do_not_have():
+    wl = Workload(labelled_trace(np.random.default_rng(0), steps=1, prompts=2, group=2, max_len=50))
+    points = Checkpoints(np.array([40]), np.array([0]), 8, np.array([64]), np.array([0]), wl.signals, SignalSpec())
+    with pytest.raises(ValueError, match="no window field named \\['perplexity'\\]"):
+        points.windows(np.array([0]), np.array([8]), ("entropy", "perplexity"))

@@ -160,19 +160,36 @@ def signals_from_trace_many(generated, loop_start, collapse_start, entropy, text
     simulator's batch route reads a submission's checkpoints at once (lssim.sim.checkpoints)."""
     import numpy as np
 
-    generated, loop_start, collapse_start = (np.asarray(a, np.int64) for a in (generated, loop_start, collapse_start))
-    entropy = np.asarray(entropy, float)
+    generated, loop_start = np.asarray(generated, np.int64), np.asarray(loop_start, np.int64)
     looped = (loop_start >= 0) & (generated > loop_start)
     repetition = np.where(looped, np.minimum(1.0, (generated - loop_start) / window), 0.0)
-    loop, collapse = loop_start >= 0, collapse_start >= 0
-    start = np.where(loop & collapse, np.minimum(loop_start, collapse_start), np.where(loop, loop_start, collapse_start))
-    mixed = (loop | collapse) & (entropy == entropy)
-    f = np.minimum(1.0, np.maximum(0.0, (generated - start) / window))
-    text = text_entropy if text_entropy == text_entropy else entropy
-    entropy = np.where(mixed, (1.0 - f) * text + f * entropy, entropy)
+    entropy = entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy, window)
     window = np.asarray(window)
     return {"repetition": repetition, "entropy": entropy, "tokens": np.minimum(generated, window),
             "window": window if window.shape == generated.shape else np.broadcast_to(window, generated.shape)}
+
+
+def entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy: float, window):
+    """The "entropy" of `signals_from_trace_many` alone (a rule that reads only it asks only for it): the label,
+    mixed towards the text's only where a loop or collapse starts (the mix computed there only: a few of them)."""
+    import numpy as np
+
+    loop_start, collapse_start = np.asarray(loop_start, np.int64), np.asarray(collapse_start, np.int64)
+    entropy = np.array(entropy, float)  # a copy: the mixed ones are written in place
+    loop, collapse = loop_start >= 0, collapse_start >= 0
+    mixed = np.flatnonzero((loop | collapse) & (entropy == entropy))
+    if not len(mixed):
+        return entropy
+    loop_at, collapse_at = loop_start[mixed], collapse_start[mixed]
+    start = np.where(loop[mixed] & collapse[mixed], np.minimum(loop_at, collapse_at),
+                     np.where(loop[mixed], loop_at, collapse_at))
+    window = np.asarray(window)
+    window = window[mixed] if window.ndim else window
+    f = np.minimum(1.0, np.maximum(0.0, (np.asarray(generated, np.int64)[mixed] - start) / window))
+    label = entropy[mixed]
+    text = text_entropy if text_entropy == text_entropy else label
+    entropy[mixed] = (1.0 - f) * text + f * label
+    return entropy
 
 
 def entropy_from_logprobs(logprobs: Iterable[float]) -> float:

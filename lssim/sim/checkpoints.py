@@ -11,9 +11,11 @@ routes, wherever the checkpoints fall in time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
+
+from lssim.traces.signal_trace import WINDOW_FIELDS
 
 
 class Checkpoints:
@@ -48,11 +50,12 @@ class Checkpoints:
         count = np.maximum(0, -(-(self.length - first) // c))  # multiples in [first, length)
         starts = np.zeros(len(count) + 1, np.int64)
         np.cumsum(count, out=starts[1:])
-        return FlatCheckpoints(starts, first, self)
+        return FlatCheckpoints(starts, first, first - c * starts[:-1], self)
 
-    def windows(self, rows: np.ndarray, generated: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The window signals of responses `rows` at `generated` tokens, and which have any."""
-        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows])
+    def windows(self, rows: np.ndarray, generated: np.ndarray, names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
+        """The window signals `names` (all unless fewer are asked) of responses `rows` at `generated` tokens, and which
+        have any."""
+        return self._signals.windows(self.trace_rows[rows], generated, self._spec, self.max_tokens[rows], names)
 
     def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every (row, tokens generated) checkpoint, the first ones of all rows first, then the second ones, ...; and
@@ -78,6 +81,7 @@ class FlatCheckpoints:
 
     starts: np.ndarray
     first: np.ndarray
+    offset: np.ndarray  # each response's tokens at its checkpoint k, less interval * k: one gather per lookup
     points: Checkpoints
 
     @property
@@ -89,7 +93,7 @@ class FlatCheckpoints:
     def generated(self) -> np.ndarray:
         """Every checkpoint's tokens generated (repeated per response rather than gathered by row: quicker)."""
         c = self.points.interval
-        return np.repeat(self.first - c * self.starts[:-1], np.diff(self.starts)) + c * np.arange(self.starts[-1])
+        return np.repeat(self.offset, np.diff(self.starts)) + c * np.arange(self.starts[-1])
 
     def rows_at(self, index: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, index, side="right") - 1
@@ -97,7 +101,7 @@ class FlatCheckpoints:
     def generated_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """The tokens at the checkpoints at `index` (of rows `rows`, where known)."""
         rows = self.rows_at(index) if rows is None else rows
-        return self.first[rows] + self.points.interval * (index - self.starts[rows])
+        return self.offset[rows] + self.points.interval * index
 
     def signals(self) -> tuple[dict, np.ndarray]:
         """Every checkpoint's window signals (a dict of arrays) and whether its row has any."""
@@ -105,10 +109,11 @@ class FlatCheckpoints:
         return points._signals.windows(np.repeat(points.trace_rows, count), self.generated, points._spec,
                                        np.repeat(points.max_tokens, count))
 
-    def signals_at(self, index: np.ndarray, rows: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
-        """`signals` of the checkpoints at `index` (of rows `rows`, where known) only."""
+    def signals_at(self, index: np.ndarray, rows: np.ndarray | None = None,
+                   names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
+        """`signals` of the checkpoints at `index` (of rows `rows`, where known) only; those `names` only where asked."""
         rows = self.rows_at(index) if rows is None else rows
-        return self.points.windows(rows, self.generated_at(index, rows))
+        return self.points.windows(rows, self.generated_at(index, rows), names)
 
     def every(self, stride: int) -> tuple[np.ndarray, np.ndarray]:
         """The index of every response's stride-th, 2 stride-th, ... checkpoint, and its row: any `stride` of a

@@ -22,12 +22,14 @@ A trace with neither has no signals: `TraceSignals.available` is empty, and a po
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
-from lssim.loop.signals import DEFAULT, SIGNAL_NAMES, SignalSpec, signals_along, signals_from_trace, signals_from_trace_many
+from lssim.loop.signals import (DEFAULT, SIGNAL_NAMES, SignalSpec, entropy_from_trace_many, signals_along, signals_from_trace,
+                                signals_from_trace_many)
 
+WINDOW_FIELDS = (*SIGNAL_NAMES, "tokens", "window")  # what `windows` gives at each checkpoint: the signals and their window
 DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-token checks fall on them
 SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
 SIGNAL_COLUMNS = ("signal_source", "signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
@@ -138,34 +140,54 @@ class TraceSignals:
                                       self.text_entropy, spec.window_for(max_tokens))
         return None
 
-    def windows(self, rows: np.ndarray, generated: np.ndarray, spec: SignalSpec, max_tokens: np.ndarray) -> tuple[dict, np.ndarray]:
-        """`window` of many (row, generated, max_tokens) at once, to the last bit: the signals as arrays and which
-        of them have any (the others' values are meaningless)."""
+    def windows(self, rows: np.ndarray, generated: np.ndarray, spec: SignalSpec, max_tokens: np.ndarray,
+                names: Collection[str] = WINDOW_FIELDS) -> tuple[dict, np.ndarray]:
+        """`window` of many (row, generated, max_tokens) at once, to the last bit: the signals `names` (all of them
+        unless asked for fewer: a rule computes only what it reads) as arrays and which of them have any (the
+        others' values are meaningless)."""
+        unknown = set(names) - set(WINDOW_FIELDS)
+        if unknown:
+            raise ValueError(f"TraceSignals.windows: no window field named {sorted(unknown)}; there are {list(WINDOW_FIELDS)}")
         code, n = self.source[rows], len(rows)
         synthetic = code == SOURCE_CODES["synthetic"]
         if synthetic.all():  # a synthesized trace's: modelled, every one
-            return signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
-                                           self.text_entropy, spec.windows_for(max_tokens)), synthetic
-        out = {"repetition": np.zeros(n), "entropy": np.full(n, math.nan), "tokens": np.zeros(n, np.int64),
-               "window": np.zeros(n, np.int64)}
+            return self._modelled(rows, generated, spec, max_tokens, names), synthetic
+        empty = {"repetition": lambda: np.zeros(n), "entropy": lambda: np.full(n, math.nan),
+                 "tokens": lambda: np.zeros(n, np.int64), "window": lambda: np.zeros(n, np.int64)}
+        out = {name: empty[name]() for name in names}
         measured = code == SOURCE_CODES["measured"]
         if measured.any():
-            r, g = rows[measured], generated[measured]
-            window = self._window[r].astype(np.int64)
-            lo, hi = self._start[r], self._start[r + 1]
-            i = lo + np.minimum(g // self._stride[r].astype(np.int64), hi - lo) - 1
-            seen = i >= lo
-            at = np.where(seen, i, 0)
-            for name, values, none in (("repetition", self._repetition, 0.0), ("entropy", self._entropy_values, math.nan)):
-                out[name][measured] = np.where(seen, values[at] if len(values) else none, none)
-            out["tokens"][measured], out["window"][measured] = np.minimum(g, window), window
+            self._read_measured(out, measured, rows[measured], generated[measured])
         if synthetic.any():
-            r = rows[synthetic]
-            modelled = signals_from_trace_many(generated[synthetic], self._loop[r], self._collapse[r], self._entropy[r],
-                                               self.text_entropy, spec.windows_for(max_tokens[synthetic]))
+            modelled = self._modelled(rows[synthetic], generated[synthetic], spec, max_tokens[synthetic], names)
             for name, values in modelled.items():
                 out[name][synthetic] = values
         return out, measured | synthetic
+
+    def _modelled(self, rows, generated, spec: SignalSpec, max_tokens, names: Collection[str]) -> dict:
+        """The synthetic rows' window signals `names`, from their labels."""
+        window = spec.windows_for(max_tokens)
+        if set(names) == {"entropy"}:  # early_exit's: the other signals' arrays skipped
+            return {"entropy": entropy_from_trace_many(generated, self._loop[rows], self._collapse[rows],
+                                                       self._entropy[rows], self.text_entropy, window)}
+        modelled = signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
+                                           self.text_entropy, window)
+        return {name: modelled[name] for name in names}
+
+    def _read_measured(self, out: dict, measured: np.ndarray, r: np.ndarray, g: np.ndarray) -> None:
+        """Fill `out`'s measured rows (mask `measured`; trace rows `r` at `g` tokens) from the recorded windows."""
+        window = self._window[r].astype(np.int64)
+        lo, hi = self._start[r], self._start[r + 1]
+        i = lo + np.minimum(g // self._stride[r].astype(np.int64), hi - lo) - 1
+        seen = i >= lo
+        at = np.where(seen, i, 0)
+        for name, values, none in (("repetition", self._repetition, 0.0), ("entropy", self._entropy_values, math.nan)):
+            if name in out:
+                out[name][measured] = np.where(seen, values[at] if len(values) else none, none)
+        if "tokens" in out:
+            out["tokens"][measured] = np.minimum(g, window)
+        if "window" in out:
+            out["window"][measured] = window
 
 
 __all__ = ["DEFAULT_STRIDE", "SIGNAL_COLUMNS", "UNMEASURED", "default_source", "HOW_TO_MEASURE", "TraceSignals", "measure_response", "measure_rows"]
