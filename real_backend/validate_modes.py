@@ -66,7 +66,7 @@ def host_pricing(runs: list, profile: str) -> tuple:
     engine from the profile (real_backend.host_sharing; ValueError naming the command where a run's trainer shared
     the host in a mode that trains beside the rollout and the profile has no measurement), the driver's excess
     fitted on the collocated runs (the reference) against the profile's cells (lssim.analysis.fidelity.driver)."""
-    from lssim.analysis.fidelity.driver import fit_driver_price
+    from lssim.analysis.fidelity.driver import fit_against_cells
 
     from .host_sharing import training_share
     from .profile import measurement_files
@@ -77,10 +77,8 @@ def host_pricing(runs: list, profile: str) -> tuple:
         raise ValueError(f"{profile}: no measurement of the engine beside the GRPO trainer on this host, which "
                          f"{len(beside)} run(s) shared (e.g. {beside[0].folder}); measure it with `lssim profile --out "
                          f"{profile} --shared-host` (about a minute), or record with `lssim validate --mode`, which does")
-    batches = measurement_files(profile)["batches"]
-    cells = pd.read_parquet(batches) if batches.is_file() else None
     reference = [r.steps for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") == "collocated"]
-    driver, fit = fit_driver_price(reference, cells)
+    driver, fit = fit_against_cells(reference, measurement_files(profile)["batches"])
     said = share_said(share)
     said += (f"; driver {driver.per_request * 1e3:.3f} ms/request, {driver.per_token * 1e6:.2f} us/token, "
              f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells'" if driver is not None else f"; driver not priced: {fit}")
