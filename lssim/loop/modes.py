@@ -307,6 +307,12 @@ def _ready_groups(groups: list[Group], compute: float, rollout_start: float,
     return done[order], compute * tokens[order] / tokens.sum()
 
 
+def _elastic_speedup(config: ModeConfig) -> float:
+    """How much faster the update goes once the rollout's devices join it: (R + T) / T when elastic, else 1."""
+    T = config.train_devices
+    return (config.rollout_devices + T) / T if config.elastic else 1.0
+
+
 def _drain(t: float, ready, work, join: float, speedup: float, train_devices: int) -> tuple[float, float]:
     """The train devices take each piece (`work` seconds alone) once it is `ready`, from `t` on; from `join` on the
     rollout devices help, `speedup` times faster. Returns (end, busy device-seconds)."""
@@ -333,9 +339,7 @@ def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_e
     if not groups or compute <= 0:
         return rollout_end, rollout_end, 0.0
     done, work = _ready_groups(groups, compute, rollout_start, rollout_end)
-    T = config.train_devices
-    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
-    end, busy = _drain(float(done[0]), done, work, rollout_end + switch, speedup, T)
+    end, busy = _drain(float(done[0]), done, work, rollout_end + switch, _elastic_speedup(config), config.train_devices)
     return float(done[0]), end, busy
 
 
@@ -368,12 +372,11 @@ def _stream_shared(groups: list[Group], compute: float, rollout_start: float, ro
             progress = span if dt == (span - progress) * engine_x else progress + dt / engine_x
             left = 0.0 if dt == left * piece_x else left - dt / piece_x
     end_rollout = rollout_start + wall
-    T = config.train_devices
-    speedup = (config.rollout_devices + T) / T if config.elastic else 1.0
     rest = ([left] if left > 0 else []) + [float(w) for w in work[nxt:]]  # all ready by now
-    end, busy = _drain(end_rollout, [end_rollout] * len(rest), rest, end_rollout + switch, speedup, T)
+    end, busy = _drain(end_rollout, [end_rollout] * len(rest), rest, end_rollout + switch, _elastic_speedup(config),
+                       config.train_devices)
     # the update trains the rollout's batch: it ends no sooner than the (slowed) rollout does
-    return (rollout_start + first if first is not None else end_rollout), end, busy + beside * T
+    return (rollout_start + first if first is not None else end_rollout), end, busy + beside * config.train_devices
 
 
 def _phases(metrics: dict) -> dict:
