@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 SIGNAL_NAMES = ("repetition", "entropy")  # what a policy may read (PolicyNeeds.signals) and an engine gives
+WINDOW_FIELDS = (*SIGNAL_NAMES, "tokens", "window")  # what a window gives at each checkpoint: the signals and their window
 WINDOW_KEY = "window"  # Request.signals[WINDOW_KEY] -> {"repetition": float, "entropy": float, "tokens": int, "window": int}
 _NAN = float("nan")
 
@@ -155,23 +156,32 @@ def signals_from_trace(generated: int, loop_start: int, collapse_start: int, ent
     return {"repetition": repetition, "entropy": entropy, "tokens": min(generated, window), "window": window}
 
 
-def signals_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy: float, window) -> dict:
+def signals_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy: float, window,
+                            names=WINDOW_FIELDS) -> dict:
     """`signals_from_trace` over arrays (one response each; `window` an array or one size), to the last bit: the
-    simulator's batch route reads a submission's checkpoints at once (lssim.sim.checkpoints)."""
+    simulator's batch route reads a submission's checkpoints at once (lssim.sim.checkpoints). Only the fields
+    `names` are computed (a rule computes only what it reads: early_exit the entropy)."""
     import numpy as np
 
-    generated, loop_start = np.asarray(generated, np.int64), np.asarray(loop_start, np.int64)
-    looped = (loop_start >= 0) & (generated > loop_start)
-    repetition = np.where(looped, np.minimum(1.0, (generated - loop_start) / window), 0.0)
-    entropy = entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy, window)
+    generated = np.asarray(generated, np.int64)
+    out = {}
+    if "repetition" in names:
+        loop_start = np.asarray(loop_start, np.int64)
+        looped = (loop_start >= 0) & (generated > loop_start)
+        out["repetition"] = np.where(looped, np.minimum(1.0, (generated - loop_start) / window), 0.0)
+    if "entropy" in names:
+        out["entropy"] = entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy, window)
     window = np.asarray(window)
-    return {"repetition": repetition, "entropy": entropy, "tokens": np.minimum(generated, window),
-            "window": window if window.shape == generated.shape else np.broadcast_to(window, generated.shape)}
+    if "tokens" in names:
+        out["tokens"] = np.minimum(generated, window)
+    if "window" in names:
+        out["window"] = window if window.shape == generated.shape else np.broadcast_to(window, generated.shape)
+    return out
 
 
 def entropy_from_trace_many(generated, loop_start, collapse_start, entropy, text_entropy: float, window):
-    """The "entropy" of `signals_from_trace_many` alone (a rule that reads only it asks only for it): the label,
-    mixed towards the text's only where a loop or collapse starts (the mix computed there only: a few of them)."""
+    """The "entropy" of `signals_from_trace_many`: the label, mixed towards the text's only where a loop or collapse
+    starts (the mix computed there only: a few of them)."""
     import numpy as np
 
     loop_start, collapse_start = np.asarray(loop_start, np.int64), np.asarray(collapse_start, np.int64)

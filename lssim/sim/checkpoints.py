@@ -15,7 +15,7 @@ from typing import Collection, Iterator
 
 import numpy as np
 
-from lssim.traces.signal_trace import WINDOW_FIELDS
+from lssim.loop.signals import WINDOW_FIELDS
 
 
 class Checkpoints:

@@ -26,10 +26,9 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from lssim.loop.signals import (DEFAULT, SIGNAL_NAMES, SignalSpec, entropy_from_trace_many, signals_along, signals_from_trace,
+from lssim.loop.signals import (DEFAULT, SIGNAL_NAMES, WINDOW_FIELDS, SignalSpec, signals_along, signals_from_trace,
                                 signals_from_trace_many)
 
-WINDOW_FIELDS = (*SIGNAL_NAMES, "tokens", "window")  # what `windows` gives at each checkpoint: the signals and their window
 DEFAULT_STRIDE = 64  # tokens between a trace's measured values: breaker's 256-token checks fall on them
 SOURCE_CODES = {"": 0, "synthetic": 1, "measured": 2}
 SIGNAL_COLUMNS = ("signal_source", "signal_window", "signal_ngram", "signal_stride", "signal_repetition", "signal_entropy")
@@ -166,13 +165,8 @@ class TraceSignals:
 
     def _modelled(self, rows, generated, spec: SignalSpec, max_tokens, names: Collection[str]) -> dict:
         """The synthetic rows' window signals `names`, from their labels."""
-        window = spec.windows_for(max_tokens)
-        if set(names) == {"entropy"}:  # early_exit's: the other signals' arrays skipped
-            return {"entropy": entropy_from_trace_many(generated, self._loop[rows], self._collapse[rows],
-                                                       self._entropy[rows], self.text_entropy, window)}
-        modelled = signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
-                                           self.text_entropy, window)
-        return {name: modelled[name] for name in names}
+        return signals_from_trace_many(generated, self._loop[rows], self._collapse[rows], self._entropy[rows],
+                                       self.text_entropy, spec.windows_for(max_tokens), names)
 
     def _read_measured(self, out: dict, measured: np.ndarray, r: np.ndarray, g: np.ndarray) -> None:
         """Fill `out`'s measured rows (mask `measured`; trace rows `r` at `g` tokens) from the recorded windows."""
