@@ -1,7 +1,7 @@
 """The validations pooled per policy: each policy's per-step error (the profile alone) beside an exact model's on the
 same repeats, over several `lssim validate --out` folders, and whether each folder's twin priced the driver.
 
-    python -m lssim.analysis.fidelity --pool paper/experiments/validation/full8 runs/validate-full9-again
+    python -m lssim.analysis.fidelity --pool paper/experiments/validation/full9 paper/experiments/validation/full8
 
 Read from each folder's summary.csv and steps_by_repeat.parquet (nothing is replayed): per policy (a world's
 baseline as baseline@WORLD) the twin's median per-step error, an exact model's (noise_floor: from the summary, or
