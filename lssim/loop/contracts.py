@@ -144,8 +144,9 @@ class Engine(Protocol):
 
     def set_signals(self, names: frozenset[str]) -> frozenset[str]:
         """The early-exit signals a policy reads at progress events (lssim.loop.signals: "repetition", "entropy"),
-        asked once before the first step. Returns those the engine cannot give where the run was told to go on
-        without them (they stay absent from Request.signals); otherwise an engine that cannot give one refuses."""
+        asked once before the first step. Only what is asked is put in Request.signals (none asked: none computed).
+        Returns those the engine cannot give where the run was told to go on without them (they stay absent from
+        Request.signals); otherwise an engine that cannot give one refuses."""
         if names:
             raise ValueError(f"it reads the signals {', '.join(sorted(names))}, which {type(self).__name__} "
                              f"does not compute")

@@ -77,6 +77,7 @@ class SimEngine(Engine):
         self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
         self.speculated_tokens = 0  # tokens generated while speculation (or layer skip) was on
         self.signals = signals  # the window of the early-exit signals put in Request.signals at progress events
+        self._reads_signals = False  # set_signals: a policy declared it reads them (nobody else does: not measured)
         self.config = config or EngineConfig()
         self.n_instances = self.config.n_instances
         self.clock = 0.0
@@ -170,6 +171,7 @@ class SimEngine(Engine):
     def set_signals(self, names: frozenset[str]) -> frozenset[str]:
         """The trace's signals (lssim.traces.signal_trace): a policy reading one the trace lacks is refused, naming
         what is missing and how to measure it, unless this engine was told to go on (allow_missing_signals)."""
+        self._reads_signals = bool(names)
         if not names:
             return frozenset()
         missing = self.workload.signals.missing(names)
@@ -355,7 +357,8 @@ class SimEngine(Engine):
                 out.append(Event(FINISHED, r, t))
             else:
                 self._push_checkpoint(inst, r, ep)
-                self._measure(r, generated)
+                if self._reads_signals:
+                    self._measure(r, generated)
                 out.append(Event(PROGRESS, r, t))
         left = inst.n - n
         inst.n, inst.ctx, inst.pending = n, ctx, pending
