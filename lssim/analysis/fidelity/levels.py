@@ -8,10 +8,10 @@ speed in those minutes over its speed when the profile was measured, plus the co
 folder's steps_by_repeat.parquet (nothing is replayed): per folder and world, the baseline's median ratio over its
 runs (`level`: 1.0 is the profile's speed; a run's ratio is the median over its steps), the lowest and highest run's,
 the median speed probe (`probed`: a fixed batch timed on the engine between runs, over the same batch around the
-profile; lssim.analysis.fidelity.run) and the error a twin at the profile's level cannot go below in that world,
-|level - 1| (`floor_pct`), beside an exact model's error on the same repeats (`exact_pct`). Where `floor_pct` is over
-1.5x `exact_pct`, no cost model priced at the profile's level meets issue 37's bound there: only the level measured in
-the run's minutes (the probe, or the world's baseline) can. In a modes folder each mode is a world and its twin prices
+profile; lssim.analysis.fidelity.run) and the error that level alone puts on a twin exact at the profile's
+minutes, |level - 1| (`floor_pct`), beside an exact model's error on the same repeats (`exact_pct`). Where `floor_pct` is over
+1.5x `exact_pct`, a cost model right at the profile's minutes misses issue 37's bound there: only the level measured in
+the run's minutes (the probe, or the world's baseline) meets it. In a modes folder each mode is a world and its twin prices
 the shared host (lssim.sim.shared_host), so there the level is the host's speed times that price's own error.
 """
 
