@@ -2,7 +2,7 @@
 python -m lssim.analysis.fidelity --pool FOLDER...: each policy's error against an exact model's, pooled over
 validation folders, with and without the driver priced (lssim.analysis.fidelity.pool);
 python -m lssim.analysis.fidelity --levels FOLDER...: the host's speed against the profile's, per folder and world, and
-the error a twin at the profile's level cannot go below (lssim.analysis.fidelity.levels)."""
+the error that level puts on a twin exact at the profile's minutes (lssim.analysis.fidelity.levels)."""
 
 import argparse
 import sys

@@ -78,8 +78,8 @@ def levels_text(folders) -> str:
     follows = np.corrcoef(probed["level"], probed["probed"])[0, 1] if len(probed) > 2 else np.nan
     left = np.median(np.abs(probed["level"] / probed["probed"] - 1.0)) * 100 if len(probed) else np.nan
     return (f"per folder and world, the baseline's measured/predicted step time (level: the host's speed against the "
-            f"profile's; lowest/highest: over its runs), the speed probe's median (probed), the error a twin at the "
-            f"profile's level cannot go below (floor_pct = |level - 1|) and an exact model's (exact_pct)\n"
+            f"profile's; lowest/highest: over its runs), the speed probe's median (probed), the error that level puts "
+            f"on a twin exact at the profile's minutes (floor_pct = |level - 1|) and an exact model's (exact_pct)\n"
             f"{out.to_string()}\n\n"
             f"levels from {table['level'].min():.2f} to {table['level'].max():.2f} over {len(table)} worlds; "
             f"median floor {table['floor_pct'].median():.1f}% against an exact model's {table['exact_pct'].median():.1f}%; "
