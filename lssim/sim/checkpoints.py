@@ -27,11 +27,20 @@ class Checkpoints:
     the checkpoints (`streaks`, `first_hits`) instead of one checkpoint at a time."""
 
     def __init__(self, length: np.ndarray, start: np.ndarray, interval: int, max_tokens: np.ndarray, trace_rows: np.ndarray,
-                 signals, spec):
+                 signals, spec, requests=None):
         if interval < 1:
             raise ValueError(f"Checkpoints: the interval must be >= 1 token, got {interval}")
         self.length, self.start, self.interval = length, start, interval  # start: tokens generated before the rollout
         self.max_tokens, self.trace_rows, self._signals, self._spec = max_tokens, trace_rows, signals, spec
+        self._requests = requests
+
+    @property
+    def requests(self):
+        """The responses' own books (lssim.loop.columns.RequestColumns, row for row): what a rule reads of each besides
+        its tokens and signals (segment: its prompt, its tokens before this step)."""
+        if self._requests is None:
+            raise ValueError("Checkpoints: made without the submission's columns (requests=), which this rule reads")
+        return self._requests
 
     def __len__(self) -> int:
         return len(self.length)
