@@ -133,13 +133,18 @@ class Segment(Policy):
 
     def end_step(self, outcome):
         self.history.update(outcome)
+        if self.bridge_values:  # only value bridging reads the returns
+            self._remember_returns(outcome)
+        self._trained.update(self._trained_now)
+        self._trained_now, self._segments = {}, {}
+
+    def _remember_returns(self, outcome) -> None:
+        """What `value` reads: each response that ended by itself or its budget, (length, reward), per prompt and over all."""
         natural = np.isin(outcome.finish_reason.astype(str), (STOP, LENGTH)) & np.isfinite(outcome.reward)
         for pid, n, reward in zip(outcome.prompt_id[natural].tolist(), outcome.response_len[natural].tolist(),
                                   outcome.reward[natural].tolist()):
             self._returns.setdefault(pid, deque(maxlen=self.keep)).append((n, reward))
             self._all_returns.append((n, reward))
-        self._trained.update(self._trained_now)
-        self._trained_now, self._segments = {}, {}
 
     # -- value bridging ------------------------------------------------------------------------------------
     def value(self, request) -> float | None:
