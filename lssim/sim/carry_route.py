@@ -39,7 +39,8 @@ def run_carried(engine, requests: list[Request], columns: RequestColumns, carry_
     if engine._spec_batch or not requests or engine.cost.abort_time(1) != 0.0:
         return None
     plan = schedule(engine, columns, None, carry_at)
-    first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
+    asked_before = np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(requests))
+    first_asked = ~asked_before
     count_sources(engine, plan.answers[5][first_asked])
     remember_answers(engine, columns, plan)
     commit(engine, plan)
