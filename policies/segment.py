@@ -139,7 +139,8 @@ class Segment(Policy):
         self._trained_now, self._segments = {}, {}
 
     def _remember_returns(self, outcome) -> None:
-        """What `value` reads: each response that ended by itself or its budget, (length, reward), per prompt and over all."""
+        """What `value` reads: each response that ended by itself or by its budget, (length, reward), per prompt and
+        over every prompt."""
         natural = np.isin(outcome.finish_reason.astype(str), (STOP, LENGTH)) & np.isfinite(outcome.reward)
         for pid, n, reward in zip(outcome.prompt_id[natural].tolist(), outcome.response_len[natural].tolist(),
                                   outcome.reward[natural].tolist()):

@@ -51,13 +51,14 @@ def routes(monkeypatch) -> dict[str, int]:
     return seen
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31), steps=st.integers(1, 4), prompts=st.integers(1, 6), group=st.integers(1, 4),
        max_len=st.integers(1, 300), n_instances=st.integers(1, 3), max_num_seqs=st.integers(1, 8),
        slack=st.integers(0, 400), policy=st.sampled_from(SEGMENTS), cost=st.sampled_from([PROFILED, ROOFLINE]),
        mode=st.sampled_from(["collocated", "disaggregated"]))
-def test_the_carry_route_equals_the_event_engine(routes, seed, steps, prompts, group, max_len, n_instances, max_num_seqs,
-                                                 slack, policy, cost, mode):
+def test_the_carry_route_equals_the_event_engine(routes, seed, steps, prompts, group, max_len, n_instances,
+                                                 max_num_seqs, slack, policy, cost, mode):
     """(async interrupts rollouts and hybrid streams groups to training as they end: both stay on the event route)"""
     trace = make_trace(np.random.default_rng(seed), steps, prompts, group, max_len)
     kv = int(trace["prompt_len"].max() + trace["max_tokens"].max()) + slack  # a request may ask the run's budget
@@ -73,7 +74,8 @@ def test_responses_are_carried_resumed_and_carried_again(routes, kv):
     fast, engine = assert_same_carried_run(trace, "segment(window=32, extend=0.5)", ROOFLINE, 2, 4, kv)
     carried = fast.responses["stop_reason"] == "segment: window"
     resumed = fast.responses["tokens_before_resume"] > 0
-    assert carried.sum() > 20 and resumed.sum() > 10 and (fast.responses.loc[resumed, "tokens_before_resume"] > 32).any()
+    assert carried.sum() > 20 and resumed.sum() > 10
+    assert (fast.responses.loc[resumed, "tokens_before_resume"] >= 64).any()  # carried twice: 32 or more tokens each
     assert routes["event"] == 0 and routes["carry"] >= 4
     assert engine.preemptions > 0 if kv < 1000 else engine.preemptions == 0
 

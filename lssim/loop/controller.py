@@ -68,8 +68,8 @@ class Controller:
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
         self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
-        # A policy that reacts only by ending the rollout, or by carrying at checkpoints, with an array form of that rule,
-        # has each submission scheduled whole and cut where the rule ends it, or run with its carries
+        # A policy that reacts only by ending the rollout, or by carrying at checkpoints, with an array form of that
+        # rule, has each submission scheduled whole and cut where the rule ends it, or run with its carries
         # (lssim.loop.contracts.Engine.set_cut_rollout; the event route's books).
         self._cut = not self._batched and bool(engine.set_cut_rollout(self._cut_rollout()))
         # Execution features are set once per run, before the first step (vLLM configures them at start); an

@@ -41,7 +41,8 @@ ended responses at once; one whose on_progress only stops, reading each response
 answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
 for numbers and arrays alike, that both forms call); one whose on_progress only carries, reading each response's own
 tokens and a state that moves only between rollouts, answers `progress_carries(checkpoints)` (segment), and the
-simulator then schedules each submission whole with the carries where they fall (the event route's books). A policy with end_rollout, or with on_finish or on_progress
+simulator then schedules each submission whole with the carries where they fall (the carry route,
+lssim.sim.carry_route; the event route's books). A policy with end_rollout, or with on_finish or on_progress
 and no array form, runs on the event route (`reacts_to_events`); one whose end_rollout reads only the rollout's
 counters and its own books of the responses that ended answers `end_rollout_at(progress)` over a submission's whole
 schedule (april, rollpacker), and the simulator then schedules each submission whole and cuts it there (the cut
@@ -107,7 +108,7 @@ class Policy(PolicyHooks):
     def carries_in_batches(self) -> bool:
         """True when the policy reacts to single events only by carrying responses at progress checkpoints, answered as
         an array (`progress_carries`): no end_rollout, no top_up. The simulator may then schedule each submission whole
-        with the carries where they fall (the cut route, lssim.sim.carry_route; the event route's books)."""
+        with the carries where they fall (the carry route, lssim.sim.carry_route; the event route's books)."""
         return (self.overrides("on_progress") and type(self).progress_carries is not Policy.progress_carries
                 and not self.overrides("end_rollout") and not self.overrides("top_up"))
 

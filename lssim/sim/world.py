@@ -152,7 +152,8 @@ class SimEngine(Engine):
         if not self._cut:
             raise RuntimeError("run_cut before set_cut_rollout(True)")
         if (cut_at is None) == (carry_at is None):
-            raise ValueError("run_cut: give either cut_at (an end_rollout rule) or carry_at (carries), not both or none")
+            raise ValueError("run_cut: give either cut_at (an end_rollout rule) or carry_at (carries), not both, "
+                             "not neither")
         if carry_at is not None:
             from lssim.sim.carry_route import run_carried
 
