@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lssim.sim.carry_route as carry_route
+from lssim.kernels import python_route
 from lssim.loop.history import LengthHistory
 from lssim.loop.policy import make_policy
 from test_fastpath import PROFILED, ROOFLINE, make_trace, run
@@ -51,7 +52,7 @@ def routes(monkeypatch) -> dict[str, int]:
     return seen
 
 
-@settings(max_examples=80, deadline=None,
+@settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31), steps=st.integers(1, 4), prompts=st.integers(1, 6), group=st.integers(1, 4),
        max_len=st.integers(1, 300), n_instances=st.integers(1, 3), max_num_seqs=st.integers(1, 8),
@@ -80,12 +81,22 @@ def test_responses_are_carried_resumed_and_carried_again(routes, kv):
     assert engine.preemptions > 0 if kv < 1000 else engine.preemptions == 0
 
 
-def test_aborts_that_cost_time_leave_carries_to_the_event_engine(routes):
+@pytest.mark.parametrize("policy, cost", [("segment(window=32)", SLOW_ABORTS), ("segment(window=32)+spec_tail", ROOFLINE)])
+def test_aborts_that_cost_time_and_speculation_leave_carries_to_the_event_engine(routes, policy, cost):
     """An abort that blocks the caller (cost.abort_time > 0) moves the clock under the other instances mid-rollout,
-    which the schedule does not model: every submission goes to the event engine, with the same frames."""
+    which the schedule does not model, and the kernels do not price speculation: every submission goes to the event
+    engine, with the same frames."""
     trace = make_trace(np.random.default_rng(7), 3, 6, 4, 300)
-    assert_same_carried_run(trace, "segment(window=32)", SLOW_ABORTS, 2, 4, 100_000)
+    assert_same_carried_run(trace, policy, cost, 2, 4, 100_000)
     assert routes["carry"] == 0 and routes["event"] > 0
+
+
+def test_the_carry_route_on_the_python_route(routes):
+    """The kernels' own Python source on numpy (lssim.kernels.python_route, a small replay's): the same frames."""
+    trace = make_trace(np.random.default_rng(3), 3, 6, 4, 300)
+    with python_route():
+        assert_same_carried_run(trace, "segment(window=32, extend=0.5)", PROFILED, 2, 4, 700)
+    assert routes["event"] == 0 and routes["carry"] > 0
 
 
 def test_which_policies_carry_in_batches():
