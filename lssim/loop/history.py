@@ -145,12 +145,17 @@ class LengthHistory:
         """Expected tokens still to come for a response of this prompt that has generated `generated`: the mean,
         over the prompt's past responses longer than that, of what they had left. None when none of them was
         longer (or the prompt was never seen): the history cannot say, and the response may be a long one."""
-        left = float(self.remainings(np.array([prompt_id], np.int64), np.array([generated], np.int64))[0])
-        return None if left != left else left
+        row = self._rows.row.get(prompt_id)
+        if row is None:
+            return None
+        held = self._ring[row, :self._held(row)]
+        longer = held[held > generated].tolist()
+        return sum(longer) / len(longer) - generated if longer else None
 
     def remainings(self, prompt_ids: np.ndarray, generated: np.ndarray) -> np.ndarray:
         """`remaining` of each (prompt, tokens generated) pair, NaN where it is None (segment's carries, decided for
-        a whole submission on the simulator's batch kernels)."""
+        a whole submission on the simulator's batch kernels): the same sums and one division, over arrays (the scalar
+        form stays a few Python operations: the event route asks it a response at a time)."""
         rows = self._rows.find(np.asarray(prompt_ids, np.int64))
         generated = np.asarray(generated, np.int64)
         known = rows >= 0
