@@ -59,7 +59,9 @@ import numpy as np
 
 from lssim.loop.core import LENGTH, STOP, Group
 from lssim.loop.history import LengthHistory
-from lssim.loop.policy import CARRY, Action, Policy, TrainMask
+from lssim.loop.policy import CARRY, Action, Policy, ProgressStops, TrainMask
+
+_REASON = "segment: window"  # a carry's stop_reason
 
 
 class Segment(Policy):
@@ -96,28 +98,54 @@ class Segment(Policy):
         room = ctx.groups_left - ctx.carried_groups - len(proposal)
         return proposal + ctx.draw(max(0, min(ctx.groups_per_step - len(proposal), room)))
 
+    def reads_history(self, in_step):
+        """Whether the rule asks the history at a checkpoint `in_step` tokens into the step: past the window, within
+        its extension (one response's numbers, or elementwise on arrays)."""
+        return (in_step >= self.window) * (in_step < self.window * (1 + self.extend))
+
+    def carries(self, in_step, left):
+        """The window rule at a checkpoint `in_step` tokens into the step, the history predicting `left` tokens still
+        to come (NaN: it cannot say): carry, unless within the window, or within its extension and predicted to finish
+        soon. On one response's numbers or elementwise on arrays (on_progress and progress_carries both ask it)."""
+        return (in_step >= self.window) * (1 - self.reads_history(in_step) * (left <= self.extend * self.window))
+
     def on_progress(self, request, state):
         in_step = request.generated - request.tokens_before_resume  # tokens generated in this step
-        if in_step < self.window:
+        left = self.history.remaining(request.prompt_id, request.generated) if self.reads_history(in_step) else None
+        if not self.carries(in_step, float("nan") if left is None else left):
             return None
-        if in_step < self.window * (1 + self.extend):
-            left = self.history.remaining(request.prompt_id, request.generated)
-            if left is not None and left <= self.extend * self.window:
-                return None  # predicted to finish soon: extend its window instead of cutting it
-        return Action.carry("segment: window")
+        return Action.carry(_REASON)
+
+    def progress_carries(self, checkpoints):
+        # every checkpoint at once: the history read where the rule asks it (it moves only in end_step), then each
+        # response's first carry
+        flat, requests = checkpoints.flat(), checkpoints.requests
+        rows, generated = flat.rows, flat.generated
+        in_step = generated - requests.tokens_before_resume[rows]
+        asked = np.flatnonzero(self.reads_history(in_step))
+        left = np.full(len(in_step), np.nan)
+        left[asked] = self.history.remainings(requests.prompt_id[rows[asked]], generated[asked])
+        at = flat.first_hits(self.carries(in_step, left) > 0)[1]
+        return ProgressStops.of(at, np.where(at >= 0, _REASON, "").astype(object))
 
     def on_unfinished(self, request):
         return CARRY
 
     def end_step(self, outcome):
         self.history.update(outcome)
+        if self.bridge_values:  # only value bridging reads the returns
+            self._remember_returns(outcome)
+        self._trained.update(self._trained_now)
+        self._trained_now, self._segments = {}, {}
+
+    def _remember_returns(self, outcome) -> None:
+        """What `value` reads: each response that ended by itself or by its budget, (length, reward), per prompt and
+        over every prompt."""
         natural = np.isin(outcome.finish_reason.astype(str), (STOP, LENGTH)) & np.isfinite(outcome.reward)
         for pid, n, reward in zip(outcome.prompt_id[natural].tolist(), outcome.response_len[natural].tolist(),
                                   outcome.reward[natural].tolist()):
             self._returns.setdefault(pid, deque(maxlen=self.keep)).append((n, reward))
             self._all_returns.append((n, reward))
-        self._trained.update(self._trained_now)
-        self._trained_now, self._segments = {}, {}
 
     # -- value bridging ------------------------------------------------------------------------------------
     def value(self, request) -> float | None:

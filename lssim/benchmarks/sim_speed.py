@@ -87,7 +87,8 @@ def bench_sim(report: Report, responses: int, policies: list[str], repeats: int,
         for policy in policies:
             built = make_policy(policy)
             batch = not built.reacts_to_events()
-            route = "batch" if batch else "cut" if built.cuts_in_batches() else "event"
+            route = ("batch" if batch else "cut" if built.cuts_in_batches() else "carry" if built.carries_in_batches()
+                     else "event")
             if batch:  # once untimed: the Workload builds its lookup indexes on first use, numba loads the policy's kernels
                 simulate(workload, policy, SimSetup())
             rate, n, times = _rate(workload, policy, SimSetup(), repeats)

@@ -168,16 +168,21 @@ class Engine(Protocol):
 
     def set_cut_rollout(self, on: bool) -> bool:
         """The controller's promise that a rollout reacts to no single event but where the policy's end_rollout, asked
-        over the whole schedule (Policy.end_rollout_at), ends it. Returns True if the engine then takes each
-        submission through `run_cut` (the simulator); an engine that streams ignores it (False)."""
+        over the whole schedule (Policy.end_rollout_at), ends it, or where its on_progress carries responses, asked
+        for the whole submission (Policy.progress_carries). Returns True if the engine then takes each submission
+        through `run_cut` (the simulator); an engine that streams ignores it (False)."""
         return False
 
-    def run_cut(self, requests, columns, cut_at):
+    def run_cut(self, requests, columns, cut_at=None, carry_at=None):
         """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
-        lssim.loop.columns.RequestColumns, which it may fill) scheduled whole and cut at the boundary
+        lssim.loop.columns.RequestColumns, which it may fill) scheduled whole and, given `cut_at`, cut at the boundary
         `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
         the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
-        leaves them there (abort them as usual). None: the engine could not, nothing ran (submit them instead)."""
+        leaves them there (abort them as usual). Given `carry_at` instead (`carry_at(checkpoints)`, where each
+        response is carried), it runs until every response ended or was carried, and returns them all in the order
+        they left: an ended one filled as the event route fills it, a carried one not done, with its tokens so far
+        and the carry's reason (stop_reason), out of the engine as an abort leaves it. None: the engine could not,
+        nothing ran (submit them instead)."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no cut rollout")
 
 

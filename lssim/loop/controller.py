@@ -26,7 +26,7 @@ from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
-from lssim.loop.rollout_books import end_response, order, register, rollout_batch, rollout_cut
+from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch, rollout_cut
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -68,8 +68,9 @@ class Controller:
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
         self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
-        # A policy that reacts only by ending the rollout, with an array form of that rule, has each submission scheduled
-        # whole and cut where the rule ends it (lssim.loop.contracts.Engine.set_cut_rollout; the event route's books).
+        # A policy that reacts only by ending the rollout, or by carrying at checkpoints, with an array form of that
+        # rule, has each submission scheduled whole and cut where the rule ends it, or run with its carries
+        # (lssim.loop.contracts.Engine.set_cut_rollout; the event route's books).
         self._cut = not self._batched and bool(engine.set_cut_rollout(self._cut_rollout()))
         # Execution features are set once per run, before the first step (vLLM configures them at start); an
         # engine that cannot speculate refuses a policy that asks (lssim.loop.contracts.Engine.set_speculation).
@@ -94,8 +95,11 @@ class Controller:
 
     def _cut_rollout(self) -> bool:
         """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
-        the whole schedule (Policy.ends_in_batches): no progress checkpoints, no top-ups, no group streamed to training."""
-        return (self.policy.cuts_in_batches() and self._mode_runs_whole()
+        the whole schedule (Policy.cuts_in_batches: no progress checkpoints, no top-ups), or in which the policy only
+        carries responses at its checkpoints, answered for the whole submission (Policy.carries_in_batches); no group
+        streamed to training."""
+        policy = self.policy
+        return ((policy.cuts_in_batches() or policy.carries_in_batches()) and self._mode_runs_whole()
                 and type(self.mode).group_done is ModeHooks.group_done)
 
     def _mode_runs_whole(self) -> bool:
@@ -405,10 +409,7 @@ class Controller:
             if self._asks["on_finish"]:  # every policy hears of every response that ends during the rollout
                 self.policy.on_finish(r, s.rollout)
         else:  # carry: pause now, resume next step
-            del s.in_flight[r.rid]
-            s.rollout.requests_in_flight -= 1
-            r.stop_reason = action.reason
-            s.carried_out.append(r)
+            carry_out(r, s, action.reason)
 
     def _settle_unfinished(self, s: StepState) -> None:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""

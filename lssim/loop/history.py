@@ -10,6 +10,7 @@ the simulator and on vLLM; no oracle. Several policies keep one (lpt, ebs, segme
     history.remaining(prompt_id, generated)   # expected tokens still to come for a response this far along
     history.means(prompt_ids)                 # the same as arrays over many prompts (NaN: never seen), for a
     history.mean_squares(prompt_ids)          #   step's plan on the simulator's batch route
+    history.remainings(prompt_ids, generated) # `remaining` over arrays of (prompt, tokens) pairs (NaN: cannot say)
 
 The lengths are kept as arrays (a row per prompt: its latest `keep` lengths in a ring, and their exact integer sums),
 so a step's update and a plan's predictions are a few numpy calls, not a loop over responses; every answer is the
@@ -150,3 +151,20 @@ class LengthHistory:
         held = self._ring[row, :self._held(row)]
         longer = held[held > generated].tolist()
         return sum(longer) / len(longer) - generated if longer else None
+
+    def remainings(self, prompt_ids: np.ndarray, generated: np.ndarray) -> np.ndarray:
+        """`remaining` of each (prompt, tokens generated) pair, NaN where it is None (segment's carries, decided for
+        a whole submission on the simulator's batch kernels): the same sums and one division, over arrays (the scalar
+        form stays a few Python operations: the event route asks it a response at a time)."""
+        rows = self._rows.find(np.asarray(prompt_ids, np.int64))
+        generated = np.asarray(generated, np.int64)
+        known = rows >= 0
+        if not known.any():
+            return np.full(len(rows), np.nan)
+        safe = np.where(known, rows, 0)
+        ring = self._ring[safe]  # a row per pair: its prompt's ring, the first `held` slots its lengths
+        held = np.where(known, np.minimum(self._seen[safe], self.keep), 0)
+        longer = (ring > generated[:, None]) & (np.arange(self.keep) < held[:, None])
+        count = longer.sum(axis=1)
+        total = np.where(longer, ring, 0).sum(axis=1)  # exact integers, then one division (as sum(list) / len(list))
+        return np.where(count > 0, total / np.maximum(count, 1) - generated, np.nan)

@@ -39,7 +39,10 @@ the per-request hooks, so a policy needs them only where its rule is costly per 
 on_finish only keeps its own books (lpt's outstanding work) answers `on_finishes(ended, state)` for a submission's
 ended responses at once; one whose on_progress only stops, reading each response's own tokens and window signals,
 answers `progress_stops(checkpoints)` for a whole submission before it runs (breaker, early_exit: one rule function,
-for numbers and arrays alike, that both forms call). A policy with end_rollout, or with on_finish or on_progress
+for numbers and arrays alike, that both forms call); one whose on_progress only carries, reading each response's own
+tokens and a state that moves only between rollouts, answers `progress_carries(checkpoints)` (segment), and the
+simulator then schedules each submission whole with the carries where they fall (the carry route,
+lssim.sim.carry_route; the event route's books). A policy with end_rollout, or with on_finish or on_progress
 and no array form, runs on the event route (`reacts_to_events`); one whose end_rollout reads only the rollout's
 counters and its own books of the responses that ended answers `end_rollout_at(progress)` over a submission's whole
 schedule (april, rollpacker), and the simulator then schedules each submission whole and cuts it there (the cut
@@ -101,6 +104,21 @@ class Policy(PolicyHooks):
         (lssim.loop.signals, arrays) and which rows have any. It must stop what on_progress at each checkpoint in turn
         stops, and leave the policy as those calls and on_finish would."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_progress (progress_stops)")
+
+    def carries_in_batches(self) -> bool:
+        """True when the policy reacts to single events only by carrying responses at progress checkpoints, answered as
+        an array (`progress_carries`): no end_rollout, no top_up. The simulator may then schedule each submission whole
+        with the carries where they fall (the carry route, lssim.sim.carry_route; the event route's books)."""
+        return (self.overrides("on_progress") and type(self).progress_carries is not Policy.progress_carries
+                and not self.overrides("end_rollout") and not self.overrides("top_up"))
+
+    def progress_carries(self, checkpoints) -> ProgressStops:
+        """on_progress for a whole submission, before it runs, of a rule that only carries (segment): where each
+        response is carried (`at`, -1: never) and the carry's reason (`reward` and `score` unused). Only a rule that
+        reads nothing but each response's own tokens and books (`checkpoints.requests`) and its own state, which moves
+        only between rollouts, may answer it. `checkpoints`: as progress_stops reads them. It must carry what
+        on_progress at each checkpoint in turn carries, and leave the policy as those calls would."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_progress's carries (progress_carries)")
 
     def finishes_in_batches(self) -> bool:
         """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
@@ -224,6 +242,15 @@ class Compose(Policy):
 
     def progress_stops(self, checkpoints):
         return self._by_hook["on_progress"][0].progress_stops(checkpoints)
+
+    def carries_in_batches(self):
+        # One member's carries only (as progress_in_batches), and no member ends or tops up the rollout.
+        deciders = self._by_hook["on_progress"]
+        return (len(deciders) == 1 and deciders[0].carries_in_batches() and not self.overrides("end_rollout")
+                and not self.overrides("top_up"))
+
+    def progress_carries(self, checkpoints):
+        return self._by_hook["on_progress"][0].progress_carries(checkpoints)
 
     def on_finishes(self, ended, state):
         for p in self._by_hook["on_finish"]:

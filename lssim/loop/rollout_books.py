@@ -46,6 +46,15 @@ def end_response(r: Request, s: StepState) -> None:
             state.groups_effective += 1
 
 
+def carry_out(r: Request, s: StepState, reason: str) -> None:
+    """The event route's books for a response carried mid-rollout (Action.carry): paused with its tokens, resumed next
+    step; its group stays open."""
+    del s.in_flight[r.rid]
+    s.rollout.requests_in_flight -= 1
+    r.stop_reason = reason
+    s.carried_out.append(r)
+
+
 def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
                   top_up: Callable[[], RequestColumns | None] | None = None) -> None:
     """The batch route: the step's requests in priority order on their instances (the policy's priority and place
@@ -99,24 +108,31 @@ def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Polic
 def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy,
                 asks: dict[str, bool]) -> bool:
     """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
-    (Engine.run_cut, lssim.sim.cut_route): the responses ended by then are booked as the event route books them, on_finish
-    told of each; False if the engine left it to the event route. `submission`: the requests in the order queued;
-    `fresh`: the plan's requests as the columns they were made from."""
+    (Engine.run_cut, lssim.sim.cut_route), or whose on_progress carries, as an array, run whole with the carries
+    (lssim.sim.carry_route): the responses ended by then are booked as the event route books them, on_finish told of
+    each, the carried ones as it carries them, in the order they left; False if the engine left it to the event route.
+    `submission`: the requests in the order queued; `fresh`: the plan's requests as the columns they were made from."""
     carried = [r for r in s.carried_in if not r.done]
     if asks["priority"] or asks["place"]:  # the submission is not in the order the columns were made
         columns = RequestColumns.of(submission)
     else:
         columns = RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh
-    ended = engine.run_cut(submission, columns, policy.end_rollout_at)
+    carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
+    ended = engine.run_cut(submission, columns, carry_at=policy.progress_carries) if carries else \
+        engine.run_cut(submission, columns, policy.end_rollout_at)
     if ended is None:
         return False
     state, tell = s.rollout, asks["on_finish"]
     for r in ended:
+        if not r.done:  # carried: the engine left its carry's reason in stop_reason
+            carry_out(r, s, r.stop_reason)
+            continue
         end_response(r, s)
         if tell:
             policy.on_finish(r, state)
     if ended:
-        state.now = ended[-1].finish_time
+        # the last boundary's time (a carried response has no finish time; the clock nothing reads after the rollout)
+        state.now = ended[-1].finish_time if ended[-1].done else engine.now()
     return True
 
 

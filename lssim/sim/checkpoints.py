@@ -1,5 +1,6 @@
-"""A submission's progress checkpoints on the simulator's batch route: what the array form of on_progress reads
-(Policy.progress_stops) to say where it stops each response, before the rollout is scheduled (lssim.sim.event_kernels).
+"""A submission's progress checkpoints on the simulator's batch route: what the array forms of on_progress read
+(Policy.progress_stops, Policy.progress_carries) to say where they stop or carry each response, before the rollout is
+scheduled (lssim.sim.event_kernels).
 
 The event engine (lssim.sim.world.SimEngine) reports a running response every `interval` tokens strictly inside its
 natural length, each multiple once, in order, whatever preemption does (a checkpoint at a boundary fires before the
@@ -24,14 +25,24 @@ class Checkpoints:
     tokens each has generated there, the window signals there as the event engine puts them in Request.signals (a
     dict of arrays, lssim.loop.signals) and which rows have any (the others' values mean nothing). Or take them all at
     once, response by response (`flat`): a rule whose state is counters of checks in a row then runs as arrays along
-    the checkpoints (`streaks`, `first_hits`) instead of one checkpoint at a time."""
+    the checkpoints (`streaks`, `first_hits`) instead of one checkpoint at a time. `requests`: the submission's columns,
+    row for row, where a rule reads a response's own books (segment: its prompt, its tokens before the step)."""
 
     def __init__(self, length: np.ndarray, start: np.ndarray, interval: int, max_tokens: np.ndarray, trace_rows: np.ndarray,
-                 signals, spec):
+                 signals, spec, requests=None):
         if interval < 1:
             raise ValueError(f"Checkpoints: the interval must be >= 1 token, got {interval}")
         self.length, self.start, self.interval = length, start, interval  # start: tokens generated before the rollout
         self.max_tokens, self.trace_rows, self._signals, self._spec = max_tokens, trace_rows, signals, spec
+        self._requests = requests
+
+    @property
+    def requests(self):
+        """The responses' own books (lssim.loop.columns.RequestColumns, row for row): what a rule reads of each besides
+        its tokens and signals (segment: its prompt, its tokens before this step)."""
+        if self._requests is None:
+            raise ValueError("Checkpoints: made without the submission's columns (requests=), which this rule reads")
+        return self._requests
 
     def __len__(self) -> int:
         return len(self.length)

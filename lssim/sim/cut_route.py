@@ -40,7 +40,7 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
     cut = cut_at(progress)
     first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
     count_sources(engine, plan.answers[5][first_asked])
-    _remember_answers(engine, columns, plan)
+    remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
         commit(engine, plan)
         admitted = np.ones(len(requests), bool)
@@ -49,11 +49,11 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
         ended = rows[:progress.boundary_end[cut]]
         admitted = _rebuild_at(engine, requests, plan, int(boundary[len(ended) - 1]))
         engine.clock = max(plan.now, float(progress.time[cut]))
-    _fill_requests(requests, columns, plan, ended, admitted)
+    fill_requests(requests, columns, plan, ended, admitted)
     return [requests[i] for i in ended.tolist()]
 
 
-def _remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
+def remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
     """The Workload's answers where SimEngine.submit keeps them (its aborts and re-admissions, the books' counterfactual
     and score_partial read them), by the rids of the submission's columns."""
     length, reason, reward, _, trace_row = plan.answers[:5]
@@ -61,8 +61,8 @@ def _remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
                                                         trace_row.tolist())))
 
 
-def _fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedule, ended: np.ndarray,
-                   admitted: np.ndarray) -> None:
+def fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedule, ended: np.ndarray,
+                  admitted: np.ndarray) -> None:
     """The Request objects as the event engine leaves them: every one submitted (instance, submit time, exact, first
     token if admitted), the ended ones finished (tokens, reason, reward, finish time)."""
     first_token = np.full(len(requests), np.nan)

@@ -103,7 +103,7 @@ def schedule(engine, requests, queue: np.ndarray | None = None, progress=None) -
     stops = None
     if progress is not None and engine._interval:
         stops = progress(Checkpoints(length, requests.generated, engine._interval, requests.max_tokens, trace_rows,
-                                     engine.workload.signals, engine.signals))
+                                     engine.workload.signals, engine.signals, requests))
     inst, order, touched = _dispatch(requests, n_inst, queue)
     inst_start = np.searchsorted(inst[order], np.arange(n_inst + 1))
     gen = requests.generated.copy()

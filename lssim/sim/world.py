@@ -141,15 +141,24 @@ class SimEngine(Engine):
         return run_batch(self, requests, queue, progress)
 
     def set_cut_rollout(self, on: bool) -> bool:
-        """The controller's promise that a rollout reacts only where its end_rollout rule ends it: submissions then come
-        whole through run_cut (lssim.sim.cut_route). False when built with batch_route=False."""
+        """The controller's promise that a rollout reacts only where its end_rollout rule ends it, or by carries at
+        progress checkpoints: submissions then come whole through run_cut (lssim.sim.cut_route, lssim.sim.carry_route).
+        False when built with batch_route=False."""
         self._cut = bool(on) and self.batch_route
         return self._cut
 
-    def run_cut(self, requests, columns, cut_at):
-        """A submission scheduled whole and cut where `cut_at` (Policy.end_rollout_at) says; see lssim.sim.cut_route."""
+    def run_cut(self, requests, columns, cut_at=None, carry_at=None):
+        """A submission scheduled whole and cut where `cut_at` (Policy.end_rollout_at) says (lssim.sim.cut_route), or
+        run to its end with the carries `carry_at` (Policy.progress_carries) says (lssim.sim.carry_route)."""
         if not self._cut:
             raise RuntimeError("run_cut before set_cut_rollout(True)")
+        if (cut_at is None) == (carry_at is None):
+            raise ValueError("run_cut: give either cut_at (an end_rollout rule) or carry_at (carries), not both, "
+                             "not neither")
+        if carry_at is not None:
+            from lssim.sim.carry_route import run_carried
+
+            return run_carried(self, requests, columns, carry_at)
         from lssim.sim.cut_route import run_cut
 
         return run_cut(self, requests, columns, cut_at)
