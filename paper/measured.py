@@ -8,6 +8,10 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
   column missing) is refused, naming the file and the column.
+- The execution modes on vLLM against their twins: paper/experiments/validation/modes38 (modes_summary.csv,
+  modes_steps_by_repeat.parquet, profile.json, recorded.json), written by `lssim validate --mode
+  collocated,disaggregated,async,hybrid --staleness 1 --repeats 3 --reprofile --json --out runs/vm38`; MODES_REPLAY
+  replays its runs into the same modes_summary.csv.
 - vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/data/speculation_cpu.json
   (`python -m paper.experiments.measure_speculation --out real_backend/data/speculation_cpu.json ...`).
 - The GRPO trainer's cost fit: real_backend/data/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).
@@ -25,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.cost.operator_fit import STEPS_SOURCE, UNSEEN_SOURCE, VIDUR_HELD_OUT, cross_stack, heldout_table
+from lssim.analysis.fidelity.modes import pooled as modes_pooled
 from lssim.analysis.fidelity.noise import TARGET_MEDIAN_PCT, TARGET_P90_PCT, TARGET_SPEEDUP_POINTS
 
 from paper.experiments.validation_noise import folder_table, pooled, pooled_folders, speedups_pooled
@@ -289,51 +294,102 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     return out, heldout
 
 
-MODES_SUMMARY = Path("paper") / "experiments" / "validation" / "modes37" / "twin" / "modes_summary.csv"
+MODES_FOLDER = Path("paper") / "experiments" / "validation" / "modes38"
+MODES_SUMMARY = MODES_FOLDER / "modes_summary.csv"
+MODES_ORDER = ("collocated", "disaggregated", "async", "hybrid")  # the order recorded, and the replay's --runs order
+MODES_REPLAY = ("lssim validate --mode any --runs "
+                + " ".join(f"{MODES_FOLDER}/real/{m}/baseline/repeat*" for m in MODES_ORDER)
+                + f" --profile {MODES_FOLDER}/profile.json --json --out DIR")
+MODES_COLUMNS = ["mode", "step_median_ape_pct", "step_p90_ape_pct", "step_median_signed_pct", "anchored_median_ape_pct",
+                 "anchored_p90_ape_pct", "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank",
+                 "speed_level", "run", "exact_step_error_median", "noise_ratio", "speedup_error_points",
+                 "speedup_noise_bound_points"]
 
 
 def modes_numbers(root: Path) -> tuple[dict, dict]:
-    """The execution modes on the real backend against their replays (`lssim validate --mode ...`, the folder
-    paper/experiments/validation/modes37/ replayed into twin/): per mode the per-step error beside an exact model's on
-    the same runs (their ratio), with the collocated runs' speed level, seconds per trained group measured and
-    predicted, and the two rankings."""
+    """The execution modes on the real backend against their twins (`lssim validate --mode ...`, recorded into
+    paper/experiments/validation/modes38/; MODES_REPLAY replays the folder into the same modes_summary.csv): per mode
+    the per-step error beside an exact model's on the same runs (their ratio), the speedups over collocated and their
+    errors against an exact model's bound, the collocated runs' speed level, the probed levels the twins priced at,
+    seconds per trained group measured and predicted, the two rankings, and what the host measured in those minutes."""
     path = root / MODES_SUMMARY
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; `lssim validate --mode any --runs "
-                                f"paper/experiments/validation/modes37/real/*/baseline/repeat* --profile "
-                                f"paper/experiments/validation/modes37/profile.json --out DIR` writes modes_summary.csv")
+        raise FileNotFoundError(f"{path}: missing; `{MODES_REPLAY}` writes modes_summary.csv")
     modes = pd.read_csv(path)
-    need = ["mode", "step_median_ape_pct", "step_p90_ape_pct", "anchored_median_ape_pct", "anchored_p90_ape_pct",
-            "measured_s_per_group", "predicted_s_per_group", "measured_rank", "predicted_rank", "speed_level", "run",
-            "exact_step_error_median", "noise_ratio"]
-    missing = [c for c in need if c not in modes.columns]
+    missing = [c for c in MODES_COLUMNS if c not in modes.columns]
     if missing:
         raise ValueError(f"{path}: no column {', '.join(missing)}")
+    by_repeat = pd.read_parquet(root / MODES_FOLDER / "modes_steps_by_repeat.parquet")
     col = modes.set_index("mode")
+    differ = modes.loc[modes["measured_rank"] != modes["predicted_rank"], "mode"]
+    pooled = modes_pooled(modes, by_repeat)
+    probed = by_repeat.drop_duplicates(["label", "repeat"]).groupby("mode")["probed_level"].median()
     out = {"modes.count": len(modes), "modes.speed_level": float(modes["speed_level"].iloc[0]),
-           "modes.ranking_equal": "equals" if (modes["measured_rank"] == modes["predicted_rank"]).all() else "differs from",
+           "modes.ranking_equal": "differs from" if len(differ) else "equals",
+           "modes.ranks_differ": " and ".join(differ) if len(differ) else "none",
            "modes.median_ape_min": float(modes["step_median_ape_pct"].min()),
            "modes.median_ape_max": float(modes["step_median_ape_pct"].max()),
            "modes.anchored_median_min": float(modes["anchored_median_ape_pct"].min()),
            "modes.anchored_median_max": float(modes["anchored_median_ape_pct"].max()),
-           "modes.noise_ratio_min": float(modes["noise_ratio"].min()), "modes.noise_ratio_max": float(modes["noise_ratio"].max())}
-    if "collocated" in col.index:
-        for mode in col.index.drop("collocated"):
-            out[f"modes.{mode}.speedup_measured"] = float(col.loc["collocated", "measured_s_per_group"] / col.loc[mode, "measured_s_per_group"])
-            out[f"modes.{mode}.speedup_predicted"] = float(col.loc["collocated", "predicted_s_per_group"] / col.loc[mode, "predicted_s_per_group"])
+           "modes.noise_ratio_min": float(modes["noise_ratio"].min()), "modes.noise_ratio_max": float(modes["noise_ratio"].max()),
+           "modes.pooled.runs": pooled["runs"], "modes.pooled.noise_ratio": pooled["noise_ratio"],
+           "modes.pooled.step_error": pooled["step_error_median"], "modes.pooled.exact": pooled["exact_step_error_median"],
+           "modes.probed_min": float(probed.min()), "modes.probed_max": float(probed.max()),
+           "modes.collocated.off": _signed_off(float(col.loc["collocated", "step_median_signed_pct"])),
+           "modes.replay": MODES_REPLAY, **_modes_host(root / MODES_FOLDER)}
+    out.update(_modes_speedups(col))
+    return out, {"modes": _modes_table(modes)}
+
+
+def _signed_off(signed_pct: float) -> str:
+    """A signed per-step error in words: "15.6% too fast" (predicted under measured) or "3.0% too slow"."""
+    return f"{abs(signed_pct):.1f}% too {'fast' if signed_pct < 0 else 'slow'}"
+
+
+def _modes_speedups(col: pd.DataFrame) -> dict:
+    """Each mode's speedup over collocated per trained group, measured and predicted, and which speedup errors lie
+    beyond an exact model's 95% bound on them."""
+    out, beyond = {}, []
+    for mode in col.index.drop("collocated"):
+        out[f"modes.{mode}.speedup_measured"] = float(col.loc["collocated", "measured_s_per_group"] / col.loc[mode, "measured_s_per_group"])
+        out[f"modes.{mode}.speedup_predicted"] = float(col.loc["collocated", "predicted_s_per_group"] / col.loc[mode, "predicted_s_per_group"])
+        error, bound = abs(float(col.loc[mode, "speedup_error_points"])), float(col.loc[mode, "speedup_noise_bound_points"])
+        if error > bound:
+            beyond.append(f"{mode}'s ({error - bound:.1f} points past its {bound:.1f})")
+    out.update({"modes.speedups": len(col) - 1, "modes.speedups_within_bound": len(col) - 1 - len(beyond),
+                "modes.speedups_beyond_bound": " and ".join(beyond) if beyond else "none"})
+    return out
+
+
+def _modes_host(folder: Path) -> dict:
+    """What the host measured in the recording's minutes (profile.json's measured_by.shared_host: the engine and a
+    whole update beside each other, the engine and a streamed piece) and the twin's own line on what it priced with
+    (recorded.json's `host`: the same factors and the driver's price, fitted on the collocated runs)."""
+    shared = json.loads((folder / "profile.json").read_text())["measured_by"]["shared_host"]
+    streamed = shared["streamed"]
+    return {"modes.host.engine": shared["engine_slowdown"], "modes.host.trainer": shared["trainer_slowdown"],
+            "modes.host.streamed_engine": streamed["engine_slowdown"], "modes.host.streamed_piece": streamed["trainer_slowdown"],
+            "modes.host.streamed_rounds": ", ".join(f"{v:.2f}" for v in streamed["by_round"]["engine_slowdown"]),
+            "modes.host.twin": json.loads((folder / "recorded.json").read_text())["host"]}
+
+
+def _modes_table(modes: pd.DataFrame) -> dict:
+    """Table 6: per mode, the step errors (alone and with collocated's level), an exact model's, their ratio, seconds
+    per trained group, the ranks, and the speedup error beside an exact model's bound on it."""
     frame = modes.assign(median=modes["step_median_ape_pct"] / 100, p90=modes["step_p90_ape_pct"] / 100,
                          exact=modes["exact_step_error_median"] / 100,
                          level_median=modes["anchored_median_ape_pct"] / 100, level_p90=modes["anchored_p90_ape_pct"] / 100)
-    frame = frame.rename(columns={"run": "run", "median": "step error median", "p90": "step error p90",
+    frame = frame.rename(columns={"median": "step error median", "p90": "step error p90",
                                   "exact": "exact model median", "noise_ratio": "noise ratio",
                                   "level_median": "with the level: median", "level_p90": "with the level: p90",
                                   "measured_s_per_group": "s/group measured", "predicted_s_per_group": "s/group predicted",
-                                  "measured_rank": "rank measured", "predicted_rank": "rank predicted"})
-    return out, {"modes": table(frame, {"run": "", "step error median": ".1%", "step error p90": ".1%",
-                                        "exact model median": ".1%", "noise ratio": ".2f",
-                                        "with the level: median": ".1%", "with the level: p90": ".1%",
-                                        "s/group measured": ".3f", "s/group predicted": ".3f",
-                                        "rank measured": "d", "rank predicted": "d"})}
+                                  "measured_rank": "rank measured", "predicted_rank": "rank predicted",
+                                  "speedup_error_points": "speedup error (points)",
+                                  "speedup_noise_bound_points": "exact model's bound (points)"})
+    return table(frame, {"run": "", "step error median": ".1%", "step error p90": ".1%", "exact model median": ".1%",
+                         "noise ratio": ".2f", "with the level: median": ".1%", "with the level: p90": ".1%",
+                         "s/group measured": ".3f", "s/group predicted": ".3f", "rank measured": "d",
+                         "rank predicted": "d", "speedup error (points)": "+.1f", "exact model's bound (points)": ".1f"})
 
 
 def noise_numbers(root: Path, policies: pd.DataFrame) -> dict:

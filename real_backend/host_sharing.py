@@ -148,7 +148,7 @@ class _Streamed:
         return out
 
     def _piece(self, stream, k: int) -> None:
-        self.trainer._stream_group(stream, self.groups[k])  # what `feed` runs on the lane for a finished group
+        self.trainer.stream_group(stream, self.groups[k])  # what `feed` runs on the lane for a finished group
 
     def cell(self, batch: list[Request]) -> list[dict]:
         """One cell, each group (`group_size` requests in order; a last short one is not trained) handed to the lane

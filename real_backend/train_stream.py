@@ -2,6 +2,7 @@
 states a checkpoint beside the rollout is taken from.
 
     trainer.feed(group, step)      # during the rollout, once the group ended: its forward and backward on the lane
+    trainer.stream_group(stream, group)  # the same piece on the caller's thread (real_backend.host_sharing times it)
     job = trainer.start(batch, step)  # after it: the groups not fed yet, then the one optimizer step
 
 Why the streamed update is the update: GRPO's advantages are per group (a group's samples need only the group),

@@ -137,7 +137,29 @@ class GRPOTrainer(Trainer):
         stream = self._streams.get(step)
         if stream is None:
             stream = self._streams[step] = GradientStream(step)
-        stream.work.append(self.lane.submit(self._stream_group, stream, group))
+        stream.work.append(self.lane.submit(self.stream_group, stream, group))
+
+    def stream_group(self, stream: GradientStream, group: Group) -> None:
+        """One fed group's forward and backward on the caller's thread, its gradient added unnormalised into `stream`:
+        what `feed` runs on the lane for each group (real_backend.host_sharing times these pieces beside the engine)."""
+        t0, cpu0 = time.monotonic(), time.process_time()
+        if not stream.keys:  # the step's first group: the gradients start from zero
+            self.optimizer.zero_grad(set_to_none=True)
+            stream.start = self._clock()()
+        stream.keys.add(group_key(group))
+        samples = self._samples([group], stream.step)
+        if samples and self.recompute_logprobs:
+            t1, cpu1 = time.monotonic(), time.process_time()
+            self._recompute_logprobs(samples)
+            stream.logprob_seconds += time.monotonic() - t1
+            stream.logprob_cpu_seconds += time.process_time() - cpu1
+        loss, clipped, gap = self._accumulate(samples, 1.0)
+        stream.samples += len(samples)
+        stream.signal_groups += bool(samples)
+        stream.tokens += int(sum(s.n_loss for s in samples))
+        stream.loss, stream.clipped, stream.gap = stream.loss + loss, stream.clipped + clipped, stream.gap + gap
+        stream.seconds += time.monotonic() - t0
+        stream.cpu_seconds += time.process_time() - cpu0
 
     def stream_start(self, step: int) -> float | None:
         """When step `step`'s streamed part began on the engine's clock; None if nothing of it was streamed."""
@@ -256,27 +278,6 @@ class GRPOTrainer(Trainer):
         for work in stream.work if stream is not None else ():
             work.result()  # done (the lane ran it before this update): a fed group that failed fails the update
         return stream if stream is not None and stream.keys and stream.covers(groups) else None
-
-    def _stream_group(self, stream: GradientStream, group: Group) -> None:
-        """On the lane: one fed group's forward and backward, its gradient added unnormalised."""
-        t0, cpu0 = time.monotonic(), time.process_time()
-        if not stream.keys:  # the step's first group: the gradients start from zero
-            self.optimizer.zero_grad(set_to_none=True)
-            stream.start = self._clock()()
-        stream.keys.add(group_key(group))
-        samples = self._samples([group], stream.step)
-        if samples and self.recompute_logprobs:
-            t1, cpu1 = time.monotonic(), time.process_time()
-            self._recompute_logprobs(samples)
-            stream.logprob_seconds += time.monotonic() - t1
-            stream.logprob_cpu_seconds += time.process_time() - cpu1
-        loss, clipped, gap = self._accumulate(samples, 1.0)
-        stream.samples += len(samples)
-        stream.signal_groups += bool(samples)
-        stream.tokens += int(sum(s.n_loss for s in samples))
-        stream.loss, stream.clipped, stream.gap = stream.loss + loss, stream.clipped + clipped, stream.gap + gap
-        stream.seconds += time.monotonic() - t0
-        stream.cpu_seconds += time.process_time() - cpu0
 
     def _clock(self):
         """The clock a job's times are on: the engine's (seconds since it started), or the process's without one."""

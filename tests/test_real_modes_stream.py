@@ -138,3 +138,34 @@ def test_a_fed_group_that_fails_fails_the_update(real_model_dir):
     job = trainer.start(groups, 0)
     with pytest.raises(ValueError, match=f"request {broken.rid}: .* behaviour logprobs"):
         job.wait(None)
+
+
+def test_stream_group_on_the_callers_thread_sums_the_whole_batchs_gradient_unnormalised(real_model_dir):
+    """The public piece (what `feed` runs on the lane, and real_backend.host_sharing times beside the engine): every
+    group streamed in by hand, divided by the loss tokens, is the whole update's gradient (no clipping here)."""
+    from real_backend.train_stream import GradientStream
+
+    groups, prompts = _groups(np.random.default_rng(7))
+    whole = _step(_trainer(real_model_dir, prompts, max_grad_norm=1e9), groups, fed=[])
+    trainer, stream = _trainer(real_model_dir, prompts, max_grad_norm=1e9), GradientStream(0)
+    for g in groups:
+        trainer.stream_group(stream, g)
+    assert (stream.samples, stream.tokens) == (whole[0].metrics["samples"], whole[0].metrics["tokens"])
+    assert stream.signal_groups == whole[0].metrics["groups_with_signal"] == len(groups) - 1
+    assert stream.keys == {tuple(r.rid for r in g.requests) for g in groups} and stream.seconds > 0
+    streamed = {n: p.grad / stream.tokens for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert streamed.keys() == whole[1].keys()
+    for name, grad in whole[1].items():
+        torch.testing.assert_close(streamed[name], grad, rtol=1e-4, atol=1e-7)
+
+
+def test_host_sharings_pieces_alone_time_each_group_through_the_trainers_piece(real_model_dir):
+    from real_backend.host_sharing import _Streamed
+
+    trainer = _trainer(real_model_dir, {})
+    vocab = int(trainer.model.config.vocab_size)
+    streamed = _Streamed(None, trainer, np.random.default_rng(0), [12, 30, 7, 20, 9, 15, 40, 5, 11], 4, vocab)
+    rows = streamed.alone()
+    assert [(r["phase"], r["piece"]) for r in rows] == [("piece_alone", 0), ("piece_alone", 1)]  # the 9th: no group
+    assert all(r["seconds"] > 0 for r in rows)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())

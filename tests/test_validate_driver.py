@@ -196,3 +196,27 @@ def test_the_pool_takes_each_policy_over_the_folders_and_says_where_the_driver_w
     bad = subprocess.run([sys.executable, "-m", "lssim.analysis.fidelity", "--pool", str(tmp_path)], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "summary.csv" in bad.stderr
+
+
+def test_one_reader_gives_an_exact_models_scores_the_summarys_where_written_else_as_validate_computes_them(tmp_path):
+    """read_folder is the one reader of a validation folder (the pool's and paper/experiments/validation_noise's)."""
+    from lssim.analysis.fidelity.noise import noise_floor
+    from lssim.analysis.fidelity.pool import EXACT_MODEL_COLUMNS, read_folder
+    from paper.experiments.validation_noise import folder_table
+
+    rng = np.random.default_rng(0)
+    steps = pd.DataFrame([{"policy": p, "repeat": k, "step": s, "measured_seconds": float(rng.lognormal(0, 0.05))}
+                          for p in ("a", "b") for k in range(3) for s in range(20)])
+    computed = noise_floor(steps)  # searching repeats_for_goal, as `lssim validate` does
+    summary = pd.DataFrame({"world": ["w", "w"], "makespan_median_ape_pct": [4.0, 3.0], "makespan_p90_ape_pct": [8.0, 6.0]},
+                           index=["a", "b"])
+    old = read_folder(_folder(tmp_path / "old", summary, steps))
+    pd.testing.assert_frame_equal(old.exact_model(), computed[list(EXACT_MODEL_COLUMNS)], check_names=False)
+    written = read_folder(_folder(tmp_path / "new", summary.assign(noise_floor_median_pct=[1.5, 2.5]), steps))
+    exact = written.exact_model()
+    assert list(exact["noise_floor_median_pct"]) == [1.5, 2.5]  # the summary's own
+    assert list(exact["noise_bound_p90_pct"]) == list(computed["noise_bound_p90_pct"])  # the rest computed
+    assert list(folder_table(written.path)["noise_floor_median_pct"]) == [1.5, 2.5]  # the paper reads the same
+    (tmp_path / "new" / "steps_by_repeat.parquet").unlink()
+    with pytest.raises(ValueError, match=r"new: no steps_by_repeat.parquet"):
+        read_folder(tmp_path / "new")

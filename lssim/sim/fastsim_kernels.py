@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.kernels import F64S_IN, I64, I64S, I64S_IN, kernel
+from lssim.kernels import F64S, F64S_IN, I64, I64S, I64S_IN, kernel
 from lssim.sim.event_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _peek, _pop, _settle_fresh,
                                      records_room)
 
@@ -286,69 +286,89 @@ def ended_rows(popped, rfin0, rfinc, fin, after):
     return ended, at
 
 
-@kernel(I64S_IN, I64S_IN, F64S_IN, I64S_IN, I64)
-def merge_boundaries(kind, rinst, event_t, touched_rank, n_inst):
-    """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
-    an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""
-    n_rec = len(kind)
-    nxt = np.full(n_inst, -1, np.int64)  # each instance's next FIRE record
-    # records are grouped by instance, in order; a cursor per instance walks its own
+@kernel(I64S_IN, I64S_IN, I64)
+def _fire_chains(kind, rinst, n_inst):
+    """Each instance's FIRE records as a chain (records are grouped by instance, in order): `first`, each instance's
+    first (-1: none), and `link`, each record's next of its instance (-1: its last)."""
+    first = np.full(n_inst, -1, np.int64)
     last = np.full(n_inst, -1, np.int64)
-    link = np.full(n_rec, -1, np.int64)
-    for rec in range(n_rec):
+    link = np.full(len(kind), -1, np.int64)
+    for rec in range(len(kind)):
         if kind[rec] != _FIRE:
             continue
         i = rinst[rec]
         if last[i] < 0:
-            nxt[i] = rec
+            first[i] = rec
         else:
             link[last[i]] = rec
         last[i] = rec
+    return first, link
+
+
+@kernel(F64S, I64S, I64, I64)
+def _pops_before(heap_t, heap_s, a, b):
+    """Does heap entry `a` pop before `b`: the earlier time, then the earlier push."""
+    return heap_t[a] < heap_t[b] or (heap_t[a] == heap_t[b] and heap_s[a] < heap_s[b])
+
+
+@kernel(F64S, I64S, I64S, I64, I64)
+def _swap(heap_t, heap_s, heap_i, a, b):
+    heap_t[a], heap_t[b] = heap_t[b], heap_t[a]
+    heap_s[a], heap_s[b] = heap_s[b], heap_s[a]
+    heap_i[a], heap_i[b] = heap_i[b], heap_i[a]
+
+
+@kernel(F64S, I64S, I64S, I64)
+def _sift_up(heap_t, heap_s, heap_i, c):
+    while c > 0:
+        p = (c - 1) // 2
+        if _pops_before(heap_t, heap_s, p, c):
+            break
+        _swap(heap_t, heap_s, heap_i, p, c)
+        c = p
+
+
+@kernel(F64S, I64S, I64S, I64)
+def _sift_down_top(heap_t, heap_s, heap_i, size):
+    c = 0
+    while True:
+        l, r, m = 2 * c + 1, 2 * c + 2, c
+        if l < size and _pops_before(heap_t, heap_s, l, m):
+            m = l
+        if r < size and _pops_before(heap_t, heap_s, r, m):
+            m = r
+        if m == c:
+            break
+        _swap(heap_t, heap_s, heap_i, m, c)
+        c = m
+
+
+@kernel(I64S_IN, I64S_IN, F64S_IN, I64S_IN, I64)
+def merge_boundaries(kind, rinst, event_t, touched_rank, n_inst):
+    """The FIRE records of all instances in the order the event engine's heap pops them: by (time, push order),
+    an instance's next event pushed when its last one pops (its first ones in the order instances were touched)."""
+    nxt, link = _fire_chains(kind, rinst, n_inst)  # nxt: each instance's next FIRE record
     heap_t = np.empty(n_inst)
     heap_s = np.empty(n_inst, np.int64)
     heap_i = np.empty(n_inst, np.int64)
     size = 0
-    out = np.empty(n_rec, np.int64)
-    n_out = 0
     for i in range(n_inst):
         if nxt[i] >= 0:
             heap_t[size], heap_s[size], heap_i[size] = event_t[nxt[i]], touched_rank[i], i
+            _sift_up(heap_t, heap_s, heap_i, size)  # inserted one by one: enough for a handful of instances
             size += 1
-    # heapify by insertion order is enough for a handful of instances; sift each up
-    for j in range(size):
-        c = j
-        while c > 0:
-            p = (c - 1) // 2
-            if heap_t[p] < heap_t[c] or (heap_t[p] == heap_t[c] and heap_s[p] < heap_s[c]):
-                break
-            heap_t[p], heap_t[c] = heap_t[c], heap_t[p]
-            heap_s[p], heap_s[c] = heap_s[c], heap_s[p]
-            heap_i[p], heap_i[c] = heap_i[c], heap_i[p]
-            c = p
-    pops = 0
+    out = np.empty(len(kind), np.int64)
+    n_out = 0
     while size > 0:
         i = heap_i[0]
         rec = nxt[i]
         out[n_out] = rec
         n_out += 1
         nxt[i] = link[rec]
-        pops += 1
         if nxt[i] >= 0:  # replace the top with this instance's next event, pushed now
-            heap_t[0], heap_s[0] = event_t[nxt[i]], n_inst + pops
+            heap_t[0], heap_s[0] = event_t[nxt[i]], n_inst + n_out
         else:
             size -= 1
             heap_t[0], heap_s[0], heap_i[0] = heap_t[size], heap_s[size], heap_i[size]
-        c = 0
-        while True:
-            l, r, m = 2 * c + 1, 2 * c + 2, c
-            if l < size and (heap_t[l] < heap_t[m] or (heap_t[l] == heap_t[m] and heap_s[l] < heap_s[m])):
-                m = l
-            if r < size and (heap_t[r] < heap_t[m] or (heap_t[r] == heap_t[m] and heap_s[r] < heap_s[m])):
-                m = r
-            if m == c:
-                break
-            heap_t[m], heap_t[c] = heap_t[c], heap_t[m]
-            heap_s[m], heap_s[c] = heap_s[c], heap_s[m]
-            heap_i[m], heap_i[c] = heap_i[c], heap_i[m]
-            c = m
+        _sift_down_top(heap_t, heap_s, heap_i, size)
     return out[:n_out]

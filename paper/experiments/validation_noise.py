@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from lssim.analysis.fidelity.compare import finish_profile
-from lssim.analysis.fidelity.noise import TARGET_SPEEDUP_POINTS, noise_floor, step_errors_within_goal
-from lssim.analysis.fidelity.summary import load_summary
+from lssim.analysis.fidelity.noise import TARGET_SPEEDUP_POINTS, step_errors_within_goal
+from lssim.analysis.fidelity.pool import read_folder
 
 MANIFEST = Path(__file__).with_name("validations.toml")
 
@@ -42,25 +42,22 @@ def pooled_folders(path=MANIFEST) -> list[str]:
 
 
 def folder_table(folder) -> pd.DataFrame:
-    """One row per policy of a validation folder: its errors, its noise floor and whether it meets the goal."""
-    folder = Path(folder)
-    for name in ("summary.csv", "steps_by_repeat.parquet"):
-        if not (folder / name).is_file():
-            raise ValueError(f"{folder}: no {name} (written by `lssim validate --out {folder}`)")
-    by_repeat = pd.read_parquet(folder / "steps_by_repeat.parquet")
-    summary = load_summary(folder, by_repeat)  # with the speedup's noise floor, computed here for an older folder
+    """One row per policy of a validation folder (read by lssim.analysis.fidelity.pool.read_folder): its errors, its
+    noise floor and whether it meets the goal."""
+    read = read_folder(folder)
+    summary = read.summary
     out = pd.DataFrame({"world": summary["world"],
                         "median": summary["makespan_median_ape_pct"], "p90": summary["makespan_p90_ape_pct"],
                         "probed_median": summary.get("probed_median_ape_pct", np.nan),
                         "probed_p90": summary.get("probed_p90_ape_pct", np.nan),
                         "speedup_error": summary.get("speedup_error_points", np.nan),
                         **{c: summary.get(c, np.nan) for c in ("speedup_noise_floor_points", "speedup_noise_bound_points")}
-                        }).join(noise_floor(by_repeat))
+                        }).join(read.exact_model())
     speedup_ok = out["speedup_error"].abs().fillna(0) <= TARGET_SPEEDUP_POINTS
     out["meets"] = step_errors_within_goal(out["median"], out["p90"]) & speedup_ok
     out["meets_probed"] = step_errors_within_goal(out["probed_median"], out["probed_p90"]) & speedup_ok
     out["exact_would_meet"] = step_errors_within_goal(out["noise_floor_median_pct"], out["noise_floor_p90_pct"])
-    return out.assign(folder=str(folder))
+    return out.assign(folder=str(read.path))
 
 
 def speedups_pooled(rows: pd.DataFrame) -> pd.DataFrame:

@@ -3,15 +3,17 @@ same repeats, over several `lssim validate --out` folders, and whether each fold
 
     python -m lssim.analysis.fidelity --pool paper/experiments/validation/full9 paper/experiments/validation/full8
 
-Read from each folder's summary.csv and steps_by_repeat.parquet (nothing is replayed): per policy (a world's
-baseline as baseline@WORLD) the twin's median per-step error, an exact model's (noise_floor: from the summary, or
-computed from the repeats for a folder written before it was), their ratio (`noise_ratio` in `lssim validate --json`)
-and the same without the driver priced. A folder written before the driver was priced has only the twin without it;
+Read from each folder's summary.csv and steps_by_repeat.parquet (nothing is replayed; `read_folder` is the one reader
+of a folder, paper/experiments/validation_noise.py reads through it too): per policy (a world's baseline as
+baseline@WORLD) the twin's median per-step error, an exact model's (noise_floor: from the summary, or computed from the
+repeats for a folder written before it was), their ratio (`noise_ratio` in `lssim validate --json`) and the same
+without the driver priced. A folder written before the driver was priced has only the twin without it;
 one recorded before the runs held the driver's seconds cannot be priced at all, and the tables say which.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,23 +27,53 @@ NOT_REPLAYED = "recorded, not priced: written before the twin priced it (replay 
 NOT_RECORDED = "not recorded: cannot be priced (its runs did not record the driver's seconds)"
 
 
-def folder_rows(folder) -> pd.DataFrame:
-    """One row per policy of a validation folder: folder, world, runs, twin (its median per-step error, %, profile
-    alone, as the folder's twin priced it), twin_unpriced (without the driver), exact (an exact model's), ratio and
-    ratio_unpriced (each over exact), and driver: PRICED, or why not (the world's reason, NOT_REPLAYED or
-    NOT_RECORDED). ValueError naming the folder and the file it lacks."""
+# noise_floor's columns: what an exact model would score against a folder's repeats
+EXACT_MODEL_COLUMNS = ("noise_floor_median_pct", "noise_floor_p90_pct", "noise_bound_median_pct", "noise_bound_p90_pct",
+                       "repeats_for_goal")
+
+
+@dataclass(frozen=True)
+class ValidationFolder:
+    """A `lssim validate --out` folder's tables: `summary` (per policy, as load_summary reads it: the speedup's noise
+    floor and the runs added to an older folder's) and `by_repeat` (steps_by_repeat.parquet: each step of each
+    repeat, measured and predicted)."""
+
+    path: Path
+    summary: pd.DataFrame
+    by_repeat: pd.DataFrame
+
+    def exact_model(self) -> pd.DataFrame:
+        """Per policy, EXACT_MODEL_COLUMNS: the summary's where it holds them (as `lssim validate` wrote them), the
+        rest computed from the repeats as `lssim validate` computes them (noise_floor, searching repeats_for_goal)."""
+        recorded = [c for c in EXACT_MODEL_COLUMNS if c in self.summary]
+        if len(recorded) == len(EXACT_MODEL_COLUMNS):
+            return self.summary[list(EXACT_MODEL_COLUMNS)]
+        computed = noise_floor(self.by_repeat).reindex(self.summary.index)
+        return computed.assign(**{c: self.summary[c] for c in recorded})[list(EXACT_MODEL_COLUMNS)]
+
+
+def read_folder(folder) -> ValidationFolder:
+    """A validation folder's summary and steps by repeat; ValueError naming the folder and the file it lacks."""
     folder = Path(folder)
     for name in ("summary.csv", "steps_by_repeat.parquet"):
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: no {name} (written by `lssim validate --out {folder}`)")
     by_repeat = pd.read_parquet(folder / "steps_by_repeat.parquet")
-    summary = load_summary(folder, by_repeat)
-    exact = (summary["noise_floor_median_pct"] if "noise_floor_median_pct" in summary
-             else summary.index.map(noise_floor(by_repeat, search=False)["noise_floor_median_pct"]))
+    return ValidationFolder(folder, load_summary(folder, by_repeat), by_repeat)
+
+
+def folder_rows(folder) -> pd.DataFrame:
+    """One row per policy of a validation folder: folder, world, runs, twin (its median per-step error, %, profile
+    alone, as the folder's twin priced it), twin_unpriced (without the driver), exact (an exact model's:
+    ValidationFolder.exact_model), ratio and ratio_unpriced (each over exact), and driver: PRICED, or why not (the
+    world's reason, NOT_REPLAYED or NOT_RECORDED). ValueError naming the folder and the file it lacks."""
+    read = read_folder(folder)
+    summary, by_repeat = read.summary, read.by_repeat
     twin = summary["makespan_median_ape_pct"]
     unpriced = summary["unpriced_median_ape_pct"] if "unpriced_median_ape_pct" in summary else twin
-    rows = pd.DataFrame({"folder": str(folder), "world": summary["world"], "runs": summary["runs"], "twin": twin,
-                         "twin_unpriced": unpriced, "exact": exact}, index=summary.index)
+    rows = pd.DataFrame({"folder": str(read.path), "world": summary["world"], "runs": summary["runs"], "twin": twin,
+                         "twin_unpriced": unpriced, "exact": read.exact_model()["noise_floor_median_pct"]},
+                        index=summary.index)
     rows["ratio"], rows["ratio_unpriced"] = rows["twin"] / rows["exact"], rows["twin_unpriced"] / rows["exact"]
     rows["driver"] = [_driver_status(summary.loc[p], by_repeat[by_repeat["policy"] == p]) for p in summary.index]
     rows.index.name = "policy"
@@ -97,4 +129,4 @@ def pool_text(folders) -> str:
                 + "".join(f"{folder}  {world}: {status}\n" for (folder, world), status in folder_drivers(rows)["driver"].items()))
 
 
-__all__ = ["folder_rows", "pool_rows", "pool_policies", "folder_drivers", "pool_text", "PRICED", "NOT_REPLAYED", "NOT_RECORDED"]
+__all__ = ["read_folder", "ValidationFolder", "EXACT_MODEL_COLUMNS", "folder_rows", "pool_rows", "pool_policies", "folder_drivers", "pool_text", "PRICED", "NOT_REPLAYED", "NOT_RECORDED"]
