@@ -302,6 +302,13 @@ def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: boo
           f"beside the engine -> {profile}", file=sys.stderr)
 
 
+def _recording_order(run) -> tuple:
+    """The order `record_modes` writes runs in (by repeat, then mode, then folder), whatever order --runs named them:
+    an exact model's draws follow the labels' order, so a shell glob gives the figures of the recording."""
+    mode = (run.meta.get("mode") or {}).get("mode", "collocated")
+    return int(run.meta.get("repeat", 0)), MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), str(run.folder)
+
+
 def run(args, specs: list[str], setup, config) -> int:
     """The `lssim validate --mode ...` handler (sim_vs_real.run checked the common options)."""
     from lssim.results import atomic_write
@@ -314,7 +321,7 @@ def run(args, specs: list[str], setup, config) -> int:
     load_train_cost(train_profile)  # a missing or bad file fails here, before anything runs
     modes = parse_modes(args.mode)
     if args.runs:
-        runs = [load_recorded(folder) for folder in args.runs]
+        runs = sorted((load_recorded(folder) for folder in args.runs), key=_recording_order)
         if modes != ["any"]:
             runs = [r for r in runs if (r.meta.get("mode") or {}).get("mode", "collocated") in modes]
             if not runs:

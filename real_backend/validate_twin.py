@@ -95,7 +95,23 @@ def run_prompts(run):
     from .prompts import TaskPrompts
 
     real = run.meta["setup"]
-    return TaskPrompts.from_files(real["prompts_path"], real["model_dir"], real.get("n_prompts"), seed=run.config.seed)
+    return TaskPrompts.from_files(recorded_path(real["prompts_path"]), recorded_path(real["model_dir"]),
+                                  real.get("n_prompts"), seed=run.config.seed)
+
+
+def recorded_path(path: str) -> Path:
+    """A file a run's meta.json names by its absolute path where it was recorded: that path where it still exists, else
+    the same file in this checkout (the longest tail of the path found under the repository's root: a run recorded
+    in another checkout, or shipped in paper/experiments). FileNotFoundError naming the path where neither exists."""
+    recorded = Path(path)
+    if recorded.exists():
+        return recorded
+    root = Path(__file__).resolve().parent.parent
+    for i in range(1, len(recorded.parts)):
+        here = root.joinpath(*recorded.parts[i:])
+        if here.exists():
+            return here
+    raise FileNotFoundError(f"{path}: recorded by the run, neither there nor under {root}")
 
 
 def load_recorded(folder):

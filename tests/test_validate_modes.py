@@ -188,3 +188,24 @@ def test_recording_puts_the_profile_and_the_hosts_measurement_in_out_before_the_
     again = tmp_path / "again" / "profile.json"
     profile_host(None, setup, again, str(base), reprofile=True, beside=True, length=128)
     assert profiled == [(again.parent, str(again), True, 128)] and training_share(again) is not None
+
+
+def test_runs_named_in_any_order_are_replayed_in_the_order_recorded():
+    from real_backend.validate_modes import _recording_order
+
+    def run(mode, repeat):
+        return SimpleNamespace(meta={"mode": {"mode": mode}, "repeat": repeat}, folder=f"real/{mode}/baseline/repeat{repeat}")
+
+    recorded = [run(m, k) for k in range(2) for m in ("collocated", "disaggregated", "async", "hybrid")]
+    globbed = sorted(recorded, key=lambda r: r.folder)  # a shell glob: alphabetical, async first
+    assert globbed[0].meta["mode"]["mode"] == "async"
+    assert sorted(globbed, key=_recording_order) == recorded
+
+
+def test_a_path_recorded_in_another_checkout_is_found_in_this_one():
+    from real_backend.validate_twin import recorded_path
+
+    here = recorded_path("/somewhere/else/checkout/real_backend/data/prompts.jsonl")
+    assert here.is_file() and here.parts[-3:] == ("real_backend", "data", "prompts.jsonl")
+    with pytest.raises(FileNotFoundError, match="neither there nor under"):
+        recorded_path("/somewhere/else/no_such_folder/nothing.jsonl")

@@ -11,8 +11,9 @@ the median speed probe (`probed`: a fixed batch timed on the engine between runs
 profile; lssim.analysis.fidelity.run) and the error that level alone puts on a twin exact at the profile's
 minutes, |level - 1| (`floor_pct`), beside an exact model's error on the same repeats (`exact_pct`). Where `floor_pct` is over
 1.5x `exact_pct`, a cost model right at the profile's minutes misses issue 37's bound there: only the level measured in
-the run's minutes (the probe, or the world's baseline) meets it. In a modes folder each mode is a world and its twin prices
-the shared host (lssim.sim.shared_host), so there the level is the host's speed times that price's own error.
+the run's minutes (the probe, or the world's baseline) meets it. In a modes folder each mode is a world whose twin is already priced
+at each run's probed level (the engine's cost model: real_backend.validate_twin.sim_setup) and prices the shared host
+(lssim.sim.shared_host), so there the level is what the probe leaves of the host's speed, times that price's own error.
 """
 
 from __future__ import annotations
