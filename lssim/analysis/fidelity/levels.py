@@ -65,14 +65,23 @@ def _world_row(world: str, steps: pd.DataFrame) -> dict:
             "exact_pct": float(exact)}
 
 
-def levels_table(folders) -> pd.DataFrame:
-    """world_levels of every folder, one table."""
-    return pd.concat([world_levels(f) for f in folders])
+def levels_table(folders) -> tuple[pd.DataFrame, list[str]]:
+    """world_levels of every folder, one table, and why each folder it could not read was left out (a glob over a
+    folder of validations meets other folders too); ValueError where it could read none."""
+    tables, skipped = [], []
+    for folder in folders:
+        try:
+            tables.append(world_levels(folder))
+        except ValueError as e:
+            skipped.append(str(e))
+    if not tables:
+        raise ValueError("no folder read: " + "; ".join(skipped))
+    return pd.concat(tables), skipped
 
 
 def levels_text(folders) -> str:
     """The table and what it says, as `python -m lssim.analysis.fidelity --levels` prints it."""
-    table = levels_table(folders)
+    table, skipped = levels_table(folders)
     out = table.round({"level": 3, "lowest": 3, "highest": 3, "probed": 3, "floor_pct": 2, "exact_pct": 2})
     beyond = table["floor_pct"] > 1.5 * table["exact_pct"]
     probed = table.dropna(subset=["probed"])
@@ -86,4 +95,4 @@ def levels_text(folders) -> str:
             f"median floor {table['floor_pct'].median():.1f}% against an exact model's {table['exact_pct'].median():.1f}%; "
             f"floor over 1.5x an exact model's error in {int(beyond.sum())} of {len(table)}; the level's correlation "
             f"with the probe {follows:.2f} over the {len(probed)} worlds probed, |level / probed - 1| median "
-            f"{left:.1f}%\n")
+            f"{left:.1f}%\n" + "".join(f"left out: {why}\n" for why in skipped))
