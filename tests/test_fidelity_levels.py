@@ -65,8 +65,9 @@ def test_the_shipped_modes_folder_reads_one_world_per_mode():
 
 
 def test_folders_that_hold_no_validation_are_left_out_saying_so_and_none_read_is_an_error(tmp_path):
-    good = _folder(tmp_path / "good", {"tail": [1.1, 1.1]}) if (tmp_path / "good").mkdir() is None else None
+    (tmp_path / "good").mkdir()
     (tmp_path / "other").mkdir()
+    good = _folder(tmp_path / "good", {"tail": [1.1, 1.1]})
     text = levels_text([good, tmp_path / "other"])
     assert "over 1 worlds" in text and f"left out: {tmp_path / 'other'}: no steps_by_repeat.parquet" in text
     with pytest.raises(ValueError, match="no folder read"):
