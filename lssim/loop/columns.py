@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from lssim.loop.core import REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of
+from lssim.loop.core import (REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of,
+                             instance_column, object_array)
 
 @dataclass(slots=True, eq=False)
 class RequestColumns:
@@ -82,15 +83,26 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = {name: field_of(requests, name) for name in _OBJECT_FIELDS}
-        natural = [counterfactual(r) if counterfactual else None for r in requests]
-        resumes = [r.resumes for r in requests]
+        # One pass per kind of field: an object's ints, then its floats, then the rest, each read by one attrgetter
+        # into one flat array (a pass per field costs a numpy call and a generator step per object and field).
+        ints = np.fromiter(_chain(map(_read_ints, requests)), np.int64, n * len(_INT_FIELDS)).reshape(n, len(_INT_FIELDS)).T.copy()
+        floats = np.fromiter(_chain(map(_read_floats, requests)), float, n * len(REQUEST_FLOATS)).reshape(n, len(REQUEST_FLOATS)).T.copy()
+        instance, exact, finish_reason, stop_reason, resumes = zip(*map(_read_rest, requests)) if n else ((),) * 5
+        cols = dict(zip(_INT_FIELDS, ints))
+        cols.update(zip(REQUEST_FLOATS, floats))
+        natural = np.full(n, -1, np.int64), np.full(n, np.nan)
+        if counterfactual is not None:
+            answers = list(map(counterfactual, requests))
+            if answers.count(None) != n:
+                natural = (np.fromiter((-1 if c is None else c[0] for c in answers), np.int64, n),
+                           np.fromiter((np.nan if c is None else c[1] for c in answers), float, n))
         return RequestColumns(
-            **cols, natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
-            natural_reward=np.fromiter((np.nan if c is None else c[1] for c in natural), float, n),
+            **cols, instance=instance_column(instance), exact=np.fromiter(exact, bool, n),
+            finish_reason=object_array(list(finish_reason)), stop_reason=object_array(list(stop_reason)),
+            natural_len=natural[0], natural_reward=natural[1],
             context_at_start=cols["prompt_len"].copy() if context_at_start is None else
-            np.fromiter((context_at_start[r.rid] for r in requests), np.int64, n),
-            resumes=None if all(x is None for x in resumes) else resumes)
+            np.fromiter(map(context_at_start.__getitem__, cols["rid"].tolist()), np.int64, n),
+            resumes=None if resumes.count(None) == n else list(resumes))
 
     @staticmethod
     def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
@@ -164,9 +176,13 @@ class RequestColumns:
 
 # Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)
 _MADE_FIELDS = tuple(f.name for f in fields(Request))[:[f.name for f in fields(Request)].index("exact") + 1]
-_OBJECT_FIELDS = REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")
 _ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
 _ARRAY_NAMES = frozenset(_ARRAYS)
+_INT_FIELDS = tuple(name for name in REQUEST_INTS if name != "instance")  # instance: None read as -1, apart
+_read_ints = operator.attrgetter(*_INT_FIELDS)
+_read_floats = operator.attrgetter(*REQUEST_FLOATS)
+_read_rest = operator.attrgetter("instance", "exact", "finish_reason", "stop_reason", "resumes")
+_chain = itertools.chain.from_iterable
 
 
 class TakenRows:

@@ -7,6 +7,7 @@ both worlds -- the simulator and real vLLM -- implement the `Engine` contract (l
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -196,11 +197,19 @@ REQUEST_DTYPES = {**{n: np.int64 for n in REQUEST_INTS}, **{n: float for n in RE
 
 def field_of(requests: list[Request], name: str) -> np.ndarray:
     """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
+    values = map(operator.attrgetter(name), requests)  # (a generator's frame per object costs twice the read)
     if name == "instance":
-        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
+        return instance_column(list(values))
     if name in REQUEST_DTYPES:
-        return np.fromiter((getattr(r, name) for r in requests), REQUEST_DTYPES[name], len(requests))
-    return object_array([getattr(r, name) for r in requests])
+        return np.fromiter(values, REQUEST_DTYPES[name], len(requests))
+    return object_array(list(values))
+
+
+def instance_column(instances: Sequence[int | None]) -> np.ndarray:
+    """Request.instance of each request as the column holds it: None (the dispatcher chooses) as -1."""
+    if instances.count(None) == len(instances):  # the usual submission: nobody pinned any
+        return np.full(len(instances), -1, np.int64)
+    return np.fromiter((-1 if i is None else i for i in instances), np.int64, len(instances))
 
 
 def object_array(values: list) -> np.ndarray:
