@@ -90,12 +90,7 @@ class RequestColumns:
         instance, exact, finish_reason, stop_reason, resumes = zip(*map(_read_rest, requests)) if n else ((),) * 5
         cols = dict(zip(_INT_FIELDS, ints))
         cols.update(zip(REQUEST_FLOATS, floats))
-        natural = np.full(n, -1, np.int64), np.full(n, np.nan)
-        if counterfactual is not None:
-            answers = list(map(counterfactual, requests))
-            if answers.count(None) != n:
-                natural = (np.fromiter((-1 if c is None else c[0] for c in answers), np.int64, n),
-                           np.fromiter((np.nan if c is None else c[1] for c in answers), float, n))
+        natural = natural_outcomes(requests, counterfactual)
         return RequestColumns(
             **cols, instance=instance_column(instance), exact=np.fromiter(exact, bool, n),
             finish_reason=object_array(list(finish_reason)), stop_reason=object_array(list(stop_reason)),
@@ -172,6 +167,17 @@ class RequestColumns:
             starts = [(int(self.first_version[i]), 0)] + resumes
             ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
             yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+
+
+def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[np.ndarray, np.ndarray]:
+    """natural_len / natural_reward of each request: `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual),
+    -1 / NaN where it answers None or there is none."""
+    n = len(requests)
+    answers = [None] * n if counterfactual is None else list(map(counterfactual, requests))
+    if answers.count(None) == n:
+        return np.full(n, -1, np.int64), np.full(n, np.nan)
+    return (np.fromiter((-1 if c is None else c[0] for c in answers), np.int64, n),
+            np.fromiter((np.nan if c is None else c[1] for c in answers), float, n))
 
 
 # Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)

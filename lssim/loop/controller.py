@@ -292,11 +292,14 @@ class Controller:
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
             s.batch.last_version[:] = self.mode.version
             done_groups = s.groups_done
+        done_now = []
         for gid, members in s.members.items():
             if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
-                done_groups.append(Group(members[0].prompt_id, members[0].step, members))
+                done_now.append(members)
+        if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
+            done_groups = s.close(done_now)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).

@@ -24,7 +24,7 @@ from typing import Callable, Container, Sequence
 import numpy as np
 import pandas as pd
 
-from lssim.loop.columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, natural_outcomes, prompt_ids, rid_order, runs, with_signal
 from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
 from lssim.loop.contracts import TrainTiming
 from lssim.loop.decisions import StepOutcome
@@ -75,6 +75,9 @@ class StepState:
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
     batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
+    closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (close)
+    closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
+    closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
@@ -89,14 +92,44 @@ class StepState:
             ordered = group[order]
         return GroupBatch(self.batch, order, runs(ordered)[1])
 
+    def close(self, done: list[list[Request]]) -> list[Group]:
+        """The event route's step once its rollout is over and its versions are set: its responses (ended, carried
+        out, and the members of the groups `done` now, whichever step they ended in) gathered into columns once
+        (`closed`), the done groups made over them (Group with both objects and rows: the trainer, the books and
+        the settled rows read the columns, a policy the objects). Members stay read-only from here on."""
+        objects, seen = [], set()
+        for members in done:  # group after group, so a group's rows are a range
+            objects.extend(members)
+        seen.update(map(id, objects))
+        if len(seen) != len(objects):
+            raise RuntimeError(f"step {self.step}: a response is a member of two groups done now")
+        objects.extend(r for r in self.ended if id(r) not in seen)
+        seen.update(map(id, self.ended))
+        objects.extend(r for r in self.carried_out if id(r) not in seen)
+        self.closed = closed = RequestColumns.of(objects)
+        row_of = dict(zip(map(id, objects), range(len(objects))))
+        self.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, self.ended)), np.int64, len(self.ended))
+        self.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, self.carried_out)), np.int64,
+                                          len(self.carried_out))
+        rows, groups, at = np.arange(len(objects)), [], 0
+        for members in done:
+            groups.append(Group(members[0].prompt_id, members[0].step, members, columns=closed, rows=rows[at:at + len(members)]))
+            at += len(members)
+        return groups
+
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""
         running = None
         if self.batch is not None:  # nothing carried in or out of a batch-route step
             ended = ran = self.batch.take(self.batch_ended)
         else:
-            ended = RequestColumns.of(self.ended, self.context_at_start, counterfactual)
-            ran = RequestColumns.concat([ended, RequestColumns.of(self.carried_out, self.context_at_start)])
+            if self.closed is None:
+                self.close([])
+            ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
+            ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
+            ended = ran.take(np.arange(len(self.ended)))
+            ended.natural_len[:], ended.natural_reward[:] = natural_outcomes(self.ended, counterfactual)
+            ran.natural_len[:len(ended)], ran.natural_reward[:len(ended)] = ended.natural_len, ended.natural_reward
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
         trained, sizes = end.trained_members
@@ -203,9 +236,13 @@ class ResponseTable:
         if not self._pending:
             return
         trained = set(end.trained_rids.tolist())
-        for g in end.done_groups:
-            if not any(rid in self._pending for rid in g.column("rid").tolist()):
-                continue
+        rids, sizes = gather(end.done_groups, "rid")  # the done groups' members, read at once
+        pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
+        if not pending.any():
+            return
+        with_pending = np.flatnonzero(np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]))
+        groups = [g for g in end.done_groups if len(g)]  # (reduceat's rows: one per group with members)
+        for g in map(groups.__getitem__, with_pending.tolist()):
             for r in g.requests:
                 idx = self._pending.pop(r.rid, None)
                 if idx is not None and r.rid in trained:
