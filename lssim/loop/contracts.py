@@ -77,6 +77,12 @@ class Engine(Protocol):
 
     def abort(self, request: Request) -> None: ...
 
+    def abort_many(self, requests: Sequence[Request]) -> None:
+        """Abort each of `requests`, in order, exactly as `abort` one by one would (an engine may do it at once where
+        the result is the same: the simulator prices each instance's next event once)."""
+        for request in requests:
+            self.abort(request)
+
     def next_events(self) -> list[Event]: ...
 
     def loads(self) -> list[InstanceLoad]: ...

@@ -423,8 +423,9 @@ class Controller:
                 s.rollout.requests_in_flight -= 1
                 s.carried_out.append(r)
                 self._kept[r.rid] = r
-        for r in list(s.in_flight.values()):
-            self.engine.abort(r)
+        unfinished = list(s.in_flight.values())
+        self.engine.abort_many(unfinished)  # (an aborted response's fields are final: each is judged after all)
+        for r in unfinished:
             if self._asks["on_unfinished"] and self.policy.on_unfinished(r) == CARRY:
                 del s.in_flight[r.rid]
                 s.rollout.requests_in_flight -= 1
