@@ -140,9 +140,12 @@ class RequestColumns:
         hand = first < 0  # no version history (a hand-made request): what the last resume says
         if hand.any():
             out[hand] = np.where(self.last_version[hand] >= train_step, self.tokens_before_resume[hand], gen[hand])
-        for i, spans in self._spans():
-            if first[i] >= 0:
-                out[i] = sum(n for v, n in spans if v < train_step)
+        rows, versions, tokens, resumed = self._spans()
+        if len(resumed):
+            resumed = resumed[first[resumed] >= 0]
+            out[resumed] = 0
+            older = (versions < train_step) & (first[rows] >= 0)
+            np.add.at(out, rows[older], tokens[older])
         return out
 
     def token_lags(self, train_step: int) -> dict[int, int]:
@@ -151,22 +154,31 @@ class RequestColumns:
         plain = self.generated > 0
         if self.resumes is not None:
             plain &= np.array([r is None for r in self.resumes], bool)
-        lags = {int(k): int(v) for k, v in zip(*_sum_by(lag[plain], self.generated[plain]))}
-        for _, spans in self._spans():
-            for v, n in spans:
-                lags[train_step - v] = lags.get(train_step - v, 0) + n
-        return lags
+        _, versions, tokens, _ = self._spans()
+        keys = np.concatenate([lag[plain], train_step - versions])
+        return {int(k): int(v) for k, v in zip(*_sum_by(keys, np.concatenate([self.generated[plain], tokens])))}
 
-    def _spans(self):
-        """(row, lssim.loop.core.version_spans) of the rows that resumed under other weights."""
-        if self.resumes is None:
-            return
-        for i, resumes in enumerate(self.resumes):
-            if resumes is None:
-                continue
-            starts = [(int(self.first_version[i]), 0)] + resumes
-            ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
-            yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+    def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """lssim.loop.core.version_spans of the rows that resumed under other weights, as arrays: (row, version,
+        tokens) of every span with tokens, row after row, oldest first; and those rows."""
+        resumed = [] if self.resumes is None else [i for i, r in enumerate(self.resumes) if r is not None]
+        if not resumed:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty, empty
+        resumes = [self.resumes[i] for i in resumed]
+        resumed = np.array(resumed, np.int64)
+        spans = np.fromiter(map(len, resumes), np.int64, len(resumes)) + 1  # the first version's, then one per resume
+        first = np.zeros(int(spans.sum()), bool)
+        first[np.cumsum(spans) - spans] = True
+        version, start = np.empty(len(first), np.int64), np.zeros(len(first), np.int64)
+        version[first] = self.first_version[resumed]
+        version[~first], start[~first] = np.array(list(itertools.chain.from_iterable(resumes)), np.int64).reshape(-1, 2).T
+        end = np.empty_like(start)
+        end[:-1] = start[1:]
+        end[np.cumsum(spans) - 1] = self.generated[resumed]  # a row's last span ends at its tokens so far
+        rows, tokens = np.repeat(resumed, spans), end - start
+        kept = tokens > 0
+        return rows[kept], version[kept], tokens[kept], resumed
 
 
 def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, TakenRows, stable_argsort, with_signal
+from lssim.loop.columns import RequestColumns, TakenRows, runs, stable_argsort, with_signal
 from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
@@ -20,8 +20,16 @@ from lssim.loop.records import StepState
 def register(fresh: RequestColumns, s: StepState) -> list[Request]:
     """The event route's books for new requests: Request objects, each group's members, open counts."""
     requests = fresh.to_requests()
+    s.context_at_start.update(zip(fresh.rid.tolist(), fresh.prompt_len.tolist()))
+    starts, sizes = runs(fresh.group_id)
+    groups = fresh.group_id[starts].tolist()
+    # the plan's usual requests: new groups, each group's members consecutive (made group after group)
+    if len(set(groups)) == len(groups) and s.members.keys().isdisjoint(groups):
+        starts, sizes = starts.tolist(), sizes.tolist()
+        s.members.update((g, requests[a:a + n]) for g, a, n in zip(groups, starts, sizes))
+        s.open_members.update(zip(groups, sizes))
+        return requests
     for r in requests:
-        s.context_at_start[r.rid] = r.prompt_len
         members = s.members.get(r.group_id)
         if members is None:
             members = s.members[r.group_id] = []
