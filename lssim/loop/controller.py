@@ -299,7 +299,7 @@ class Controller:
             elif gid not in s.dropped_groups:
                 done_now.append(members)
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
-            done_groups = s.close(done_now)
+            done_groups = s.close(done_now, self.mode.version)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).

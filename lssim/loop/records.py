@@ -17,6 +17,7 @@ batch route, lssim.sim.fastsim).
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Container, Sequence
@@ -75,6 +76,9 @@ class StepState:
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
     batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
+    # the cut route (lssim.loop.rollout_books.rollout_cut): its submission's columns, filled as its requests were, and the
+    # row of each response that ended in the cut (by id: those objects hold their row's values, but last_version)
+    cut: tuple[RequestColumns, dict[int, int]] | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (close)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
@@ -92,11 +96,12 @@ class StepState:
             ordered = group[order]
         return GroupBatch(self.batch, order, runs(ordered)[1])
 
-    def close(self, done: list[list[Request]]) -> list[Group]:
-        """The event route's step once its rollout is over and its versions are set: its responses (ended, carried
-        out, and the members of the groups `done` now, whichever step they ended in) gathered into columns once
-        (`closed`), the done groups made over them (Group with both objects and rows: the trainer, the books and
-        the settled rows read the columns, a policy the objects). Members stay read-only from here on."""
+    def close(self, done: list[list[Request]], version: int) -> list[Group]:
+        """The event route's step once its rollout is over and its responses' last version is set (`version`): its
+        responses (ended, carried out, and the members of the groups `done` now, whichever step they ended in)
+        gathered into columns once (`closed`; the cut route's read from its submission's columns), the done groups
+        made over them (Group with both objects and rows: the trainer, the books and the settled rows read the
+        columns, a policy the objects). Members stay read-only from here on."""
         objects, seen = [], set()
         for members in done:  # group after group, so a group's rows are a range
             objects.extend(members)
@@ -106,7 +111,7 @@ class StepState:
         objects.extend(r for r in self.ended if id(r) not in seen)
         seen.update(map(id, self.ended))
         objects.extend(r for r in self.carried_out if id(r) not in seen)
-        self.closed = closed = RequestColumns.of(objects)
+        self.closed = closed = RequestColumns.of(objects) if self.cut is None else _of_cut(objects, *self.cut, version)
         row_of = dict(zip(map(id, objects), range(len(objects))))
         self.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, self.ended)), np.int64, len(self.ended))
         self.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, self.carried_out)), np.int64,
@@ -124,7 +129,7 @@ class StepState:
             ended = ran = self.batch.take(self.batch_ended)
         else:
             if self.closed is None:
-                self.close([])
+                raise RuntimeError(f"step {self.step}: its books are read before the step was closed (StepState.close)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
             ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
             ended = ran.take(np.arange(len(self.ended)))
@@ -137,6 +142,22 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+
+
+def _of_cut(objects: list[Request], columns: RequestColumns, cut_rows: dict[int, int], version: int) -> RequestColumns:
+    """RequestColumns.of(objects) where the objects that ended in a cut rollout (`cut_rows`: id -> row of `columns`, its
+    submission's columns, filled as the objects were) are read from their rows, with the last version they were
+    given (`version`) and of's defaults for the step's own fields (natural_len, natural_reward, context_at_start)."""
+    row = np.fromiter(map(cut_rows.get, map(id, objects), itertools.repeat(-1)), np.int64, len(objects))
+    known = row >= 0
+    others = [r for r, k in zip(objects, known.tolist()) if not k]
+    found = int(known.sum())
+    order = np.empty(len(objects), np.int64)
+    order[known], order[~known] = np.arange(found), np.arange(found, len(objects))
+    out = RequestColumns.concat([columns.take(row[known]), RequestColumns.of(others)]).take(order)
+    out.last_version[known], out.natural_len[known], out.natural_reward[known] = version, -1, np.nan
+    out.context_at_start[known] = out.prompt_len[known]
+    return out
 
 
 @dataclass(slots=True, frozen=True)

@@ -118,6 +118,8 @@ def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, 
     ended = engine.run_cut(submission, columns, policy.end_rollout_at)
     if ended is None:
         return False
+    row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
+    s.cut = (columns, dict(zip(map(id, ended), map(row_of.__getitem__, [r.rid for r in ended]))))
     state, tell = s.rollout, asks["on_finish"]
     for r in ended:
         end_response(r, s)
