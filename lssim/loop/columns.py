@@ -97,7 +97,7 @@ class RequestColumns:
             natural_len=natural[0], natural_reward=natural[1],
             context_at_start=cols["prompt_len"].copy() if context_at_start is None else
             np.fromiter(map(context_at_start.__getitem__, cols["rid"].tolist()), np.int64, n),
-            resumes=None if resumes.count(None) == n else list(resumes))
+            resumes=_resumes(list(resumes)))
 
     @staticmethod
     def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
@@ -108,7 +108,7 @@ class RequestColumns:
         out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
         resumes = None
         if any(p.resumes is not None for p in parts):
-            resumes = [x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))]
+            resumes = _resumes([x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))])
         return RequestColumns(**out, resumes=resumes)
 
     def take(self, rows) -> "RequestColumns":
@@ -120,7 +120,7 @@ class RequestColumns:
         resumes = None
         if self.resumes is not None:
             picked = np.arange(len(self))[rows]
-            resumes = [self.resumes[i] for i in picked.tolist()]
+            resumes = _resumes([self.resumes[i] for i in picked.tolist()])
         return RequestColumns(**out, resumes=resumes)
 
     def to_requests(self, rows=None) -> list[Request]:
@@ -179,6 +179,11 @@ class RequestColumns:
         rows, tokens = np.repeat(resumed, spans), end - start
         kept = tokens > 0
         return rows[kept], version[kept], tokens[kept], resumed
+
+
+def _resumes(rows: list) -> list | None:
+    """RequestColumns.resumes of rows whose Request.resumes are `rows`: None where no row ever resumed."""
+    return None if rows.count(None) == len(rows) else rows
 
 
 def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,96 @@
+"""StepState.close: an event-route step's responses gathered into columns once, against gathering each object.
+
+The closed columns must hold what RequestColumns.of reads from the objects (on the cut route, the rows of the
+responses that ended in the cut read from its submission's columns); the done groups must hand a policy the very
+objects and the trainer the same columns; the books must be the ones gathered object by object.
+"""
+
+from dataclasses import fields
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lssim.loop.columns import RequestColumns, gather
+from lssim.loop.core import ABORT, Group, Request, RolloutState, field_of
+from lssim.loop.records import StepEnd, StepState
+
+ARRAYS = [f.name for f in fields(RequestColumns) if f.name != "resumes"]
+
+
+def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
+    return a.resumes == b.resumes and all(
+        getattr(a, n).dtype == getattr(b, n).dtype and np.array_equal(getattr(a, n), getattr(b, n), equal_nan=getattr(a, n).dtype.kind == "f")
+        for n in ARRAYS)
+
+
+def made(rng: np.random.Generator, rid: int, group: int) -> Request:
+    r = Request(rid=rid, group_id=group, step=int(rng.integers(0, 3)), prompt_id=100 + group, sample_idx=rid % 4,
+                prompt_len=int(rng.integers(1, 50)), max_tokens=200, priority=int(rng.integers(0, 3)),
+                instance=None if rng.random() < 0.5 else int(rng.integers(0, 3)), seed=int(rng.integers(0, 99)),
+                generated=int(rng.integers(0, 200)), first_version=int(rng.integers(0, 3)),
+                reward=float(rng.integers(0, 2)), finish_reason=str(rng.choice(["stop", "length", ""])),
+                submit_time=float(rng.random()), finish_time=float(rng.random()), ran_on=int(rng.integers(0, 3)))
+    if rng.random() < 0.3:
+        r.resumes, r.tokens_before_resume = [(r.first_version + 1, r.generated // 2)], r.generated // 2
+    return r
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=8), seed=st.integers(0, 2**31), cut=st.booleans())
+def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
+    rng = np.random.default_rng(seed)
+    groups = [[made(rng, 10 * g + k, g) for k in range(n)] for g, n in enumerate(sizes)]
+    fate = {id(r): rng.choice(["ended", "carried", "earlier"]) for members in groups for r in members}
+    s = StepState(step=3, started=0.0, busy_at_start=(0.0, 0.0), rollout=RolloutState(step=3, started=0.0), carried_in=[])
+    s.ended = [r for members in groups for r in members if fate[id(r)] == "ended"][::-1]  # in the order they ended
+    s.carried_out = [r for members in groups for r in members if fate[id(r)] == "carried"]
+    s.context_at_start = {r.rid: r.prompt_len + int(rng.integers(0, 5)) for r in s.ended + s.carried_out}
+    done = [members for members in groups if not any(fate[id(r)] == "carried" for r in members)]
+    version = 7
+    if cut:  # some responses ended in a cut rollout: their rows of the submission's columns, filled as they were
+        in_cut = [r for r in s.ended if rng.random() < 0.6]
+        submission = in_cut + [made(rng, 1000 + i, 99) for i in range(2)]
+        columns = RequestColumns.of(list(rng.permutation(np.array(submission, object))))
+        row_of = dict(zip(columns.rid.tolist(), range(len(columns))))
+        s.cut = (columns, {id(r): row_of[r.rid] for r in in_cut})
+    for r in s.ended + s.carried_out:
+        r.last_version = version
+    closed_groups = s.close(done, version)
+
+    objects = [r for members in done for r in members]
+    objects += [r for r in s.ended + s.carried_out if all(r is not o for o in objects)]
+    assert same_columns(s.closed, RequestColumns.of(objects))
+    for g, members in zip(closed_groups, done):
+        assert g.requests is members and len(g) == len(members)
+        for name in ("rid", "generated", "reward", "instance", "finish_reason", "last_version"):
+            assert np.array_equal(g.column(name), field_of(members, name), equal_nan=name == "reward")
+        keep = rng.random(len(members)) < 0.5
+        part = g.subset(keep)
+        assert part.requests == [r for r, k in zip(members, keep) if k]
+        assert part.column("rid").tolist() == [r.rid for r, k in zip(members, keep) if k]
+    trained, sizes_ = gather(closed_groups)
+    assert same_columns(trained, RequestColumns.of(objects[:len(trained)])) and sizes_.tolist() == list(map(len, done))
+
+    counterfactual = lambda r: None if r.rid % 3 == 0 else (r.rid + 1, r.rid / 7)  # noqa: E731
+    end = StepEnd(rollout_end=1.0, step_end=2.0, busy_at_rollout_end=(0.0, 0.0), done_groups=closed_groups,
+                  trained=closed_groups, trained_members=(trained, sizes_), trained_rids=np.sort(trained.rid),
+                  train_metrics={})
+    books = s.books(end, counterfactual)
+    ended = RequestColumns.of(s.ended, s.context_at_start, counterfactual)
+    assert same_columns(books.ended, ended)
+    assert same_columns(books.ran, RequestColumns.concat([ended, RequestColumns.of(s.carried_out, s.context_at_start)]))
+
+
+def test_a_group_needs_its_members_one_way_or_both():
+    r = Request(rid=0, group_id=0, step=0, prompt_id=1, sample_idx=0, prompt_len=3, max_tokens=9, finish_reason=ABORT)
+    columns = RequestColumns.of([r])
+    both = Group(1, 0, [r], columns=columns, rows=np.arange(1))
+    assert both.requests[0] is r and both.column("finish_reason").tolist() == [ABORT]
+    for bad in ({}, {"columns": columns}, {"rows": np.arange(1)}):
+        try:
+            Group(1, 0, **bad)
+        except ValueError as e:
+            assert "Group" in str(e)
+        else:
+            raise AssertionError(f"Group(1, 0, **{bad}) was accepted")
