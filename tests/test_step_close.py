@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.loop.columns import RequestColumns, gather
+from lssim.loop.columns import RequestColumns, gather, natural_outcomes
 from lssim.loop.core import ABORT, Group, Request, RolloutState, field_of
 from lssim.loop.records import StepEnd, StepState
 
@@ -48,10 +48,13 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
     s.context_at_start = {r.rid: r.prompt_len + int(rng.integers(0, 5)) for r in s.ended + s.carried_out}
     done = [members for members in groups if not any(fate[id(r)] == "carried" for r in members)]
     version = 7
+    counterfactual = lambda r: None if r.rid % 3 == 0 else (r.rid + 1, r.rid / 7)  # noqa: E731
     if cut:  # some responses ended in a cut rollout: their rows of the submission's columns, filled as they were
         in_cut = [r for r in s.ended if rng.random() < 0.6]
         submission = in_cut + [made(rng, 1000 + i, 99) for i in range(2)]
-        columns = RequestColumns.of(list(rng.permutation(np.array(submission, object))))
+        queued = [submission[i] for i in rng.permutation(len(submission))]
+        columns = RequestColumns.of(queued)
+        columns.natural_len[:], columns.natural_reward[:] = natural_outcomes(queued, counterfactual)  # as run_cut does
         row_of = dict(zip(columns.rid.tolist(), range(len(columns))))
         s.cut = (columns, {id(r): row_of[r.rid] for r in in_cut})
     for r in s.ended + s.carried_out:
@@ -72,7 +75,6 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
     trained, sizes_ = gather(closed_groups)
     assert same_columns(trained, RequestColumns.of(objects[:len(trained)])) and sizes_.tolist() == list(map(len, done))
 
-    counterfactual = lambda r: None if r.rid % 3 == 0 else (r.rid + 1, r.rid / 7)  # noqa: E731
     end = StepEnd(rollout_end=1.0, step_end=2.0, busy_at_rollout_end=(0.0, 0.0), done_groups=closed_groups,
                   trained=closed_groups, trained_members=(trained, sizes_), trained_rids=np.sort(trained.rid),
                   train_metrics={})

@@ -126,7 +126,8 @@ class RequestColumns:
     def to_requests(self, rows=None) -> list[Request]:
         """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
         picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
-        cols = {name: getattr(self, name)[picked].tolist() for name in _MADE_FIELDS if name != "resumes"}
+        cols = {name: (getattr(self, name) if rows is None else getattr(self, name)[picked]).tolist()
+                for name in _MADE_FIELDS if name != "resumes"}
         instance = cols["instance"]
         if instance and min(instance) < 0:
             cols["instance"] = [None if i < 0 else i for i in instance]

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.columns import GroupBatch, RequestColumns, gather, natural_outcomes, prompt_ids, rid_order, runs, with_signal
-from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
+from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState
 from lssim.loop.contracts import TrainTiming
 from lssim.loop.decisions import StepOutcome
 
@@ -133,7 +133,7 @@ class StepState:
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
             ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
             ended = ran.take(np.arange(len(self.ended)))
-            ended.natural_len[:], ended.natural_reward[:] = natural_outcomes(self.ended, counterfactual)
+            ended.natural_len[:], ended.natural_reward[:] = self._natural(counterfactual)
             ran.natural_len[:len(ended)], ran.natural_reward[:len(ended)] = ended.natural_len, ended.natural_reward
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
@@ -142,6 +142,21 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+
+    def _natural(self, counterfactual: Callable[[Request], tuple[int, float] | None]) -> tuple[np.ndarray, np.ndarray]:
+        """natural_len / natural_reward of the responses that ended (lssim.loop.columns.natural_outcomes); those that
+        ended in a cut rollout read from its submission's columns, which the engine filled with what `counterfactual`
+        answers (lssim.loop.contracts.Engine.run_cut)."""
+        if self.cut is None:
+            return natural_outcomes(self.ended, counterfactual)
+        columns, cut_rows = self.cut
+        row = np.fromiter(map(cut_rows.get, map(id, self.ended), itertools.repeat(-1)), np.int64, len(self.ended))
+        known = row >= 0
+        length, reward = np.empty(len(row), np.int64), np.empty(len(row))
+        length[known], reward[known] = columns.natural_len[row[known]], columns.natural_reward[row[known]]
+        length[~known], reward[~known] = natural_outcomes([r for r, k in zip(self.ended, known.tolist()) if not k],
+                                                          counterfactual)
+        return length, reward
 
 
 def _of_cut(objects: list[Request], columns: RequestColumns, cut_rows: dict[int, int], version: int) -> RequestColumns:
@@ -256,18 +271,15 @@ class ResponseTable:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
         if not self._pending:
             return
-        trained = set(end.trained_rids.tolist())
-        rids, sizes = gather(end.done_groups, "rid")  # the done groups' members, read at once
+        rids, _ = gather(end.done_groups, "rid")  # the done groups' members, group after group
         pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
         if not pending.any():
             return
-        with_pending = np.flatnonzero(np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]))
-        groups = [g for g in end.done_groups if len(g)]  # (reduceat's rows: one per group with members)
-        for g in map(groups.__getitem__, with_pending.tolist()):
-            for r in g.requests:
-                idx = self._pending.pop(r.rid, None)
-                if idx is not None and r.rid in trained:
-                    self._settled.append((idx, step, off_policy_tokens(r, step)))
+        members, _ = gather(end.done_groups)
+        rows = [self._pending.pop(rid) for rid in rids[pending].tolist()]
+        trained = in_sorted(rids[pending], end.trained_rids)
+        off = members.off_policy_tokens(step)[pending][trained]
+        self._settled.extend(zip(np.array(rows, np.int64)[trained].tolist(), itertools.repeat(step), off.tolist()))
 
     def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
         """A row for each response that ended in the step; one whose group is in `open_groups` (not complete)
