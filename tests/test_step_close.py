@@ -72,6 +72,11 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
         part = g.subset(keep)
         assert part.requests == [r for r, k in zip(members, keep) if k]
         assert part.column("rid").tolist() == [r.rid for r, k in zip(members, keep) if k]
+    own = [Group(g.prompt_id, g.step, g.requests[::-1]) for g in closed_groups]  # a policy's groups of the objects
+    own.append(Group(7, 3, [made(rng, 999, 7)]))  # ... and of a copy the step never held
+    for g, mine in zip(s.with_rows(own), own):
+        assert g.requests is mine.requests and (g.columns is None) == (g.prompt_id == 7)
+        assert np.array_equal(g.column("generated"), field_of(mine.requests, "generated"))
     trained, sizes_ = gather(closed_groups)
     assert same_columns(trained, RequestColumns.of(objects[:len(trained)])) and sizes_.tolist() == list(map(len, done))
 

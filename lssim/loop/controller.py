@@ -301,6 +301,8 @@ class Controller:
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = s.close(done_now, self.mode.version)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
+        if s.batch is None:  # a policy's own groups of the step's responses read from its columns too
+            trained = s.with_rows(trained)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \

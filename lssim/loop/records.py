@@ -81,6 +81,7 @@ class StepState:
     cut: tuple[RequestColumns, dict[int, int]] | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (close)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
+    closed_row: dict[int, int] = field(default_factory=dict)  # ... the row of each object gathered, by id(object)
     closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
 
     def batch_groups(self) -> GroupBatch:
@@ -112,7 +113,7 @@ class StepState:
         seen.update(map(id, self.ended))
         objects.extend(r for r in self.carried_out if id(r) not in seen)
         self.closed = closed = RequestColumns.of(objects) if self.cut is None else _of_cut(objects, *self.cut, version)
-        row_of = dict(zip(map(id, objects), range(len(objects))))
+        self.closed_row = row_of = dict(zip(map(id, objects), range(len(objects))))
         self.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, self.ended)), np.int64, len(self.ended))
         self.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, self.carried_out)), np.int64,
                                           len(self.carried_out))
@@ -121,6 +122,20 @@ class StepState:
             groups.append(Group(members[0].prompt_id, members[0].step, members, columns=closed, rows=rows[at:at + len(members)]))
             at += len(members)
         return groups
+
+    def with_rows(self, groups: Sequence[Group]) -> list[Group]:
+        """`groups` (a policy's selection), each group of objects whose members the step's closed columns hold made a
+        Group over those rows as well (the same objects: the trainer and the books read the columns)."""
+        closed, row_of = self.closed, self.closed_row
+        out = []
+        for g in groups:
+            if g.columns is None and closed is not None:
+                members = g.requests
+                rows = np.fromiter(map(row_of.get, map(id, members), itertools.repeat(-1)), np.int64, len(members))
+                if len(rows) and rows.min() >= 0:
+                    g = Group(g.prompt_id, g.step, members, columns=closed, rows=rows)
+            out.append(g)
+        return out
 
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""
