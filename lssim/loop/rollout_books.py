@@ -6,6 +6,7 @@ policy's priorities and placements asked before a submission.
 
 from __future__ import annotations
 
+import collections
 from typing import Callable
 
 import numpy as np
@@ -52,6 +53,23 @@ def end_response(r: Request, s: StepState) -> None:
         rewards = [m.reward for m in s.members[r.group_id]]
         if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
             state.groups_effective += 1
+
+
+def end_responses(ended: list[Request], s: StepState) -> None:
+    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked."""
+    state, in_flight, open_members = s.rollout, s.in_flight, s.open_members
+    for r in ended:
+        del in_flight[r.rid]
+    state.requests_in_flight -= len(ended)
+    state.responses_done += len(ended)
+    s.ended.extend(ended)
+    for gid, n in collections.Counter(r.group_id for r in ended).items():
+        open_members[gid] -= n
+        if open_members[gid] == 0:
+            state.groups_done += 1
+            rewards = [m.reward for m in s.members[gid]]
+            if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+                state.groups_effective += 1
 
 
 def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -119,12 +137,17 @@ def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, 
     if ended is None:
         return False
     row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
-    s.cut = (columns, dict(zip(map(id, ended), map(row_of.__getitem__, [r.rid for r in ended]))))
+    rows = list(map(row_of.__getitem__, [r.rid for r in ended]))
+    s.cut = (columns, dict(zip(map(id, ended), rows)))
     state, tell = s.rollout, asks["on_finish"]
-    for r in ended:
-        end_response(r, s)
-        if tell:
+    if tell and not policy.finishes_in_batches():  # on_finish told of each as it is booked, as the event route does
+        for r in ended:
+            end_response(r, s)
             policy.on_finish(r, state)
+    else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
+        end_responses(ended, s)
+        if tell:
+            policy.on_finishes(columns.take(np.array(rows, np.int64)), state)
     if ended:
         state.now = ended[-1].finish_time
     return True
