@@ -1,4 +1,4 @@
-"""StepState.close: an event-route step's responses gathered into columns once, against gathering each object.
+"""lssim.loop.closed_books: an event-route step's responses gathered into columns once, against gathering each object.
 
 The closed columns must hold what RequestColumns.of reads from the objects (on the cut route, the rows of the
 responses that ended in the cut read from its submission's columns); the done groups must hand a policy the very
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from lssim.loop.columns import RequestColumns, gather, natural_outcomes
 from lssim.loop.core import ABORT, Group, Request, RolloutState, field_of
+from lssim.loop.closed_books import close_step, held_rows, with_rows
 from lssim.loop.records import StepEnd, StepState
 
 ARRAYS = [f.name for f in fields(RequestColumns) if f.name != "resumes"]
@@ -42,6 +43,8 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
     rng = np.random.default_rng(seed)
     groups = [[made(rng, 10 * g + k, g) for k in range(n)] for g, n in enumerate(sizes)]
     fate = {id(r): rng.choice(["ended", "carried", "earlier"]) for members in groups for r in members}
+    for r in (r for members in groups for r in members):  # a carried response has not ended; the others have
+        r.finish_reason = "" if fate[id(r)] == "carried" else r.finish_reason or ABORT
     s = StepState(step=3, started=0.0, busy_at_start=(0.0, 0.0), rollout=RolloutState(step=3, started=0.0), carried_in=[])
     s.ended = [r for members in groups for r in members if fate[id(r)] == "ended"][::-1]  # in the order they ended
     s.carried_out = [r for members in groups for r in members if fate[id(r)] == "carried"]
@@ -59,7 +62,7 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
         s.cut = (columns, {id(r): row_of[r.rid] for r in in_cut})
     for r in s.ended + s.carried_out:
         r.last_version = version
-    closed_groups = s.close(done, version)
+    closed_groups = close_step(s, done, version)
 
     objects = [r for members in done for r in members]
     objects += [r for r in s.ended + s.carried_out if all(r is not o for o in objects)]
@@ -74,7 +77,7 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
         assert part.column("rid").tolist() == [r.rid for r, k in zip(members, keep) if k]
     own = [Group(g.prompt_id, g.step, g.requests[::-1]) for g in closed_groups]  # a policy's groups of the objects
     own.append(Group(7, 3, [made(rng, 999, 7)]))  # ... and of a copy the step never held
-    for g, mine in zip(s.with_rows(own), own):
+    for g, mine in zip(with_rows(s, own), own):
         assert g.requests is mine.requests and (g.columns is None) == (g.prompt_id == 7)
         assert np.array_equal(g.column("generated"), field_of(mine.requests, "generated"))
     trained, sizes_ = gather(closed_groups)
@@ -87,6 +90,17 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
     ended = RequestColumns.of(s.ended, s.context_at_start, counterfactual)
     assert same_columns(books.ended, ended)
     assert same_columns(books.ran, RequestColumns.concat([ended, RequestColumns.of(s.carried_out, s.context_at_start)]))
+
+    # the next step: the carried members end, their groups complete, their earlier members read from the held rows
+    waiting = [members for members in groups if any(fate[id(r)] == "carried" for r in members)]
+    kept = held_rows(s, waiting)
+    assert (kept is None) == (not any(fate[id(r)] == "ended" for members in waiting for r in members))
+    later = StepState(step=4, started=0.0, busy_at_start=(0.0, 0.0), rollout=RolloutState(step=4, started=0.0), carried_in=[])
+    later.ended = [r for members in waiting for r in members if fate[id(r)] == "carried"]
+    for r in later.ended:
+        r.generated, r.finish_reason, r.last_version = r.generated + 1, ABORT, version + 1
+    close_step(later, waiting, version + 1, kept)
+    assert same_columns(later.closed, RequestColumns.of([r for members in waiting for r in members]))
 
 
 def test_a_group_needs_its_members_one_way_or_both():

@@ -25,6 +25,7 @@ from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests
+from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rollout_books import end_response, order, register, rollout_batch, rollout_cut
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
@@ -55,6 +56,7 @@ class Controller:
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
+        self._held: HeldRows | None = None  # the rows of their ended members, as the steps they ended in closed them
         self.loader = DataLoader(prompts, config)  # the data loader's batches, cursor and samples drawn
         # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
         self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
@@ -299,10 +301,11 @@ class Controller:
             elif gid not in s.dropped_groups:
                 done_now.append(members)
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
-            done_groups = s.close(done_now, self.mode.version)
+            done_groups = close_step(s, done_now, self.mode.version, self._held)
+            self._held = held_rows(s, list(self._waiting_groups.values()), self._held)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         if s.batch is None:  # a policy's own groups of the step's responses read from its columns too
-            trained = s.with_rows(trained)
+            trained = with_rows(s, trained)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \

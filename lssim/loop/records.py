@@ -25,7 +25,8 @@ from typing import Callable, Container, Sequence
 import numpy as np
 import pandas as pd
 
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, natural_outcomes, prompt_ids, rid_order, runs, with_signal
+from lssim.loop.closed_books import natural_outcomes_of
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, prompt_ids, rid_order, runs, with_signal
 from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState
 from lssim.loop.contracts import TrainTiming
 from lssim.loop.decisions import StepOutcome
@@ -79,7 +80,7 @@ class StepState:
     # the cut route (lssim.loop.rollout_books.rollout_cut): its submission's columns, filled as its requests were, and the
     # row of each response that ended in the cut (by id: those objects hold their row's values, but last_version)
     cut: tuple[RequestColumns, dict[int, int]] | None = None
-    closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (close)
+    closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_row: dict[int, int] = field(default_factory=dict)  # ... the row of each object gathered, by id(object)
     closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
@@ -97,46 +98,6 @@ class StepState:
             ordered = group[order]
         return GroupBatch(self.batch, order, runs(ordered)[1])
 
-    def close(self, done: list[list[Request]], version: int) -> list[Group]:
-        """The event route's step once its rollout is over and its responses' last version is set (`version`): its
-        responses (ended, carried out, and the members of the groups `done` now, whichever step they ended in)
-        gathered into columns once (`closed`; the cut route's read from its submission's columns), the done groups
-        made over them (Group with both objects and rows: the trainer, the books and the settled rows read the
-        columns, a policy the objects). Members stay read-only from here on."""
-        objects, seen = [], set()
-        for members in done:  # group after group, so a group's rows are a range
-            objects.extend(members)
-        seen.update(map(id, objects))
-        if len(seen) != len(objects):
-            raise RuntimeError(f"step {self.step}: a response is a member of two groups done now")
-        objects.extend(r for r in self.ended if id(r) not in seen)
-        seen.update(map(id, self.ended))
-        objects.extend(r for r in self.carried_out if id(r) not in seen)
-        self.closed = closed = RequestColumns.of(objects) if self.cut is None else _of_cut(objects, *self.cut, version)
-        self.closed_row = row_of = dict(zip(map(id, objects), range(len(objects))))
-        self.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, self.ended)), np.int64, len(self.ended))
-        self.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, self.carried_out)), np.int64,
-                                          len(self.carried_out))
-        rows, groups, at = np.arange(len(objects)), [], 0
-        for members in done:
-            groups.append(Group(members[0].prompt_id, members[0].step, members, columns=closed, rows=rows[at:at + len(members)]))
-            at += len(members)
-        return groups
-
-    def with_rows(self, groups: Sequence[Group]) -> list[Group]:
-        """`groups` (a policy's selection), each group of objects whose members the step's closed columns hold made a
-        Group over those rows as well (the same objects: the trainer and the books read the columns)."""
-        closed, row_of = self.closed, self.closed_row
-        out = []
-        for g in groups:
-            if g.columns is None and closed is not None:
-                members = g.requests
-                rows = np.fromiter(map(row_of.get, map(id, members), itertools.repeat(-1)), np.int64, len(members))
-                if len(rows) and rows.min() >= 0:
-                    g = Group(g.prompt_id, g.step, members, columns=closed, rows=rows)
-            out.append(g)
-        return out
-
     def books(self, end: "StepEnd", counterfactual: Callable[[Request], tuple[int, float] | None]) -> "StepBooks":
         """The step's responses as columns: the same books whichever route the step ran on."""
         running = None
@@ -144,11 +105,11 @@ class StepState:
             ended = ran = self.batch.take(self.batch_ended)
         else:
             if self.closed is None:
-                raise RuntimeError(f"step {self.step}: its books are read before the step was closed (StepState.close)")
+                raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
             ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
             ended = ran.take(np.arange(len(self.ended)))
-            ended.natural_len[:], ended.natural_reward[:] = self._natural(counterfactual)
+            ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
             ran.natural_len[:len(ended)], ran.natural_reward[:len(ended)] = ended.natural_len, ended.natural_reward
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
@@ -157,38 +118,6 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
-
-    def _natural(self, counterfactual: Callable[[Request], tuple[int, float] | None]) -> tuple[np.ndarray, np.ndarray]:
-        """natural_len / natural_reward of the responses that ended (lssim.loop.columns.natural_outcomes); those that
-        ended in a cut rollout read from its submission's columns, which the engine filled with what `counterfactual`
-        answers (lssim.loop.contracts.Engine.run_cut)."""
-        if self.cut is None:
-            return natural_outcomes(self.ended, counterfactual)
-        columns, cut_rows = self.cut
-        row = np.fromiter(map(cut_rows.get, map(id, self.ended), itertools.repeat(-1)), np.int64, len(self.ended))
-        known = row >= 0
-        length, reward = np.empty(len(row), np.int64), np.empty(len(row))
-        length[known], reward[known] = columns.natural_len[row[known]], columns.natural_reward[row[known]]
-        length[~known], reward[~known] = natural_outcomes([r for r, k in zip(self.ended, known.tolist()) if not k],
-                                                          counterfactual)
-        return length, reward
-
-
-def _of_cut(objects: list[Request], columns: RequestColumns, cut_rows: dict[int, int], version: int) -> RequestColumns:
-    """RequestColumns.of(objects) where the objects that ended in a cut rollout (`cut_rows`: id -> row of `columns`, its
-    submission's columns, filled as the objects were) are read from their rows, with the last version they were
-    given (`version`) and of's defaults for the step's own fields (natural_len, natural_reward, context_at_start)."""
-    row = np.fromiter(map(cut_rows.get, map(id, objects), itertools.repeat(-1)), np.int64, len(objects))
-    known = row >= 0
-    others = [r for r, k in zip(objects, known.tolist()) if not k]
-    found = int(known.sum())
-    order = np.empty(len(objects), np.int64)
-    order[known], order[~known] = np.arange(found), np.arange(found, len(objects))
-    out = RequestColumns.concat([columns.take(row[known]), RequestColumns.of(others)]).take(order)
-    out.last_version[known], out.natural_len[known], out.natural_reward[known] = version, -1, np.nan
-    out.context_at_start[known] = out.prompt_len[known]
-    return out
-
 
 @dataclass(slots=True, frozen=True)
 class StepBooks:
