@@ -25,6 +25,11 @@ def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
         for n in ARRAYS)
 
 
+def in_order(s: StepState, objects: list[Request]) -> RequestColumns:
+    """The step's closed rows of `objects`, in their order."""
+    return s.closed.take(np.array([s.closed_row[id(r)] for r in objects], np.int64))
+
+
 def made(rng: np.random.Generator, rid: int, group: int) -> Request:
     r = Request(rid=rid, group_id=group, step=int(rng.integers(0, 3)), prompt_id=100 + group, sample_idx=rid % 4,
                 prompt_len=int(rng.integers(1, 50)), max_tokens=200, priority=int(rng.integers(0, 3)),
@@ -66,7 +71,7 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
 
     objects = [r for members in done for r in members]
     objects += [r for r in s.ended + s.carried_out if all(r is not o for o in objects)]
-    assert same_columns(s.closed, RequestColumns.of(objects))
+    assert same_columns(in_order(s, objects), RequestColumns.of(objects))
     for g, members in zip(closed_groups, done):
         assert g.requests is members and len(g) == len(members)
         for name in ("rid", "generated", "reward", "instance", "finish_reason", "last_version"):
@@ -100,7 +105,8 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
     for r in later.ended:
         r.generated, r.finish_reason, r.last_version = r.generated + 1, ABORT, version + 1
     close_step(later, waiting, version + 1, kept)
-    assert same_columns(later.closed, RequestColumns.of([r for members in waiting for r in members]))
+    members = [r for group_members in waiting for r in group_members]
+    assert same_columns(in_order(later, members), RequestColumns.of(members))
 
 
 def test_a_group_needs_its_members_one_way_or_both():

@@ -42,7 +42,7 @@ def close_step(s: StepState, done: list[list[Request]], version: int, earlier: H
     (`s.closed`; the cut's and `earlier`'s rows read from there), and the done groups made over them (Group with both
     objects and rows). Members stay read-only from here on."""
     objects, seen = [], set()
-    for members in done:  # group after group, so a group's rows are a range
+    for members in done:
         objects.extend(members)
     seen.update(map(id, objects))
     if len(seen) != len(objects):
@@ -50,13 +50,13 @@ def close_step(s: StepState, done: list[list[Request]], version: int, earlier: H
     objects.extend(r for r in s.ended if id(r) not in seen)
     seen.update(map(id, s.ended))
     objects.extend(r for r in s.carried_out if id(r) not in seen)
-    s.closed = closed = _gathered(objects, s.cut, earlier, version)
-    s.closed_row = row_of = dict(zip(map(id, objects), range(len(objects))))
+    s.closed, place = _gathered(objects, s.cut, earlier, version)
+    s.closed_row = row_of = dict(zip(map(id, objects), place.tolist()))
     s.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, s.ended)), np.int64, len(s.ended))
     s.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, s.carried_out)), np.int64, len(s.carried_out))
-    rows, groups, at = np.arange(len(objects)), [], 0
+    groups, at = [], 0
     for members in done:
-        groups.append(Group(members[0].prompt_id, members[0].step, members, columns=closed, rows=rows[at:at + len(members)]))
+        groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
         at += len(members)
     return groups
 
@@ -108,28 +108,29 @@ def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[
 
 
 def _gathered(objects: list[Request], cut: tuple[RequestColumns, dict[int, int]] | None, earlier: HeldRows | None,
-              version: int) -> RequestColumns:
-    """RequestColumns.of(objects), reading the rows others hold: those that ended in a cut rollout (`cut`: its
-    submission's columns, filled as the objects were, and id -> row) with the last version they were given
-    (`version`) and of's defaults for the step's own fields (natural_len, natural_reward, context_at_start); those
-    that ended in earlier steps from `earlier`."""
+              version: int) -> tuple[RequestColumns, np.ndarray]:
+    """RequestColumns.of(objects), reading the rows others hold, and each object's row in it: those that ended in a
+    cut rollout (`cut`: its submission's columns, filled as the objects were, and id -> row) with the last version
+    they were given (`version`) and of's defaults for the step's own fields (natural_len, natural_reward,
+    context_at_start); those that ended in earlier steps from `earlier`. The rows of each source come first, in object
+    order, then those read from the objects."""
     sources = ([cut] if cut is not None else []) + ([(earlier.columns, earlier.row)] if earlier is not None else [])
     if not sources:
-        return RequestColumns.of(objects)
+        return RequestColumns.of(objects), np.arange(len(objects))
     ids, n = list(map(id, objects)), len(objects)
     source, row = np.full(n, len(sources), np.int64), np.full(n, -1, np.int64)  # len(sources): read from the object
     for k, (_, row_of) in enumerate(sources):
         found = np.fromiter(map(row_of.get, ids, itertools.repeat(-1)), np.int64, n)
         new = (found >= 0) & (source == len(sources))
         source[new], row[new] = k, found[new]
-    order = np.argsort(source, kind="stable")  # the rows of each source, then the objects', in object order
+    order = np.argsort(source, kind="stable")
     parts = [columns.take(row[order[source[order] == k]]) for k, (columns, _) in enumerate(sources)]
     parts.append(RequestColumns.of([objects[i] for i in order[source[order] == len(sources)].tolist()]))
-    place = np.empty(n, np.int64)
-    place[order] = np.arange(n)
-    out = RequestColumns.concat(parts).take(place)
+    out = RequestColumns.concat(parts)
     if cut is not None:
-        in_cut = source == 0
+        in_cut = slice(0, len(parts[0]))
         out.last_version[in_cut], out.natural_len[in_cut], out.natural_reward[in_cut] = version, -1, np.nan
         out.context_at_start[in_cut] = out.prompt_len[in_cut]
-    return out
+    place = np.empty(n, np.int64)
+    place[order] = np.arange(n)
+    return out, place

@@ -120,7 +120,7 @@ class RequestColumns:
         resumes = None
         if self.resumes is not None:
             picked = np.arange(len(self))[rows]
-            resumes = _resumes([self.resumes[i] for i in picked.tolist()])
+            resumes = _resumes(list(map(self.resumes.__getitem__, picked.tolist())))
         return RequestColumns(**out, resumes=resumes)
 
     def to_requests(self, rows=None) -> list[Request]:

@@ -108,9 +108,8 @@ class StepState:
                 raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
             ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
-            ended = ran.take(np.arange(len(self.ended)))
+            ended = ran.take(slice(0, len(self.ended)))  # ran's first rows (views: the books are read-only)
             ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
-            ran.natural_len[:len(ended)], ran.natural_reward[:len(ended)] = ended.natural_len, ended.natural_reward
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
         trained, sizes = end.trained_members
