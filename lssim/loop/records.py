@@ -214,11 +214,15 @@ class ResponseTable:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
         if not self._pending:
             return
-        rids, _ = gather(end.done_groups, "rid")  # the done groups' members, group after group
+        rids, sizes = gather(end.done_groups, "rid")  # the done groups' members, group after group
         pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
         if not pending.any():
             return
-        members, _ = gather(end.done_groups)
+        groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
+        some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
+        members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
+        pending = pending[np.repeat(some, sizes[sizes > 0])]
+        rids = members.rid
         rows = [self._pending.pop(rid) for rid in rids[pending].tolist()]
         trained = in_sorted(rids[pending], end.trained_rids)
         off = members.off_policy_tokens(step)[pending][trained]
