@@ -38,7 +38,7 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
     rows, boundary, clock = fill(engine, columns, plan)
     progress = rollout_progress(columns, rows, boundary, clock)
     cut = cut_at(progress)
-    first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
+    first_asked = ~np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(columns))
     count_sources(engine, plan.answers[5][first_asked])
     _remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
