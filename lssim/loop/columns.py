@@ -154,7 +154,7 @@ class RequestColumns:
         lag = train_step - self.first_version
         plain = self.generated > 0
         if self.resumes is not None:
-            plain &= np.array([r is None for r in self.resumes], bool)
+            plain &= np.fromiter(map(operator.is_, self.resumes, itertools.repeat(None)), bool, len(self.resumes))
         _, versions, tokens, _ = self._spans()
         keys = np.concatenate([lag[plain], train_step - versions])
         return {int(k): int(v) for k, v in zip(*_sum_by(keys, np.concatenate([self.generated[plain], tokens])))}
@@ -162,12 +162,11 @@ class RequestColumns:
     def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """lssim.loop.core.version_spans of the rows that resumed under other weights, as arrays: (row, version,
         tokens) of every span with tokens, row after row, oldest first; and those rows."""
-        resumed = [] if self.resumes is None else [i for i, r in enumerate(self.resumes) if r is not None]
-        if not resumed:
-            empty = np.zeros(0, np.int64)
-            return empty, empty, empty, empty
-        resumes = [self.resumes[i] for i in resumed]
-        resumed = np.array(resumed, np.int64)
+        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(
+            np.fromiter(map(operator.is_not, self.resumes, itertools.repeat(None)), bool, len(self.resumes)))
+        if not len(resumed):
+            return resumed, resumed, resumed, resumed
+        resumes = list(map(self.resumes.__getitem__, resumed.tolist()))
         spans = np.fromiter(map(len, resumes), np.int64, len(resumes)) + 1  # the first version's, then one per resume
         first = np.zeros(int(spans.sum()), bool)
         first[np.cumsum(spans) - spans] = True
