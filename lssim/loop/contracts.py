@@ -180,8 +180,8 @@ class Engine(Protocol):
     def run_cut(self, requests, columns, cut_at):
         """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
         lssim.loop.columns.RequestColumns, whose rows of the responses it ends it fills as it fills those objects, and
-        natural_len / natural_reward as `counterfactual` answers: the books read them) scheduled whole and cut at the boundary
-        `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
+        natural_len / natural_reward as `counterfactual` answers: the books read them) scheduled whole and cut at the
+        boundary `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
         the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
         leaves them there (abort them as usual). None: the engine could not, nothing ran (submit them instead)."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no cut rollout")
