@@ -172,7 +172,8 @@ class RequestColumns:
         first[np.cumsum(spans) - spans] = True
         version, start = np.empty(len(first), np.int64), np.zeros(len(first), np.int64)
         version[first] = self.first_version[resumed]
-        version[~first], start[~first] = np.array(list(itertools.chain.from_iterable(resumes)), np.int64).reshape(-1, 2).T
+        pairs = _chain(_chain(resumes))  # each resume's (version, tokens before it), flat
+        version[~first], start[~first] = np.fromiter(pairs, np.int64, 2 * (len(first) - len(resumes))).reshape(-1, 2).T
         end = np.empty_like(start)
         end[:-1] = start[1:]
         end[np.cumsum(spans) - 1] = self.generated[resumed]  # a row's last span ends at its tokens so far
