@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from lssim.loop.core import REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of
+from lssim.loop.core import (REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group, GroupSpecs, Request, field_of,
+                             instance_column, object_array)
 
 @dataclass(slots=True, eq=False)
 class RequestColumns:
@@ -82,15 +83,21 @@ class RequestColumns:
         """Request objects gathered into columns; `context_at_start` (rid -> tokens) defaults to the prompt,
         `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual) fills natural_len / natural_reward."""
         n = len(requests)
-        cols = {name: field_of(requests, name) for name in _OBJECT_FIELDS}
-        natural = [counterfactual(r) if counterfactual else None for r in requests]
-        resumes = [r.resumes for r in requests]
+        # One pass per kind of field: an object's ints, then its floats, then the rest, each read by one attrgetter
+        # into one flat array (a pass per field costs a numpy call and a generator step per object and field).
+        ints = np.fromiter(_chain(map(_read_ints, requests)), np.int64, n * len(_INT_FIELDS)).reshape(n, len(_INT_FIELDS)).T.copy()
+        floats = np.fromiter(_chain(map(_read_floats, requests)), float, n * len(REQUEST_FLOATS)).reshape(n, len(REQUEST_FLOATS)).T.copy()
+        instance, exact, finish_reason, stop_reason, resumes = zip(*map(_read_rest, requests)) if n else ((),) * 5
+        cols = dict(zip(_INT_FIELDS, ints))
+        cols.update(zip(REQUEST_FLOATS, floats))
+        natural = natural_outcomes(requests, counterfactual)
         return RequestColumns(
-            **cols, natural_len=np.fromiter((-1 if c is None else c[0] for c in natural), np.int64, n),
-            natural_reward=np.fromiter((np.nan if c is None else c[1] for c in natural), float, n),
+            **cols, instance=instance_column(instance), exact=np.fromiter(exact, bool, n),
+            finish_reason=object_array(list(finish_reason)), stop_reason=object_array(list(stop_reason)),
+            natural_len=natural[0], natural_reward=natural[1],
             context_at_start=cols["prompt_len"].copy() if context_at_start is None else
-            np.fromiter((context_at_start[r.rid] for r in requests), np.int64, n),
-            resumes=None if all(x is None for x in resumes) else resumes)
+            np.fromiter(map(context_at_start.__getitem__, cols["rid"].tolist()), np.int64, n),
+            resumes=_resumes(list(resumes)))
 
     @staticmethod
     def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
@@ -101,7 +108,7 @@ class RequestColumns:
         out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
         resumes = None
         if any(p.resumes is not None for p in parts):
-            resumes = [x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))]
+            resumes = _resumes([x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))])
         return RequestColumns(**out, resumes=resumes)
 
     def take(self, rows) -> "RequestColumns":
@@ -113,13 +120,14 @@ class RequestColumns:
         resumes = None
         if self.resumes is not None:
             picked = np.arange(len(self))[rows]
-            resumes = [self.resumes[i] for i in picked.tolist()]
+            resumes = _resumes(list(map(self.resumes.__getitem__, picked.tolist())))
         return RequestColumns(**out, resumes=resumes)
 
     def to_requests(self, rows=None) -> list[Request]:
         """Request objects for the given rows (all by default): for the event route and for hooks that read one."""
         picked = np.arange(len(self)) if rows is None else np.arange(len(self))[rows]
-        cols = {name: getattr(self, name)[picked].tolist() for name in _MADE_FIELDS if name != "resumes"}
+        cols = {name: (getattr(self, name) if rows is None else getattr(self, name)[picked]).tolist()
+                for name in _MADE_FIELDS if name != "resumes"}
         instance = cols["instance"]
         if instance and min(instance) < 0:
             cols["instance"] = [None if i < 0 else i for i in instance]
@@ -133,9 +141,12 @@ class RequestColumns:
         hand = first < 0  # no version history (a hand-made request): what the last resume says
         if hand.any():
             out[hand] = np.where(self.last_version[hand] >= train_step, self.tokens_before_resume[hand], gen[hand])
-        for i, spans in self._spans():
-            if first[i] >= 0:
-                out[i] = sum(n for v, n in spans if v < train_step)
+        rows, versions, tokens, resumed = self._spans()
+        if len(resumed):
+            resumed = resumed[first[resumed] >= 0]
+            out[resumed] = 0
+            older = (versions < train_step) & (first[rows] >= 0)
+            np.add.at(out, rows[older], tokens[older])
         return out
 
     def token_lags(self, train_step: int) -> dict[int, int]:
@@ -143,30 +154,59 @@ class RequestColumns:
         lag = train_step - self.first_version
         plain = self.generated > 0
         if self.resumes is not None:
-            plain &= np.array([r is None for r in self.resumes], bool)
-        lags = {int(k): int(v) for k, v in zip(*_sum_by(lag[plain], self.generated[plain]))}
-        for _, spans in self._spans():
-            for v, n in spans:
-                lags[train_step - v] = lags.get(train_step - v, 0) + n
-        return lags
+            plain &= np.fromiter(map(operator.is_, self.resumes, itertools.repeat(None)), bool, len(self.resumes))
+        _, versions, tokens, _ = self._spans()
+        keys = np.concatenate([lag[plain], train_step - versions])
+        return {int(k): int(v) for k, v in zip(*_sum_by(keys, np.concatenate([self.generated[plain], tokens])))}
 
-    def _spans(self):
-        """(row, lssim.loop.core.version_spans) of the rows that resumed under other weights."""
-        if self.resumes is None:
-            return
-        for i, resumes in enumerate(self.resumes):
-            if resumes is None:
-                continue
-            starts = [(int(self.first_version[i]), 0)] + resumes
-            ends = [g for _, g in starts[1:]] + [int(self.generated[i])]
-            yield i, [(v, end - g0) for (v, g0), end in zip(starts, ends) if end > g0]
+    def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """lssim.loop.core.version_spans of the rows that resumed under other weights, as arrays: (row, version,
+        tokens) of every span with tokens, row after row, oldest first; and those rows."""
+        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(
+            np.fromiter(map(operator.is_not, self.resumes, itertools.repeat(None)), bool, len(self.resumes)))
+        if not len(resumed):
+            return resumed, resumed, resumed, resumed
+        resumes = list(map(self.resumes.__getitem__, resumed.tolist()))
+        spans = np.fromiter(map(len, resumes), np.int64, len(resumes)) + 1  # the first version's, then one per resume
+        first = np.zeros(int(spans.sum()), bool)
+        first[np.cumsum(spans) - spans] = True
+        version, start = np.empty(len(first), np.int64), np.zeros(len(first), np.int64)
+        version[first] = self.first_version[resumed]
+        pairs = _chain(_chain(resumes))  # each resume's (version, tokens before it), flat
+        version[~first], start[~first] = np.fromiter(pairs, np.int64, 2 * (len(first) - len(resumes))).reshape(-1, 2).T
+        end = np.empty_like(start)
+        end[:-1] = start[1:]
+        end[np.cumsum(spans) - 1] = self.generated[resumed]  # a row's last span ends at its tokens so far
+        rows, tokens = np.repeat(resumed, spans), end - start
+        kept = tokens > 0
+        return rows[kept], version[kept], tokens[kept], resumed
+
+
+def _resumes(rows: list) -> list | None:
+    """RequestColumns.resumes of rows whose Request.resumes are `rows`: None where no row ever resumed."""
+    return None if rows.count(None) == len(rows) else rows
+
+
+def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[np.ndarray, np.ndarray]:
+    """natural_len / natural_reward of each request: `counterfactual(request)` (lssim.loop.contracts.Engine.counterfactual),
+    -1 / NaN where it answers None or there is none."""
+    n = len(requests)
+    answers = [None] * n if counterfactual is None else list(map(counterfactual, requests))
+    if answers.count(None) == n:
+        return np.full(n, -1, np.int64), np.full(n, np.nan)
+    return (np.fromiter((-1 if c is None else c[0] for c in answers), np.int64, n),
+            np.fromiter((np.nan if c is None else c[1] for c in answers), float, n))
 
 
 # Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)
 _MADE_FIELDS = tuple(f.name for f in fields(Request))[:[f.name for f in fields(Request)].index("exact") + 1]
-_OBJECT_FIELDS = REQUEST_INTS + REQUEST_FLOATS + ("exact", "finish_reason", "stop_reason")
 _ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
 _ARRAY_NAMES = frozenset(_ARRAYS)
+_INT_FIELDS = tuple(name for name in REQUEST_INTS if name != "instance")  # instance: None read as -1, apart
+_read_ints = operator.attrgetter(*_INT_FIELDS)
+_read_floats = operator.attrgetter(*REQUEST_FLOATS)
+_read_rest = operator.attrgetter("instance", "exact", "finish_reason", "stop_reason", "resumes")
+_chain = itertools.chain.from_iterable
 
 
 class TakenRows:

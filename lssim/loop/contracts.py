@@ -77,6 +77,12 @@ class Engine(Protocol):
 
     def abort(self, request: Request) -> None: ...
 
+    def abort_many(self, requests: Sequence[Request]) -> None:
+        """Abort each of `requests`, in order, exactly as `abort` one by one would (an engine may do it at once where
+        the result is the same: the simulator prices each instance's next event once)."""
+        for request in requests:
+            self.abort(request)
+
     def next_events(self) -> list[Event]: ...
 
     def loads(self) -> list[InstanceLoad]: ...
@@ -175,8 +181,10 @@ class Engine(Protocol):
 
     def run_cut(self, requests, columns, cut_at=None, carry_at=None):
         """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
-        lssim.loop.columns.RequestColumns, which it may fill) scheduled whole and, given `cut_at`, cut at the boundary
-        `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the responses ended by then, in
+        lssim.loop.columns.RequestColumns, whose rows of the responses it ends it fills as it fills those objects, and
+        natural_len / natural_reward as `counterfactual` answers: the books read them) scheduled whole and, given
+        `cut_at`, cut at the boundary `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the
+        responses ended by then, in
         the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
         leaves them there (abort them as usual). Given `carry_at` instead (`carry_at(checkpoints)`, where each
         response is carried), it runs until every response ended or was carried, and returns them all in the order

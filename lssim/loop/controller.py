@@ -25,6 +25,7 @@ from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests
+from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch, rollout_cut
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
@@ -55,6 +56,7 @@ class Controller:
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
         self._waiting_groups: dict[int, list[Request]] = {}  # carried groups: every member, ended or not
+        self._held: HeldRows | None = None  # the rows of their ended members, as the steps they ended in closed them
         self.loader = DataLoader(prompts, config)  # the data loader's batches, cursor and samples drawn
         # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
         self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
@@ -296,12 +298,18 @@ class Controller:
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
             s.batch.last_version[:] = self.mode.version
             done_groups = s.groups_done
+        done_now = []
         for gid, members in s.members.items():
             if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
-                done_groups.append(Group(members[0].prompt_id, members[0].step, members))
+                done_now.append(members)
+        if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
+            done_groups = close_step(s, done_now, self.mode.version, self._held)
+            self._held = held_rows(s, list(self._waiting_groups.values()), self._held)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
+        if s.batch is None:  # a policy's own groups of the step's responses read from its columns too
+            trained = with_rows(s, trained)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
         bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
@@ -421,8 +429,9 @@ class Controller:
                 s.rollout.requests_in_flight -= 1
                 s.carried_out.append(r)
                 self._kept[r.rid] = r
-        for r in list(s.in_flight.values()):
-            self.engine.abort(r)
+        unfinished = list(s.in_flight.values())
+        self.engine.abort_many(unfinished)  # (an aborted response's fields are final: each is judged after all)
+        for r in unfinished:
             if self._asks["on_unfinished"] and self.policy.on_unfinished(r) == CARRY:
                 del s.in_flight[r.rid]
                 s.rollout.requests_in_flight -= 1

@@ -7,6 +7,7 @@ both worlds -- the simulator and real vLLM -- implement the `Engine` contract (l
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -196,11 +197,19 @@ REQUEST_DTYPES = {**{n: np.int64 for n in REQUEST_INTS}, **{n: float for n in RE
 
 def field_of(requests: list[Request], name: str) -> np.ndarray:
     """One field of Request objects, as the column RequestColumns holds it (instance None as -1)."""
+    values = map(operator.attrgetter(name), requests)  # (a generator's frame per object costs twice the read)
     if name == "instance":
-        return np.fromiter((-1 if r.instance is None else r.instance for r in requests), np.int64, len(requests))
+        return instance_column(list(values))
     if name in REQUEST_DTYPES:
-        return np.fromiter((getattr(r, name) for r in requests), REQUEST_DTYPES[name], len(requests))
-    return object_array([getattr(r, name) for r in requests])
+        return np.fromiter(values, REQUEST_DTYPES[name], len(requests))
+    return object_array(list(values))
+
+
+def instance_column(instances: Sequence[int | None]) -> np.ndarray:
+    """Request.instance of each request as the column holds it: None (the dispatcher chooses) as -1."""
+    if instances.count(None) == len(instances):  # the usual submission: nobody pinned any
+        return np.full(len(instances), -1, np.int64)
+    return np.fromiter((-1 if i is None else i for i in instances), np.int64, len(instances))
 
 
 def object_array(values: list) -> np.ndarray:
@@ -290,15 +299,18 @@ class RolloutState:
 class Group:
     """A prompt's group as it goes to training: its members and their rewards.
 
-    Members are `Request` objects (the event route, policies' copies) or rows of the step's columns
-    (lssim.loop.columns.RequestColumns, the batch route): then `requests` makes the objects on first use, and
-    `column(name)` reads a field of every member without them."""
+    Members are `Request` objects (policies' copies), rows of the step's columns (lssim.loop.columns.RequestColumns,
+    the batch route: then `requests` makes the objects on first use), or both: the event route's objects and the rows
+    they were gathered into when the step closed (lssim.loop.records.StepState.close). `column(name)` reads a field of
+    every member from the columns where it has them."""
 
     __slots__ = ("prompt_id", "step", "_requests", "columns", "rows")
 
     def __init__(self, prompt_id: int, step: int, requests: list[Request] | None = None, *, columns=None, rows=None):
-        if (requests is None) == (columns is None):
-            raise ValueError("Group: give its members as requests or as columns and rows, not both")
+        if requests is None and columns is None:
+            raise ValueError("Group: give its members as requests, as columns and rows, or both")
+        if (columns is None) != (rows is None):
+            raise ValueError("Group: columns and rows go together")
         self.prompt_id, self.step, self._requests, self.columns, self.rows = prompt_id, step, requests, columns, rows
 
     @property
@@ -318,10 +330,11 @@ class Group:
 
     def subset(self, keep: np.ndarray) -> "Group":
         """The same group with only the members where `keep` (a boolean per member) is True."""
-        if self._requests is not None and self.columns is None:
-            return Group(self.prompt_id, self.step, [r for r, k in zip(self._requests, keep.tolist()) if k])
+        requests = None if self._requests is None else [r for r, k in zip(self._requests, keep.tolist()) if k]
+        if self.columns is None:
+            return Group(self.prompt_id, self.step, requests)
         rows = np.arange(len(self.columns))[self.rows] if isinstance(self.rows, slice) else np.asarray(self.rows)
-        return Group(self.prompt_id, self.step, columns=self.columns, rows=rows[keep])
+        return Group(self.prompt_id, self.step, requests, columns=self.columns, rows=rows[keep])
 
     @property
     def rewards(self) -> np.ndarray:

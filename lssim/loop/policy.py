@@ -129,7 +129,9 @@ class Policy(PolicyHooks):
         """on_finish for many responses at once: `ended` (lssim.loop.columns.RequestColumns) in the order they ended,
         `state` the rollout's counters once they all had. The batch route calls it once a submission has run to its
         end, so only a policy whose on_finish keeps books nothing reads before then (no on_progress or end_rollout)
-        may answer it; it must leave the policy as on_finish on each response in that order does."""
+        may answer it; it must leave the policy as on_finish on each response in that order does. The cut route
+        (lssim.sim.cut_route) calls it once for the responses that ended by the cut (end_rollout_at has read the
+        policy's books before any of them)."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_finish (on_finishes)")
 
     def ends_in_batches(self) -> bool:

@@ -17,6 +17,7 @@ batch route, lssim.sim.fastsim).
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Container, Sequence
@@ -24,8 +25,9 @@ from typing import Callable, Container, Sequence
 import numpy as np
 import pandas as pd
 
-from lssim.loop.columns import GroupBatch, RequestColumns, prompt_ids, rid_order, runs, with_signal
-from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState, off_policy_tokens
+from lssim.loop.closed_books import natural_outcomes_of
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, prompt_ids, rid_order, runs, with_signal
+from lssim.loop.core import ABORT, LENGTH, POLICY_STOP, STOP, Group, Request, RolloutState
 from lssim.loop.contracts import TrainTiming
 from lssim.loop.decisions import StepOutcome
 
@@ -75,6 +77,13 @@ class StepState:
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
     batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
+    # the cut route (lssim.loop.rollout_books.rollout_cut): its submission's columns, filled as its requests were, and the
+    # row of each response that ended in the cut (by id: those objects hold their row's values, but last_version)
+    cut: tuple[RequestColumns, dict[int, int]] | None = None
+    closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
+    closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
+    closed_row: dict[int, int] = field(default_factory=dict)  # ... the row of each object gathered, by id(object)
+    closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
@@ -95,8 +104,12 @@ class StepState:
         if self.batch is not None:  # nothing carried in or out of a batch-route step
             ended = ran = self.batch.take(self.batch_ended)
         else:
-            ended = RequestColumns.of(self.ended, self.context_at_start, counterfactual)
-            ran = RequestColumns.concat([ended, RequestColumns.of(self.carried_out, self.context_at_start)])
+            if self.closed is None:
+                raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
+            ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
+            ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
+            ended = ran.take(slice(0, len(self.ended)))  # ran's first rows (views: the books are read-only)
+            ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
         trained, sizes = end.trained_members
@@ -104,7 +117,6 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
-
 
 @dataclass(slots=True, frozen=True)
 class StepBooks:
@@ -202,14 +214,19 @@ class ResponseTable:
         """Members of the groups completed this step that ended in earlier steps: trained now, or never."""
         if not self._pending:
             return
-        trained = set(end.trained_rids.tolist())
-        for g in end.done_groups:
-            if not any(rid in self._pending for rid in g.column("rid").tolist()):
-                continue
-            for r in g.requests:
-                idx = self._pending.pop(r.rid, None)
-                if idx is not None and r.rid in trained:
-                    self._settled.append((idx, step, off_policy_tokens(r, step)))
+        rids, sizes = gather(end.done_groups, "rid")  # the done groups' members, group after group
+        pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
+        if not pending.any():
+            return
+        groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
+        some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
+        members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
+        pending = pending[np.repeat(some, sizes[sizes > 0])]
+        rids = members.rid
+        rows = [self._pending.pop(rid) for rid in rids[pending].tolist()]
+        trained = in_sorted(rids[pending], end.trained_rids)
+        off = members.off_policy_tokens(step)[pending][trained]
+        self._settled.extend(zip(np.array(rows, np.int64)[trained].tolist(), itertools.repeat(step), off.tolist()))
 
     def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
         """A row for each response that ended in the step; one whose group is in `open_groups` (not complete)

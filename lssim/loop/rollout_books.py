@@ -6,11 +6,12 @@ policy's priorities and placements asked before a submission.
 
 from __future__ import annotations
 
+import collections
 from typing import Callable
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, TakenRows, stable_argsort, with_signal
+from lssim.loop.columns import RequestColumns, TakenRows, runs, stable_argsort, with_signal
 from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
@@ -20,8 +21,16 @@ from lssim.loop.records import StepState
 def register(fresh: RequestColumns, s: StepState) -> list[Request]:
     """The event route's books for new requests: Request objects, each group's members, open counts."""
     requests = fresh.to_requests()
+    s.context_at_start.update(zip(fresh.rid.tolist(), fresh.prompt_len.tolist()))
+    starts, sizes = runs(fresh.group_id)
+    groups = fresh.group_id[starts].tolist()
+    # the plan's usual requests: new groups, each group's members consecutive (made group after group)
+    if len(set(groups)) == len(groups) and s.members.keys().isdisjoint(groups):
+        starts, sizes = starts.tolist(), sizes.tolist()
+        s.members.update((g, requests[a:a + n]) for g, a, n in zip(groups, starts, sizes))
+        s.open_members.update(zip(groups, sizes))
+        return requests
     for r in requests:
-        s.context_at_start[r.rid] = r.prompt_len
         members = s.members.get(r.group_id)
         if members is None:
             members = s.members[r.group_id] = []
@@ -38,12 +47,7 @@ def end_response(r: Request, s: StepState) -> None:
     state.requests_in_flight -= 1
     state.responses_done += 1
     s.ended.append(r)
-    s.open_members[r.group_id] -= 1
-    if s.open_members[r.group_id] == 0:
-        state.groups_done += 1
-        rewards = [m.reward for m in s.members[r.group_id]]
-        if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
-            state.groups_effective += 1
+    _members_ended(r.group_id, 1, s)
 
 
 def carry_out(r: Request, s: StepState, reason: str) -> None:
@@ -53,6 +57,28 @@ def carry_out(r: Request, s: StepState, reason: str) -> None:
     s.rollout.requests_in_flight -= 1
     r.stop_reason = reason
     s.carried_out.append(r)
+
+
+def end_responses(ended: list[Request], s: StepState) -> None:
+    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked."""
+    state, in_flight = s.rollout, s.in_flight
+    for r in ended:
+        del in_flight[r.rid]
+    state.requests_in_flight -= len(ended)
+    state.responses_done += len(ended)
+    s.ended.extend(ended)
+    for gid, n in collections.Counter(r.group_id for r in ended).items():
+        _members_ended(gid, n, s)
+
+
+def _members_ended(gid: int, n: int, s: StepState) -> None:
+    """`n` more members of group `gid` ended: the group is done once none is open, effective if its rewards differ."""
+    s.open_members[gid] -= n
+    if s.open_members[gid] == 0:
+        s.rollout.groups_done += 1
+        rewards = [m.reward for m in s.members[gid]]
+        if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+            s.rollout.groups_effective += 1
 
 
 def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -122,18 +148,34 @@ def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, 
         engine.run_cut(submission, columns, policy.end_rollout_at)
     if ended is None:
         return False
-    state, tell = s.rollout, asks["on_finish"]
-    for r in ended:
-        if not r.done:  # carried: the engine left its carry's reason in stop_reason
-            carry_out(r, s, r.stop_reason)
-            continue
-        end_response(r, s)
-        if tell:
-            policy.on_finish(r, state)
+    _book_cut(ended, columns, s, policy, asks)
     if ended:
         # the last boundary's time (a carried response has no finish time; the clock nothing reads after the rollout)
-        state.now = ended[-1].finish_time if ended[-1].done else engine.now()
+        s.rollout.now = ended[-1].finish_time if ended[-1].done else engine.now()
     return True
+
+
+def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy: Policy, asks: dict[str, bool]) -> None:
+    """The books of the responses that left a cut or carried rollout (`left`, in the order they left; `columns`: the
+    submission's, filled by the engine for those that ended): each carried one as `carry_out` carries it (no hook
+    hears of a carry), the ended ones as `end_response` books them, on_finish told of each in turn, or, where the
+    policy has on_finish's array form, all booked at once and told once."""
+    ended = [r for r in left if r.done]
+    for r in left:
+        if not r.done:  # carried: the engine left its carry's reason in stop_reason
+            carry_out(r, s, r.stop_reason)
+    row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
+    rows = list(map(row_of.__getitem__, [r.rid for r in ended]))
+    s.cut = (columns, dict(zip(map(id, ended), rows)))  # the closed books read the ended ones' rows from here
+    state, tell = s.rollout, asks["on_finish"]
+    if tell and not policy.finishes_in_batches():  # on_finish told of each as it is booked, as the event route does
+        for r in ended:
+            end_response(r, s)
+            policy.on_finish(r, state)
+    else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
+        end_responses(ended, s)
+        if tell:
+            policy.on_finishes(columns.take(np.array(rows, np.int64)), state)
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:

@@ -15,18 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns
+from lssim.loop.columns import RequestColumns, TakenRows
 
 
 @dataclass(frozen=True, slots=True)
 class RolloutProgress:
     """The rollout's counters after each boundary at which responses ended, in the order the event engine pops them.
 
-    `ended`: the responses that ended, in that order; `boundary_end[b]`: how many of them had ended after boundary b
-    (so boundary b ended `ended[boundary_end[b - 1]:boundary_end[b]]`); `groups_done[b]`: groups whose every member
-    had ended then (RolloutState.groups_done); `time[b]`: the boundary's time (RolloutState.now)."""
+    `ended`: the responses that ended, in that order (their columns, each read when a rule first asks:
+    lssim.loop.columns.TakenRows); `boundary_end[b]`: how many of them had ended after boundary b (so boundary b ended
+    `ended[boundary_end[b - 1]:boundary_end[b]]`); `groups_done[b]`: groups whose every member had ended then
+    (RolloutState.groups_done); `time[b]`: the boundary's time (RolloutState.now)."""
 
-    ended: RequestColumns
+    ended: RequestColumns | TakenRows
     boundary_end: np.ndarray
     groups_done: np.ndarray
     time: np.ndarray
@@ -58,4 +59,4 @@ def rollout_progress(requests: RequestColumns, ended_rows: np.ndarray, boundary:
     starts = np.flatnonzero(np.r_[True, boundary[1:] != boundary[:-1]])
     boundary_end = np.r_[starts[1:], len(ended_rows)]
     groups_done = groups_done_before + np.searchsorted(completed, boundary_end, side="left")
-    return RolloutProgress(requests.take(ended_rows), boundary_end, groups_done, clock[starts])
+    return RolloutProgress(TakenRows(requests, ended_rows), boundary_end, groups_done, clock[starts])

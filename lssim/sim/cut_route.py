@@ -38,7 +38,7 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
     rows, boundary, clock = fill(engine, columns, plan)
     progress = rollout_progress(columns, rows, boundary, clock)
     cut = cut_at(progress)
-    first_asked = np.fromiter((r.rid not in engine._target for r in requests), bool, len(requests))
+    first_asked = ~np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(columns))
     count_sources(engine, plan.answers[5][first_asked])
     remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
@@ -67,12 +67,13 @@ def fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedu
     token if admitted), the ended ones finished (tokens, reason, reward, finish time)."""
     first_token = np.full(len(requests), np.nan)
     first_token[admitted] = plan.clocks[2][plan.records[15][admitted]]
+    now = plan.now
     for r, inst, exact, first in zip(requests, plan.inst.tolist(), columns.exact.tolist(), first_token.tolist()):
-        r.ran_on, r.submit_time, r.exact, r.first_token_time = inst, plan.now, exact, first
-    for i in ended.tolist():
-        r = requests[i]
-        r.generated, r.finish_reason = int(columns.generated[i]), columns.finish_reason[i]
-        r.reward, r.finish_time = float(columns.reward[i]), float(columns.finish_time[i])
+        r.ran_on, r.submit_time, r.exact, r.first_token_time = inst, now, exact, first
+    for r, generated, reason, reward, finish in zip(map(requests.__getitem__, ended.tolist()), columns.generated[ended].tolist(),
+                                                    columns.finish_reason[ended].tolist(), columns.reward[ended].tolist(),
+                                                    columns.finish_time[ended].tolist()):
+        r.generated, r.finish_reason, r.reward, r.finish_time = generated, reason, reward, finish
 
 
 def _rebuild_at(engine, requests: list[Request], plan: Schedule, last_popped: int) -> np.ndarray:
@@ -115,17 +116,19 @@ def _queues_at(engine, x, requests: list[Request], plan: Schedule, running: np.n
     and its queue, in the event engine's heaps."""
     length, first_rec = plan.answers[0], plan.records[15]
     lo, hi = np.searchsorted(plan.inst[plan.order], [x.idx, x.idx + 1])
-    members, heap, waiting, epochs, where = {}, [], [], engine._epoch, engine._where
-    for row in plan.order[lo:hi].tolist():  # in the order the instance admits them: (priority, arrival)
-        if admitted[row] and not running[row]:
-            continue
-        r, arrival = requests[row], next(engine._seq)  # the engine's own counter: its later entries come after
+    rows = plan.order[lo:hi]  # in the order the instance admits them: (priority, arrival)
+    rows = rows[running[rows] | ~admitted[rows]]  # running, or still queued
+    admit_it, gen0 = at_it[first_rec[rows]], plan.start_gen[rows]
+    finish_it = admit_it + np.maximum(0, length[rows] - gen0)
+    members, heap, waiting, epochs, where, seq = {}, [], [], engine._epoch, engine._where, engine._seq
+    for row, runs, admit, gen, finish in zip(rows.tolist(), running[rows].tolist(), admit_it.tolist(), gen0.tolist(),
+                                             finish_it.tolist()):
+        r, arrival = requests[row], next(seq)  # the engine's own counter: its later entries come after
         epoch = epochs[r.rid] = epochs.get(r.rid, 0) + 1
         where[r.rid] = x
-        if running[row]:
-            admit_it, gen0 = int(at_it[first_rec[row]]), int(plan.start_gen[row])
-            members[r.rid] = (r.priority, arrival, admit_it, gen0, r)
-            heap.append((admit_it + max(0, int(length[row]) - gen0), arrival, FINISHED, epoch, r))
+        if runs:
+            members[r.rid] = (r.priority, arrival, admit, gen, r)
+            heap.append((finish, arrival, FINISHED, epoch, r))
         else:
             waiting.append((r.priority, arrival, epoch, r))
     if len(members) != x.n:

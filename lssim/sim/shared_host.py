@@ -232,6 +232,10 @@ class SharedHostEngine(SimEngine):
         super().abort(r)
         self._reprice(self.clock)
 
+    def abort_many(self, requests) -> None:  # each abort may change the host's state (and reprice): one by one
+        for r in requests:
+            self.abort(r)
+
     def next_events(self):
         self._pass_boundaries(self._next_time())
         out = super().next_events()

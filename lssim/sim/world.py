@@ -235,9 +235,30 @@ class SimEngine(Engine):
             self._schedule(inst)
 
     def abort(self, r: Request) -> None:
+        inst = self._abort_one(r)
+        if inst is not None:
+            self._schedule(inst)
+
+    def abort_many(self, requests: Sequence[Request]) -> None:
+        """Each of `requests` aborted in turn, to the last bit as `abort` one by one: every abort's catch-up, departure
+        and admissions from the queue (their prefill and first tokens) run as abort runs them; only each instance's
+        next event is priced once, after its last abort, where abort prices it after each (a price that the next
+        abort on the instance supersedes unread), in the order of those last aborts (ties between instances' events
+        go by that order)."""
+        touched: dict[int, _Instance] = {}
+        for r in requests:
+            inst = self._abort_one(r)
+            if inst is not None:
+                touched.pop(inst.idx, None)
+                touched[inst.idx] = inst
+        for inst in touched.values():
+            self._schedule(inst)
+
+    def _abort_one(self, r: Request) -> _Instance | None:
+        """`abort` up to pricing the instance's next event: the instance the request was on (None: none)."""
         inst = self._where.pop(r.rid, None)
         if inst is None:
-            return
+            return None
         # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
         self.clock += self.cost.abort_time(1)
         self._catch_up(inst, self.clock)
@@ -250,7 +271,7 @@ class SimEngine(Engine):
             inst.ctx -= r.prompt_len + r.generated
             self._depart(inst, 1)
         self._admit(inst)
-        self._schedule(inst)
+        return inst
 
     def next_events(self) -> list[Event]:
         events, timers = self._events, self._timers
