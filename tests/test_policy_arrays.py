@@ -273,3 +273,34 @@ def test_a_checkpoint_of_the_per_prompt_state_reads_back_into_the_arrays():
     restored.__setstate__({**old_ebs, "batches": [(1.0, 0.5, 0, [7])], "_slots": {7: deque([0])}})
     restored.plan(ctx(), [GroupSpec(7, 2, 1000)])
     assert restored.batches == [(1000.0, 1000.0 ** 2, 2, [7, 7])]  # nothing known: the budget, in the long bucket
+
+
+def test_a_subclass_that_changes_a_hook_and_not_its_array_form_runs_the_hook_event_by_event():
+    from policies.april import APRIL
+    from policies.breaker import Breaker
+    from policies.segment import Segment
+
+    class WatchedSegment(Segment):
+        def on_progress(self, request, state):
+            return super().on_progress(request, state)
+
+    class WatchedBreaker(Breaker):
+        def on_progress(self, request, state):
+            return super().on_progress(request, state)
+
+    class WatchedApril(APRIL):
+        def end_rollout(self, state):
+            return super().end_rollout(state)
+
+    assert Segment().carries_in_batches() and not WatchedSegment().carries_in_batches()
+    assert Breaker().progress_in_batches() and not WatchedBreaker().progress_in_batches()
+    assert APRIL().cuts_in_batches() and not WatchedApril().cuts_in_batches()
+
+    class BothChanged(Segment):  # a subclass that keeps its array form with its hook keeps the route
+        def on_progress(self, request, state):
+            return super().on_progress(request, state)
+
+        def progress_carries(self, checkpoints):
+            return super().progress_carries(checkpoints)
+
+    assert BothChanged().carries_in_batches()

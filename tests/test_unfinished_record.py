@@ -114,6 +114,13 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: s
         return submit(requests)
 
     engine.submit = watched
+    run_cut = engine.run_cut  # the cut and carry routes submit a whole rollout through run_cut
+
+    def watched_cut(requests, columns, *args, **kw):
+        started.update((r.step, r.prompt_id, r.sample_idx) for r in requests)
+        return run_cut(requests, columns, *args, **kw)
+
+    engine.run_cut = watched_cut
     recorder = Recorder(folder, meta={"policy": policy, "config": asdict(config), "mode": asdict(mode)})
     recorder.attach(controller)
     controller.add_observer(recorder.on_step)

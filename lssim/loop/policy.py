@@ -91,9 +91,18 @@ class Policy(PolicyHooks):
         may run its rollouts on the batch route (lssim.sim.fastsim), top-ups included."""
         return self.overrides("end_rollout") or not self.progress_in_batches() or not self.finishes_in_batches()
 
+    def _answers_as_array(self, hook: str, form: str) -> bool:
+        """Whether `form`, the array form of `hook`, answers for this policy's own `hook`: defined by the class that
+        defines `hook`, or by a subclass of it. A subclass that changes a hook and not its array form (a policy
+        extended to watch or tweak its on_progress) runs its hooks one event at a time instead."""
+        classes = type(self).__mro__
+        hook_owner = next(c for c in classes if hook in c.__dict__)
+        form_owner = next(c for c in classes if form in c.__dict__)
+        return form_owner is not Policy and issubclass(form_owner, hook_owner)
+
     def progress_in_batches(self) -> bool:
         """True when the policy has no on_progress, or answers it as an array too (`progress_stops`)."""
-        return not self.overrides("on_progress") or type(self).progress_stops is not Policy.progress_stops
+        return not self.overrides("on_progress") or self._answers_as_array("on_progress", "progress_stops")
 
     def progress_stops(self, checkpoints) -> ProgressStops:
         """on_progress for a whole submission, before it runs: where each response is stopped. Only a rule that
@@ -109,7 +118,7 @@ class Policy(PolicyHooks):
         """True when the policy reacts to single events only by carrying responses at progress checkpoints, answered as
         an array (`progress_carries`): no end_rollout, no top_up. The simulator may then schedule each submission whole
         with the carries where they fall (the carry route, lssim.sim.carry_route; the event route's books)."""
-        return (self.overrides("on_progress") and type(self).progress_carries is not Policy.progress_carries
+        return (self.overrides("on_progress") and self._answers_as_array("on_progress", "progress_carries")
                 and not self.overrides("end_rollout") and not self.overrides("top_up"))
 
     def progress_carries(self, checkpoints) -> ProgressStops:
@@ -123,7 +132,7 @@ class Policy(PolicyHooks):
     def finishes_in_batches(self) -> bool:
         """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
         may then run its rollouts."""
-        return not self.overrides("on_finish") or type(self).on_finishes is not Policy.on_finishes
+        return not self.overrides("on_finish") or self._answers_as_array("on_finish", "on_finishes")
 
     def on_finishes(self, ended, state) -> None:
         """on_finish for many responses at once: `ended` (lssim.loop.columns.RequestColumns) in the order they ended,
@@ -136,7 +145,7 @@ class Policy(PolicyHooks):
 
     def ends_in_batches(self) -> bool:
         """True when the policy has no end_rollout, or answers it as an array too (`end_rollout_at`)."""
-        return not self.overrides("end_rollout") or type(self).end_rollout_at is not Policy.end_rollout_at
+        return not self.overrides("end_rollout") or self._answers_as_array("end_rollout", "end_rollout_at")
 
     def cuts_in_batches(self) -> bool:
         """True when only end_rollout, answered as an array (`end_rollout_at`), cuts a rollout short: no progress
