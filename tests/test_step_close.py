@@ -64,7 +64,7 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
         columns = RequestColumns.of(queued)
         columns.natural_len[:], columns.natural_reward[:] = natural_outcomes(queued, counterfactual)  # as run_cut does
         row_of = dict(zip(columns.rid.tolist(), range(len(columns))))
-        s.cut = (columns, {id(r): row_of[r.rid] for r in in_cut})
+        s.cut = (columns, np.array([row_of[r.rid] for r in in_cut], np.int64))
     for r in s.ended + s.carried_out:
         r.last_version = version
     closed_groups = close_step(s, done, version)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, natural_outcomes
+from lssim.loop.columns import RequestColumns, natural_outcomes, rids_of, rows_by_rid
 from lssim.loop.core import Group, Request
 
 if TYPE_CHECKING:
@@ -29,11 +29,9 @@ if TYPE_CHECKING:
 @dataclass(slots=True, frozen=True)
 class HeldRows:
     """Columns of responses that ended while their groups stayed open, as their step closed them (final: an ended
-    response never changes), by id of the object; the objects are held with them, so no other object takes an id."""
+    response never changes), found by rid (a run's rids are distinct)."""
 
     columns: RequestColumns
-    row: dict[int, int]
-    objects: list[Request]
 
 
 def close_step(s: StepState, done: list[list[Request]], version: int, earlier: HeldRows | None = None) -> list[Group]:
@@ -41,19 +39,22 @@ def close_step(s: StepState, done: list[list[Request]], version: int, earlier: H
     carried out, and the members of the groups `done` now, whichever step they ended in) gathered into columns once
     (`s.closed`; the cut's and `earlier`'s rows read from there), and the done groups made over them (Group with both
     objects and rows). Members stay read-only from here on."""
-    objects, seen = [], set()
-    for members in done:
-        objects.extend(members)
-    seen.update(map(id, objects))
-    if len(seen) != len(objects):
+    objects = list(itertools.chain.from_iterable(done))
+    done_rids = rids_of(objects)
+    if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
-    objects.extend(r for r in s.ended if id(r) not in seen)
-    seen.update(map(id, s.ended))
-    objects.extend(r for r in s.carried_out if id(r) not in seen)
-    s.closed, place = _gathered(objects, s.cut, earlier, version)
-    s.closed_row = row_of = dict(zip(map(id, objects), place.tolist()))
-    s.closed_ended = np.fromiter(map(row_of.__getitem__, map(id, s.ended)), np.int64, len(s.ended))
-    s.closed_carried = np.fromiter(map(row_of.__getitem__, map(id, s.carried_out)), np.int64, len(s.carried_out))
+    ended_rids, carried_rids = rids_of(s.ended), rids_of(s.carried_out)
+    more_ended = np.flatnonzero(~np.isin(ended_rids, done_rids)) if len(objects) else np.arange(len(s.ended))
+    objects.extend(map(s.ended.__getitem__, more_ended.tolist()))
+    seen = np.concatenate([done_rids, ended_rids[more_ended]])
+    more_carried = np.flatnonzero(~np.isin(carried_rids, seen)) if len(seen) else np.arange(len(s.carried_out))
+    objects.extend(map(s.carried_out.__getitem__, more_carried.tolist()))
+    rids = np.concatenate([seen, carried_rids[more_carried]])
+    s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
+    s.closed_objects, s.closed_place = objects, place
+    position = np.arange(len(objects))
+    s.closed_ended = place[rows_by_rid(rids, position, ended_rids)]
+    s.closed_carried = place[rows_by_rid(rids, position, carried_rids)]
     groups, at = [], 0
     for members in done:
         groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
@@ -64,26 +65,25 @@ def close_step(s: StepState, done: list[list[Request]], version: int, earlier: H
 def held_rows(s: StepState, waiting: list[list[Request]], earlier: HeldRows | None = None) -> HeldRows | None:
     """The rows (step `s`'s closed ones, or `earlier`'s) of the members of the groups still `waiting` that have ended,
     for the step that completes their groups (close_step's `earlier`); None: none."""
-    ended = [r for members in waiting for r in members if r.done]
-    ids = list(map(id, ended))
-    now = np.fromiter(map(s.closed_row.get, ids, itertools.repeat(-1)), np.int64, len(ids))
-    before = (np.full(len(ids), -1, np.int64) if earlier is None else
-              np.fromiter(map(earlier.row.get, ids, itertools.repeat(-1)), np.int64, len(ids)))
+    rids = rids_of([r for members in waiting for r in members if r.done])
+    now = rows_by_rid(s.closed.rid, np.arange(len(s.closed)), rids)
+    before = (np.full(len(rids), -1, np.int64) if earlier is None else
+              rows_by_rid(earlier.columns.rid, np.arange(len(earlier.columns)), rids))
     in_now, in_before = now >= 0, (now < 0) & (before >= 0)
     if not (in_now.any() or in_before.any()):
         return None
-    objects = [ended[i] for i in np.flatnonzero(in_now).tolist() + np.flatnonzero(in_before).tolist()]
     parts = [s.closed.take(now[in_now])] + ([earlier.columns.take(before[in_before])] if in_before.any() else [])
-    return HeldRows(RequestColumns.concat(parts), dict(zip(map(id, objects), range(len(objects)))), objects)
+    return HeldRows(RequestColumns.concat(parts))
 
 
 def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
     """`groups` (a policy's selection), each group of objects whose members step `s`'s closed columns hold made a
     Group over those rows as well (the same objects: the trainer and the books read the columns)."""
-    closed, row_of = s.closed, s.closed_row
+    closed, row_of = s.closed, None
     out = []
     for g in groups:
         if g.columns is None and closed is not None:
+            row_of = s.closed_row if row_of is None else row_of
             members = g.requests
             rows = np.fromiter(map(row_of.get, map(id, members), itertools.repeat(-1)), np.int64, len(members))
             if len(rows) and rows.min() >= 0:
@@ -99,7 +99,7 @@ def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[
     if s.cut is None:
         return natural_outcomes(s.ended, counterfactual)
     columns, cut_rows = s.cut
-    row = np.fromiter(map(cut_rows.get, map(id, s.ended), itertools.repeat(-1)), np.int64, len(s.ended))
+    row = rows_by_rid(columns.rid[cut_rows], cut_rows, rids_of(s.ended))
     known = row >= 0
     length, reward = np.empty(len(row), np.int64), np.empty(len(row))
     length[known], reward[known] = columns.natural_len[row[known]], columns.natural_reward[row[known]]
@@ -107,24 +107,25 @@ def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[
     return length, reward
 
 
-def _gathered(objects: list[Request], cut: tuple[RequestColumns, dict[int, int]] | None, earlier: HeldRows | None,
-              version: int) -> tuple[RequestColumns, np.ndarray]:
-    """RequestColumns.of(objects), reading the rows others hold, and each object's row in it: those that ended in a
-    cut rollout (`cut`: its submission's columns, filled as the objects were, and id -> row) with the last version
-    they were given (`version`) and of's defaults for the step's own fields (natural_len, natural_reward,
-    context_at_start); those that ended in earlier steps from `earlier`. The rows of each source come first, in object
-    order, then those read from the objects."""
-    sources = ([cut] if cut is not None else []) + ([(earlier.columns, earlier.row)] if earlier is not None else [])
+def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumns, np.ndarray] | None,
+              earlier: HeldRows | None, version: int) -> tuple[RequestColumns, np.ndarray]:
+    """RequestColumns.of(objects) (`rids`: theirs), reading the rows others hold, and each object's row in it: those
+    that ended in a cut rollout (`cut`: its submission's columns, filled as the objects were, and the rows of those
+    that ended in it) with the last version they were given (`version`) and of's defaults for the step's own fields
+    (natural_len, natural_reward, context_at_start); those that ended in earlier steps from `earlier`. The rows of each
+    source come first, in object order, then those read from the objects."""
+    sources = ([(cut[0], cut[0].rid[cut[1]], cut[1])] if cut is not None else []) + \
+        ([(earlier.columns, earlier.columns.rid, np.arange(len(earlier.columns)))] if earlier is not None else [])
     if not sources:
         return RequestColumns.of(objects), np.arange(len(objects))
-    ids, n = list(map(id, objects)), len(objects)
+    n = len(objects)
     source, row = np.full(n, len(sources), np.int64), np.full(n, -1, np.int64)  # len(sources): read from the object
-    for k, (_, row_of) in enumerate(sources):
-        found = np.fromiter(map(row_of.get, ids, itertools.repeat(-1)), np.int64, n)
+    for k, (_, keys, rows) in enumerate(sources):
+        found = rows_by_rid(keys, rows, rids)
         new = (found >= 0) & (source == len(sources))
         source[new], row[new] = k, found[new]
     order = np.argsort(source, kind="stable")
-    parts = [columns.take(row[order[source[order] == k]]) for k, (columns, _) in enumerate(sources)]
+    parts = [columns.take(row[order[source[order] == k]]) for k, (columns, _, _) in enumerate(sources)]
     parts.append(RequestColumns.of([objects[i] for i in order[source[order] == len(sources)].tolist()]))
     out = RequestColumns.concat(parts)
     if cut is not None:

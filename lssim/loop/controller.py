@@ -66,6 +66,7 @@ class Controller:
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
         self._bridges = policy.overrides("bridge")
+        self._drops_stale = type(self.mode).is_stale is not ModeHooks.is_stale  # else no group is ever stale
         # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
@@ -266,7 +267,8 @@ class Controller:
         for requests in (s.kept_in, s.carried_in, s.fresh):
             s.in_flight.update((r.rid, r) for r in requests)
         s.rollout.requests_in_flight = len(s.in_flight)
-        self._drop_stale(s)
+        if self._drops_stale:
+            self._drop_stale(s)
         return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
 
     def _drop_stale(self, s: StepState) -> None:

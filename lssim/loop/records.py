@@ -78,12 +78,19 @@ class StepState:
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
     batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
     # the cut route (lssim.loop.rollout_books.rollout_cut): its submission's columns, filled as its requests were, and the
-    # row of each response that ended in the cut (by id: those objects hold their row's values, but last_version)
-    cut: tuple[RequestColumns, dict[int, int]] | None = None
+    # rows of the responses that ended in the cut (those objects hold their row's values, but last_version)
+    cut: tuple[RequestColumns, np.ndarray] | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
-    closed_row: dict[int, int] = field(default_factory=dict)  # ... the row of each object gathered, by id(object)
+    closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered
+    closed_place: np.ndarray | None = None  # ... and the row of each
     closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
+
+    @property
+    def closed_row(self) -> dict[int, int]:
+        """The row of each object gathered when the step closed, by id(object) (made when asked: a policy's own groups
+        of those objects)."""
+        return dict(zip(map(id, self.closed_objects), self.closed_place.tolist()))
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, TakenRows, runs, stable_argsort, with_signal
+from lssim.loop.columns import RequestColumns, TakenRows, rids_of, rows_by_rid, runs, stable_argsort, with_signal
 from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
@@ -164,9 +164,8 @@ def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy
     for r in left:
         if not r.done:  # carried: the engine left its carry's reason in stop_reason
             carry_out(r, s, r.stop_reason)
-    row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
-    rows = list(map(row_of.__getitem__, [r.rid for r in ended]))
-    s.cut = (columns, dict(zip(map(id, ended), rows)))  # the closed books read the ended ones' rows from here
+    rows = rows_by_rid(columns.rid, np.arange(len(columns)), rids_of(ended))  # (a submission's rids are distinct)
+    s.cut = (columns, rows)  # the closed books read the ended ones' rows from here
     state, tell = s.rollout, asks["on_finish"]
     if tell and not policy.finishes_in_batches():  # on_finish told of each as it is booked, as the event route does
         for r in ended:
@@ -175,7 +174,7 @@ def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy
     else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
         end_responses(ended, s)
         if tell:
-            policy.on_finishes(columns.take(np.array(rows, np.int64)), state)
+            policy.on_finishes(columns.take(rows), state)
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:
