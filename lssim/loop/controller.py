@@ -24,7 +24,7 @@ from lssim.loop.decisions import CARRY
 from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
-from lssim.loop.columns import RequestColumns, gather, plan_requests
+from lssim.loop.columns import RequestColumns, gather, plan_requests, rids_of
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
 from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch, rollout_cut
@@ -265,11 +265,12 @@ class Controller:
         """The step's requests in flight; the submission (carried and fresh, kept ones run already) in queue order."""
         s.rollout.groups_submitted = len(s.members)
         for requests in (s.kept_in, s.carried_in, s.fresh):
-            s.in_flight.update((r.rid, r) for r in requests)
+            s.in_flight.update(zip(rids_of(requests).tolist(), requests))
         s.rollout.requests_in_flight = len(s.in_flight)
-        if self._drops_stale:
+        if self._drops_stale:  # (it may end any of them)
             self._drop_stale(s)
-        return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
+            return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
+        return order([r for r in s.carried_in if not r.done] + s.fresh, self.engine, self.policy, self._asks)
 
     def _drop_stale(self, s: StepState) -> None:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
