@@ -227,7 +227,7 @@ class Controller:
         self._carried, self._kept = [], {}
         for gid, members in self._waiting_groups.items():
             s.members[gid] = members
-            s.open_members[gid] = sum(not m.done for m in members)
+            s.open_members[gid] = [m.finish_reason for m in members].count("")  # not ended (Request.done)
         self._waiting_groups = {}
         for r in s.carried_in:
             s.context_at_start[r.rid] = r.prompt_len + r.generated

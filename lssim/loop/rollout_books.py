@@ -6,14 +6,15 @@ policy's priorities and placements asked before a submission.
 
 from __future__ import annotations
 
-import collections
+import itertools
+import operator
 from typing import Callable
 
 import numpy as np
 
 from lssim.loop.columns import RequestColumns, TakenRows, rids_of, rows_by_rid, runs, stable_argsort, with_signal
 from lssim.loop.contracts import Engine
-from lssim.loop.core import Request
+from lssim.loop.core import Request, field_of
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 
@@ -59,15 +60,17 @@ def carry_out(r: Request, s: StepState, reason: str) -> None:
     s.carried_out.append(r)
 
 
-def end_responses(ended: list[Request], s: StepState) -> None:
-    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked."""
+def end_responses(ended: list[Request], s: StepState, rids: np.ndarray | None = None, groups: np.ndarray | None = None) -> None:
+    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked. `rids`, `groups`: their
+    rids and group ids, where known as arrays (else read from the objects)."""
     state, in_flight = s.rollout, s.in_flight
-    for r in ended:
-        del in_flight[r.rid]
+    for rid in (rids_of(ended) if rids is None else rids).tolist():
+        del in_flight[rid]
     state.requests_in_flight -= len(ended)
     state.responses_done += len(ended)
     s.ended.extend(ended)
-    for gid, n in collections.Counter(r.group_id for r in ended).items():
+    gids, counts = np.unique(field_of(ended, "group_id") if groups is None else groups, return_counts=True)
+    for gid, n in zip(gids.tolist(), counts.tolist()):
         _members_ended(gid, n, s)
 
 
@@ -160,10 +163,14 @@ def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy
     submission's, filled by the engine for those that ended): each carried one as `carry_out` carries it (no hook
     hears of a carry), the ended ones as `end_response` books them, on_finish told of each in turn, or, where the
     policy has on_finish's array form, all booked at once and told once."""
-    ended = [r for r in left if r.done]
-    for r in left:
-        if not r.done:  # carried: the engine left its carry's reason in stop_reason
-            carry_out(r, s, r.stop_reason)
+    done = list(map(_done, left))
+    ended = list(itertools.compress(left, done))
+    carried = [r for r, d in zip(left, done) if not d]  # the engine left each carry's reason in its stop_reason
+    in_flight = s.in_flight
+    for rid in rids_of(carried).tolist():  # carried as `carry_out` carries them (no hook hears of a carry)
+        del in_flight[rid]
+    s.rollout.requests_in_flight -= len(carried)
+    s.carried_out.extend(carried)
     rows = rows_by_rid(columns.rid, np.arange(len(columns)), rids_of(ended))  # (a submission's rids are distinct)
     s.cut = (columns, rows)  # the closed books read the ended ones' rows from here
     state, tell = s.rollout, asks["on_finish"]
@@ -172,9 +179,12 @@ def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy
             end_response(r, s)
             policy.on_finish(r, state)
     else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
-        end_responses(ended, s)
+        end_responses(ended, s, columns.rid[rows], columns.group_id[rows])
         if tell:
             policy.on_finishes(columns.take(rows), state)
+
+
+_done = operator.attrgetter("finish_reason")  # "" (falsy) until the response ended
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:
