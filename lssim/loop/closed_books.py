@@ -34,31 +34,45 @@ class HeldRows:
     columns: RequestColumns
 
 
-def close_step(s: StepState, done: list[list[Request]], version: int, earlier: HeldRows | None = None) -> list[Group]:
-    """Step `s` once its rollout is over and its responses' last version is set (`version`): its responses (ended,
-    carried out, and the members of the groups `done` now, whichever step they ended in) gathered into columns once
-    (`s.closed`; the cut's and `earlier`'s rows read from there), and the done groups made over them (Group with both
-    objects and rows). Members stay read-only from here on."""
-    objects = list(itertools.chain.from_iterable(done))
+def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: int, earlier: HeldRows | None = None) -> list[Group]:
+    """Step `s` once its rollout is over and its responses' last version is set (`version`): its responses (those that
+    ended in the cut, the other ended, those carried out, and the members of the groups `done` now, whichever step they
+    ended in) gathered into columns once (`s.closed`; the cut's and `earlier`'s rows read from there), and the done
+    groups made over them (Group with both objects and rows; only rows for a group of the cut booked as rows:
+    StepState.members). Members stay read-only from here on."""
+    object_groups = [members for members in done if isinstance(members, list)]
+    objects = list(itertools.chain.from_iterable(object_groups))
     done_rids = rids_of(objects)
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
-    ended_rids, carried_rids = rids_of(s.ended), rids_of(s.carried_out)
-    more_ended = np.flatnonzero(~np.isin(ended_rids, done_rids)) if len(objects) else np.arange(len(s.ended))
-    objects.extend(map(s.ended.__getitem__, more_ended.tolist()))
-    seen = np.concatenate([done_rids, ended_rids[more_ended]])
-    more_carried = np.flatnonzero(~np.isin(carried_rids, seen)) if len(seen) else np.arange(len(s.carried_out))
-    objects.extend(map(s.carried_out.__getitem__, more_carried.tolist()))
-    rids = np.concatenate([seen, carried_rids[more_carried]])
+    objects.extend(itertools.chain(s.cut_objects, s.ended, s.carried_out))
+    rids = rids_of(objects)
+    first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes
+    objects, rids = list(map(objects.__getitem__, first.tolist())), rids[first]
     s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
     s.closed_objects, s.closed_place = objects, place
     position = np.arange(len(objects))
-    s.closed_ended = place[rows_by_rid(rids, position, ended_rids)]
-    s.closed_carried = place[rows_by_rid(rids, position, carried_rids)]
-    groups, at = [], 0
+    in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
+    s.closed_ended = np.concatenate([np.arange(in_cut), place[rows_by_rid(rids, position, rids_of(s.ended))]])
+    s.closed_carried = place[rows_by_rid(rids, position, rids_of(s.carried_out))]
+    return _done_groups(s, done, place)
+
+
+def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np.ndarray) -> list[Group]:
+    """close_step's groups, over the closed columns: the object groups' members are the first gathered (`place`: each
+    gathered object's row), a group booked as rows is rows of the cut's submission (the closed columns' first rows)."""
+    groups, at, cut_place = [], 0, None
     for members in done:
-        groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
-        at += len(members)
+        if isinstance(members, list):
+            groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
+            at += len(members)
+            continue
+        if cut_place is None:
+            columns, cut_rows = s.cut
+            cut_place = np.full(len(columns), -1, np.int64)
+            cut_place[cut_rows] = np.arange(len(cut_rows))
+        first = int(members[0])
+        groups.append(Group(int(columns.prompt_id[first]), int(columns.step[first]), columns=s.closed, rows=cut_place[members]))
     return groups
 
 
@@ -93,45 +107,38 @@ def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
 
 
 def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[int, float] | None]) -> tuple[np.ndarray, np.ndarray]:
-    """natural_len / natural_reward of the responses that ended in step `s` (lssim.loop.columns.natural_outcomes);
-    those that ended in a cut rollout read from its submission's columns, which the engine filled with what
-    `counterfactual` answers (lssim.loop.contracts.Engine.run_cut)."""
+    """natural_len / natural_reward of the responses that ended in step `s` (lssim.loop.columns.natural_outcomes), in
+    the order they ended: those that ended in a cut rollout read from its submission's columns, which the engine filled
+    with what `counterfactual` answers (lssim.loop.contracts.Engine.run_cut), then the others."""
+    length, reward = natural_outcomes(s.ended, counterfactual)
     if s.cut is None:
-        return natural_outcomes(s.ended, counterfactual)
-    columns, cut_rows = s.cut
-    row = rows_by_rid(columns.rid[cut_rows], cut_rows, rids_of(s.ended))
-    known = row >= 0
-    length, reward = np.empty(len(row), np.int64), np.empty(len(row))
-    length[known], reward[known] = columns.natural_len[row[known]], columns.natural_reward[row[known]]
-    length[~known], reward[~known] = natural_outcomes([r for r, k in zip(s.ended, known.tolist()) if not k], counterfactual)
-    return length, reward
+        return length, reward
+    columns, rows = s.cut
+    return np.concatenate([columns.natural_len[rows], length]), np.concatenate([columns.natural_reward[rows], reward])
 
 
 def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumns, np.ndarray] | None,
               earlier: HeldRows | None, version: int) -> tuple[RequestColumns, np.ndarray]:
-    """RequestColumns.of(objects) (`rids`: theirs), reading the rows others hold, and each object's row in it: those
-    that ended in a cut rollout (`cut`: its submission's columns, filled as the objects were, and the rows of those
-    that ended in it) with the last version they were given (`version`) and of's defaults for the step's own fields
-    (natural_len, natural_reward, context_at_start); those that ended in earlier steps from `earlier`. The rows of each
-    source come first, in object order, then those read from the objects."""
-    sources = ([(cut[0], cut[0].rid[cut[1]], cut[1])] if cut is not None else []) + \
-        ([(earlier.columns, earlier.columns.rid, np.arange(len(earlier.columns)))] if earlier is not None else [])
-    if not sources:
-        return RequestColumns.of(objects), np.arange(len(objects))
-    n = len(objects)
-    source, row = np.full(n, len(sources), np.int64), np.full(n, -1, np.int64)  # len(sources): read from the object
-    for k, (_, keys, rows) in enumerate(sources):
-        found = rows_by_rid(keys, rows, rids)
-        new = (found >= 0) & (source == len(sources))
-        source[new], row[new] = k, found[new]
-    order = np.argsort(source, kind="stable")
-    parts = [columns.take(row[order[source[order] == k]]) for k, (columns, _, _) in enumerate(sources)]
-    parts.append(RequestColumns.of([objects[i] for i in order[source[order] == len(sources)].tolist()]))
-    out = RequestColumns.concat(parts)
+    """Columns of the responses that ended in a cut rollout (`cut`: its submission's columns, filled as the objects
+    were, and those rows: first, in that order, with the last version they were given, `version`, and of's defaults
+    for the step's own fields: natural_len, natural_reward, context_at_start), then those of `objects` (`rids`: theirs)
+    found in neither: from `earlier` (ended in earlier steps) where there, else RequestColumns.of(objects); and each
+    object's row."""
+    n, parts, at = len(objects), [], 0
+    place = np.full(n, -1, np.int64)
     if cut is not None:
-        in_cut = slice(0, len(parts[0]))
-        out.last_version[in_cut], out.natural_len[in_cut], out.natural_reward[in_cut] = version, -1, np.nan
-        out.context_at_start[in_cut] = out.prompt_len[in_cut]
-    place = np.empty(n, np.int64)
-    place[order] = np.arange(n)
-    return out, place
+        columns, rows = cut
+        part = columns.take(rows)
+        part.last_version[:], part.natural_len[:], part.natural_reward[:] = version, -1, np.nan
+        part.context_at_start[:] = part.prompt_len
+        parts.append(part)
+        place, at = rows_by_rid(part.rid, np.arange(len(part)), rids), len(part)
+    if earlier is not None:
+        found = rows_by_rid(earlier.columns.rid, np.arange(len(earlier.columns)), rids)
+        there = np.flatnonzero((found >= 0) & (place < 0))
+        parts.append(earlier.columns.take(found[there]))
+        place[there], at = at + np.arange(len(there)), at + len(there)
+    rest = np.flatnonzero(place < 0)
+    parts.append(RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))))
+    place[rest] = at + np.arange(len(rest))
+    return RequestColumns.concat(parts), place

@@ -12,6 +12,7 @@ rollout's entries in them (requests registered, responses ended, the batch route
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -27,7 +28,8 @@ from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests, rids_of
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
-from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch, rollout_cut
+from lssim.loop.cut_books import rollout_cut
+from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -203,11 +205,7 @@ class Controller:
             rollout_batch(fresh, s, self.engine, self.policy, self._asks,
                           (lambda: self._top_up_batch(s)) if self._asks["top_up"] else None)
         else:
-            s.fresh = register(fresh, s)
-            submission = self._launch(s)  # carried responses and the plan's, in one submission
-            if not (self._cut and rollout_cut(submission, fresh, s, self.engine, self.policy, self._asks)):
-                self.engine.submit(submission)
-                self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
+            self._rollout_phase(fresh, s)
             self._settle_unfinished(s)  # what still runs is carried or dropped
         end = self._train(s)
         row, books = self._record(s, end)
@@ -215,6 +213,19 @@ class Controller:
         for observe in self._observers:
             observe(row)
         return row
+
+    def _rollout_phase(self, fresh: RequestColumns, s: StepState) -> None:
+        """The rollout of the step's carried responses and the plan's (`fresh`): on the cut route where the engine can
+        (booked as they leave it, objects made only where read: lssim.loop.cut_books), else as events until it ends."""
+        launched = self._asks["priority"] or self._asks["place"] or self._drops_stale  # hooks read every request first
+        if self._cut and not launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks):
+            return
+        s.fresh = register(fresh, s)
+        submission = self._launch(s)  # carried responses and the plan's, in one submission
+        if self._cut and launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks, submission):
+            return
+        self.engine.submit(submission)
+        self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
 
     def _start_step(self, step: int) -> StepState:
         """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
@@ -295,7 +306,7 @@ class Controller:
         others wait for their carried members."""
         engine, step = self.engine, s.step
         rollout_end, busy = engine.now(), engine.utilization()
-        for r in s.ended + s.carried_out:
+        for r in itertools.chain(s.cut_objects, s.ended, s.carried_out):
             r.last_version = self.mode.version
         done_groups = []
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
