@@ -37,6 +37,8 @@ class RowRequests(Sequence):
             raise ValueError(f"RowRequests: {len(given)} requests given for {len(submitted)} rows")
         self._submitted = submitted
         self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
+        self._has = np.zeros(len(submitted), bool)  # which rows have an object
+        self._has[:len(given)] = True
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -52,17 +54,20 @@ class RowRequests(Sequence):
             made = (self._submitted if source is None else source).to_requests(np.array(missing, np.int64))
             for i, r in zip(missing, made):
                 objects[i] = r
+            self._has[missing] = True
         return list(map(objects.__getitem__, wanted))
 
     def made(self) -> tuple[np.ndarray, list[Request]]:
         """The rows that have an object, in row order, and their objects."""
-        rows = [i for i, r in enumerate(self._objects) if r is not None]
-        return np.array(rows, np.int64), list(map(self._objects.__getitem__, rows))
+        rows = np.flatnonzero(self._has)
+        return rows, list(map(self._objects.__getitem__, rows.tolist()))
 
     def open(self, rows: np.ndarray) -> np.ndarray:
         """Of `rows`: which have an object that has not ended (a carried or still-running response)."""
-        objects = self._objects
-        return np.fromiter((objects[i] is not None and not objects[i].finish_reason for i in rows.tolist()), bool, len(rows))
+        out = self._has[rows]
+        at = np.flatnonzero(out)
+        out[at] = [not r.finish_reason for r in map(self._objects.__getitem__, rows[at].tolist())]
+        return out
 
 
 def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
