@@ -54,6 +54,7 @@ class Controller:
         self._next_rid = 0
         self._next_group = 0
         self._carried: list[Request] = []  # unfinished responses waiting for the next step
+        self._carried_rows: RequestColumns | None = None  # ... as the last step closed them, in order (None: unknown)
         self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
@@ -188,6 +189,7 @@ class Controller:
         self.rng, self.policy_rng = s["rng"], s["policy_rng"]
         self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
         self._carried, self._kept, self._waiting_groups = s["carried"], {}, s["waiting_groups"]
+        self._carried_rows = None
         self.loader.batches, self.loader.cursor, self.loader.batch_samples = s["batches"], s["cursor"], s["batch_samples"]
         self._responses, self.loader.left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
         self.groups_trained = s["groups_trained"]
@@ -235,7 +237,7 @@ class Controller:
         s = StepState(step=step, started=t0, busy_at_start=self.engine.utilization(),
                       rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
                       kept_in=list(self._kept.values()), version=version, waited=t0 - before)
-        self._carried, self._kept = [], {}
+        s.carried_rows, self._carried, self._kept, self._carried_rows = self._carried_rows, [], {}, None
         for gid, members in self._waiting_groups.items():
             s.members[gid] = members
             s.open_members[gid] = [m.finish_reason for m in members].count("")  # not ended (Request.done)
@@ -321,6 +323,8 @@ class Controller:
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = close_step(s, done_now, self.mode.version, self._held)
             self._held = held_rows(s, list(self._waiting_groups.values()), self._held)
+            if len(self._carried) == len(s.carried_out):  # (none kept generating): the next step's carried_in
+                self._carried_rows = s.closed.take(s.closed_carried)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         if s.batch is None:  # a policy's own groups of the step's responses read from its columns too
             trained = with_rows(s, trained)

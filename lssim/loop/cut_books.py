@@ -15,6 +15,7 @@ event route, and booked the same way.
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -84,7 +85,7 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
         columns = RequestColumns.of(submission)
         requests = RowRequests(columns, submission)
     else:
-        columns = RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh
+        columns = RequestColumns.concat([_carried_columns(s, carried), fresh]) if carried else fresh
         requests = RowRequests(columns.take(np.arange(len(columns))), carried)
     carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
     left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
@@ -100,6 +101,21 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
         last = int(left[-1])
         s.rollout.now = engine.now() if requests.open(left[-1:])[0] else float(columns.finish_time[last])
     return True
+
+
+def _carried_columns(s: StepState, carried: list[Request]) -> RequestColumns:
+    """RequestColumns.of(carried): the rows the last step closed them into (`s.carried_rows`), with the fields resuming
+    changed (lssim.loop.core.note_resume) read from the objects."""
+    columns = s.carried_rows
+    if columns is None or len(columns) != len(carried) or not np.array_equal(columns.rid, rids_of(carried)):
+        return RequestColumns.of(carried)
+    first, before, resumes = zip(*map(_resumed, carried))
+    columns.first_version[:], columns.tokens_before_resume[:] = first, before
+    columns.resumes = None if resumes.count(None) == len(resumes) else list(resumes)
+    return columns
+
+
+_resumed = operator.attrgetter("first_version", "tokens_before_resume", "resumes")
 
 
 def _book_objects(left: list[Request], columns: RequestColumns, s: StepState, policy: Policy, asks: dict[str, bool]) -> None:

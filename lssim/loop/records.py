@@ -60,6 +60,7 @@ class StepState:
     busy_at_start: tuple[float, float]  # Engine.utilization() at the step's start
     rollout: RolloutState  # the counters policies read during the rollout
     carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
+    carried_rows: RequestColumns | None = None  # ... their rows as the last step closed them (before they resumed)
     # group id -> every member (carried groups too), or, for a group of the cut route whose every member ended in the
     # rollout, its rows of the submission's columns (`cut`; lssim.loop.cut_books: no object made)
     members: dict[int, list[Request] | np.ndarray] = field(default_factory=dict)
