@@ -104,6 +104,7 @@ def _rebuild_at(engine, requests, plan: Schedule, last_popped: int) -> np.ndarra
     np.maximum.at(last, rinst[sel], sel)
     admitted = first_rec <= last[plan.inst]
     running = admitted & (fin_rec > last[plan.inst])
+    requests.make(np.flatnonzero(running | ~admitted))  # every object in flight, made at once (_queues_at reads them)
     for i in np.flatnonzero(last >= 0).tolist():
         rec = int(last[i])
         x = engine.instances[i]
