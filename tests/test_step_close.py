@@ -27,7 +27,8 @@ def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
 
 def in_order(s: StepState, objects: list[Request]) -> RequestColumns:
     """The step's closed rows of `objects`, in their order."""
-    return s.closed.take(np.array([s.closed_row[id(r)] for r in objects], np.int64))
+    row_of = dict(zip(map(id, s.closed_objects), s.closed_place.tolist()))
+    return s.closed.take(np.array([row_of[id(r)] for r in objects], np.int64))
 
 
 def made(rng: np.random.Generator, rid: int, group: int) -> Request:

@@ -6,9 +6,10 @@ response's last weights version is set, `close_step` gathers them into columns o
 in the step, those carried out, and the members of the groups done now, group after group. The done groups hold both
 their objects (a policy's `select` reads them) and their rows; `with_rows` gives a policy's own groups of those
 objects their rows too; the trainer, the books (StepState.books), the rows settled later and the step's row read the
-columns. Rows others already hold are not read again from the objects: the cut route's responses that ended in the
-cut are rows of its submission's columns, which the engine filled as it filled the objects (`StepState.cut`), and
-members that ended in an earlier step while their groups stayed open are rows of that step's closed columns (`held_rows`).
+columns. Rows others already hold are not read again from the objects, and are found by rid: the cut and carry routes'
+responses that ended in the rollout are rows of the submission's columns, which the engine filled (`StepState.cut`; a
+group whose every member ended there has no objects: lssim.loop.cut_books), and members that ended in an earlier step
+while their groups stayed open are rows of that step's closed columns (`held_rows`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
     out = []
     for g in groups:
         if g.columns is None and closed is not None:
-            row_of = s.closed_row if row_of is None else row_of
+            row_of = dict(zip(map(id, s.closed_objects), s.closed_place.tolist())) if row_of is None else row_of
             members = g.requests
             rows = np.fromiter(map(row_of.get, map(id, members), itertools.repeat(-1)), np.int64, len(members))
             if len(rows) and rows.min() >= 0:

@@ -96,12 +96,6 @@ class StepState:
         """Responses that ended in the step's rollout: the cut's rows, then `ended`."""
         return len(self.ended) + (len(self.cut[1]) if self.cut is not None else 0)
 
-    @property
-    def closed_row(self) -> dict[int, int]:
-        """The row of each object gathered when the step closed, by id(object) (made when asked: a policy's own groups
-        of those objects)."""
-        return dict(zip(map(id, self.closed_objects), self.closed_place.tolist()))
-
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
         # Members in the order they were made, as on the event route (a priority hook may have reordered the rows; the
