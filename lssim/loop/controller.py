@@ -103,10 +103,10 @@ class Controller:
         """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
         the whole schedule (Policy.cuts_in_batches: no progress checkpoints, no top-ups), or in which the policy only
         carries responses at its checkpoints, answered for the whole submission (Policy.carries_in_batches); no group
-        streamed to training."""
+        streamed to training, none dropped as stale (the cut's responses are the step's first to end)."""
         policy = self.policy
         return ((policy.cuts_in_batches() or policy.carries_in_batches()) and self._mode_runs_whole()
-                and type(self.mode).group_done is ModeHooks.group_done)
+                and type(self.mode).group_done is ModeHooks.group_done and not self._drops_stale)
 
     def _mode_runs_whole(self) -> bool:
         """The mode neither ends a rollout early nor keeps or interrupts it."""
@@ -219,7 +219,7 @@ class Controller:
     def _rollout_phase(self, fresh: RequestColumns, s: StepState) -> None:
         """The rollout of the step's carried responses and the plan's (`fresh`): on the cut route where the engine can
         (booked as they leave it, objects made only where read: lssim.loop.cut_books), else as events until it ends."""
-        launched = self._asks["priority"] or self._asks["place"] or self._drops_stale  # hooks read every request first
+        launched = self._asks["priority"] or self._asks["place"]  # hooks that read every request before it runs
         if self._cut and not launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks):
             return
         s.fresh = register(fresh, s)

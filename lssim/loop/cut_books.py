@@ -165,19 +165,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     has_object = np.zeros(n, bool)
     has_object[:n_carried] = True
     has_object[n_carried:] = np.repeat(as_objects, sizes)
-    object_rows = np.flatnonzero(has_object[n_carried:]) + n_carried
-    s.fresh = fresh_objects = requests.make(object_rows, source=columns)  # the ended ones from the filled columns
-    s.fresh_rows_only = n - n_carried - len(object_rows)
-    s.context_at_start.update(zip(columns.rid[n_carried:].tolist(), columns.prompt_len[n_carried:].tolist()))
-    members, at = s.members, 0
-    for gid, a, k, objects in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_objects.tolist()):
-        if objects:
-            members[gid] = fresh_objects[at:at + k]
-            at += k
-        else:
-            members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
-        s.open_members[gid] = k
-    state.groups_submitted = len(members)
+    _register_groups(requests, columns, n_carried, starts, sizes, as_objects, s)
     s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
     state.requests_in_flight = n - len(carried)
     s.carried_out.extend(requests.make(carried))  # as `carry_out` carries them (the engine left each carry's reason)
@@ -199,6 +187,26 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     _end_groups_as_rows(~as_objects, starts, sizes, columns, s)
     if tell and not one_by_one:
         policy.on_finishes(columns.take(ended), state)
+
+
+def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,
+                     sizes: np.ndarray, as_objects: np.ndarray, s: StepState) -> None:
+    """`register`'s books of the plan's groups (starting at rows `starts`, `sizes` long): each group's members as
+    objects where `as_objects` (those that ended made from the filled columns, as the engine would have filled them),
+    else as its rows of the submission; every member open until booked ended."""
+    object_rows = np.flatnonzero(np.repeat(as_objects, sizes)) + n_carried
+    s.fresh = fresh_objects = requests.make(object_rows, source=columns)
+    s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
+    s.context_at_start.update(zip(columns.rid[n_carried:].tolist(), columns.prompt_len[n_carried:].tolist()))
+    members, at = s.members, 0
+    for gid, a, k, objects in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_objects.tolist()):
+        if objects:
+            members[gid] = fresh_objects[at:at + k]
+            at += k
+        else:
+            members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
+        s.open_members[gid] = k
+    s.rollout.groups_submitted = len(members)
 
 
 def _end_groups_as_rows(as_rows: np.ndarray, starts: np.ndarray, sizes: np.ndarray, columns: RequestColumns,
