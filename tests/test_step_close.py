@@ -27,7 +27,8 @@ def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
 
 def in_order(s: StepState, objects: list[Request]) -> RequestColumns:
     """The step's closed rows of `objects`, in their order."""
-    return s.closed.take(np.array([s.closed_row[id(r)] for r in objects], np.int64))
+    row_of = dict(zip(map(id, s.closed_objects), s.closed_place.tolist()))
+    return s.closed.take(np.array([row_of[id(r)] for r in objects], np.int64))
 
 
 def made(rng: np.random.Generator, rid: int, group: int) -> Request:
@@ -64,13 +65,15 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
         columns = RequestColumns.of(queued)
         columns.natural_len[:], columns.natural_reward[:] = natural_outcomes(queued, counterfactual)  # as run_cut does
         row_of = dict(zip(columns.rid.tolist(), range(len(columns))))
-        s.cut = (columns, {id(r): row_of[r.rid] for r in in_cut})
-    for r in s.ended + s.carried_out:
+        s.cut = (columns, np.array([row_of[r.rid] for r in in_cut], np.int64))  # the step's first ended, in order
+        s.cut_objects, s.ended = in_cut, [r for r in s.ended if all(r is not o for o in in_cut)]
+    ended_in_order = s.cut_objects + s.ended
+    for r in ended_in_order + s.carried_out:
         r.last_version = version
     closed_groups = close_step(s, done, version)
 
     objects = [r for members in done for r in members]
-    objects += [r for r in s.ended + s.carried_out if all(r is not o for o in objects)]
+    objects += [r for r in ended_in_order + s.carried_out if all(r is not o for o in objects)]
     assert same_columns(in_order(s, objects), RequestColumns.of(objects))
     for g, members in zip(closed_groups, done):
         assert g.requests is members and len(g) == len(members)
@@ -92,7 +95,7 @@ def test_a_closed_step_holds_what_its_objects_hold(sizes, seed, cut):
                   trained=closed_groups, trained_members=(trained, sizes_), trained_rids=np.sort(trained.rid),
                   train_metrics={})
     books = s.books(end, counterfactual)
-    ended = RequestColumns.of(s.ended, s.context_at_start, counterfactual)
+    ended = RequestColumns.of(ended_in_order, s.context_at_start, counterfactual)
     assert same_columns(books.ended, ended)
     assert same_columns(books.ran, RequestColumns.concat([ended, RequestColumns.of(s.carried_out, s.context_at_start)]))
 

@@ -385,6 +385,25 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
     return cols, left_out
 
 
+def rows_by_rid(rids: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The row paired with each of `wanted` (rows[i] is distinct rids[i]'s), -1 where it is not among `rids`: one sort
+    and one search over arrays, where a dict costs a Python lookup per request."""
+    if not len(rids) or not len(wanted):
+        return np.full(len(wanted), -1, np.int64)
+    order = np.argsort(rids, kind="stable")
+    keys = rids[order]
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    return np.where(keys[at] == wanted, rows[order][at], -1)
+
+
+def rids_of(requests: Sequence[Request]) -> np.ndarray:
+    """Request.rid of each request."""
+    return np.fromiter(map(_read_rid, requests), np.int64, len(requests))
+
+
+_read_rid = operator.attrgetter("rid")
+
+
 def runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each run of equal consecutive values starts, and its length (np.r_'s concatenation costs more than the
     comparison on a step's rows)."""

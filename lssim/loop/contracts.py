@@ -180,17 +180,17 @@ class Engine(Protocol):
         return False
 
     def run_cut(self, requests, columns, cut_at=None, carry_at=None):
-        """A submission (Request objects, in the order queued, an idle engine; `columns`: the same requests as
-        lssim.loop.columns.RequestColumns, whose rows of the responses it ends it fills as it fills those objects, and
-        natural_len / natural_reward as `counterfactual` answers: the books read them) scheduled whole and, given
-        `cut_at`, cut at the boundary `cut_at(progress)` names (lssim.loop.rollout_cut.RolloutProgress; -1: none): the
-        responses ended by then, in
-        the order the event route ends them, filled as it fills them; the rest stay in flight as the event route
-        leaves them there (abort them as usual). Given `carry_at` instead (`carry_at(checkpoints)`, where each
-        response is carried), it runs until every response ended or was carried, and returns them all in the order
-        they left: an ended one filled as the event route fills it, a carried one not done, with its tokens so far
-        and the carry's reason (stop_reason), out of the engine as an abort leaves it. None: the engine could not,
-        nothing ran (submit them instead)."""
+        """A submission (`columns`: lssim.loop.columns.RequestColumns, in the order queued, an idle engine; filled in
+        place as the batch route fills them, natural_len / natural_reward as `counterfactual` answers: the books read
+        them; `requests`: its lssim.loop.cut_books.RowRequests, a Request object per row, made when asked for)
+        scheduled whole and, given `cut_at`, cut at the boundary `cut_at(progress)` names
+        (lssim.loop.rollout_cut.RolloutProgress; -1: none): the rows ended by then, in the order the event route ends
+        them; the rest stay in flight as the event route leaves them there (their objects made; abort them as usual).
+        Given `carry_at` instead (`carry_at(checkpoints)`, where each response is carried), it runs until every
+        response ended or was carried, and returns the rows in the order they left; a carried one has its object made,
+        not ended, with its tokens so far and the carry's reason (stop_reason), out of the engine as an abort leaves it.
+        Every object made (before or during the run) is filled as the event route fills it. None: the engine could
+        not, nothing ran (submit them instead)."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no cut rollout")
 
 

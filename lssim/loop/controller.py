@@ -12,6 +12,7 @@ rollout's entries in them (requests registered, responses ended, the batch route
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -24,10 +25,11 @@ from lssim.loop.decisions import CARRY
 from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
-from lssim.loop.columns import RequestColumns, gather, plan_requests
+from lssim.loop.columns import RequestColumns, gather, plan_requests, rids_of
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
-from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch, rollout_cut
+from lssim.loop.cut_books import rollout_cut
+from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -52,6 +54,7 @@ class Controller:
         self._next_rid = 0
         self._next_group = 0
         self._carried: list[Request] = []  # unfinished responses waiting for the next step
+        self._carried_rows: RequestColumns | None = None  # ... as the last step closed them, in order (None: unknown)
         self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
         self._last_end = engine.now()  # when the last step's training ended (its weights were ready)
@@ -66,6 +69,7 @@ class Controller:
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
         self._bridges = policy.overrides("bridge")
+        self._drops_stale = type(self.mode).is_stale is not ModeHooks.is_stale  # else no group is ever stale
         # Nobody reacts to single events when the policy has no per-event hook and the mode never cuts a rollout
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
@@ -99,10 +103,10 @@ class Controller:
         """True when a step's rollout is one submission that only the policy's end_rollout cuts short, answered over
         the whole schedule (Policy.cuts_in_batches: no progress checkpoints, no top-ups), or in which the policy only
         carries responses at its checkpoints, answered for the whole submission (Policy.carries_in_batches); no group
-        streamed to training."""
+        streamed to training, none dropped as stale (the cut's responses are the step's first to end)."""
         policy = self.policy
         return ((policy.cuts_in_batches() or policy.carries_in_batches()) and self._mode_runs_whole()
-                and type(self.mode).group_done is ModeHooks.group_done)
+                and type(self.mode).group_done is ModeHooks.group_done and not self._drops_stale)
 
     def _mode_runs_whole(self) -> bool:
         """The mode neither ends a rollout early nor keeps or interrupts it."""
@@ -185,6 +189,7 @@ class Controller:
         self.rng, self.policy_rng = s["rng"], s["policy_rng"]
         self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
         self._carried, self._kept, self._waiting_groups = s["carried"], {}, s["waiting_groups"]
+        self._carried_rows = None
         self.loader.batches, self.loader.cursor, self.loader.batch_samples = s["batches"], s["cursor"], s["batch_samples"]
         self._responses, self.loader.left_out, self._step_rows = s["responses"], s["left_out"], s["step_rows"]
         self.groups_trained = s["groups_trained"]
@@ -202,11 +207,7 @@ class Controller:
             rollout_batch(fresh, s, self.engine, self.policy, self._asks,
                           (lambda: self._top_up_batch(s)) if self._asks["top_up"] else None)
         else:
-            s.fresh = register(fresh, s)
-            submission = self._launch(s)  # carried responses and the plan's, in one submission
-            if not (self._cut and rollout_cut(submission, fresh, s, self.engine, self.policy, self._asks)):
-                self.engine.submit(submission)
-                self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
+            self._rollout_phase(fresh, s)
             self._settle_unfinished(s)  # what still runs is carried or dropped
         end = self._train(s)
         row, books = self._record(s, end)
@@ -214,6 +215,19 @@ class Controller:
         for observe in self._observers:
             observe(row)
         return row
+
+    def _rollout_phase(self, fresh: RequestColumns, s: StepState) -> None:
+        """The rollout of the step's carried responses and the plan's (`fresh`): on the cut route where the engine can
+        (booked as they leave it, objects made only where read: lssim.loop.cut_books), else as events until it ends."""
+        launched = self._asks["priority"] or self._asks["place"]  # hooks that read every request before it runs
+        if self._cut and not launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks):
+            return
+        s.fresh = register(fresh, s)
+        submission = self._launch(s)  # carried responses and the plan's, in one submission
+        if self._cut and launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks, submission):
+            return
+        self.engine.submit(submission)
+        self._rollout(s)  # events until the rollout ends (top-ups submitted on the way)
 
     def _start_step(self, step: int) -> StepState:
         """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
@@ -223,10 +237,10 @@ class Controller:
         s = StepState(step=step, started=t0, busy_at_start=self.engine.utilization(),
                       rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
                       kept_in=list(self._kept.values()), version=version, waited=t0 - before)
-        self._carried, self._kept = [], {}
+        s.carried_rows, self._carried, self._kept, self._carried_rows = self._carried_rows, [], {}, None
         for gid, members in self._waiting_groups.items():
             s.members[gid] = members
-            s.open_members[gid] = sum(not m.done for m in members)
+            s.open_members[gid] = [m.finish_reason for m in members].count("")  # not ended (Request.done)
         self._waiting_groups = {}
         for r in s.carried_in:
             s.context_at_start[r.rid] = r.prompt_len + r.generated
@@ -264,10 +278,12 @@ class Controller:
         """The step's requests in flight; the submission (carried and fresh, kept ones run already) in queue order."""
         s.rollout.groups_submitted = len(s.members)
         for requests in (s.kept_in, s.carried_in, s.fresh):
-            s.in_flight.update((r.rid, r) for r in requests)
+            s.in_flight.update(zip(rids_of(requests).tolist(), requests))
         s.rollout.requests_in_flight = len(s.in_flight)
-        self._drop_stale(s)
-        return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
+        if self._drops_stale:  # (it may end any of them)
+            self._drop_stale(s)
+            return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
+        return order([r for r in s.carried_in if not r.done] + s.fresh, self.engine, self.policy, self._asks)
 
     def _drop_stale(self, s: StepState) -> None:
         """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
@@ -292,7 +308,7 @@ class Controller:
         others wait for their carried members."""
         engine, step = self.engine, s.step
         rollout_end, busy = engine.now(), engine.utilization()
-        for r in s.ended + s.carried_out:
+        for r in itertools.chain(s.cut_objects, s.ended, s.carried_out):
             r.last_version = self.mode.version
         done_groups = []
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
@@ -307,6 +323,8 @@ class Controller:
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = close_step(s, done_now, self.mode.version, self._held)
             self._held = held_rows(s, list(self._waiting_groups.values()), self._held)
+            if len(self._carried) == len(s.carried_out):  # (none kept generating): the next step's carried_in
+                self._carried_rows = s.closed.take(s.closed_carried)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)
         if s.batch is None:  # a policy's own groups of the step's responses read from its columns too
             trained = with_rows(s, trained)

@@ -60,14 +60,18 @@ class StepState:
     busy_at_start: tuple[float, float]  # Engine.utilization() at the step's start
     rollout: RolloutState  # the counters policies read during the rollout
     carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
-    members: dict[int, list[Request]] = field(default_factory=dict)  # group id -> every member (carried groups too)
+    carried_rows: RequestColumns | None = None  # ... their rows as the last step closed them (before they resumed)
+    # group id -> every member (carried groups too), or, for a group of the cut route whose every member ended in the
+    # rollout, its rows of the submission's columns (`cut`; lssim.loop.cut_books: no object made)
+    members: dict[int, list[Request] | np.ndarray] = field(default_factory=dict)
     open_members: dict[int, int] = field(default_factory=dict)  # group id -> members not yet ended
     context_at_start: dict[int, int] = field(default_factory=dict)  # rid -> prompt + tokens generated before the step
     samples_planned: dict[int, int] = field(default_factory=dict)  # prompt -> samples planned (keeps sample_idx unique)
     fresh: list[Request] = field(default_factory=list)  # submitted by the plan
+    fresh_rows_only: int = 0  # ... and booked as rows only (the cut route: no object made)
     topped_up: list[Request] = field(default_factory=list)  # submitted by top-ups during the rollout
     in_flight: dict[int, Request] = field(default_factory=dict)  # rid -> submitted and not yet ended or carried
-    ended: list[Request] = field(default_factory=list)  # ended in this step, in the order they ended
+    ended: list[Request] = field(default_factory=list)  # ended in this step, in the order they ended, after the cut's
     carried_out: list[Request] = field(default_factory=list)  # unfinished, to resume next step (or kept generating)
     kept_in: list[Request] = field(default_factory=list)  # still generating since an earlier step (async modes)
     version: int = 0  # the weights version on the rollout engine when the step's rollout started
@@ -77,13 +81,20 @@ class StepState:
     batch_ended: np.ndarray | None = None  # ... its rows in the order they ended
     groups_done: GroupBatch | None = None  # ... its groups (all of them end in the step)
     batch_signal: np.ndarray | None = None  # ... whether each group's rewards differ
-    # the cut route (lssim.loop.rollout_books.rollout_cut): its submission's columns, filled as its requests were, and the
-    # row of each response that ended in the cut (by id: those objects hold their row's values, but last_version)
-    cut: tuple[RequestColumns, dict[int, int]] | None = None
+    # the cut route (lssim.loop.cut_books): its submission's columns, filled as its requests were, and the rows of the
+    # responses that ended in the rollout, in the order they ended (the step's first ended, none of them in `ended`)
+    cut: tuple[RequestColumns, np.ndarray] | None = None
+    cut_objects: list[Request] = field(default_factory=list)  # ... the objects made of those (they hold the rows' values)
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
-    closed_row: dict[int, int] = field(default_factory=dict)  # ... the row of each object gathered, by id(object)
+    closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered
+    closed_place: np.ndarray | None = None  # ... and the row of each
     closed_carried: np.ndarray | None = None  # ... the rows of `carried_out`, in its order
+
+    @property
+    def ended_count(self) -> int:
+        """Responses that ended in the step's rollout: the cut's rows, then `ended`."""
+        return len(self.ended) + (len(self.cut[1]) if self.cut is not None else 0)
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
@@ -108,7 +119,7 @@ class StepState:
                 raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
             ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
-            ended = ran.take(slice(0, len(self.ended)))  # ran's first rows (views: the books are read-only)
+            ended = ran.take(slice(0, self.ended_count))  # ran's first rows (views: the books are read-only)
             ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
                 running = np.isin(ran.rid, [r.rid for r in self.kept_in])
@@ -408,7 +419,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
         "step_seconds": end.step_end - (s.started if end.timing is None else end.previous_end),
         "tokens": tokens,
         "tokens_per_second": _per_second(float(tokens), rollout_s),
-        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + len(s.topped_up) + (len(s.batch) if s.batch is not None else 0),
+        "responses_in": len(s.carried_in) + len(s.kept_in) + len(s.fresh) + s.fresh_rows_only + len(s.topped_up) + (len(s.batch) if s.batch is not None else 0),
         "carried_in": len(s.carried_in) + len(s.kept_in),
         "finished": int(stopped.sum()),
         "truncated": int(truncated.sum()),

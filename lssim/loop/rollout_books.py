@@ -1,19 +1,18 @@
 """A step's rollout in its books, as functions of the step's state (lssim.loop.records.StepState) that the controller
 (lssim.loop.controller) calls: new requests registered on the event route, a response ended there, the batch route's
-whole rollout closed at once, the cut route's rollout (scheduled whole, cut where end_rollout ends it), and the
-policy's priorities and placements asked before a submission.
+whole rollout closed at once, and the policy's priorities and placements asked before a submission (the cut and carry
+routes' rollouts: lssim.loop.cut_books).
 """
 
 from __future__ import annotations
 
-import collections
 from typing import Callable
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, TakenRows, runs, stable_argsort, with_signal
+from lssim.loop.columns import RequestColumns, TakenRows, rids_of, runs, stable_argsort, with_signal
 from lssim.loop.contracts import Engine
-from lssim.loop.core import Request
+from lssim.loop.core import Request, field_of
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 
@@ -47,7 +46,7 @@ def end_response(r: Request, s: StepState) -> None:
     state.requests_in_flight -= 1
     state.responses_done += 1
     s.ended.append(r)
-    _members_ended(r.group_id, 1, s)
+    members_ended(r.group_id, 1, s)
 
 
 def carry_out(r: Request, s: StepState, reason: str) -> None:
@@ -59,19 +58,21 @@ def carry_out(r: Request, s: StepState, reason: str) -> None:
     s.carried_out.append(r)
 
 
-def end_responses(ended: list[Request], s: StepState) -> None:
-    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked."""
+def end_responses(ended: list[Request], s: StepState, rids: np.ndarray | None = None, groups: np.ndarray | None = None) -> None:
+    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked. `rids`, `groups`: their
+    rids and group ids, where known as arrays (else read from the objects)."""
     state, in_flight = s.rollout, s.in_flight
-    for r in ended:
-        del in_flight[r.rid]
+    for rid in (rids_of(ended) if rids is None else rids).tolist():
+        del in_flight[rid]
     state.requests_in_flight -= len(ended)
     state.responses_done += len(ended)
     s.ended.extend(ended)
-    for gid, n in collections.Counter(r.group_id for r in ended).items():
-        _members_ended(gid, n, s)
+    gids, counts = np.unique(field_of(ended, "group_id") if groups is None else groups, return_counts=True)
+    for gid, n in zip(gids.tolist(), counts.tolist()):
+        members_ended(gid, n, s)
 
 
-def _members_ended(gid: int, n: int, s: StepState) -> None:
+def members_ended(gid: int, n: int, s: StepState) -> None:
     """`n` more members of group `gid` ended: the group is done once none is open, effective if its rewards differ."""
     s.open_members[gid] -= n
     if s.open_members[gid] == 0:
@@ -129,53 +130,6 @@ def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Polic
     if asks["on_finish"]:
         policy.on_finishes(fresh.take(rows), state)
     return rows
-
-
-def rollout_cut(submission: list[Request], fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy,
-                asks: dict[str, bool]) -> bool:
-    """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
-    (Engine.run_cut, lssim.sim.cut_route), or whose on_progress carries, as an array, run whole with the carries
-    (lssim.sim.carry_route): the responses ended by then are booked as the event route books them, on_finish told of
-    each, the carried ones as it carries them, in the order they left; False if the engine left it to the event route.
-    `submission`: the requests in the order queued; `fresh`: the plan's requests as the columns they were made from."""
-    carried = [r for r in s.carried_in if not r.done]
-    if asks["priority"] or asks["place"]:  # the submission is not in the order the columns were made
-        columns = RequestColumns.of(submission)
-    else:
-        columns = RequestColumns.concat([RequestColumns.of(carried), fresh]) if carried else fresh
-    carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
-    ended = engine.run_cut(submission, columns, carry_at=policy.progress_carries) if carries else \
-        engine.run_cut(submission, columns, policy.end_rollout_at)
-    if ended is None:
-        return False
-    _book_cut(ended, columns, s, policy, asks)
-    if ended:
-        # the last boundary's time (a carried response has no finish time; the clock nothing reads after the rollout)
-        s.rollout.now = ended[-1].finish_time if ended[-1].done else engine.now()
-    return True
-
-
-def _book_cut(left: list[Request], columns: RequestColumns, s: StepState, policy: Policy, asks: dict[str, bool]) -> None:
-    """The books of the responses that left a cut or carried rollout (`left`, in the order they left; `columns`: the
-    submission's, filled by the engine for those that ended): each carried one as `carry_out` carries it (no hook
-    hears of a carry), the ended ones as `end_response` books them, on_finish told of each in turn, or, where the
-    policy has on_finish's array form, all booked at once and told once."""
-    ended = [r for r in left if r.done]
-    for r in left:
-        if not r.done:  # carried: the engine left its carry's reason in stop_reason
-            carry_out(r, s, r.stop_reason)
-    row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
-    rows = list(map(row_of.__getitem__, [r.rid for r in ended]))
-    s.cut = (columns, dict(zip(map(id, ended), rows)))  # the closed books read the ended ones' rows from here
-    state, tell = s.rollout, asks["on_finish"]
-    if tell and not policy.finishes_in_batches():  # on_finish told of each as it is booked, as the event route does
-        for r in ended:
-            end_response(r, s)
-            policy.on_finish(r, state)
-    else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
-        end_responses(ended, s)
-        if tell:
-            policy.on_finishes(columns.take(np.array(rows, np.int64)), state)
 
 
 def order(requests: list[Request], engine: Engine, policy: Policy, asks: dict[str, bool]) -> list[Request]:

@@ -6,7 +6,7 @@ boundary was handled (SimEngine.abort), and it leaves with the tokens it has. Wh
 own tokens and a state that moves between rollouts (Policy.progress_carries), where each response is carried is
 known before the rollout is scheduled, so lssim.sim.event_kernels.schedule_stops schedules the submission with the
 carries as its stops (every checkpoint a boundary, as in the event engine). What differs is the books, which the
-controller keeps as on the event route (lssim.loop.rollout_books.rollout_cut): a carried response is paused, not
+controller keeps as on the event route (lssim.loop.cut_books): a carried response is paused, not
 ended; its group stays open; it is resubmitted first next step with its tokens, re-prefilled (the same schedule then
 starts its checkpoints after what it had, at multiples of its total tokens). Nothing runs on after the last response
 ended or was carried, so the engine is left idle, as the batch route leaves it.
@@ -23,20 +23,20 @@ from dataclasses import replace
 import numpy as np
 
 from lssim.loop.columns import RequestColumns
-from lssim.loop.core import Request
 from lssim.sim.cut_route import fill_requests, remember_answers
 from lssim.sim.fastsim import commit, count_sources, fill, schedule
 
 
-def run_carried(engine, requests: list[Request], columns: RequestColumns, carry_at) -> list[Request] | None:
-    """Run `requests` (the submission, in the order it is queued; `columns`: the same as columns, filled here as the
-    batch route fills them) on the idle engine, each carried where `carry_at` (Policy.progress_carries, asked with
-    the submission's lssim.sim.checkpoints.Checkpoints) says, until every one ended or was carried. Returns them in
-    the order the event engine's rollout sees them leave: an ended one filled as it fills it, a carried one (not
-    done) with the tokens it has and the carry's reason as its stop_reason. None: left to the event engine."""
+def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarray | None:
+    """Run the submission (`columns`, in the order it is queued, filled here as the batch route fills them; `requests`:
+    its lssim.loop.cut_books.RowRequests) on the idle engine, each carried where `carry_at` (Policy.progress_carries,
+    asked with the submission's lssim.sim.checkpoints.Checkpoints) says, until every one ended or was carried. Returns
+    the rows in the order the event engine's rollout sees them leave; a carried one has its object made, not ended,
+    with the tokens it has and the carry's reason as its stop_reason (and every object made before is filled as the
+    event engine fills it). None: left to the event engine."""
     if len(columns) != len(requests):
         raise ValueError(f"run_carried: {len(requests)} requests but {len(columns)} rows of columns")
-    if engine._spec_batch or not requests or engine.cost.abort_time(1) != 0.0:
+    if engine._spec_batch or not len(requests) or engine.cost.abort_time(1) != 0.0:
         return None
     plan = schedule(engine, columns, None, carry_at)
     asked_before = np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(requests))
@@ -46,9 +46,10 @@ def run_carried(engine, requests: list[Request], columns: RequestColumns, carry_
     commit(engine, plan)
     carries = plan.stops
     rows = fill(engine, columns, replace(plan, stops=None))[0]  # a carry is no stop in the books: filled below
-    carried = np.zeros(len(requests), bool) if carries is None else carries.at >= 0
-    fill_requests(requests, columns, plan, rows[~carried[rows]], np.ones(len(requests), bool))
-    for i in np.flatnonzero(carried).tolist():
-        r = requests[i]
-        r.generated, r.stop_reason = int(columns.generated[i]), carries.reason[i]
-    return [requests[i] for i in rows.tolist()]
+    carried = np.flatnonzero(np.zeros(len(requests), bool) if carries is None else carries.at >= 0)
+    carried_objects = requests.make(carried)
+    fill_requests(requests, columns, plan, rows[~np.isin(rows, carried)], np.ones(len(requests), bool))
+    for r, generated, reason in zip(carried_objects, columns.generated[carried].tolist(), carries.reason[carried].tolist()
+                                    if len(carried) else []):
+        r.generated, r.stop_reason = generated, reason
+    return rows

@@ -1,7 +1,8 @@
 """The cut route: a rollout that an end_rollout rule ends early (april, rollpacker), scheduled whole and cut.
 
-The controller keeps the event route's books (Request objects, end_response and on_finish per response, on_unfinished
-and the engine's aborts for what still runs); only the engine's work changes. Its submission is scheduled whole on the
+The controller keeps the event route's books (lssim.loop.cut_books: on_finish per response, on_unfinished and the
+engine's aborts for what still runs), with Request objects only where they are read; only the engine's work changes.
+Its submission is scheduled whole on the
 batch route's kernels (lssim.sim.fastsim.schedule), the policy's array form of end_rollout (Policy.end_rollout_at)
 reads the schedule's boundaries (lssim.loop.rollout_cut) and names the one the event route would end at, and the engine
 is rebuilt as the event engine stands right after that boundary: each instance's clocks summed over the records it
@@ -16,21 +17,22 @@ from __future__ import annotations
 import numpy as np
 
 from lssim.loop.columns import RequestColumns
-from lssim.loop.core import FINISHED, Request
+from lssim.loop.core import FINISHED
 from lssim.loop.rollout_cut import rollout_progress
 from lssim.sim.fastsim import Schedule, commit, count_sources, fill, schedule
 from lssim.sim.fastsim_kernels import _START, instance_clocks
 
 
-def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) -> list[Request] | None:
-    """Run `requests` (the submission, in the order it is queued; `columns`: the same as columns, filled here as the
-    batch route fills them) on the idle engine until the boundary `cut_at`
-    (Policy.end_rollout_at, asked with the schedule's lssim.loop.rollout_cut.RolloutProgress) names, or to their end;
-    the responses ended by then, in the order the event engine ends them, filled as it fills them. The others are in
-    flight in the engine, as in the event engine at that boundary. None: left to the event engine (nothing ran)."""
+def run_cut(engine, requests, columns: RequestColumns, cut_at) -> np.ndarray | None:
+    """Run the submission (`columns`, in the order it is queued, filled here as the batch route fills them; `requests`:
+    its lssim.loop.cut_books.RowRequests, each object made when the engine needs it) on the idle engine until the
+    boundary `cut_at` (Policy.end_rollout_at, asked with the schedule's lssim.loop.rollout_cut.RolloutProgress) names,
+    or to their end; the rows ended by then, in the order the event engine ends them. The others are in flight in the
+    engine, as in the event engine at that boundary, their objects made and filled as it fills them (and every object
+    made before). None: left to the event engine (nothing ran)."""
     if len(columns) != len(requests):
         raise ValueError(f"run_cut: {len(requests)} requests but {len(columns)} rows of columns")
-    if engine._spec_batch or not requests:
+    if engine._spec_batch or not len(requests):
         return None
     plan = schedule(engine, columns)
     if plan.preemptions:
@@ -50,7 +52,7 @@ def run_cut(engine, requests: list[Request], columns: RequestColumns, cut_at) ->
         admitted = _rebuild_at(engine, requests, plan, int(boundary[len(ended) - 1]))
         engine.clock = max(plan.now, float(progress.time[cut]))
     fill_requests(requests, columns, plan, ended, admitted)
-    return [requests[i] for i in ended.tolist()]
+    return ended
 
 
 def remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
@@ -61,22 +63,26 @@ def remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
                                                         trace_row.tolist())))
 
 
-def fill_requests(requests: list[Request], columns: RequestColumns, plan: Schedule, ended: np.ndarray,
-                  admitted: np.ndarray) -> None:
-    """The Request objects as the event engine leaves them: every one submitted (instance, submit time, exact, first
-    token if admitted), the ended ones finished (tokens, reason, reward, finish time)."""
-    first_token = np.full(len(requests), np.nan)
-    first_token[admitted] = plan.clocks[2][plan.records[15][admitted]]
+def fill_requests(requests, columns: RequestColumns, plan: Schedule, ended: np.ndarray, admitted: np.ndarray) -> None:
+    """The Request objects made so far (lssim.loop.cut_books.RowRequests.made) as the event engine leaves them: every
+    one submitted (instance, submit time, exact, first token if admitted), the ended ones finished (tokens, reason,
+    reward, finish time). (An object made later from the filled columns holds the same.)"""
+    rows, objects = requests.made()
+    first_token = np.full(len(rows), np.nan)
+    first_token[admitted[rows]] = plan.clocks[2][plan.records[15][rows[admitted[rows]]]]
     now = plan.now
-    for r, inst, exact, first in zip(requests, plan.inst.tolist(), columns.exact.tolist(), first_token.tolist()):
+    for r, inst, exact, first in zip(objects, plan.inst[rows].tolist(), columns.exact[rows].tolist(), first_token.tolist()):
         r.ran_on, r.submit_time, r.exact, r.first_token_time = inst, now, exact, first
-    for r, generated, reason, reward, finish in zip(map(requests.__getitem__, ended.tolist()), columns.generated[ended].tolist(),
-                                                    columns.finish_reason[ended].tolist(), columns.reward[ended].tolist(),
-                                                    columns.finish_time[ended].tolist()):
+    done = np.zeros(len(columns), bool)
+    done[ended] = True
+    finished = rows[done[rows]]
+    for r, generated, reason, reward, finish in zip(requests.make(finished), columns.generated[finished].tolist(),
+                                                    columns.finish_reason[finished].tolist(), columns.reward[finished].tolist(),
+                                                    columns.finish_time[finished].tolist()):
         r.generated, r.finish_reason, r.reward, r.finish_time = generated, reason, reward, finish
 
 
-def _rebuild_at(engine, requests: list[Request], plan: Schedule, last_popped: int) -> np.ndarray:
+def _rebuild_at(engine, requests, plan: Schedule, last_popped: int) -> np.ndarray:
     """Every instance the submission reached as the event engine leaves it right after popping boundary number
     `last_popped`; which rows had been admitted by then."""
     kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx = plan.records[:11]
@@ -98,6 +104,7 @@ def _rebuild_at(engine, requests: list[Request], plan: Schedule, last_popped: in
     np.maximum.at(last, rinst[sel], sel)
     admitted = first_rec <= last[plan.inst]
     running = admitted & (fin_rec > last[plan.inst])
+    requests.make(np.flatnonzero(running | ~admitted))  # every object in flight, made at once (_queues_at reads them)
     for i in np.flatnonzero(last >= 0).tolist():
         rec = int(last[i])
         x = engine.instances[i]
@@ -110,7 +117,7 @@ def _rebuild_at(engine, requests: list[Request], plan: Schedule, last_popped: in
     return admitted
 
 
-def _queues_at(engine, x, requests: list[Request], plan: Schedule, running: np.ndarray, admitted: np.ndarray,
+def _queues_at(engine, x, requests, plan: Schedule, running: np.ndarray, admitted: np.ndarray,
                at_it: np.ndarray) -> None:
     """Instance `x`'s running sequences (admitted at the iteration and tokens the schedule says: nothing preempted)
     and its queue, in the event engine's heaps."""
@@ -121,9 +128,9 @@ def _queues_at(engine, x, requests: list[Request], plan: Schedule, running: np.n
     admit_it, gen0 = at_it[first_rec[rows]], plan.start_gen[rows]
     finish_it = admit_it + np.maximum(0, length[rows] - gen0)
     members, heap, waiting, epochs, where, seq = {}, [], [], engine._epoch, engine._where, engine._seq
-    for row, runs, admit, gen, finish in zip(rows.tolist(), running[rows].tolist(), admit_it.tolist(), gen0.tolist(),
-                                             finish_it.tolist()):
-        r, arrival = requests[row], next(seq)  # the engine's own counter: its later entries come after
+    for r, runs, admit, gen, finish in zip(requests.make(rows), running[rows].tolist(), admit_it.tolist(), gen0.tolist(),
+                                           finish_it.tolist()):
+        arrival = next(seq)  # the engine's own counter: its later entries come after
         epoch = epochs[r.rid] = epochs.get(r.rid, 0) + 1
         where[r.rid] = x
         if runs:

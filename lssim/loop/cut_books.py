@@ -1,0 +1,237 @@
+"""The cut and carry routes' books (lssim.sim.cut_route, lssim.sim.carry_route), as functions of the step's state
+(lssim.loop.records.StepState) that the controller (lssim.loop.controller) calls.
+
+The engine schedules a step's submission whole from its columns and fills them; the books keep the columns and make a
+`Request` object only for a response something reads as one: a carried response (it resumes next step), one still
+running when the rollout is cut (the engine aborts it, `on_unfinished` judges it), every member of their groups (the
+group stays open, or may: its members are held as objects between steps), and every response where the policy hears of
+each ending one by one (`on_finish` without its array form). A group whose every member ended in the rollout is
+booked as rows of the submission (`StepState.members` holds its rows), and the step's responses that ended in the
+rollout are rows of the submission's columns (`StepState.cut`), ahead of those that end later (aborted at the cut).
+Where a hook reads the requests before the submission (priority, placement), every object is made first, as on the
+event route, and booked the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Sequence
+
+import numpy as np
+
+from lssim.loop.columns import RequestColumns, rids_of, runs, with_signal
+from lssim.loop.contracts import Engine
+from lssim.loop.core import Request
+from lssim.loop.policy import Policy
+from lssim.loop.records import StepState
+from lssim.loop.rollout_books import carry_out, end_response, end_responses, members_ended
+
+
+class RowRequests(Sequence):
+    """A submission's Request objects, one per row of its columns: those given (carried responses, or every one where
+    a hook read them before the submission), the others made when first asked for (`make`), as they were when
+    submitted (from `submitted`, a copy of the columns then: the engine fills the columns in place)."""
+
+    def __init__(self, submitted: RequestColumns, given: Sequence[Request]):
+        if len(given) > len(submitted):
+            raise ValueError(f"RowRequests: {len(given)} requests given for {len(submitted)} rows")
+        self._submitted = submitted
+        self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
+        self._has = np.zeros(len(submitted), bool)  # which rows have an object
+        self._has[:len(given)] = True
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __getitem__(self, i):
+        return self.make(np.array([i], np.int64))[0]
+
+    def make(self, rows: np.ndarray, source: RequestColumns | None = None) -> list[Request]:
+        """The objects of `rows`: those that exist, the others made from `source` (default: the columns as submitted)."""
+        objects, wanted = self._objects, rows.tolist()
+        missing = [i for i in wanted if objects[i] is None]
+        if missing:
+            made = (self._submitted if source is None else source).to_requests(np.array(missing, np.int64))
+            for i, r in zip(missing, made):
+                objects[i] = r
+            self._has[missing] = True
+        return list(map(objects.__getitem__, wanted))
+
+    def made(self) -> tuple[np.ndarray, list[Request]]:
+        """The rows that have an object, in row order, and their objects."""
+        rows = np.flatnonzero(self._has)
+        return rows, list(map(self._objects.__getitem__, rows.tolist()))
+
+    def open(self, rows: np.ndarray) -> np.ndarray:
+        """Of `rows`: which have an object that has not ended (a carried or still-running response)."""
+        out = self._has[rows]
+        at = np.flatnonzero(out)
+        out[at] = [not r.finish_reason for r in map(self._objects.__getitem__, rows[at].tolist())]
+        return out
+
+
+def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
+                submission: list[Request] | None = None) -> bool:
+    """The rollout of a policy whose end_rollout has an array form, scheduled whole and cut where it ends
+    (Engine.run_cut, lssim.sim.cut_route), or whose on_progress carries, as an array, run whole with the carries
+    (lssim.sim.carry_route), booked as the event route books it (on_finish told of each ended response, the carried
+    ones carried, in the order they left); False if the engine left it to the event route (nothing booked).
+    `fresh`: the plan's requests as columns; `submission`: where a hook ordered or placed them, the requests in the
+    order queued, registered and launched (Controller._launch); None: the carried responses first, then `fresh`,
+    booked here (registered as they leave the rollout)."""
+    carried = [r for r in s.carried_in if not r.done]
+    if submission is not None:
+        columns = RequestColumns.of(submission)
+        requests = RowRequests(columns, submission)
+    else:
+        columns = RequestColumns.concat([_carried_columns(s, carried), fresh]) if carried else fresh
+        requests = RowRequests(columns.take(np.arange(len(columns))), carried)
+    carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
+    left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
+        engine.run_cut(requests, columns, policy.end_rollout_at)
+    if left is None:
+        return False
+    if submission is not None:
+        _book_objects(requests.make(left), columns, s, policy, asks)
+    else:
+        _book_rows(left, requests, columns, len(carried), s, policy, asks)
+    if len(left):
+        # the last boundary's time (a carried response has no finish time; the clock nothing reads after the rollout)
+        last = int(left[-1])
+        s.rollout.now = engine.now() if requests.open(left[-1:])[0] else float(columns.finish_time[last])
+    return True
+
+
+def _carried_columns(s: StepState, carried: list[Request]) -> RequestColumns:
+    """RequestColumns.of(carried): the rows the last step closed them into (`s.carried_rows`), with the fields resuming
+    changed (lssim.loop.core.note_resume) read from the objects."""
+    columns = s.carried_rows
+    if columns is None or len(columns) != len(carried) or not np.array_equal(columns.rid, rids_of(carried)):
+        return RequestColumns.of(carried)
+    first, before, resumes = zip(*map(_resumed, carried))
+    columns.first_version[:], columns.tokens_before_resume[:] = first, before
+    columns.resumes = None if resumes.count(None) == len(resumes) else list(resumes)
+    return columns
+
+
+_resumed = operator.attrgetter("first_version", "tokens_before_resume", "resumes")
+
+
+def _book_objects(left: list[Request], columns: RequestColumns, s: StepState, policy: Policy, asks: dict[str, bool]) -> None:
+    """The books of the responses that left a cut or carried rollout whose every request was registered and launched
+    (`left`, in the order they left; `columns`: the submission's, filled by the engine): each carried one as `carry_out`
+    carries it (no hook hears of a carry), the ended ones as `end_response` books them, on_finish told of each in turn,
+    or, where the policy has on_finish's array form, all booked at once and told once. The ended ones are then the
+    cut's rows (`s.cut`), not in `s.ended`."""
+    ended = [r for r in left if r.finish_reason]
+    for r in left:
+        if not r.finish_reason:  # carried: the engine left its carry's reason in stop_reason
+            carry_out(r, s, r.stop_reason)
+    row_of = dict(zip(columns.rid.tolist(), range(len(columns))))  # (a submission's rids are distinct)
+    rows = np.fromiter(map(row_of.__getitem__, rids_of(ended).tolist()), np.int64, len(ended))
+    state, tell = s.rollout, asks["on_finish"]
+    if tell and not policy.finishes_in_batches():  # on_finish told of each as it is booked, as the event route does
+        for r in ended:
+            end_response(r, s)
+            policy.on_finish(r, state)
+    else:  # nobody reads the books between two of them: all booked at once, then on_finish's array form
+        end_responses(ended, s)
+        if tell:
+            policy.on_finishes(columns.take(rows), state)
+    s.cut, s.cut_objects, s.ended = (columns, rows), s.ended, []
+
+
+def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns, n_carried: int, s: StepState,
+               policy: Policy, asks: dict[str, bool]) -> None:
+    """The books of a cut or carried rollout of the carried responses (the first `n_carried` rows) and the plan's
+    (the rest, group after group), none registered yet: `left`, the rows that left, in that order (a carried one has
+    its object, not ended). What `register`, `Controller._launch`, `carry_out` and `end_response` keep, with objects
+    only where they are read (the module's docstring)."""
+    n, state = len(columns), s.rollout
+    is_open = requests.open(left)
+    ended, carried = left[~is_open], left[is_open]
+    running = np.ones(n, bool)
+    running[left] = False
+    tell = asks["on_finish"]
+    one_by_one = tell and not policy.finishes_in_batches()
+    starts, sizes = runs(columns.group_id[n_carried:])
+    starts += n_carried
+    # a plan's group is booked as objects where one of its members is still open, or where on_finish hears of each
+    still_open = running.copy()
+    still_open[carried] = True
+    as_objects = (np.ones(len(starts), bool) if one_by_one or not len(starts) else
+                  np.logical_or.reduceat(still_open[n_carried:], starts - n_carried))
+    has_object = np.zeros(n, bool)
+    has_object[:n_carried] = True
+    has_object[n_carried:] = np.repeat(as_objects, sizes)
+    _register_groups(requests, columns, n_carried, starts, sizes, as_objects, s)
+    s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
+    state.requests_in_flight = n - len(carried)
+    s.carried_out.extend(requests.make(carried))  # as `carry_out` carries them (the engine left each carry's reason)
+    s.cut = (columns, ended)
+    with_objects = ended[has_object[ended]]
+    s.cut_objects = requests.make(with_objects)
+    if one_by_one:  # on_finish told of each as it is booked, as the event route does
+        for r in s.cut_objects:
+            state.requests_in_flight -= 1
+            state.responses_done += 1
+            members_ended(r.group_id, 1, s)
+            policy.on_finish(r, state)
+    else:
+        state.requests_in_flight -= len(with_objects)
+        state.responses_done += len(with_objects)
+        gids, counts = np.unique(columns.group_id[with_objects], return_counts=True)
+        for gid, k in zip(gids.tolist(), counts.tolist()):
+            members_ended(gid, k, s)
+    _end_groups_as_rows(~as_objects, starts, sizes, columns, s)
+    if tell and not one_by_one:
+        policy.on_finishes(columns.take(ended), state)
+
+
+def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,
+                     sizes: np.ndarray, as_objects: np.ndarray, s: StepState) -> None:
+    """`register`'s books of the plan's groups (starting at rows `starts`, `sizes` long): each group's members as
+    objects where `as_objects` (those that ended made from the filled columns, as the engine would have filled them),
+    else as its rows of the submission; every member open until booked ended."""
+    object_rows = np.flatnonzero(np.repeat(as_objects, sizes)) + n_carried
+    s.fresh = fresh_objects = requests.make(object_rows, source=columns)
+    s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
+    s.context_at_start.update(zip(columns.rid[n_carried:].tolist(), columns.prompt_len[n_carried:].tolist()))
+    members, at = s.members, 0
+    for gid, a, k, objects in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_objects.tolist()):
+        if objects:
+            members[gid] = fresh_objects[at:at + k]
+            at += k
+        else:
+            members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
+        s.open_members[gid] = k
+    s.rollout.groups_submitted = len(members)
+
+
+def _end_groups_as_rows(as_rows: np.ndarray, starts: np.ndarray, sizes: np.ndarray, columns: RequestColumns,
+                        s: StepState) -> None:
+    """The books of the plan's groups whose every member ended in the rollout (`as_rows`, of the groups starting at
+    `starts`, `sizes` long): members ended, each group done, effective where its rewards differ (members_ended's)."""
+    if not as_rows.any():
+        return
+    state = s.rollout
+    rows = np.concatenate([np.arange(a, a + k) for a, k in zip(starts[as_rows].tolist(), sizes[as_rows].tolist())])
+    state.requests_in_flight -= len(rows)
+    state.responses_done += len(rows)
+    state.groups_done += int(as_rows.sum())
+    state.groups_effective += _effective(columns.reward[rows], sizes[as_rows])
+    s.open_members.update(zip(columns.group_id[starts[as_rows]].tolist(), itertools.repeat(0)))
+
+
+def _effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
+    """How many groups (members consecutive, `sizes` each) have rewards that differ, as members_ended judges each: with
+    Python's max and min, which a NaN reward answers by its place in the group (with_signal's arrays where none is NaN)."""
+    if not np.isnan(rewards).any():
+        return int(with_signal(rewards, sizes).sum())
+    out, at = 0, 0
+    for k in sizes.tolist():
+        group = rewards[at:at + k].tolist()
+        out += len(group) > 1 and max(group) - min(group) > 0
+        at += k
+    return out

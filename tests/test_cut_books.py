@@ -1,0 +1,79 @@
+"""lssim.loop.cut_books: the cut and carry routes' books make a Request object only where one is read.
+
+RowRequests hands the engine each row's object, made once from the columns as submitted (the engine fills the columns
+in place) or the one given; the books then keep a group whose every member ended in the rollout as rows of the
+submission, and its frames equal the event engine's (tests/test_fastpath_carry.py, test_fastpath_segment.py).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lssim.loop.cut_books as cut_books
+from lssim.loop.columns import RequestColumns
+from lssim.loop.core import STOP, Request
+from test_fastpath import ROOFLINE, make_trace
+from test_fastpath_segment import assert_same_carried_run
+from test_fastpath_carry import assert_same_cut_run
+
+ROWS = ("rid", "group_id", "prompt_id", "prompt_len", "max_tokens", "generated", "seed")
+
+
+def planned(n: int, seed: int) -> RequestColumns:
+    rng = np.random.default_rng(seed)
+    return RequestColumns.planned(rid=np.arange(100, 100 + n), group_id=np.arange(n) // 3, step=np.zeros(n, np.int64),
+                                  prompt_id=rng.integers(0, 50, n), sample_idx=np.arange(n) % 3,
+                                  prompt_len=rng.integers(1, 90, n), max_tokens=np.full(n, 300),
+                                  seed=rng.integers(0, 99, n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), given_count=st.integers(0, 12), seed=st.integers(0, 2**16), data=st.data())
+def test_each_row_has_one_object_made_from_the_columns_as_submitted(n, given_count, seed, data):
+    columns = planned(n, seed)
+    k = min(given_count, n)
+    given_objects = columns.to_requests(np.arange(k))
+    requests = cut_books.RowRequests(columns.take(np.arange(n)), given_objects)
+    columns.generated[:], columns.finish_reason[:] = 77, STOP  # the engine fills the columns in place afterwards
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n)), np.int64)
+    made = requests.make(rows)
+    assert all(r is given_objects[i] for r, i in zip(made, rows.tolist()) if i < k)
+    for r, i in zip(made, rows.tolist()):
+        assert [getattr(r, name) for name in ROWS] == [int(getattr(columns, name)[i]) if name != "generated" else 0
+                                                       for name in ROWS]
+        assert r.finish_reason == ""  # as submitted, not as filled
+    again = requests.make(rows)
+    assert all(a is b for a, b in zip(made, again))  # made once
+    have, objects = requests.made()
+    assert have.tolist() == sorted(set(range(k)) | set(rows.tolist()))
+    assert [r.rid for r in objects] == (100 + have).tolist()
+    if objects:
+        objects[0].finish_reason = STOP  # ended: no longer open
+    assert requests.open(np.arange(n)).tolist() == [i in set(have.tolist()[1:]) for i in range(n)]
+
+
+def test_rows_given_without_columns_for_them_are_refused():
+    columns = planned(2, 0)
+    with pytest.raises(ValueError, match="3 requests given for 2 rows"):
+        cut_books.RowRequests(columns, columns.to_requests() + [Request(0, 0, 0, 0, 0, 1, 1)])
+
+
+@pytest.mark.parametrize("policy", ["segment(window=128, extend=0.5)", "april(max_carry_steps=2)"])
+def test_groups_that_end_whole_in_the_rollout_are_booked_as_rows(monkeypatch, policy):
+    """Most of a step's groups end whole in its rollout and get no object; the frames equal the event engine's."""
+    made, rows_only = [], []
+    book = cut_books._book_rows
+
+    def counted(left, requests, columns, n_carried, s, policy_, asks):
+        book(left, requests, columns, n_carried, s, policy_, asks)
+        made.append(len(requests.made()[0]))
+        rows_only.append(s.fresh_rows_only)
+
+    monkeypatch.setattr(cut_books, "_book_rows", counted)
+    trace = make_trace(np.random.default_rng(5), 4, 6, 4, 300)
+    if policy.startswith("segment"):
+        assert_same_carried_run(trace, policy, ROOFLINE, 2, 4, 100_000)
+    else:
+        assert_same_cut_run(trace, policy, ROOFLINE, 2, 4, 100_000)
+    assert len(made) >= 3 and sum(rows_only) > 0 and sum(made) > 0
