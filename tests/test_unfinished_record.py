@@ -116,8 +116,8 @@ def _recorded_async_run(folder, tmp_path, steps: int = 4, seed: int = 0, mode: s
     engine.submit = watched
     run_cut = engine.run_cut  # the cut and carry routes submit a whole rollout through run_cut
 
-    def watched_cut(requests, columns, *args, **kw):
-        started.update((r.step, r.prompt_id, r.sample_idx) for r in requests)
+    def watched_cut(requests, columns, *args, **kw):  # read from the columns: the objects are made only where read
+        started.update(zip(columns.step.tolist(), columns.prompt_id.tolist(), columns.sample_idx.tolist()))
         return run_cut(requests, columns, *args, **kw)
 
     engine.run_cut = watched_cut
