@@ -326,7 +326,7 @@ class PromptSource(Protocol):
 
 
 class StepObserver(Protocol):
-    """Told each step's row (lssim.loop.records.step_row) as the step completes, after the controller has recorded
+    """Told each step's row (lssim.loop.step_row.step_row) as the step completes, after the controller has recorded
     it (Controller.add_observer): progress bars, a real run's recorder, its checkpoints."""
 
     def __call__(self, row: dict) -> None: ...

@@ -27,7 +27,8 @@ from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, plan_requests, rids_of
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
-from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState, mode_fields, step_outcome, step_row
+from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
+from lssim.loop.step_row import mode_fields, step_outcome, step_row
 from lssim.loop.cut_books import rollout_cut
 from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
@@ -198,7 +199,7 @@ class Controller:
         self._last_end = self.engine.now()
 
     def run_step(self, step: int) -> dict:
-        """One synchronous RL step; returns its row (lssim.loop.records.step_row)."""
+        """One synchronous RL step; returns its row (lssim.loop.step_row.step_row)."""
         s = self._start_step(step)  # carried groups reopen; carried responses resume where they stopped
         ctx, proposal = self._proposal(s)
         plan = self._admit(self.policy.plan(ctx, proposal), s)
