@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -77,17 +77,20 @@ def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np
     return groups
 
 
-def held_rows(s: StepState, waiting: list[list[Request]], earlier: HeldRows | None = None) -> HeldRows | None:
-    """The rows (step `s`'s closed ones, or `earlier`'s) of the members of the groups still `waiting` that have ended,
-    for the step that completes their groups (close_step's `earlier`); None: none."""
-    rids = rids_of([r for members in waiting for r in members if r.done])
-    now = rows_by_rid(s.closed.rid, np.arange(len(s.closed)), rids)
-    before = (np.full(len(rids), -1, np.int64) if earlier is None else
-              rows_by_rid(earlier.columns.rid, np.arange(len(earlier.columns)), rids))
-    in_now, in_before = now >= 0, (now < 0) & (before >= 0)
-    if not (in_now.any() or in_before.any()):
+def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = None) -> HeldRows | None:
+    """The rows (step `s`'s closed ones, or `earlier`'s) of the members that have ended of the groups still `waiting`
+    (their group ids), for the step that completes their groups (close_step's `earlier`); None: none. Found by group
+    id over the columns (a run's group ids are distinct): the closed rows of a waiting group that ended (its carried
+    members are closed too, not ended), and every row `earlier` holds of one (only ended members are held)."""
+    gids = np.fromiter(waiting, np.int64)
+    if not len(gids):
         return None
-    parts = [s.closed.take(now[in_now])] + ([earlier.columns.take(before[in_before])] if in_before.any() else [])
+    closed = s.closed
+    now = np.flatnonzero(np.isin(closed.group_id, gids) & (closed.finish_reason != ""))
+    before = np.zeros(0, np.int64) if earlier is None else np.flatnonzero(np.isin(earlier.columns.group_id, gids))
+    if not (len(now) or len(before)):
+        return None
+    parts = [closed.take(now)] + ([earlier.columns.take(before)] if len(before) else [])
     return HeldRows(RequestColumns.concat(parts))
 
 

@@ -239,15 +239,14 @@ class Controller:
                       rollout=RolloutState(step=step, started=t0, now=t0), carried_in=self._carried,
                       kept_in=list(self._kept.values()), version=version, waited=t0 - before)
         s.carried_rows, self._carried, self._kept, self._carried_rows = self._carried_rows, [], {}, None
-        for gid, members in self._waiting_groups.items():
-            s.members[gid] = members
-            s.open_members[gid] = [m.finish_reason for m in members].count("")  # not ended (Request.done)
-        self._waiting_groups = {}
+        s.members.update(self._waiting_groups)  # open members: those carried or kept (every other one ended)
+        open_members, self._waiting_groups = s.open_members, {}
+        open_members.update(dict.fromkeys(s.members, 0))
+        for r in itertools.chain(s.carried_in, s.kept_in):  # (kept: still generating, tokens counted where they ran)
+            s.context_at_start[r.rid] = r.prompt_len + r.generated
+            open_members[r.group_id] += 1
         for r in s.carried_in:
-            s.context_at_start[r.rid] = r.prompt_len + r.generated
             note_resume(r, version)
-        for r in s.kept_in:  # still generating: their tokens so far were counted in the steps they ran in
-            s.context_at_start[r.rid] = r.prompt_len + r.generated
         return s
 
     def _proposal(self, s: StepState) -> tuple[StepContext, Sequence[GroupSpec]]:
@@ -317,13 +316,13 @@ class Controller:
             done_groups = s.groups_done
         done_now = []
         for gid, members in s.members.items():
-            if s.open_members[gid] and not all(r.done for r in members):  # open_members 0: every member ended here
+            if s.open_members[gid]:  # its members not ended (carried or kept): 0 where every member ended
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
                 done_now.append(members)
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = close_step(s, done_now, self.mode.version, self._held)
-            self._held = held_rows(s, list(self._waiting_groups.values()), self._held)
+            self._held = held_rows(s, self._waiting_groups, self._held)
             if len(self._carried) == len(s.carried_out):  # (none kept generating): the next step's carried_in
                 self._carried_rows = s.closed.take(s.closed_carried)
         trained, left_out = self.loader.leave_out(self.policy.select(done_groups, step), done_groups)

@@ -235,43 +235,57 @@ class SimEngine(Engine):
             self._schedule(inst)
 
     def abort(self, r: Request) -> None:
-        inst = self._abort_one(r)
+        inst = self._where.pop(r.rid, None)
         if inst is not None:
+            # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
+            self.clock += self.cost.abort_time(1)
+            self._abort_on(inst, [(r, self.clock)])
             self._schedule(inst)
 
     def abort_many(self, requests: Sequence[Request]) -> None:
-        """Each of `requests` aborted in turn, to the last bit as `abort` one by one: every abort's catch-up, departure
-        and admissions from the queue (their prefill and first tokens) run as abort runs them; only each instance's
-        next event is priced once, after its last abort, where abort prices it after each (a price that the next
-        abort on the instance supersedes unread), in the order of those last aborts (ties between instances' events
-        go by that order)."""
-        touched: dict[int, _Instance] = {}
+        """Each of `requests` aborted in turn, to the last bit as `abort` one by one, in one pass per instance: the
+        instances share only the clock (each abort blocks the caller for cost.abort_time), so each instance's aborts
+        run in their order at the clock each came at, with every catch-up, departure and admission from the queue
+        (their prefill and first tokens) as abort runs them; only each instance's next event is priced once, after its
+        last abort, where abort prices it after each (a price that the next abort on the instance supersedes unread),
+        in the order of those last aborts (ties between instances' events go by that order)."""
+        by_instance: dict[int, tuple[_Instance, list]] = {}
+        where, clock, abort_time = self._where, self.clock, self.cost.abort_time
         for r in requests:
-            inst = self._abort_one(r)
-            if inst is not None:
-                touched.pop(inst.idx, None)
-                touched[inst.idx] = inst
-        for inst in touched.values():
+            inst = where.pop(r.rid, None)
+            if inst is None:
+                continue
+            clock += abort_time(1)
+            entry = by_instance.pop(inst.idx, None) or (inst, [])
+            entry[1].append((r, clock))
+            by_instance[inst.idx] = entry  # (re-inserted: the instances in the order of their last aborts)
+        self.clock = clock
+        for inst, aborts in by_instance.values():
+            self._abort_on(inst, aborts)
+        for inst, _ in by_instance.values():
             self._schedule(inst)
 
-    def _abort_one(self, r: Request) -> _Instance | None:
-        """`abort` up to pricing the instance's next event: the instance the request was on (None: none)."""
-        inst = self._where.pop(r.rid, None)
-        if inst is None:
-            return None
-        # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
-        self.clock += self.cost.abort_time(1)
-        self._catch_up(inst, self.clock)
-        self._epoch[r.rid] += 1
-        inst.pending -= 1
-        member = inst.members.pop(r.rid, None)
-        if member is not None:  # running: keep the tokens it has, free its KV
-            r.generated = member[3] + (inst.it - member[2])
-            inst.n -= 1
-            inst.ctx -= r.prompt_len + r.generated
-            self._depart(inst, 1)
-        self._admit(inst)
-        return inst
+    def _abort_on(self, inst: _Instance, aborts: list[tuple[Request, float]]) -> None:
+        """`abort` of each of `aborts` (a request on `inst`, the clock when it came), in turn, up to pricing the
+        instance's next event: catch up to that clock, free the request's place (a running one keeps the tokens it
+        has and frees its KV), admit from the queue. _catch_up's quick cases are written out (a call each costs), and one
+        more: the batch shrank by an abort at the same clock, so usually not one more iteration fits before it."""
+        epoch, members, decode_time = self._epoch, inst.members, self.cost.decode_time
+        for r, now in aborts:
+            if not inst.n:
+                inst.t = max(inst.t, now)
+            elif inst.t + inst.owed < now and decode_time(inst.n, inst.ctx, 1) <= now - inst.t - inst.owed:
+                self._catch_up(inst, now)  # (else not one iteration fits: iterations_within's 0, asked for less)
+            epoch[r.rid] += 1
+            inst.pending -= 1
+            member = members.pop(r.rid, None)
+            if member is not None:  # running
+                r.generated = member[3] + (inst.it - member[2])
+                inst.n -= 1
+                inst.ctx -= r.prompt_len + r.generated
+                self._depart(inst, 1)
+            if inst.waiting:
+                self._admit(inst)
 
     def next_events(self) -> list[Event]:
         events, timers = self._events, self._timers
