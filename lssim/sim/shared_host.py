@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from lssim.cost.protocol import settle_iterations
 from lssim.loop.cost_contracts import CostModel
 from lssim.sim.world import SimEngine
 
@@ -111,7 +112,10 @@ class ScaledCost(CostModel):
         return self.scale * self.base.decode_time(n_seqs, ctx_tokens, n_iters)
 
     def iterations_within(self, n_seqs: int, ctx_tokens: float, seconds: float) -> int:
-        return self.base.iterations_within(n_seqs, ctx_tokens, seconds / self.scale)
+        # the base's answer for seconds / scale, settled against this model's own decode_time (the contract: the
+        # largest k whose decode_time fits; the division can round it one off)
+        estimate = self.base.iterations_within(n_seqs, ctx_tokens, seconds / self.scale)
+        return settle_iterations(self.decode_time, n_seqs, ctx_tokens, seconds, estimate)
 
     def prefill_time(self, n_tokens: int) -> float:
         return self.scale * self.base.prefill_time(n_tokens)
