@@ -243,8 +243,9 @@ def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 class GroupBatch(Sequence):
-    """The groups of a batch-route step, as a read-only list of `Group`s over the step's columns: a Group object is
-    made only for a group someone looks at (a policy's `select`), and `gather` reads the members without any."""
+    """Groups that are rows of one step's columns (a batch-route step's, or a policy's selection over a step's closed
+    columns), as a read-only list of `Group`s: a Group object is made only for a group someone looks at (a policy's
+    `select`), and `gather` reads the members without any."""
 
     def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
         self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
@@ -274,27 +275,31 @@ def prompt_ids(groups) -> np.ndarray:
     return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
 
 
+def rows_of_one(groups) -> tuple[RequestColumns, np.ndarray, np.ndarray] | None:
+    """(columns, rows, sizes): the members of `groups`, group after group, where every group is rows (not a slice) of
+    one RequestColumns (a batch-route step's GroupBatch, a step's closed columns); None where they are not."""
+    if isinstance(groups, GroupBatch):
+        return groups.columns, groups.rows, groups.sizes
+    first = groups[0].columns if groups else None
+    if first is None:
+        return None
+    rows = [g.rows for g in groups if g.columns is first]
+    if len(rows) != len(groups) or any(isinstance(r, slice) for r in rows):
+        return None
+    return first, np.concatenate(rows), np.fromiter(map(len, rows), np.int64, len(rows))
+
+
 def gather(groups, name: str | None = None):
     """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
     (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
     (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
-    if isinstance(groups, GroupBatch):
-        rows, first, sizes = groups.rows, groups.columns, groups.sizes
+    one = rows_of_one(groups)
+    if one is not None:  # the common case: every group is rows of one step's columns
+        first, rows, sizes = one
         whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
         if name:
             return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
         return (first if whole else first.take(rows)), sizes
-    first = groups[0].columns if groups else None
-    if first is not None:  # the batch route's common case: every group is rows of one step's columns
-        rows = [g.rows for g in groups if g.columns is first]
-        if len(rows) == len(groups) and not any(isinstance(r, slice) for r in rows):
-            sizes = np.fromiter(map(len, rows), np.int64, len(rows))
-            rows = np.concatenate(rows)
-            whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
-            if name:
-                column = getattr(first, name)
-                return (column if whole else column[rows]), sizes
-            return (first if whole else first.take(rows)), sizes
     parts, sizes = [], np.zeros(len(groups), np.int64)
     run_cols, run_rows, objects = None, [], []
 
