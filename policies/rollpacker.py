@@ -147,12 +147,13 @@ class RollPacker(Policy):
         one = rows_of_one(groups)
         rid, sizes = (one[0].rid[one[1]], one[2]) if one is not None else gather(groups, "rid")
         needed = self._needed(prompt_ids(groups), sizes)
-        chosen, first = self._by_finish(rid, sizes)
+        heard, finish_time = self._heard()
+        rank = rows_by_rid(heard, np.arange(len(heard)), rid)  # each member's place in finishing order; -1: none
+        chosen, first = self._by_finish(rank, sizes)
         counts = np.diff(first, append=len(chosen))
         complete = np.flatnonzero(counts >= needed)
         nth = chosen[first[complete] + needed[complete] - 1]  # each complete group's n-th member to finish
-        finish_time = np.concatenate([times for _, times in self._finished])[self._rank(rid[nth])]
-        trained = complete[np.argsort(finish_time, kind="stable")][:self._target]
+        trained = complete[np.argsort(finish_time[rank[nth]], kind="stable")][:self._target]
         self._defer(groups, np.flatnonzero(counts < needed))
         n = needed[trained]
         picked = chosen[np.repeat(first[trained] - (np.cumsum(n) - n), n) + np.arange(n.sum())]  # group after group
@@ -162,15 +163,18 @@ class RollPacker(Policy):
         return [groups[g].take(picked[a:a + k] - offsets[a:a + k])
                 for g, a, k in zip(trained.tolist(), (np.cumsum(n) - n).tolist(), n.tolist())]
 
-    def _rank(self, rids: np.ndarray) -> np.ndarray:
-        """Each of `rids`' place in the order the round's responses finished (-1: not heard of as finished)."""
-        finished = np.concatenate([r for r, _ in self._finished]) if self._finished else np.zeros(0, np.int64)
-        return rows_by_rid(finished, np.arange(len(finished)), rids)
+    def _heard(self) -> tuple[np.ndarray, np.ndarray]:
+        """The round's finished responses on_finish (or its array form) heard of: rids and finish times, in that order."""
+        if not self._finished:
+            return np.zeros(0, np.int64), np.zeros(0)
+        rids, times = zip(*self._finished)
+        return np.concatenate(rids).astype(np.int64, copy=False), np.concatenate(times).astype(float, copy=False)
 
-    def _by_finish(self, rid: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The finished members (`rid`: the groups', group after group, `sizes` each), as positions in `rid`, group
-        after group and in finishing order within each; where each group's start."""
-        rank = self._rank(rid)
+    @staticmethod
+    def _by_finish(rank: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The finished members (`rank`: each member's place in finishing order, -1 for none; the groups' members
+        group after group, `sizes` each), as positions among them, group after group and in finishing order within
+        each; where each group's start."""
         members = np.full(int(rank.max(initial=-1)) + 1, -1, np.int64)
         members[rank[rank >= 0]] = np.flatnonzero(rank >= 0)
         members = members[members >= 0]  # in finishing order
