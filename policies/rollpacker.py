@@ -34,11 +34,8 @@ import math
 import numpy as np
 
 from lssim.loop.columns import GroupBatch, gather, prompt_ids, rows_by_rid, rows_of_one, runs, stable_argsort
-from lssim.loop.core import LENGTH, POLICY_STOP, STOP, GroupSpec
+from lssim.loop.core import ABORT, GroupSpec, GroupSpecs, spec_columns
 from lssim.loop.policy import Policy
-
-_FINISHED = (STOP, LENGTH, POLICY_STOP)
-
 
 class RollPacker(Policy):
     name = "rollpacker"
@@ -69,7 +66,8 @@ class RollPacker(Policy):
             del self.long_queue[:len(take)]
             self.long_rounds.append((ctx.step, list(take)))
             self._round, self._target = "long", len(take)
-            return [GroupSpec(pid, ctx.group_size, ctx.max_tokens) for pid in take]
+            return GroupSpecs(np.array(take, np.int64), np.full(len(take), ctx.group_size, np.int64),
+                              np.full(len(take), ctx.max_tokens, np.int64))
         self._round = "short"
         base = proposal[:max(0, min(len(proposal), budget - queued))]
         self._target = len(base)
@@ -78,11 +76,19 @@ class RollPacker(Policy):
         ratio = self.ratio if len(base) + queued < budget else 1.0
         n_extra = math.ceil(ratio * len(base)) - len(base)
         extra = ctx.draw(n_extra) if (ctx.draw is not None and n_extra) else []
-        plan = []
-        for g in base + extra:
-            self._n[g.prompt_id] = g.n_samples
-            plan.append(GroupSpec(g.prompt_id, math.ceil(ratio * g.n_samples), g.max_tokens, g.priority, g.instance))
-        return plan
+        prompt, n, max_tokens = (np.concatenate(c) for c in zip(spec_columns(base), spec_columns(extra)))
+        self._n = dict(zip(prompt.tolist(), n.tolist()))
+        samples = np.ceil(ratio * n).astype(np.int64)  # (math.ceil of the same double)
+        if _unplaced(base) and _unplaced(extra):  # the usual plan: as columns (no GroupSpec made)
+            return GroupSpecs(prompt, samples, max_tokens)
+        return [GroupSpec(p, k, m, g.priority, g.instance) for p, k, m, g in
+                zip(prompt.tolist(), samples.tolist(), max_tokens.tolist(), itertools.chain(base, extra))]
+
+    @staticmethod
+    def _counts_towards(reason):
+        """The rule, for numbers and arrays alike: an ended response counts towards its group's n once it finished (by
+        itself, by its budget, or stopped by a policy: every ending of lssim.loop.core.FINISH_REASONS but an abort)."""
+        return reason != ABORT
 
     @staticmethod
     def _completes(place, needed):
@@ -112,7 +118,7 @@ class RollPacker(Policy):
         return np.sort(order[completes]), keys, before + sizes
 
     def on_finish(self, request, state):
-        if self._round != "short" or request.finish_reason not in _FINISHED:
+        if self._round != "short" or not self._counts_towards(request.finish_reason):
             return
         place = self._counts[request.group_id] = self._counts.get(request.group_id, 0) + 1
         self._finished.append(((request.rid,), (request.finish_time,)))
@@ -121,7 +127,7 @@ class RollPacker(Policy):
     def on_finishes(self, ended, state):
         if self._round != "short":
             return
-        finished = np.flatnonzero(np.isin(ended.finish_reason, _FINISHED))
+        finished = np.flatnonzero(self._counts_towards(ended.finish_reason))
         completions, keys, counts = self._completions(ended.group_id[finished], ended.prompt_id[finished])
         self._counts.update(zip(keys.tolist(), counts.tolist()))
         self._finished.append((ended.rid[finished], ended.finish_time[finished]))
@@ -132,7 +138,7 @@ class RollPacker(Policy):
 
     def end_rollout_at(self, progress):
         ended = progress.ended
-        finished = np.flatnonzero(np.isin(ended.finish_reason, _FINISHED))
+        finished = np.flatnonzero(self._counts_towards(ended.finish_reason))
         completions = finished[self._completions(ended.group_id[finished], ended.prompt_id[finished])[0]]
         complete = self._complete + np.searchsorted(completions, progress.boundary_end, side="left")
         ends = np.flatnonzero(self._ends(complete))
@@ -191,3 +197,8 @@ class RollPacker(Policy):
                 self.long_queue.append(pid)
                 self.deferred.append((self._step, pid))
                 queued.add(pid)
+
+
+def _unplaced(groups) -> bool:
+    """Every group of a plan at the default priority and placement (a loader batch as columns is)."""
+    return (isinstance(groups, GroupSpecs) and groups.untouched) or all(g.priority == 0 and g.instance is None for g in groups)
