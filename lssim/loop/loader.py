@@ -97,8 +97,8 @@ class DataLoader:
 
 def _joined(pieces: list[Sequence[GroupSpec]]) -> Sequence[GroupSpec]:
     """Slices of the loader's batches as one sequence: columns where every slice is columns no one has read a group
-    of (no GroupSpec made), else a list."""
-    if not all(isinstance(p, GroupSpecs) and p.untouched for p in pieces):
+    of (no GroupSpec made), else a list (none: an empty one)."""
+    if not pieces or not all(isinstance(p, GroupSpecs) and p.untouched for p in pieces):
         return [g for piece in pieces for g in piece]
     offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
     members = {at + j: m for p, at in zip(pieces, offsets) for j, m in p.members.items()}
