@@ -24,6 +24,9 @@ Costs: the responses dropped (and the over-provisioned samples never trained) ar
 shorter responses, as RollPacker's race to completion does.
 
 Defaults: ratio=1.25 (RollPacker's eta for both prompts and responses per prompt).
+
+Its hooks also answer over a submission's columns (on_finishes, end_rollout_at, select over rows), each rule written
+once for numbers and arrays, so the simulator's cut route (lssim.sim.cut_route) makes no object per ended response.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 from lssim.loop.columns import GroupBatch, gather, prompt_ids, rows_by_rid, rows_of_one, runs, stable_argsort
 from lssim.loop.core import ABORT, GroupSpec, GroupSpecs, spec_columns
 from lssim.loop.policy import Policy
+
 
 class RollPacker(Policy):
     name = "rollpacker"
@@ -152,22 +156,22 @@ class RollPacker(Policy):
             return groups
         one = rows_of_one(groups)
         rid, sizes = (one[0].rid[one[1]], one[2]) if one is not None else gather(groups, "rid")
-        needed = self._needed(prompt_ids(groups), sizes)
+        prompts = prompt_ids(groups)
+        needed = self._needed(prompts, sizes)
         heard, finish_time = self._heard()
         rank = rows_by_rid(heard, np.arange(len(heard)), rid)  # each member's place in finishing order; -1: none
-        chosen, first = self._by_finish(rank, sizes)
-        counts = np.diff(first, append=len(chosen))
+        chosen, counts = self._by_finish(rank, sizes)
+        first = np.cumsum(counts) - counts
         complete = np.flatnonzero(counts >= needed)
         nth = chosen[first[complete] + needed[complete] - 1]  # each complete group's n-th member to finish
         trained = complete[np.argsort(finish_time[rank[nth]], kind="stable")][:self._target]
-        self._defer(groups, np.flatnonzero(counts < needed))
+        self._defer(prompts[counts < needed])
         n = needed[trained]
         picked = chosen[np.repeat(first[trained] - (np.cumsum(n) - n), n) + np.arange(n.sum())]  # group after group
         if one is not None:
             return GroupBatch(one[0], one[1][picked], n)
-        offsets = np.repeat(np.cumsum(sizes) - sizes, sizes)[picked]  # where each group's members start
-        return [groups[g].take(picked[a:a + k] - offsets[a:a + k])
-                for g, a, k in zip(trained.tolist(), (np.cumsum(n) - n).tolist(), n.tolist())]
+        member = picked - np.repeat(np.cumsum(sizes) - sizes, sizes)[picked]  # each one's place in its group
+        return [groups[g].take(member[a:a + k]) for g, a, k in zip(trained.tolist(), (np.cumsum(n) - n).tolist(), n.tolist())]
 
     def _heard(self) -> tuple[np.ndarray, np.ndarray]:
         """The round's finished responses on_finish (or its array form) heard of: rids and finish times, in that order."""
@@ -180,19 +184,17 @@ class RollPacker(Policy):
     def _by_finish(rank: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The finished members (`rank`: each member's place in finishing order, -1 for none; the groups' members
         group after group, `sizes` each), as positions among them, group after group and in finishing order within
-        each; where each group's start."""
+        each; how many each group has."""
         members = np.full(int(rank.max(initial=-1)) + 1, -1, np.int64)
         members[rank[rank >= 0]] = np.flatnonzero(rank >= 0)
         members = members[members >= 0]  # in finishing order
         owner = np.repeat(np.arange(len(sizes)), sizes)[members]
-        counts = np.bincount(owner, minlength=len(sizes))
-        return members[stable_argsort(owner)], np.cumsum(counts) - counts
+        return members[stable_argsort(owner)], np.bincount(owner, minlength=len(sizes))
 
-    def _defer(self, groups, incomplete: np.ndarray) -> None:
+    def _defer(self, prompts: np.ndarray) -> None:
         """The prompts of the groups that did not complete go to the long-prompt queue, once."""
         queued = set(self.long_queue)
-        for g in incomplete.tolist():
-            pid = groups[g].prompt_id
+        for pid in prompts.tolist():
             if pid not in queued:
                 self.long_queue.append(pid)
                 self.deferred.append((self._step, pid))
