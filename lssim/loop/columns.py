@@ -243,9 +243,8 @@ def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 class GroupBatch(Sequence):
-    """Groups that are rows of one step's columns (a batch-route step's, or a policy's selection over a step's closed
-    columns), as a read-only list of `Group`s: a Group object is made only for a group someone looks at (a policy's
-    `select`), and `gather` reads the members without any."""
+    """Groups that are rows of one step's columns (a batch-route step's; a selection over a step's closed columns), as
+    a read-only list of `Group`s: a Group is made only for a group someone looks at; `gather` reads them without any."""
 
     def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
         self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
@@ -272,7 +271,7 @@ def prompt_ids(groups) -> np.ndarray:
     """Each group's prompt, in order."""
     if isinstance(groups, GroupBatch):
         return groups.prompt_ids
-    return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
+    return np.fromiter(map(operator.attrgetter("prompt_id"), groups), np.int64, len(groups))
 
 
 def rows_of_one(groups) -> tuple[RequestColumns, np.ndarray, np.ndarray] | None:
@@ -280,13 +279,13 @@ def rows_of_one(groups) -> tuple[RequestColumns, np.ndarray, np.ndarray] | None:
     one RequestColumns (a batch-route step's GroupBatch, a step's closed columns); None where they are not."""
     if isinstance(groups, GroupBatch):
         return groups.columns, groups.rows, groups.sizes
-    first = groups[0].columns if groups else None
-    if first is None:
+    columns = list(map(operator.attrgetter("columns"), groups))  # (a pass in C: a step has hundreds of groups)
+    if not columns or columns[0] is None or columns.count(columns[0]) != len(columns):  # (columns compare by identity)
         return None
-    rows = [g.rows for g in groups if g.columns is first]
-    if len(rows) != len(groups) or any(isinstance(r, slice) for r in rows):
+    rows = list(map(operator.attrgetter("rows"), groups))
+    if slice in set(map(type, rows)):
         return None
-    return first, np.concatenate(rows), np.fromiter(map(len, rows), np.int64, len(rows))
+    return columns[0], np.concatenate(rows), np.fromiter(map(len, rows), np.int64, len(rows))
 
 
 def gather(groups, name: str | None = None):
@@ -391,10 +390,15 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
 
 
 def rows_by_rid(rids: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The row paired with each of `wanted` (rows[i] is distinct rids[i]'s), -1 where it is not among `rids`: one sort
-    and one search over arrays, where a dict costs a Python lookup per request."""
+    """The row paired with each of `wanted` (rows[i] is distinct rids[i]'s), -1 where it is not among `rids`: a table or
+    one sort and one search over arrays, where a dict costs a Python lookup per request."""
     if not len(rids) or not len(wanted):
         return np.full(len(wanted), -1, np.int64)
+    lo, hi = min(int(rids.min()), int(wanted.min())), max(int(rids.max()), int(wanted.max()))
+    if hi - lo < 4 * (len(rids) + len(wanted)):  # a step's rids are about one range: a table over it, no sort
+        table = np.full(hi - lo + 1, -1, np.int64)
+        table[rids - lo] = rows
+        return table[wanted - lo]
     order = np.argsort(rids, kind="stable")
     keys = rids[order]
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
