@@ -151,7 +151,7 @@ class RollPacker(Policy):
     def select(self, groups, step):
         """Each group that completed trains on its first n members to finish, the first `_target` groups to complete;
         the prompts of the others go to the long-prompt queue. Over rows where the groups are rows of one step's
-        columns (lssim.loop.columns.GroupBatch: no Group object made)."""
+        columns (lssim.loop.columns.GroupBatch: no Group made until one is read), each keeping the objects it held."""
         if self._round != "short":
             return groups
         one = rows_of_one(groups)
@@ -167,11 +167,17 @@ class RollPacker(Policy):
         trained = complete[np.argsort(finish_time[rank[nth]], kind="stable")][:self._target]
         self._defer(prompts[counts < needed])
         n = needed[trained]
-        picked = chosen[np.repeat(first[trained] - (np.cumsum(n) - n), n) + np.arange(n.sum())]  # group after group
-        if one is not None:
-            return GroupBatch(one[0], one[1][picked], n)
+        at = np.cumsum(n) - n
+        picked = chosen[np.repeat(first[trained] - at, n) + np.arange(n.sum())]  # group after group
+        at = at.tolist()
         member = picked - np.repeat(np.cumsum(sizes) - sizes, sizes)[picked]  # each one's place in its group
-        return [groups[g].take(member[a:a + k]) for g, a, k in zip(trained.tolist(), (np.cumsum(n) - n).tolist(), n.tolist())]
+        kept = [groups[g] for g in trained.tolist()]
+        if one is None:
+            return [g.take(member[a:a + k]) for g, a, k in zip(kept, at, n.tolist())]
+        # (a real engine's objects hold the token ids the trainer reads)
+        held = [None if g.held is None else list(map(g.held.__getitem__, member[a:a + k].tolist()))
+                for g, a, k in zip(kept, at, n.tolist())]
+        return GroupBatch(one[0], one[1][picked], n, None if held.count(None) == len(held) else held)
 
     def _heard(self) -> tuple[np.ndarray, np.ndarray]:
         """The round's finished responses on_finish (or its array form) heard of: rids and finish times, in that order."""

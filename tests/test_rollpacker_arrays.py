@@ -87,13 +87,14 @@ def chunks(ended, cuts):
 def test_on_finishes_in_chunks_leaves_the_policy_as_on_finish_one_by_one(case):
     proposal, ratio, reasons, order, steps, cuts, rid_base = case
     one, columns, ended, sizes = planned_round(proposal, ratio, reasons, order, steps, rid_base)
-    many = planned_round(proposal, ratio, reasons, order, steps, rid_base)[0]
+    many, both = (planned_round(proposal, ratio, reasons, order, steps, rid_base)[0] for _ in range(2))
     objects = columns.to_requests()
     state, heard = RolloutState(0, 0.0), []
     for part in chunks(ended, cuts):
         for i in part.tolist():
             one.on_finish(objects[i], state)
         many.on_finishes(columns.take(part), state)
+        both.on_finishes(columns.take(part), state)
         heard += part.tolist()
         ends = len(expected_selection(proposal, columns, np.array(heard, np.int64), sizes, target=None)[0]) >= len(proposal)
         assert many.end_rollout(state) == one.end_rollout(state) == ends  # the target's groups complete
@@ -104,6 +105,12 @@ def test_on_finishes_in_chunks_leaves_the_policy_as_on_finish_one_by_one(case):
     assert [g.column("rid").tolist() for g in by_objects] == trained
     assert [g.column("rid").tolist() for g in by_rows] == trained
     assert isinstance(by_rows, GroupBatch) and by_rows.columns is columns  # over the rows: no object made
+    assert all(g.held is None for g in by_rows)
+    # groups of objects and rows (the event route's, a real engine's): over the rows, each holding its objects still
+    by_both = both.select([Group(int(columns.prompt_id[r[0]]), 0, [objects[i] for i in r.tolist()], columns=columns, rows=r)
+                           for r in group_rows(sizes)], 0)
+    assert isinstance(by_both, GroupBatch) and [g.column("rid").tolist() for g in by_both] == trained
+    assert all(r is objects[i] for g in by_both for r, i in zip(g.held, g.rows.tolist()))
     assert one.long_queue == many.long_queue == queued
     assert one.deferred == many.deferred == [(0, p) for p in queued]
 

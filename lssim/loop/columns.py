@@ -246,8 +246,9 @@ class GroupBatch(Sequence):
     """Groups that are rows of one step's columns (a batch-route step's; a selection over a step's closed columns), as
     a read-only list of `Group`s: a Group is made only for a group someone looks at; `gather` reads them without any."""
 
-    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
+    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray, held: list | None = None):
         self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
+        self.held = held  # per group, the Request objects it holds too (Group.held), or None; None: rows only
         self.starts = np.cumsum(sizes) - sizes
         self._groups: list[Group] | None = None
 
@@ -258,8 +259,10 @@ class GroupBatch(Sequence):
         if self._groups is None:
             cols, rows = self.columns, self.rows
             first = rows[self.starts]
-            self._groups = [Group(p, st, columns=cols, rows=rows[a:a + n]) for p, st, a, n in
-                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(), self.sizes.tolist())]
+            held = itertools.repeat(None) if self.held is None else self.held
+            self._groups = [Group(p, st, h, columns=cols, rows=rows[a:a + n]) for p, st, a, n, h in
+                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(),
+                                self.sizes.tolist(), held)]
         return self._groups[i]
 
     @property

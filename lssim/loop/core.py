@@ -319,6 +319,12 @@ class Group:
             self._requests = self.columns.to_requests(self.rows)
         return self._requests
 
+    @property
+    def held(self) -> list[Request] | None:
+        """Its members as the Request objects it holds (with what columns lack: a real engine's token ids, signals);
+        None where it is rows only."""
+        return self._requests
+
     def column(self, name: str) -> np.ndarray:
         """A field of every member, in member order (lssim.loop.columns.RequestColumns's names and dtypes)."""
         if self.columns is not None:
