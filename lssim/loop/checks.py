@@ -15,6 +15,7 @@ from dataclasses import fields
 
 import pandas as pd
 
+from lssim.loop.columns import GroupBatch
 from lssim.loop.core import Group, GroupSpec, GroupSpecs, Request
 from lssim.loop.policy import CARRY, DROP, Action, Policy, PolicyNeeds, StepOutcome, TrainMask
 
@@ -114,8 +115,9 @@ class _Checked(Policy):
     def select(self, groups, step):
         members = [r for g in groups for r in g.requests]
         chosen = self._unchanged("select", members, lambda: self.inner.select(list(groups), step))
-        if not isinstance(chosen, list) or not all(isinstance(g, Group) for g in chosen):
-            self._fail("select", f"must return a list of Group, got {type(chosen).__name__}")
+        # (a GroupBatch: groups over one step's columns, as the batch route gives them)
+        if not isinstance(chosen, (list, GroupBatch)) or not all(isinstance(g, Group) for g in chosen):
+            self._fail("select", f"must return a list of Group or a GroupBatch, got {type(chosen).__name__}")
         # A chosen group is one it was given, or a subset of one (e.g. n of the R samples of a group). Its
         # members are the requests given, or copies of them that differ in the reward only (reward shaping:
         # `dataclasses.replace(r, reward=...)`, never a change to the request itself).

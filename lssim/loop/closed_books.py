@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, natural_outcomes, rids_of, rows_by_rid
+from lssim.loop.columns import GroupBatch, RequestColumns, natural_outcomes, rids_of, rows_by_rid
 from lssim.loop.core import Group, Request
 
 if TYPE_CHECKING:
@@ -97,6 +97,8 @@ def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = N
 def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
     """`groups` (a policy's selection), each group of objects whose members step `s`'s closed columns hold made a
     Group over those rows as well (the same objects: the trainer and the books read the columns)."""
+    if isinstance(groups, GroupBatch):  # every group rows of one step's columns already (no Group object made)
+        return groups
     closed, row_of = s.closed, None
     out = []
     for g in groups:

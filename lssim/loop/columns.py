@@ -243,11 +243,12 @@ def _sum_by(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 class GroupBatch(Sequence):
-    """The groups of a batch-route step, as a read-only list of `Group`s over the step's columns: a Group object is
-    made only for a group someone looks at (a policy's `select`), and `gather` reads the members without any."""
+    """Groups that are rows of one step's columns (a batch-route step's; a selection over a step's closed columns), as
+    a read-only list of `Group`s: a Group is made only for a group someone looks at; `gather` reads them without any."""
 
-    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray):
+    def __init__(self, columns: RequestColumns, rows: np.ndarray, sizes: np.ndarray, held: list | None = None):
         self.columns, self.rows, self.sizes = columns, rows, sizes  # rows: group after group; sizes: per group
+        self.held = held  # per group, the Request objects it holds too (Group.held), or None; None: rows only
         self.starts = np.cumsum(sizes) - sizes
         self._groups: list[Group] | None = None
 
@@ -258,8 +259,10 @@ class GroupBatch(Sequence):
         if self._groups is None:
             cols, rows = self.columns, self.rows
             first = rows[self.starts]
-            self._groups = [Group(p, st, columns=cols, rows=rows[a:a + n]) for p, st, a, n in
-                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(), self.sizes.tolist())]
+            held = itertools.repeat(None) if self.held is None else self.held
+            self._groups = [Group(p, st, h, columns=cols, rows=rows[a:a + n]) for p, st, a, n, h in
+                            zip(cols.prompt_id[first].tolist(), cols.step[first].tolist(), self.starts.tolist(),
+                                self.sizes.tolist(), held)]
         return self._groups[i]
 
     @property
@@ -271,30 +274,34 @@ def prompt_ids(groups) -> np.ndarray:
     """Each group's prompt, in order."""
     if isinstance(groups, GroupBatch):
         return groups.prompt_ids
-    return np.fromiter((g.prompt_id for g in groups), np.int64, len(groups))
+    return np.fromiter(map(operator.attrgetter("prompt_id"), groups), np.int64, len(groups))
+
+
+def rows_of_one(groups) -> tuple[RequestColumns, np.ndarray, np.ndarray] | None:
+    """(columns, rows, sizes): the members of `groups`, group after group, where every group is rows (not a slice) of
+    one RequestColumns (a batch-route step's GroupBatch, a step's closed columns); None where they are not."""
+    if isinstance(groups, GroupBatch):
+        return groups.columns, groups.rows, groups.sizes
+    columns = list(map(operator.attrgetter("columns"), groups))  # (a pass in C: a step has hundreds of groups)
+    if not columns or columns[0] is None or columns.count(columns[0]) != len(columns):  # (columns compare by identity)
+        return None
+    rows = list(map(operator.attrgetter("rows"), groups))
+    if slice in set(map(type, rows)):
+        return None
+    return columns[0], np.concatenate(rows), np.fromiter(map(len, rows), np.int64, len(rows))
 
 
 def gather(groups, name: str | None = None):
     """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
     (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
     (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
-    if isinstance(groups, GroupBatch):
-        rows, first, sizes = groups.rows, groups.columns, groups.sizes
+    one = rows_of_one(groups)
+    if one is not None:  # the common case: every group is rows of one step's columns
+        first, rows, sizes = one
         whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
         if name:
             return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
         return (first if whole else first.take(rows)), sizes
-    first = groups[0].columns if groups else None
-    if first is not None:  # the batch route's common case: every group is rows of one step's columns
-        rows = [g.rows for g in groups if g.columns is first]
-        if len(rows) == len(groups) and not any(isinstance(r, slice) for r in rows):
-            sizes = np.fromiter(map(len, rows), np.int64, len(rows))
-            rows = np.concatenate(rows)
-            whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
-            if name:
-                column = getattr(first, name)
-                return (column if whole else column[rows]), sizes
-            return (first if whole else first.take(rows)), sizes
     parts, sizes = [], np.zeros(len(groups), np.int64)
     run_cols, run_rows, objects = None, [], []
 
@@ -386,10 +393,15 @@ def plan_requests(plan, *, step: int, first_rid: int, first_group: int, version:
 
 
 def rows_by_rid(rids: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The row paired with each of `wanted` (rows[i] is distinct rids[i]'s), -1 where it is not among `rids`: one sort
-    and one search over arrays, where a dict costs a Python lookup per request."""
+    """The row paired with each of `wanted` (rows[i] is distinct rids[i]'s), -1 where it is not among `rids`: a table or
+    one sort and one search over arrays, where a dict costs a Python lookup per request."""
     if not len(rids) or not len(wanted):
         return np.full(len(wanted), -1, np.int64)
+    lo, hi = min(int(rids.min()), int(wanted.min())), max(int(rids.max()), int(wanted.max()))
+    if hi - lo < 4 * (len(rids) + len(wanted)):  # a step's rids are about one range: a table over it, no sort
+        table = np.full(hi - lo + 1, -1, np.int64)
+        table[rids - lo] = rows
+        return table[wanted - lo]
     order = np.argsort(rids, kind="stable")
     keys = rids[order]
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)

@@ -319,6 +319,12 @@ class Group:
             self._requests = self.columns.to_requests(self.rows)
         return self._requests
 
+    @property
+    def held(self) -> list[Request] | None:
+        """Its members as the Request objects it holds (with what columns lack: a real engine's token ids, signals);
+        None where it is rows only."""
+        return self._requests
+
     def column(self, name: str) -> np.ndarray:
         """A field of every member, in member order (lssim.loop.columns.RequestColumns's names and dtypes)."""
         if self.columns is not None:
@@ -330,11 +336,15 @@ class Group:
 
     def subset(self, keep: np.ndarray) -> "Group":
         """The same group with only the members where `keep` (a boolean per member) is True."""
-        requests = None if self._requests is None else [r for r, k in zip(self._requests, keep.tolist()) if k]
+        return self.take(np.flatnonzero(keep))
+
+    def take(self, members: np.ndarray) -> "Group":
+        """The same group with only the members at positions `members`, in that order."""
+        requests = None if self._requests is None else list(map(self._requests.__getitem__, members.tolist()))
         if self.columns is None:
             return Group(self.prompt_id, self.step, requests)
         rows = np.arange(len(self.columns))[self.rows] if isinstance(self.rows, slice) else np.asarray(self.rows)
-        return Group(self.prompt_id, self.step, requests, columns=self.columns, rows=rows[keep])
+        return Group(self.prompt_id, self.step, requests, columns=self.columns, rows=rows[members])
 
     @property
     def rewards(self) -> np.ndarray:

@@ -32,7 +32,7 @@ class DataLoader:
     def take(self, n: int) -> Sequence[GroupSpec]:
         """The next n groups of the data loader: the rest of the current step's batch, then the next batches.
         Each batch is fetched once, in step order, so a source that is itself a cursor sees a plain stream.
-        A slice of one batch given as columns (lssim.loop.core.GroupSpecs) stays columns; anything else is a list."""
+        Slices of batches given as columns (lssim.loop.core.GroupSpecs) stay columns; anything else is a list."""
         pieces: list[Sequence[GroupSpec]] = []
         k, i, got = *self.cursor, 0
         while got < n:
@@ -53,9 +53,7 @@ class DataLoader:
             got += len(taken)
             i += len(taken)
         self.cursor = (k, i)
-        if len(pieces) == 1:
-            return pieces[0]
-        return [g for piece in pieces for g in piece]
+        return pieces[0] if len(pieces) == 1 else _joined(pieces)
 
     def batch(self, k: int) -> list[GroupSpec]:
         batch = self.batches.get(k)
@@ -95,3 +93,14 @@ class DataLoader:
                 emptied += 1
         left_out.difference_update(rid for g in done for rid in g.column("rid").tolist())  # settled: forget them
         return trained, emptied
+
+
+def _joined(pieces: list[Sequence[GroupSpec]]) -> Sequence[GroupSpec]:
+    """Slices of the loader's batches as one sequence: columns where every slice is columns no one has read a group
+    of (no GroupSpec made), else a list (none: an empty one)."""
+    if not pieces or not all(isinstance(p, GroupSpecs) and p.untouched for p in pieces):
+        return [g for piece in pieces for g in piece]
+    offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
+    members = {at + j: m for p, at in zip(pieces, offsets) for j, m in p.members.items()}
+    return GroupSpecs(*(np.concatenate([getattr(p, name) for p in pieces]) for name in ("prompt_id", "n_samples", "max_tokens", "batch")),
+                      members)
