@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.loop.columns import plan_requests
+from lssim.loop.plan_columns import plan_requests
 from lssim.loop.core import GroupSpec
 from lssim.loop.contracts import Engine
 from lssim.sim.world import EngineConfig, SimEngine

@@ -7,7 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lssim.loop.columns import (GroupBatch, RequestColumns, TakenRows, count_on, gather, prompt_ids, rid_order, runs, stable_argsort,
+from lssim.loop.plan_columns import count_on
+from lssim.loop.columns import (GroupBatch, RequestColumns, TakenRows, gather, prompt_ids, rid_order, runs, stable_argsort,
                            with_signal)
 from lssim.loop.core import Group, Request, off_policy_tokens, token_lags
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lssim.loop.columns import plan_requests
+from lssim.loop.plan_columns import plan_requests
 from lssim.loop.core import GroupSpec, GroupSpecs
 from lssim.traces.synth import get_preset, synthesize
 from lssim.traces.workload import Workload, lookup_coded

@@ -25,7 +25,8 @@ from lssim.loop.decisions import CARRY
 from lssim.loop.loader import DataLoader
 from lssim.loop.modes import ExecutionMode, ModeConfig
 from lssim.loop.policy import Policy
-from lssim.loop.columns import RequestColumns, gather, plan_requests, rids_of
+from lssim.loop.columns import RequestColumns, gather, rids_of
+from lssim.loop.plan_columns import plan_requests
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
 from lssim.loop.step_row import mode_fields, step_outcome, step_row
@@ -466,7 +467,7 @@ class Controller:
 
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
-        """The plan's requests as columns (lssim.loop.columns.plan_requests), with the run's next ids and seeds."""
+        """The plan's requests as columns (lssim.loop.plan_columns.plan_requests), with the run's next ids and seeds."""
         cols, left_out = plan_requests(plan, step=s.step, first_rid=self._next_rid, first_group=self._next_group,
                                        version=self.mode.version, rng=self.rng, prompt_lens=self.prompts.prompt_lens,
                                        samples_planned=s.samples_planned, batch_samples=self.loader.batch_samples)

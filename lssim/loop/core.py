@@ -72,7 +72,7 @@ class GroupSpecs(Sequence):
     """A data loader's batch of groups as columns: a read-only sequence of GroupSpec, each made when first read.
 
     A trace's Workload gives its recorded batches so (`Workload.default_groups`): the controller slices them and
-    lssim.loop.columns.plan_requests reads the columns, so a step whose policy passes the proposal on (or a slice of it)
+    lssim.loop.plan_columns.plan_requests reads the columns, so a step whose policy passes the proposal on (or a slice of it)
     makes no GroupSpec at all. Read a member and it is a GroupSpec kept for the next reader, so changing one still
     counts (the plan is then read from the objects). Concatenation gives a list, as policies expect of
     `proposal + ctx.draw(n)`."""
