@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.analysis.fidelity.noise import noise_floor, speedup_noise_floor
+from lssim.analysis.fidelity.summary import json_number
 
 REFERENCE_MODE = "collocated"  # what each mode's speedup is over
 
@@ -72,33 +73,30 @@ def modes_results(summary: pd.DataFrame, by_repeat: pd.DataFrame, out: str = "")
     speedup_predicted, speedup_error, speedup_noise_bound, step_error_median_unshared (the twin with dedicated
     devices: what a GPU-like twin scores here), step_error_median_anchored, probed_level (the runs' median probed
     level the twin priced at; null: the profile alone), ...}}` (errors in %, speedup errors in points), and `pooled`: the step errors over every run's steps with the number of runs."""
-    def number(v):
-        return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
-
     policy_of = by_repeat.groupby("label")["policy"].first()
     modes = {}
     for label, row in summary.iterrows():
         modes[mode_key(label, row["mode"], policy_of[label])] = {
             "label": label, "runs": int(row["runs"]), "steps": int(row["steps"]),
             "steps_not_in_twin": int(row["steps_not_in_twin"]),
-            "step_error_median": number(row["step_median_ape_pct"]), "step_error_p90": number(row["step_p90_ape_pct"]),
-            "step_error_median_signed": number(row["step_median_signed_pct"]),
-            "exact_step_error_median": number(row["exact_step_error_median"]),
-            "exact_step_error_p90": number(row["exact_step_error_p90"]),
-            "noise_ratio": number(row["noise_ratio"]),
-            "speedup_measured": number(row["speedup_measured"]), "speedup_predicted": number(row["speedup_predicted"]),
-            "speedup_error": number(row["speedup_error_points"]),
-            "speedup_noise_bound": number(row["speedup_noise_bound_points"]),
-            "step_error_median_unshared": number(row.get("unshared_median_ape_pct")),
-            "step_error_p90_unshared": number(row.get("unshared_p90_ape_pct")),
-            "step_error_median_anchored": number(row["anchored_median_ape_pct"]),
-            "step_error_p90_anchored": number(row["anchored_p90_ape_pct"]),
-            "s_per_group_measured": number(row["measured_s_per_group"]),
-            "s_per_group_predicted": number(row["predicted_s_per_group"]),
+            "step_error_median": json_number(row["step_median_ape_pct"]), "step_error_p90": json_number(row["step_p90_ape_pct"]),
+            "step_error_median_signed": json_number(row["step_median_signed_pct"]),
+            "exact_step_error_median": json_number(row["exact_step_error_median"]),
+            "exact_step_error_p90": json_number(row["exact_step_error_p90"]),
+            "noise_ratio": json_number(row["noise_ratio"]),
+            "speedup_measured": json_number(row["speedup_measured"]), "speedup_predicted": json_number(row["speedup_predicted"]),
+            "speedup_error": json_number(row["speedup_error_points"]),
+            "speedup_noise_bound": json_number(row["speedup_noise_bound_points"]),
+            "step_error_median_unshared": json_number(row.get("unshared_median_ape_pct")),
+            "step_error_p90_unshared": json_number(row.get("unshared_p90_ape_pct")),
+            "step_error_median_anchored": json_number(row["anchored_median_ape_pct"]),
+            "step_error_p90_anchored": json_number(row["anchored_p90_ape_pct"]),
+            "s_per_group_measured": json_number(row["measured_s_per_group"]),
+            "s_per_group_predicted": json_number(row["predicted_s_per_group"]),
             "max_staleness_measured": int(row["measured_max_staleness"]),
             "max_staleness_predicted": int(row["predicted_max_staleness"]),
             "rank_measured": int(row["measured_rank"]), "rank_predicted": int(row["predicted_rank"]),
-            "probed_level": number(_median_level(by_repeat, label))}
+            "probed_level": json_number(_median_level(by_repeat, label))}
     return {"out": out, "modes": modes, "pooled": pooled(summary, by_repeat),
             "ranking_agrees": bool((summary["measured_rank"] == summary["predicted_rank"]).all())}
 
@@ -114,13 +112,10 @@ def _median_level(by_repeat: pd.DataFrame, label: str) -> float:
 def pooled(summary: pd.DataFrame, by_repeat: pd.DataFrame) -> dict:
     """Over every label: the median of the labels' twin and exact-model step errors, the median noise ratio, and
     the number of runs and labels they pool."""
-    def number(v):
-        return None if not np.isfinite(v) else float(v)
-
     return {"runs": int(by_repeat.groupby("label")["repeat"].nunique().sum()), "labels": len(summary),
-            "step_error_median": number(float(summary["step_median_ape_pct"].median())),
-            "exact_step_error_median": number(float(summary["exact_step_error_median"].median())),
-            "noise_ratio": number(float(summary["noise_ratio"].median()))}
+            "step_error_median": json_number(float(summary["step_median_ape_pct"].median())),
+            "exact_step_error_median": json_number(float(summary["exact_step_error_median"].median())),
+            "noise_ratio": json_number(float(summary["noise_ratio"].median()))}
 
 
 __all__ = ["mode_noise", "modes_results", "pooled", "mode_key", "REFERENCE_MODE"]

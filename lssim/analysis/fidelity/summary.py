@@ -129,8 +129,8 @@ def policy_results(summary: pd.DataFrame, out: str = "") -> dict:
             "all_acted": all((p["acted"] or 0) > 0 for p in policies.values())}
 
 
-def _number(v) -> float | None:
-    """A JSON number: None for a missing or non-finite one."""
+def json_number(v) -> float | None:
+    """A JSON number: None for a missing or non-finite one (`--json`'s rule for every figure)."""
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else float(v)
 
 
@@ -141,30 +141,30 @@ def _policy_entry(row: pd.Series) -> dict:
             "acted": int(row["acted"]) if "acted" in row and pd.notna(row["acted"]) else None,
             "acted_by": {k: int(row[k]) for k in ACTED_KINDS if k in row and pd.notna(row[k])},
             "responses": int(row["responses"]) if "responses" in row and pd.notna(row["responses"]) else None,
-            "step_error_median": _number(row["makespan_median_ape_pct"]),
-            "step_error_p90": _number(row["makespan_p90_ape_pct"]),
-            "exact_step_error_median": _number(row.get("noise_floor_median_pct")),
-            "noise_ratio": _number(row["makespan_median_ape_pct"] / row["noise_floor_median_pct"]
+            "step_error_median": json_number(row["makespan_median_ape_pct"]),
+            "step_error_p90": json_number(row["makespan_p90_ape_pct"]),
+            "exact_step_error_median": json_number(row.get("noise_floor_median_pct")),
+            "noise_ratio": json_number(row["makespan_median_ape_pct"] / row["noise_floor_median_pct"]
                                   if "noise_floor_median_pct" in row else None),
-            "speedup_error": _number(row.get("speedup_error_points")),
-            "speedup_measured": _number(row.get("speedup_measured")),
-            "speedup_predicted": _number(row.get("speedup_predicted")),
-            "speedup_spread": _number(row.get("speedup_spread_points")),
-            "speedup_error_from": {k: _number(row.get(f"speedup_points_{k}")) for k in ("groups", "seconds", "driver", "engine")},
-            "repeat_spread": _number(row.get("repeat_spread_median_pct")),
-            "repeat_spread_p90": _number(row.get("repeat_spread_p90_pct")),
-            "step_error_median_anchored": _number(row.get("anchored_median_ape_pct")),
-            "step_error_p90_anchored": _number(row.get("anchored_p90_ape_pct")),
-            "speed_factor": _number(row.get("speed_factor")),
-            "speed_level": _number(row.get("speed_level")),
-            "step_error_median_probed": _number(row.get("probed_median_ape_pct")),
-            "step_error_p90_probed": _number(row.get("probed_p90_ape_pct")),
-            "step_error_median_real_cuts": _number(row.get("real_cuts_median_ape_pct")),
-            "step_error_p90_real_cuts": _number(row.get("real_cuts_p90_ape_pct")),
-            "noise_floor": {k: _number(row.get(f"noise_{k}_pct")) for k in ("floor_median", "floor_p90", "bound_median", "bound_p90")},
-            "repeats_for_goal": _number(row.get("repeats_for_goal")),
-            "speedup_noise": {k: _number(row.get(f"speedup_noise_{k}_points")) for k in ("floor", "bound")},
-            "repeats_for_speedup_goal": _number(row.get("repeats_for_speedup_goal")),
+            "speedup_error": json_number(row.get("speedup_error_points")),
+            "speedup_measured": json_number(row.get("speedup_measured")),
+            "speedup_predicted": json_number(row.get("speedup_predicted")),
+            "speedup_spread": json_number(row.get("speedup_spread_points")),
+            "speedup_error_from": {k: json_number(row.get(f"speedup_points_{k}")) for k in ("groups", "seconds", "driver", "engine")},
+            "repeat_spread": json_number(row.get("repeat_spread_median_pct")),
+            "repeat_spread_p90": json_number(row.get("repeat_spread_p90_pct")),
+            "step_error_median_anchored": json_number(row.get("anchored_median_ape_pct")),
+            "step_error_p90_anchored": json_number(row.get("anchored_p90_ape_pct")),
+            "speed_factor": json_number(row.get("speed_factor")),
+            "speed_level": json_number(row.get("speed_level")),
+            "step_error_median_probed": json_number(row.get("probed_median_ape_pct")),
+            "step_error_p90_probed": json_number(row.get("probed_p90_ape_pct")),
+            "step_error_median_real_cuts": json_number(row.get("real_cuts_median_ape_pct")),
+            "step_error_p90_real_cuts": json_number(row.get("real_cuts_p90_ape_pct")),
+            "noise_floor": {k: json_number(row.get(f"noise_{k}_pct")) for k in ("floor_median", "floor_p90", "bound_median", "bound_p90")},
+            "repeats_for_goal": json_number(row.get("repeats_for_goal")),
+            "speedup_noise": {k: json_number(row.get(f"speedup_noise_{k}_points")) for k in ("floor", "bound")},
+            "repeats_for_speedup_goal": json_number(row.get("repeats_for_speedup_goal")),
             "steps": int(row["steps"]), "runs": int(row["runs"]) if pd.notna(row.get("runs")) else None,
             "meets_goal": bool(row.get("meets_goal", False)),
             "meets_goal_probed": bool(row.get("meets_goal_probed", False)),
@@ -176,7 +176,7 @@ def _policy_entry(row: pd.Series) -> dict:
 def _pooled(rows: list[dict]) -> dict:
     """policy_results' `pooled`: the median over every row of the twin's and an exact model's step error and of their
     ratio, with and without the driver priced, and the rows and runs it pools."""
-    pooled = {key: _number(np.nanmedian([r[key] if r[key] is not None else np.nan for r in rows])) if rows else None
+    pooled = {key: json_number(np.nanmedian([r[key] if r[key] is not None else np.nan for r in rows])) if rows else None
               for key in ("step_error_median", "exact_step_error_median", "noise_ratio", "step_error_median_unpriced",
                           "noise_ratio_unpriced")}
     return pooled | {"rows": len(rows), "runs": sum(r["runs"] or 0 for r in rows)}
@@ -190,9 +190,9 @@ def _driver_entry(row: pd.Series) -> dict:
     unpriced = row.get("unpriced_median_ape_pct", row["makespan_median_ape_pct"])
     priced = row.get("driver_priced")
     why = row.get("driver_why")  # "" or NaN (read back from a csv) where it was priced
-    fitted = {k: _number(row.get(f"driver_{k}")) for k in ("per_request", "per_token", "per_finish", "steps", "excess_share")}
-    return {"step_error_median_unpriced": _number(unpriced),
-            "noise_ratio_unpriced": _number(unpriced / row["noise_floor_median_pct"] if "noise_floor_median_pct" in row else None),
+    fitted = {k: json_number(row.get(f"driver_{k}")) for k in ("per_request", "per_token", "per_finish", "steps", "excess_share")}
+    return {"step_error_median_unpriced": json_number(unpriced),
+            "noise_ratio_unpriced": json_number(unpriced / row["noise_floor_median_pct"] if "noise_floor_median_pct" in row else None),
             "driver": {"priced": None if priced is None or pd.isna(priced) else bool(priced),
                        "why": why if isinstance(why, str) and why else None,
                        **fitted}}
