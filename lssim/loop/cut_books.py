@@ -25,7 +25,7 @@ from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
-from lssim.loop.rollout_books import carry_out, end_response, end_responses, members_ended
+from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
 
 
 class RowRequests(Sequence):
@@ -179,11 +179,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
             members_ended(r.group_id, 1, s)
             policy.on_finish(r, state)
     else:
-        state.requests_in_flight -= len(with_objects)
-        state.responses_done += len(with_objects)
-        gids, counts = np.unique(columns.group_id[with_objects], return_counts=True)
-        for gid, k in zip(gids.tolist(), counts.tolist()):
-            members_ended(gid, k, s)
+        count_ended(columns.group_id[with_objects], s)
     _end_groups_as_rows(~as_objects, starts, sizes, columns, s)
     if tell and not one_by_one:
         policy.on_finishes(columns.take(ended), state)

@@ -58,16 +58,21 @@ def carry_out(r: Request, s: StepState, reason: str) -> None:
     s.carried_out.append(r)
 
 
-def end_responses(ended: list[Request], s: StepState, rids: np.ndarray | None = None, groups: np.ndarray | None = None) -> None:
-    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked. `rids`, `groups`: their
-    rids and group ids, where known as arrays (else read from the objects)."""
-    state, in_flight = s.rollout, s.in_flight
-    for rid in (rids_of(ended) if rids is None else rids).tolist():
+def end_responses(ended: list[Request], s: StepState) -> None:
+    """`end_response` of each of `ended` in turn, at once: the same books once the last is booked."""
+    in_flight = s.in_flight
+    for rid in rids_of(ended).tolist():
         del in_flight[rid]
-    state.requests_in_flight -= len(ended)
-    state.responses_done += len(ended)
     s.ended.extend(ended)
-    gids, counts = np.unique(field_of(ended, "group_id") if groups is None else groups, return_counts=True)
+    count_ended(field_of(ended, "group_id"), s)
+
+
+def count_ended(group_ids: np.ndarray, s: StepState) -> None:
+    """The rollout's counters once responses of these groups (`group_ids`, one per response) ended: in flight, done,
+    and each group's members (members_ended)."""
+    s.rollout.requests_in_flight -= len(group_ids)
+    s.rollout.responses_done += len(group_ids)
+    gids, counts = np.unique(group_ids, return_counts=True)
     for gid, n in zip(gids.tolist(), counts.tolist()):
         members_ended(gid, n, s)
 
