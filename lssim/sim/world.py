@@ -268,14 +268,13 @@ class SimEngine(Engine):
     def _abort_on(self, inst: _Instance, aborts: list[tuple[Request, float]]) -> None:
         """`abort` of each of `aborts` (a request on `inst`, the clock when it came), in turn, up to pricing the
         instance's next event: catch up to that clock, free the request's place (a running one keeps the tokens it
-        has and frees its KV), admit from the queue. _catch_up's quick cases are written out (a call each costs), and one
-        more: the batch shrank by an abort at the same clock, so usually not one more iteration fits before it."""
+        has and frees its KV), admit from the queue. The catch-up is skipped where not one iteration fits before that
+        clock (iterations_within's 0 by its contract, asked for less): the batch shrank by an abort at the same clock,
+        so that is the usual case here."""
         epoch, members, decode_time = self._epoch, inst.members, self.cost.decode_time
         for r, now in aborts:
-            if not inst.n:
-                inst.t = max(inst.t, now)
-            elif inst.t + inst.owed < now and decode_time(inst.n, inst.ctx, 1) <= now - inst.t - inst.owed:
-                self._catch_up(inst, now)  # (else not one iteration fits: iterations_within's 0, asked for less)
+            if not inst.n or decode_time(inst.n, inst.ctx, 1) <= now - inst.t - inst.owed:
+                self._catch_up(inst, now)
             epoch[r.rid] += 1
             inst.pending -= 1
             member = members.pop(r.rid, None)
