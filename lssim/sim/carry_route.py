@@ -24,7 +24,7 @@ import numpy as np
 
 from lssim.loop.columns import RequestColumns
 from lssim.sim.cut_route import fill_requests, remember_answers
-from lssim.sim.fastsim import commit, count_sources, fill, schedule
+from lssim.sim.fastsim import commit, fill, schedule
 
 
 def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarray | None:
@@ -39,9 +39,6 @@ def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarr
     if engine._spec_batch or not len(requests) or engine.cost.abort_time(1) != 0.0:
         return None
     plan = schedule(engine, columns, None, carry_at)
-    asked_before = np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(requests))
-    first_asked = ~asked_before
-    count_sources(engine, plan.answers[5][first_asked])
     remember_answers(engine, columns, plan)
     commit(engine, plan)
     carries = plan.stops

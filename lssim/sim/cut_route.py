@@ -40,8 +40,6 @@ def run_cut(engine, requests, columns: RequestColumns, cut_at) -> np.ndarray | N
     rows, boundary, clock = fill(engine, columns, plan)
     progress = rollout_progress(columns, rows, boundary, clock)
     cut = cut_at(progress)
-    first_asked = ~np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(columns))
-    count_sources(engine, plan.answers[5][first_asked])
     remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
         commit(engine, plan)
@@ -57,7 +55,10 @@ def run_cut(engine, requests, columns: RequestColumns, cut_at) -> np.ndarray | N
 
 def remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
     """The Workload's answers where SimEngine.submit keeps them (its aborts and re-admissions, the books' counterfactual
-    and score_partial read them), by the rids of the submission's columns."""
+    and score_partial read them), by the rids of the submission's columns; the sources of those asked for the first
+    time counted as SimEngine.submit counts them (a carried response was asked when first submitted)."""
+    first_asked = ~np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(columns))
+    count_sources(engine, plan.answers[5][first_asked])
     length, reason, reward, _, trace_row = plan.answers[:5]
     engine._target.update(zip(columns.rid.tolist(), zip(length.tolist(), reason.tolist(), reward.tolist(),
                                                         trace_row.tolist())))
