@@ -52,9 +52,15 @@ def mode_sim_setup(run, profile: str, train_profile: str, share=None, driver=Non
     """The simulated twin of the run's engine and trainer, in the mode the run was recorded in (meta.json `mode`).
     `share` (lssim.sim.shared_host.TrainingShare): the engine and the trainer slowed beside each other, where the run's
     trainer shared the host (trainer_shares_host); `driver` (DriverPrice): the driver's excess seconds."""
+    from lssim.sim.training import TrainCostAtLevel, load_train_cost
+
     mode = run.meta.get("mode") or {"mode": "collocated"}
     collocated = mode["mode"] == "collocated"
-    return dataclasses.replace(sim_setup(run, profile), train=train_profile, train_signal_only=True, mode=mode["mode"],
+    level = speed_level(run, profile)  # the engine's probed level is the host's: the trainer runs on its cores too
+    train = load_train_cost(train_profile) if level is None else TrainCostAtLevel(load_train_cost(train_profile), level)
+    if driver is not None and not collocated:  # a job's first step counts from its first rollout's start
+        driver = dataclasses.replace(driver, first_step=0.0)  # (real_backend.train_job.fill_step_rows), not the run's
+    return dataclasses.replace(sim_setup(run, profile), train=train, train_signal_only=True, mode=mode["mode"],
                                train_devices=None if collocated else int(mode.get("train_devices") or 1),
                                staleness=int(mode.get("staleness", 1)), async_variant=mode.get("variant", "roll"),
                                elastic=bool(mode.get("elastic", True)),
@@ -81,7 +87,8 @@ def host_pricing(runs: list, profile: str) -> tuple:
     driver, fit = fit_against_cells(reference, measurement_files(profile)["batches"])
     said = share_said(share)
     said += (f"; driver {driver.per_request * 1e3:.3f} ms/request, {driver.per_token * 1e6:.2f} us/token, "
-             f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells'" if driver is not None else f"; driver not priced: {fit}")
+             f"{driver.per_finish * 1e3:.3f} ms/finish beyond the cells', {driver.per_step * 1e3:.0f} ms between steps "
+             f"({driver.first_step * 1e3:.0f} ms before the first)" if driver is not None else f"; driver not priced: {fit}")
     return share, driver, said
 
 

@@ -60,6 +60,7 @@ def world_driver(runs: dict[str, list], profile: str) -> tuple:
     row = {"driver_priced": price is not None, "driver_why": "" if price is not None else fit}
     if price is not None:
         row.update(driver_per_request=price.per_request, driver_per_token=price.per_token, driver_per_finish=price.per_finish,
+                   driver_per_step=price.per_step, driver_first_step=price.first_step,
                    driver_steps=fit["steps"], driver_excess_share=fit["excess_share_median"],
                    driver_cells_per_request=fit["cells_per_request"], driver_cells_per_token=fit["cells_per_token"])
     speculating = any(r.meta.get("engine", {}).get("speculation") for repeats in runs.values() for r in repeats)

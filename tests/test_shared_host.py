@@ -113,3 +113,30 @@ def test_bad_sharing_factors_and_prices_are_refused_naming_the_field():
         DriverPrice(per_token=-1.0)
     with pytest.raises(ValueError, match="SimSetup.shared_training"):
         SimSetup(shared_training=(1.2, 1.3))
+
+
+@FAST
+@given(trace=traces, first=st.floats(0, 0.5), per_step=st.floats(0, 0.5))
+def test_the_driver_between_steps_lengthens_each_collocated_step_by_its_price_and_leaves_the_rollouts(trace, first,
+                                                                                                    per_step):
+    plain = _run(trace, "collocated").steps
+    priced = _run(trace, "collocated", driver=DriverPrice(per_step=per_step, first_step=first)).steps
+    # the driver works before each rollout starts: the rollouts are the same, each step longer by its gap
+    np.testing.assert_allclose(priced["rollout_seconds"].to_numpy(), plain["rollout_seconds"].to_numpy(), rtol=1e-9)
+    gaps = np.r_[first, np.full(len(plain) - 1, per_step)]
+    np.testing.assert_allclose((priced["step_seconds"] - plain["step_seconds"]).to_numpy(), gaps, atol=1e-9)
+    np.testing.assert_allclose(priced["rollout_start"].to_numpy(), plain["rollout_start"].to_numpy() + np.cumsum(gaps),
+                               atol=1e-9)
+
+
+def test_the_driver_between_steps_is_off_the_rollout_when_training_runs_beside_it():
+    trace = make_trace(np.full((3, 4, 4), 150), max_tokens=200)
+    plain = _run(trace, "disaggregated").steps
+    priced = _run(trace, "disaggregated", driver=DriverPrice(per_step=0.05, first_step=0.2)).steps
+    np.testing.assert_allclose(priced["rollout_seconds"].to_numpy(), plain["rollout_seconds"].to_numpy(), rtol=1e-9)
+    assert priced["rollout_start"].iloc[0] == pytest.approx(0.2)
+    # the next rollout starts once the driver is done with the last one's step, and then waits for its weights (one
+    # step old) where they are not ready: the driver's seconds overlap that wait
+    np.testing.assert_allclose(priced["rollout_start"].iloc[1:].to_numpy(), priced["rollout_end"].iloc[:-1].to_numpy()
+                               + 0.05 + priced["wait_seconds"].iloc[1:].to_numpy(), atol=1e-9)
+    assert priced["wait_seconds"].sum() < plain["wait_seconds"].sum()

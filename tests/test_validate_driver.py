@@ -220,3 +220,34 @@ def test_one_reader_gives_an_exact_models_scores_the_summarys_where_written_else
     (tmp_path / "new" / "steps_by_repeat.parquet").unlink()
     with pytest.raises(ValueError, match=r"new: no steps_by_repeat.parquet"):
         read_folder(tmp_path / "new")
+
+
+def _timed_steps(rollouts, trains, gaps) -> pd.DataFrame:
+    """Steps run one after another: gap, rollout, train; step_seconds from the previous step's end (the run's start)."""
+    rows, t = [], 0.0
+    for k, (roll, train, gap) in enumerate(zip(rollouts, trains, gaps)):
+        start = t + gap
+        rows.append({"step": k, "rollout_start": start, "rollout_end": start + roll, "train_end": start + roll + train,
+                     "step_seconds": gap + roll + train, "driver_seconds": 0.01 * 8, "responses_in": 8, "tokens": 800,
+                     "finished": 8, "truncated": 0})
+        t = start + roll + train
+    return pd.DataFrame(rows)
+
+
+def test_the_driver_between_steps_is_read_from_runs_whose_steps_follow_each_other(tmp_path):
+    from lssim.analysis.fidelity.driver import fit_against_cells, step_gaps
+
+    rng = np.random.default_rng(3)
+    runs = [_timed_steps(rng.uniform(1, 2, 5), rng.uniform(0.2, 0.8, 5), np.r_[0.3 + 0.01 * i, np.full(4, 0.1 + 0.01 * i)])
+            for i in range(3)]
+    np.testing.assert_allclose(step_gaps(runs[0]), [0.3, 0.1, 0.1, 0.1, 0.1])
+    _profile_with_cells(tmp_path)
+    price, fit = fit_against_cells(runs, tmp_path / "profile_batches.parquet")
+    assert price.per_step == pytest.approx(0.11) and price.first_step == pytest.approx(0.31)
+    assert fit["per_step_runs"] == 3
+    # a run whose next rollout started before the last step's weights (training beside it) has no such gap to read
+    overlapping = runs[0].assign(rollout_start=runs[0]["rollout_start"] - np.r_[0, 0.5, 0.5, 0.5, 0.5])
+    assert step_gaps(overlapping) is None
+    assert step_gaps(runs[0].drop(columns="train_end")) is None
+    price, fit = fit_against_cells([overlapping], tmp_path / "profile_batches.parquet")
+    assert price.per_step == 0.0 and price.first_step == 0.0 and fit["per_step_runs"] == 0

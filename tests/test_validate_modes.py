@@ -209,3 +209,20 @@ def test_a_path_recorded_in_another_checkout_is_found_in_this_one():
     assert here.is_file() and here.parts[-3:] == ("real_backend", "data", "prompts.jsonl")
     with pytest.raises(FileNotFoundError, match="neither there nor under"):
         recorded_path("/somewhere/else/no_such_folder/nothing.jsonl")
+
+
+def test_each_twin_trains_at_its_runs_probed_level_and_a_jobs_first_step_has_no_start_up():
+    from lssim.sim.shared_host import DriverPrice
+    from lssim.sim.training import TrainCostAtLevel
+    from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE, mode_sim_setup
+    from real_backend.validate_twin import load_recorded, speed_level
+
+    folder = "paper/experiments/validation/modes38"
+    price = DriverPrice(per_request=1e-3, per_step=0.1, first_step=0.3)
+    for mode, first in (("collocated", 0.3), ("async", 0.0)):
+        run = load_recorded(f"{folder}/real/{mode}/baseline/repeat0")
+        setup = mode_sim_setup(run, f"{folder}/profile.json", str(DEFAULT_TRAIN_PROFILE), driver=price)
+        assert isinstance(setup.train, TrainCostAtLevel)
+        assert setup.train.level == pytest.approx(speed_level(run, f"{folder}/profile.json")) and setup.train.level > 1
+        # a collocated run's first step counts from the run's start; a job's from its first rollout (fill_step_rows)
+        assert (setup.driver.per_step, setup.driver.first_step) == (0.1, first)

@@ -64,6 +64,8 @@ class Engine(Protocol):
     - `wake_at(time)` / `wake_when(future)`: timers for the execution modes; an engine without them refuses.
     - `spec_counters()` / `reset_spec_counters()`: the engine's speculative-decoding counters (vLLM's); None where
       the engine counts none. `driver_seconds(start, end)`: the caller's own share of a span; None unknown.
+    - `begin_step()`: called as each step starts, before the mode's wait for weights (the driver's own seconds
+      between steps, where a simulated host prices them).
     - `train_beside(start, seconds)`: when a priced train job beside the rollout ends; start + seconds unless the
       engine shares its host with the trainer. `streamed_share()`: the engine's and a streamed piece's slow-downs
       while both run (hybrid); None on devices of their own.
@@ -104,6 +106,11 @@ class Engine(Protocol):
         """Report an Event(WAKE, None, t) from next_events once `future` (a concurrent.futures.Future: a real train
         job on its own thread, real_backend.train_job) is done: a timer whose time is not known in advance."""
         raise NotImplementedError(f"{type(self).__name__} cannot wake on a future: this execution mode needs it")
+
+    def begin_step(self) -> None:
+        """The driver's own work between one step's weights and the next rollout (recording the step, its
+        observers, planning the next) has taken its time: nothing to do on a real engine. A simulated host that
+        prices the driver (lssim.sim.shared_host, DriverPrice.per_step) lets that time pass here."""
 
     def train_beside(self, start: float, seconds: float) -> float:
         """When a train job that takes `seconds` on devices of its own, started at `start` beside the rollout,

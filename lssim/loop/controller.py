@@ -233,6 +233,7 @@ class Controller:
 
     def _start_step(self, step: int) -> StepState:
         """A new step's books: the groups carried over reopen, carried responses resume from where they are."""
+        self.engine.begin_step()  # the driver's own seconds since the last step's weights (a priced host's)
         before = self.engine.now()
         self.mode.before_rollout(step)  # disaggregated and hybrid wait here for the weights this step may use
         t0, version = self.engine.now(), self.mode.version

@@ -32,7 +32,9 @@ How:
   has none); the engine is slowed over the pieces' seconds only.
 - The driver (`driver`, a DriverPrice): the caller's own seconds the engine loses, charged to the instances: per
   request submitted (a stall of the instance it lands on, before its next iteration), per token streamed (added to
-  every decode iteration, n_seqs x per_token) and per finish (added to the re-pack of the boundary it leaves at).
+  every decode iteration, n_seqs x per_token) and per finish (added to the re-pack of the boundary it leaves at);
+  per step (`begin_step`), the clock moves on by the driver's seconds between steps before the mode's wait (the
+  first step: by the run's start-up to its first rollout).
   What the profile's cells already hold of the driver is in the cost model; a DriverPrice is the excess a run adds
   (real_backend.validate_modes fits it on the world's reference runs).
 The batch route (lssim.sim.fastsim) prices instances apart, so this engine keeps every rollout on the event route;
@@ -89,14 +91,18 @@ class TrainingShare:
 
 @dataclass(frozen=True, slots=True)
 class DriverPrice:
-    """The driver's seconds the engine loses: per request submitted, per token streamed, per response finished."""
+    """The driver's seconds the engine loses: per request submitted, per token streamed, per response finished; and
+    per step, the seconds between one step's weights and the next rollout's start (recording the step, planning the
+    next), which delay that rollout while whatever still runs keeps running."""
 
     per_request: float = 0.0
     per_token: float = 0.0
     per_finish: float = 0.0
+    per_step: float = 0.0
+    first_step: float = 0.0  # the same gap before the engine's first step: the run's start up to its first rollout
 
     def __post_init__(self):
-        for name in ("per_request", "per_token", "per_finish"):
+        for name in ("per_request", "per_token", "per_finish", "per_step", "first_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"DriverPrice.{name} must be a finite number >= 0, got {value!r}")
@@ -162,7 +168,8 @@ class DriverCost(ScaledCost):
 
     def describe(self) -> dict:
         return {**super().describe(), "driver": {"per_request": self.driver.per_request,
-                                                 "per_token": self.driver.per_token, "per_finish": self.driver.per_finish}}
+                                                 "per_token": self.driver.per_token, "per_finish": self.driver.per_finish,
+                                                 "per_step": self.driver.per_step, "first_step": self.driver.first_step}}
 
 
 class SharedHostEngine(SimEngine):
@@ -182,6 +189,7 @@ class SharedHostEngine(SimEngine):
         self._spans: list[tuple[float, float]] = []  # train jobs beside the rollout: (start, end)
         self._boundaries: list[float] = []  # heap of their starts and ends not yet passed
         self._state = (1, False)  # (busy instances counted, a train job running)
+        self._steps_begun = 0
         self.cost = self.base_cost = self._cost_for(self._state)
 
     def _cost_for(self, state: tuple[int, bool]) -> CostModel:
@@ -216,6 +224,11 @@ class SharedHostEngine(SimEngine):
             heapq.heappush(self._boundaries, end)
         self._pass_boundaries(self.clock)
         return end
+
+    def begin_step(self) -> None:
+        if self.driver is not None:
+            self.advance(self.driver.per_step if self._steps_begun else self.driver.first_step)
+        self._steps_begun += 1
 
     def submit(self, requests) -> None:
         self._pass_boundaries(self.clock)

@@ -44,7 +44,7 @@ from lssim.sim.train_batches import (TrainPhases, check_devices, check_lengths, 
                                      read_train_cost_file)
 from lssim.sim.train_profiled import ProfiledTrainCost
 
-__all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "ScaledTrainCost", "Links", "LINKS",
+__all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "ScaledTrainCost", "TrainCostAtLevel", "Links", "LINKS",
            "ANALYTIC_SOURCES", "pack_padded", "padded_shapes", "packed_micro_batches", "check_lengths",
            "load_train_cost"]
 
@@ -415,6 +415,36 @@ class ScaledTrainCost(TrainCostModel):
     def describe(self) -> dict:
         return {"kind": "scaled", "logprob_factor": self.logprob_factor, "update_factor": self.update_factor,
                 "source": self.source, "base": self.base.describe()}
+
+
+@dataclass(frozen=True)
+class TrainCostAtLevel(TrainCostModel):
+    """Another TrainCostModel on a host running `level` times slower than when it was measured (a speed probe's
+    level: real_backend.speed_probe): every phase, micro-batch and optimizer step takes `level` x its base's time.
+    The trainer shares the engine's cores, so the level the probe measures on the engine is the trainer's too
+    (docs/fidelity.md shows how closely the collocated runs' updates follow it)."""
+
+    base: TrainCostModel
+    level: float
+
+    def __post_init__(self):
+        if not isinstance(self.base, TrainCostModel):
+            raise ValueError(f"TrainCostAtLevel.base must be a TrainCostModel, got {self.base!r}")
+        if isinstance(self.level, bool) or not isinstance(self.level, numbers.Real) or not 0 < self.level < math.inf:
+            raise ValueError(f"TrainCostAtLevel.level must be a finite number > 0, got {self.level!r}")
+
+    def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
+        p = self.base.phases(seq_lens, prompt_lens, n_devices, collocated=collocated)
+        return TrainPhases(*(self.level * getattr(p, name) for name in ("logprob", "reference", "update", "sync", "switch")))
+
+    def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
+        return self.level * self.base.micro_batch_seconds(seq_lens, n_devices, forward_only=forward_only)
+
+    def optimizer_step_seconds(self, n_devices: int = 1) -> float:
+        return self.level * self.base.optimizer_step_seconds(n_devices)
+
+    def describe(self) -> dict:
+        return {"kind": "at level", "level": self.level, "base": self.base.describe()}
 
 
 def load_train_cost(path) -> TrainCostModel:

@@ -8,7 +8,9 @@ cell's share of it is in the cost model already (issue 16: 1.3% of a one-request
 adds the controller's and the policy's work per response. So the price is the excess: each reference step's
 recorded `driver_seconds` less what the cells' driver would take for that step (a fit of the cells' own
 `driver_seconds` per request and per token), fitted by non-negative least squares on the step's requests, tokens
-and finishes.
+and finishes. Per step: the seconds from one step's weights to the next rollout's start (the driver records the
+step, tells its observers and plans the next; the twin had none there), the median over the reference runs whose
+steps ran one after another (`step_gaps`); the first step's apart (the run's start-up up to its first rollout).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 import pandas as pd
 
 STEP_COLUMNS = ("driver_seconds", "responses_in", "tokens", "finished", "truncated")
+GAP_COLUMNS = ("step_seconds", "rollout_start", "train_end")
+OVERLAP_TOLERANCE = 1e-3  # seconds: a rollout starting this much before the last step's end still counts as after it
 CELL_COLUMNS = ("driver_seconds", "n_seqs", "lengths", "cut")
 
 
@@ -39,6 +43,19 @@ def step_features(steps: pd.DataFrame) -> np.ndarray:
                             (steps["finished"] + steps["truncated"]).to_numpy(float)])
 
 
+def step_gaps(steps: pd.DataFrame) -> np.ndarray | None:
+    """Per step, the seconds from the previous step's end (its weights ready; the run's start for the first) to
+    the rollout's start: step_seconds less the span from the rollout's start to the step's end. None where the run
+    did not record the times, or where its steps overlap (a rollout started before the previous step's weights:
+    the modes that train beside the rollout), which leaves no such gap to read."""
+    if any(c not in steps for c in GAP_COLUMNS) or not len(steps):
+        return None
+    start, end = steps["rollout_start"].to_numpy(float), steps["train_end"].to_numpy(float)
+    if not np.isfinite(start).all() or not np.isfinite(end).all() or (start[1:] < end[:-1] - OVERLAP_TOLERANCE).any():
+        return None
+    return steps["step_seconds"].to_numpy(float) - (end - start)
+
+
 def fit_driver_price(reference_steps: list[pd.DataFrame], cells: pd.DataFrame | None):
     """The DriverPrice of the excess driver time in `reference_steps` (each a run's steps.parquet frame) over the
     cells' (`cells_driver`); (None, why) where the runs or the cells did not record the driver, else (price, fit)
@@ -56,9 +73,15 @@ def fit_driver_price(reference_steps: list[pd.DataFrame], cells: pd.DataFrame | 
     X = step_features(steps)
     excess = steps["driver_seconds"].to_numpy(float) - (cell[0] * X[:, 0] + cell[1] * X[:, 1])
     coef = _nnls(X, excess)
-    price = DriverPrice(per_request=float(coef[0]), per_token=float(coef[1]), per_finish=float(coef[2]))
+    gaps = [g for g in map(step_gaps, frames) if g is not None]
+    later = np.concatenate([g[1:] for g in gaps]) if gaps else np.empty(0)
+    per_step = max(0.0, float(np.median(later))) if len(later) else 0.0
+    first_step = max(0.0, float(np.median([g[0] for g in gaps]))) if gaps else 0.0
+    price = DriverPrice(per_request=float(coef[0]), per_token=float(coef[1]), per_finish=float(coef[2]), per_step=per_step,
+                        first_step=first_step)
     return price, {"cells_per_request": cell[0], "cells_per_token": cell[1], "steps": int(len(steps)),
-                   "excess_share_median": float(np.median(excess / steps["driver_seconds"].to_numpy(float)))}
+                   "excess_share_median": float(np.median(excess / steps["driver_seconds"].to_numpy(float))),
+                   "per_step_runs": len(gaps)}
 
 
 def fit_against_cells(reference_steps: list[pd.DataFrame], cells_path):
@@ -76,4 +99,4 @@ def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return nnls(X, y)[0]
 
 
-__all__ = ["fit_driver_price", "fit_against_cells", "cells_driver", "step_features"]
+__all__ = ["fit_driver_price", "fit_against_cells", "cells_driver", "step_features", "step_gaps"]
