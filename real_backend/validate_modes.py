@@ -54,10 +54,14 @@ def mode_sim_setup(run, profile: str, train_profile: str, share=None, driver=Non
     trainer shared the host (trainer_shares_host); `driver` (DriverPrice): the driver's excess seconds."""
     from lssim.sim.training import TrainCostAtLevel, load_train_cost
 
+    from .trainer_probe import trainer_level
+
     mode = run.meta.get("mode") or {"mode": "collocated"}
     collocated = mode["mode"] == "collocated"
-    level = speed_level(run, profile)  # the engine's probed level is the host's: the trainer runs on its cores too
-    train = load_train_cost(train_profile) if level is None else TrainCostAtLevel(load_train_cost(train_profile), level)
+    train = load_train_cost(train_profile)
+    level = trainer_level(run.meta, train)  # the trainer's probes around the run; without them the engine's level
+    level = speed_level(run, profile) if level is None else level  # (the trainer runs on the engine's cores)
+    train = train if level is None else TrainCostAtLevel(train, level)
     if driver is not None and not collocated:  # a job's first step counts from its first rollout's start
         driver = dataclasses.replace(driver, first_step=0.0)  # (real_backend.train_job.fill_step_rows), not the run's
     return dataclasses.replace(sim_setup(run, profile), train=train, train_signal_only=True, mode=mode["mode"],
@@ -228,7 +232,8 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
     profiled now (`reprofile`) or a copy of `base_profile`, with the engine beside the GRPO trainer measured now
     (real_backend.host_sharing) where a mode trains beside the rollout: what the twins price with. A speed probe
     after every run (real_backend.speed_probe): the twin is priced at the machine's level of its minutes where the
-    profile has the probe's reference (a profile from `lssim profile` or --reprofile)."""
+    profile has the probe's reference (a profile from `lssim profile` or --reprofile), and a trainer probe beside it
+    (real_backend.trainer_probe): the twin's trainer is priced at its own level."""
     import tempfile
 
     from lssim.loop.modes import ModeConfig
@@ -236,6 +241,7 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
 
     from .run import StepLines
     from .speed_probe import measure_probe, record_run_probes
+    from .trainer_probe import TrainerProbe, record_trainer_probes
     from .world import prepare, run_real, start_engine
 
     prompts, _ = prepare(setup, specs[0], config)
@@ -251,7 +257,8 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
             run_real(setup, policy, warm, scratch, engine=engine, prompts=prompts, mode=ModeConfig(mode="async", rollout_devices=1))
         profile_host(engine, setup, out / "profile.json", base_profile, reprofile, beside=modes != ["collocated"],
                      length=config.max_tokens, group_size=config.group_size if "hybrid" in modes else None)
-        probes, folders = [measure_probe(engine)], []
+        trainer_probe = TrainerProbe(setup)  # the trainer's own level beside the engine's (real_backend.trainer_probe)
+        probes, trained, folders = [measure_probe(engine)], [trainer_probe.measure()], []
         for k in range(repeats):
             for mode in modes:
                 cfg = ModeConfig(mode=mode, rollout_devices=setup.n_instances, train_devices=None if mode == "collocated" else 1,
@@ -266,9 +273,11 @@ def record_modes(modes: list[str], specs: list[str], setup, config, out: Path, r
                              on_step=lines, meta={"command": " ".join(sys.argv), "policy_spec": spec, "repeat": k})
                     lines.flush()
                     probes.append(measure_probe(engine))
+                    trained.append(trainer_probe.measure())
                     folders.append(folder)
                     for i in range(max(0, len(folders) - 2), len(folders)):  # the one before gets its whole window now
                         record_run_probes(folders[i], probes, i, engine.n_instances)
+                        record_trainer_probes(folders[i], trained, i, trainer_probe.lengths)
         runs = [load_recorded(folder) for folder in folders]
     finally:
         engine.close()
