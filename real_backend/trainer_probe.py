@@ -1,7 +1,7 @@
 """The trainer's speed level, measured around every modes validation run: a fixed GRPO update timed on this host.
 
     probe = TrainerProbe(setup)                   # a GRPOTrainer of the run's model, with no engine
-    seconds = probe.measure()                     # ~0.3-0.6 s: one update of PROBE_SEQUENCES fixed sequences
+    seconds = probe.measure()                     # ~1.2 s: the median of three updates of PROBE_SEQUENCES sequences
     record_trainer_probes(run_folder, seconds, i) # the probes in order; the run sat after seconds[i]
     trainer_level(run.meta, train_cost)           # the run's probes over the trainer profile's price of that update
 
@@ -10,7 +10,7 @@ measured once and shipped (real_backend/data/profile_trainer_cpu.json); on this 
 0.39 s of CPU in one hour and 0.61 s in another while the engine's probe read the opposite way (modes38 against
 modes39: the collocated runs' updates at 1.1-1.3x the profile's price in the first, 0.65-0.72x in the second, the
 engine probe at 1.09-1.27 and 1.08-1.11). So the trainer is probed on its own: the same update of fixed synthetic
-sequences between every two runs, and its level is the median of the four probes nearest the run over what the twin's
+sequences (the median of three) between every two runs, and its level is the median of the four probes nearest the run over what the twin's
 trainer profile prices that update at. No reference measurement is needed: the profile's own price is the reference.
 Only the trainer's speed is taken from the probe, never anything the run trained.
 File: each run's probes in its meta.json as trainer_probe.
@@ -28,6 +28,9 @@ from .speed_probe import run_window
 
 PROBE_SEQUENCES = 20  # one step's trained sequences in the modes validation (groups of 2 here: 10 groups)
 PROBE_SEED = 7
+# One update's time on this host moves by +-25% from one to the next (modes40: 0.34-0.55 s for the same update
+# within minutes); each probe is the median of three (about 1.2 s).
+UPDATES_PER_PROBE = 3
 
 
 def probe_lengths() -> list[int]:
@@ -49,14 +52,18 @@ class TrainerProbe:
         self.lengths = probe_lengths()
         self._rng = np.random.default_rng(PROBE_SEED)
 
-    def measure(self) -> float:
+    def measure(self, updates: int = UPDATES_PER_PROBE) -> float:
+        """The median seconds of `updates` updates, one after another."""
         from .profile_trainer import synthetic_batch
 
-        self.trainer.prompts.tokens.clear()
-        batch = synthetic_batch(self._rng, self.lengths, self.trainer.prompts, int(self.trainer.model.config.vocab_size))
-        t0 = time.monotonic()
-        self.trainer.update(batch, 0)
-        return time.monotonic() - t0
+        seconds = []
+        for _ in range(updates):
+            self.trainer.prompts.tokens.clear()
+            batch = synthetic_batch(self._rng, self.lengths, self.trainer.prompts, int(self.trainer.model.config.vocab_size))
+            t0 = time.monotonic()
+            self.trainer.update(batch, 0)
+            seconds.append(time.monotonic() - t0)
+        return float(np.median(seconds))
 
 
 def trainer_probe_record(seconds: list[float], window: list[float], lengths: list[int]) -> dict:
@@ -97,5 +104,5 @@ def trainer_level(meta: dict, train_cost) -> float | None:
     return record["level_s"] / priced
 
 
-__all__ = ["PROBE_SEQUENCES", "probe_lengths", "TrainerProbe", "trainer_probe_record", "record_trainer_probes",
+__all__ = ["PROBE_SEQUENCES", "UPDATES_PER_PROBE", "probe_lengths", "TrainerProbe", "trainer_probe_record", "record_trainer_probes",
            "trainer_level"]
