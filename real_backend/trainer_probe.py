@@ -10,8 +10,9 @@ measured once and shipped (real_backend/data/profile_trainer_cpu.json); on this 
 0.39 s of CPU in one hour and 0.61 s in another while the engine's probe read the opposite way (modes38 against
 modes39: the collocated runs' updates at 1.1-1.3x the profile's price in the first, 0.65-0.72x in the second, the
 engine probe at 1.09-1.27 and 1.08-1.11). So the trainer is probed on its own: the same update of fixed synthetic
-sequences (the median of three) between every two runs, and its level is the median of the four probes nearest the run over what the twin's
-trainer profile prices that update at. No reference measurement is needed: the profile's own price is the reference.
+sequences (the median of three) between every two runs, and its level is the median of the four probes nearest the
+run over what the twin's trainer profile prices that update at. No reference measurement is needed: the profile's
+own price is the reference.
 Only the trainer's speed is taken from the probe, never anything the run trained.
 File: each run's probes in its meta.json as trainer_probe.
 """
