@@ -5,7 +5,7 @@ iterations_within of one span, for a kernel that prices spans as it schedules th
 import numpy as np
 
 from lssim.cost.protocol import ramp_count
-from lssim.kernels import F64, F64S_IN, I64, I64S_IN, kernel
+from lssim.kernels import F64, I64, I64S_IN, kernel
 
 ramp_count_at = kernel(F64, F64, F64)(ramp_count)  # the same function, compiled
 
@@ -40,13 +40,11 @@ def decode_time_at(n, ctx, k, mem_a, mem_b, cmp_a, cmp_b, ov):
     return kf * (v0 + s0 * (kf - 1) * 0.5 + ov)
 
 
-@kernel(I64, I64, F64, F64S_IN)
-def iterations_within_at(n, ctx, seconds, coeffs):
-    """RooflineCostModel.iterations_within (n >= 1, `seconds` finite), its operations in its order; `coeffs`: the
-    model's (mem_a, mem_b, cmp_a, cmp_b, ov) first (RooflineCostModel.kernel_coefficients)."""
+@kernel(I64, I64, F64, F64, F64, F64, F64, F64)
+def iterations_within_at(n, ctx, seconds, mem_a, mem_b, cmp_a, cmp_b, ov):
+    """RooflineCostModel.iterations_within (n >= 1, `seconds` finite), its operations in its order."""
     if seconds <= 0.0:
         return 0
-    mem_a, mem_b, cmp_a, cmp_b, ov = coeffs[0], coeffs[1], coeffs[2], coeffs[3], coeffs[4]
     nf, cf = float(n), float(ctx)
     m0 = mem_a + mem_b * cf
     c0 = cmp_a * nf + cmp_b * cf

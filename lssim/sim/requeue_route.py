@@ -22,10 +22,7 @@ import numpy as np
 
 from lssim.loop.core import LENGTH, STOP
 from lssim.sim.fastsim import _answers, _check_fits, count_sources
-from lssim.sim.requeue_kernels import (C_ENDED, C_PREEMPT, C_SEQ, F_BUSY, F_OWED, F_SEQS, F_T, I_CTX, I_IT, I_LEFT,
-                                       I_LEFT_AT, I_N, I_PENDING, I_VERSION, N_I, N_R, OUT_OF_ROOM, R_EST, R_GEN, R_GROUP,
-                                       R_LEARN, R_LENGTH, R_PRIO, R_PROBE, R_PROMPT, R_RAN, R_SEER, R_SLOT, R_WHERE,
-                                       RF_FINISH, RF_FIRST, RF_SUBMIT, I_COUNT)
+from lssim.sim import requeue_kernels as k
 from lssim.sim.requeue_loop import run_requeues
 
 
@@ -49,17 +46,17 @@ def run_requeued(engine, requests, queue: np.ndarray | None, rules_of) -> np.nda
     placed = placed % engine.n_instances
     room = _room(answers[0], requests.generated, engine._interval or 0, engine.n_instances)
     while True:
-        world = _world(engine, requests, rules, answers, placed, room)
-        error = run_requeues(world, queue, placed, float(engine.clock))
-        if error != OUT_OF_ROOM:
+        wf, wi = _world(engine, requests, rules, answers, placed, room)
+        error = run_requeues(wf, wi, queue, placed, float(engine.clock))
+        if error != k.OUT_OF_ROOM:
             break
         room *= 4
     if error:
         raise RuntimeError(f"instance {error - 1} is idle with waiting requests it cannot admit")
     count_sources(engine, answers[5])
-    _commit(engine, world)
-    _fill(requests, world, answers)
-    return world[21][:world[18][C_ENDED]].copy()
+    _commit(engine, wf, wi)
+    _fill(requests, wf, wi, answers)
+    return wi[wi[k.H_ENDED]:wi[k.H_ENDED] + wi[k.C_ENDED]].copy()
 
 
 def _room(length: np.ndarray, generated: np.ndarray, interval: int, n_inst: int) -> int:
@@ -69,59 +66,74 @@ def _room(length: np.ndarray, generated: np.ndarray, interval: int, n_inst: int)
     return 8 * (len(length) + checkpoints) + 64 * n_inst
 
 
-def _world(engine, requests, rules, answers, placed: np.ndarray, room: int) -> tuple:
-    """lssim.sim.requeue_kernels.WORLD for this submission on the engine as it stands."""
+def _world(engine, requests, rules, answers, placed: np.ndarray, room: int) -> tuple[np.ndarray, np.ndarray]:
+    """(wf, wi): lssim.sim.requeue_kernels' world for this submission on the engine as it stands."""
     m, n_inst, cfg = len(requests), engine.n_instances, engine.config
     length, reason = answers[0], answers[1]
     groups, group = np.unique(requests.group_id, return_inverse=True)
-    r = np.zeros((N_R, m), np.int64)
-    r[R_PROMPT], r[R_LENGTH], r[R_PRIO] = requests.prompt_len, length, requests.priority
-    r[R_PROBE], r[R_EST], r[R_GROUP] = rules.probe, rules.estimate, group
-    r[R_LEARN] = (reason == STOP) | (reason == LENGTH)  # on_finish learns from a response that ended by itself
-    r[R_GEN], r[R_SEER] = requests.generated, placed
-    r[[R_WHERE, R_SLOT, R_RAN]] = -1  # nowhere yet
-    known = np.full(len(groups), -1, np.int64)
-    known[group[rules.known]] = rules.estimate[rules.known]
-    ii = np.zeros((N_I, n_inst), np.int64)
-    f = np.zeros((4, n_inst))
-    for i, x in enumerate(engine.instances):
-        ii[[I_IT, I_N, I_CTX, I_VERSION, I_PENDING, I_LEFT_AT, I_LEFT], i] = x.it, x.n, x.ctx, x.version, x.pending, \
-            x.left_at, x.left
-        f[[F_T, F_BUSY, F_SEQS, F_OWED], i] = x.t, x.busy, x.seq_seconds, x.owed
-    ii[I_COUNT] = rules.counts
     heap = 2 * room // n_inst + 1024
-    config = np.array([cfg.kv_capacity_tokens, cfg.max_num_seqs, engine._interval or 0, rules.rebalance,
-                       int(rules.every_chunk), heap, room], np.int64)
-    return (r, np.full((3, m), np.nan), ii, f, np.zeros(n_inst * cfg.max_num_seqs, np.int64), np.zeros((3, room), np.int64),
-            np.zeros(room), np.zeros(room, np.int64), np.zeros(room, np.int64),
-            np.zeros(n_inst * heap), np.zeros(n_inst * heap, np.int64), np.zeros(n_inst * heap, np.int64),
-            np.zeros(n_inst * heap), np.zeros(n_inst * heap, np.int64), np.zeros(n_inst * heap, np.int64),
-            known, config, engine.cost.kernel_coefficients(), np.zeros(6, np.int64), np.zeros(1),
-            np.zeros((3, cfg.max_num_seqs), np.int64), np.zeros(m, np.int64))
+    wi_sizes = {k.H_R: m * k.N_R, k.H_I: n_inst * k.N_I, k.H_RS: n_inst * cfg.max_num_seqs, k.H_SL: 3 * room,
+                k.H_EV: 2 * room, k.H_RUN: 2 * n_inst * heap, k.H_WAIT: 2 * n_inst * heap, k.H_GROUPS: len(groups),
+                k.H_BUF: 3 * cfg.max_num_seqs, k.H_ENDED: m}
+    wf_sizes = {k.HF_RF: m * k.N_RF, k.HF_I: n_inst * k.N_F, k.HF_EV: room, k.HF_RUN: n_inst * heap,
+                k.HF_WAIT: n_inst * heap}
+    wi = np.zeros(k.N_HEADER + sum(wi_sizes.values()), np.int64)
+    wf = np.zeros(k.N_HEADER_F + sum(wf_sizes.values()))
+    blocks = {}
+    for sizes, at in ((wi_sizes, k.N_HEADER), (wf_sizes, k.N_HEADER_F)):
+        for name, size in sizes.items():
+            wi[name], blocks[name] = at, at
+            at += size
+    wi[[k.N_INST, k.G_KV, k.G_SEQS, k.G_INTERVAL, k.G_REBALANCE, k.G_EVERY, k.G_HEAP, k.G_ROOM]] = \
+        n_inst, cfg.kv_capacity_tokens, cfg.max_num_seqs, engine._interval or 0, rules.rebalance, rules.every_chunk, \
+        heap, room
+    r = wi[blocks[k.H_R]:blocks[k.H_R] + m * k.N_R].reshape(m, k.N_R)
+    r[:, k.R_PROMPT], r[:, k.R_LENGTH], r[:, k.R_PRIO] = requests.prompt_len, length, requests.priority
+    r[:, k.R_PROBE], r[:, k.R_EST], r[:, k.R_GROUP] = rules.probe, rules.estimate, group
+    r[:, k.R_LEARN] = (reason == STOP) | (reason == LENGTH)  # on_finish learns from a response that ended by itself
+    r[:, k.R_GEN], r[:, k.R_SEER] = requests.generated, placed
+    r[:, [k.R_WHERE, k.R_SLOT, k.R_RAN]] = -1  # nowhere yet
+    known = wi[blocks[k.H_GROUPS]:blocks[k.H_GROUPS] + len(groups)]
+    known[:] = -1
+    known[group[rules.known]] = rules.estimate[rules.known]
+    ii = wi[blocks[k.H_I]:blocks[k.H_I] + n_inst * k.N_I].reshape(n_inst, k.N_I)
+    f = wf[blocks[k.HF_I]:blocks[k.HF_I] + n_inst * k.N_F].reshape(n_inst, k.N_F)
+    for i, x in enumerate(engine.instances):
+        ii[i, [k.I_IT, k.I_N, k.I_CTX, k.I_VERSION, k.I_PENDING, k.I_LEFT_AT, k.I_LEFT]] = x.it, x.n, x.ctx, x.version, \
+            x.pending, x.left_at, x.left
+        f[i, [k.F_T, k.F_BUSY, k.F_SEQS, k.F_OWED]] = x.t, x.busy, x.seq_seconds, x.owed
+    ii[:, k.I_COUNT] = rules.counts
+    wf[k.W_COST:k.W_COST + 7] = engine.cost.kernel_coefficients()
+    wf[blocks[k.HF_RF]:blocks[k.HF_RF] + m * k.N_RF] = np.nan
+    return wf, wi
 
 
-def _commit(engine, world: tuple) -> None:
+def _commit(engine, wf: np.ndarray, wi: np.ndarray) -> None:
     """The engine as the rollout leaves it: each instance's clocks and counters (every entry of its Python heaps
     stale), the clock, preemptions, and its push counter moved on by the pushes made."""
-    ii, f, ctr, clock = world[2], world[3], world[18], world[19]
-    for i, x in enumerate(engine.instances):
-        x.it, x.n, x.ctx, x.pending = int(ii[I_IT, i]), int(ii[I_N, i]), int(ii[I_CTX, i]), int(ii[I_PENDING, i])
-        x.left_at, x.left, x.version = int(ii[I_LEFT_AT, i]), int(ii[I_LEFT, i]), int(ii[I_VERSION, i]) + 1
-        x.t, x.busy, x.seq_seconds, x.owed = float(f[F_T, i]), float(f[F_BUSY, i]), float(f[F_SEQS, i]), float(f[F_OWED, i])
+    n_inst = engine.n_instances
+    ii = wi[wi[k.H_I]:wi[k.H_I] + n_inst * k.N_I].reshape(n_inst, k.N_I).tolist()
+    f = wf[wi[k.HF_I]:wi[k.HF_I] + n_inst * k.N_F].reshape(n_inst, k.N_F).tolist()
+    for x, c, t in zip(engine.instances, ii, f):
+        x.it, x.n, x.ctx, x.pending = c[k.I_IT], c[k.I_N], c[k.I_CTX], c[k.I_PENDING]
+        x.left_at, x.left, x.version = c[k.I_LEFT_AT], c[k.I_LEFT], c[k.I_VERSION] + 1
+        x.t, x.busy, x.seq_seconds, x.owed = t[k.F_T], t[k.F_BUSY], t[k.F_SEQS], t[k.F_OWED]
         x.priced = (0, 0, 0, 0.0)
-    engine.clock = float(clock[0])
-    engine.preemptions += int(ctr[C_PREEMPT])
-    engine._seq = itertools.count(next(engine._seq) + int(ctr[C_SEQ]))
+    engine.clock = float(wf[k.W_CLOCK])
+    engine.preemptions += int(wi[k.C_PREEMPT])
+    engine._seq = itertools.count(next(engine._seq) + int(wi[k.C_SEQ]))
 
 
-def _fill(requests, world: tuple, answers: tuple) -> None:
+def _fill(requests, wf: np.ndarray, wi: np.ndarray, answers: tuple) -> None:
     """The columns as the event engine leaves its Request objects once every row ended."""
-    r, rf = world[0], world[1]
+    m = len(requests)
+    r = wi[wi[k.H_R]:wi[k.H_R] + m * k.N_R].reshape(m, k.N_R)
+    rf = wf[wi[k.HF_RF]:wi[k.HF_RF] + m * k.N_RF].reshape(m, k.N_RF)
     length, reason, reward, exact = answers[:4]
-    requests.ran_on[:] = requests.instance[:] = r[R_RAN]
-    requests.priority[:] = r[R_PRIO]
-    requests.submit_time[:], requests.first_token_time[:], requests.finish_time[:] = rf[RF_SUBMIT], rf[RF_FIRST], \
-        rf[RF_FINISH]
-    requests.generated[:] = r[R_GEN]
+    requests.ran_on[:] = requests.instance[:] = r[:, k.R_RAN]
+    requests.priority[:] = r[:, k.R_PRIO]
+    requests.submit_time[:], requests.first_token_time[:] = rf[:, k.RF_SUBMIT], rf[:, k.RF_FIRST]
+    requests.finish_time[:] = rf[:, k.RF_FINISH]
+    requests.generated[:] = r[:, k.R_GEN]
     requests.finish_reason[:], requests.reward[:], requests.exact[:] = reason, reward, exact
     requests.natural_len[:], requests.natural_reward[:] = length, reward
