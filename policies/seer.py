@@ -147,8 +147,14 @@ class Seer(Policy):
         return chosen
 
     def on_finishes(self, ended, state):
-        for rid in ended.rid.tolist():
-            self._leave(rid)
+        rids, where = ended.rid.tolist(), self._where
+        if len(rids) == len(where) and where.keys() == set(rids):  # every request it placed ended: all leave at once
+            left = np.bincount(np.fromiter(where.values(), np.int64, len(where)), minlength=len(self._count))
+            self._count = [c - k for c, k in zip(self._count, left.tolist())]
+            where.clear()
+        else:
+            for rid in rids:
+                self._leave(rid)
         learn = (ended.finish_reason == STOP) | (ended.finish_reason == LENGTH)
         groups, inverse = np.unique(ended.group_id[learn], return_inverse=True)
         longest = np.zeros(len(groups), np.int64)
@@ -175,21 +181,24 @@ class Seer(Policy):
         return requests.rid == probes[inverse]
 
     def _estimates(self, requests, rows: np.ndarray) -> np.ndarray:
-        """`estimate` of each of `rows`, each (prompt, budget) asked once."""
-        groups, prompts, budgets = (a[rows].tolist() for a in (requests.group_id, requests.prompt_id, requests.max_tokens))
-        known, past = self._estimate, self._past
-        out = [known.get(g) for g in groups]
-        for j, (g, prompt, budget) in enumerate(zip(groups, prompts, budgets)):
-            if out[j] is None:
-                value = past.get((prompt, budget))
-                if value is None:
-                    mean = self.history.mean(prompt)
-                    value = past[(prompt, budget)] = budget if mean is None else int(round(min(mean, budget)))
-                out[j] = value
-        return np.array(out, np.int64)
-
-    def end_step(self, outcome):
-        self.history.update(outcome)
+        """`estimate` of each of `rows`: its group's where known, else its (prompt, budget)'s, each asked once."""
+        out = np.full(len(rows), -1, np.int64)
+        if self._estimate:
+            groups, inverse = np.unique(requests.group_id[rows], return_inverse=True)
+            out = np.array([self._estimate.get(g, -1) for g in groups.tolist()], np.int64)[inverse]
+        rest = rows[out < 0]
+        prompts, budgets = requests.prompt_id[rest], requests.max_tokens[rest]
+        span = int(budgets.max()) + 1 if len(rest) else 1
+        keys, inverse = np.unique(prompts * span + budgets, return_inverse=True)  # (prompt, budget) as one int
+        pairs = (keys // span).tolist(), (keys % span).tolist()
+        past = self._past
+        values = [past.get(key) for key in zip(*pairs)]
+        for j, (prompt, budget) in enumerate(zip(*pairs)):
+            if values[j] is None:
+                mean = self.history.mean(prompt)
+                values[j] = past[(prompt, budget)] = budget if mean is None else int(round(min(mean, budget)))
+        out[out < 0] = np.array(values, np.int64)[inverse.ravel()]
+        return out
 
     def _leave(self, rid: int) -> None:
         i = self._where.pop(rid, None)

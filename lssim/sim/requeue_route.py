@@ -63,7 +63,7 @@ def _room(length: np.ndarray, generated: np.ndarray, interval: int, n_inst: int)
     """Heap entries the kernel makes room for at first: a few per request and per checkpoint (requeues and preemption
     add more; the kernel says when it runs out, and runs again with four times the room)."""
     checkpoints = int(np.maximum(0, length - generated - 1).sum() // interval) if interval else 0
-    return 8 * (len(length) + checkpoints) + 64 * n_inst
+    return 5 * len(length) + 6 * checkpoints + 64 * n_inst
 
 
 def _world(engine, requests, rules, answers, placed: np.ndarray, room: int) -> tuple[np.ndarray, np.ndarray]:
