@@ -200,6 +200,9 @@ class Seer(Policy):
         out[out < 0] = np.array(values, np.int64)[inverse.ravel()]
         return out
 
+    def end_step(self, outcome):
+        self.history.update(outcome)
+
     def _leave(self, rid: int) -> None:
         i = self._where.pop(rid, None)
         if i is not None:
