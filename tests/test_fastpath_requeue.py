@@ -1,7 +1,7 @@
 """The requeue route (lssim.sim.requeue_route: seer's rollout in one numba kernel) against the event engine.
 
 Every run is made twice on a generated trace, once with the route allowed and once on the event engine alone: several
-steps, 1-4 instances, KV caches small enough that requests are preempted, chunks small enough that most responses
+steps, the modes that run a rollout whole, 1-4 instances, KV caches small enough that requests are preempted, chunks small enough that most responses
 reach several checkpoints, every_chunk. The step and response frames must be equal to the last bit, and so must the
 engines' counters and clocks.
 """
@@ -22,9 +22,9 @@ SEERS = ["seer", "seer(chunk=16)", "seer(chunk=5, every_chunk=True)", "seer(chun
          "seer(chunk=24, every_chunk=True, rebalance=2)"]
 
 
-def assert_bit_equal(trace, policy, n_instances, max_num_seqs, kv):
-    slow, slow_engine = run(trace, policy, ROOFLINE, n_instances, max_num_seqs, kv, "collocated", batch_route=False)
-    fast, fast_engine = run(trace, policy, ROOFLINE, n_instances, max_num_seqs, kv, "collocated", batch_route=True)
+def assert_bit_equal(trace, policy, n_instances, max_num_seqs, kv, mode="collocated"):
+    slow, slow_engine = run(trace, policy, ROOFLINE, n_instances, max_num_seqs, kv, mode, batch_route=False)
+    fast, fast_engine = run(trace, policy, ROOFLINE, n_instances, max_num_seqs, kv, mode, batch_route=True)
     assert fast_engine._requeue and not slow_engine._requeue  # the two routes did run
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     pd.testing.assert_frame_equal(fast.responses, slow.responses, check_exact=True)
@@ -38,12 +38,13 @@ def assert_bit_equal(trace, policy, n_instances, max_num_seqs, kv):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), steps=st.integers(1, 3), prompts=st.integers(1, 6), group=st.integers(1, 5),
        max_len=st.integers(1, 300), n_instances=st.integers(1, 4), max_num_seqs=st.integers(1, 8),
-       slack=st.integers(0, 400), policy=st.sampled_from(SEERS))
+       slack=st.integers(0, 400), policy=st.sampled_from(SEERS),
+       mode=st.sampled_from(["collocated", "disaggregated", "hybrid"]))
 def test_requeue_route_equals_event_engine(seed, steps, prompts, group, max_len, n_instances, max_num_seqs, slack,
-                                           policy):
+                                           policy, mode):
     trace = make_trace(np.random.default_rng(seed), steps, prompts, group, max_len)
     kv = int(trace["prompt_len"].max() + trace["max_tokens"].max()) + slack  # a request may ask the run's budget
-    assert_bit_equal(trace, policy, n_instances, max_num_seqs, kv)
+    assert_bit_equal(trace, policy, n_instances, max_num_seqs, kv, mode)
 
 
 @pytest.mark.parametrize("n_instances", [2, 4])
