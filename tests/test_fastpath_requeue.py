@@ -13,10 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lssim.kernels import python_route
+from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.policy import make_policy
 from lssim.sim.requeue_rules import RequeueRules, moves, rank
+from lssim.sim.trainer import SimTrainer
+from lssim.sim.world import EngineConfig, SimEngine
+from lssim.traces.workload import Workload
 from policies.seer import Seer
-from test_fastpath import PROFILED, ROOFLINE, make_trace, run
+from test_fastpath import PROFILED, ROOFLINE, TRAIN, make_trace, run
 
 SEERS = ["seer", "seer(chunk=16)", "seer(chunk=5, every_chunk=True)", "seer(chunk=40, rebalance=3)",
          "seer(chunk=24, every_chunk=True, rebalance=2)"]
@@ -59,15 +63,30 @@ def test_requeues_and_preemption_happen_and_stay_equal(n_instances):
     assert (moved.responses["submit_time"] > 0).any()  # some response was submitted again mid-rollout
 
 
-def test_the_python_route_equals_the_compiled_one():
-    """The kernels' Python source (python_route) gives the compiled route's frames."""
+def test_the_kernels_python_source_equals_the_compiled_kernels():
+    """The kernels' Python source (python_route) gives the compiled kernels' frames: the route chosen compiled, the
+    run made on the Python route (a replay on the Python route keeps seer on the event engine: faster there)."""
     trace = make_trace(np.random.default_rng(5), steps=2, prompts=5, group=4, max_len=200)
     kv = int(trace["prompt_len"].max() + trace["max_tokens"].max()) + 30
-    compiled, _ = run(trace, "seer(chunk=8)", ROOFLINE, 3, 4, kv, "collocated", batch_route=True)
+    runs = []
+    for python in (False, True):
+        ctl, engine = controller(trace, "seer(chunk=8)", ROOFLINE, 3, 4, kv)
+        assert engine._requeue
+        with python_route(python):
+            runs.append(ctl.run())
+    pd.testing.assert_frame_equal(runs[1].responses, runs[0].responses, check_exact=True)
+    pd.testing.assert_frame_equal(runs[1].steps, runs[0].steps, check_exact=True)
     with python_route():
-        python, _ = run(trace, "seer(chunk=8)", ROOFLINE, 3, 4, kv, "collocated", batch_route=True)
-    pd.testing.assert_frame_equal(python.responses, compiled.responses, check_exact=True)
-    pd.testing.assert_frame_equal(python.steps, compiled.steps, check_exact=True)
+        assert not controller(trace, "seer(chunk=8)", ROOFLINE, 3, 4, kv)[1]._requeue
+
+
+def controller(trace, policy, cost, n_instances, max_num_seqs, kv):
+    """test_fastpath.run's controller and engine (the route chosen), not run yet."""
+    wl = Workload(trace)
+    engine = SimEngine(wl, cost, EngineConfig(n_instances, max_num_seqs, kv))
+    cfg = RunConfig(steps=2 * len(wl.steps), groups_per_step=wl.groups_per_step, group_size=wl.group_size,
+                    max_tokens=wl.max_tokens, total_groups=wl.groups_in(len(wl.steps)), seed=3)
+    return Controller(engine, SimTrainer(engine, TRAIN), wl, make_policy(policy), cfg), engine
 
 
 class WatchingSeer(Seer):

@@ -149,11 +149,13 @@ class SimEngine(Engine):
     def set_requeue_rollout(self, on: bool) -> bool:
         """The controller's promise that each rollout is one submission whose only reactions are requeues at progress
         checkpoints by seer's rules (Policy.progress_requeues): rollouts then come whole through run_batch, run in one
-        kernel (lssim.sim.requeue_route). Only where the roofline alone prices the engine (the kernel prices with it);
-        False when built with batch_route=False."""
+        kernel (lssim.sim.requeue_route). Only where the roofline alone prices the engine (the kernel prices with it),
+        and not on the Python route (the kernel's source run as Python costs ~12x the event engine's); False when built
+        with batch_route=False."""
         from lssim.cost.roofline import RooflineCostModel
+        from lssim.kernels import on_python_route
 
-        self._requeue = bool(on) and self.batch_route and type(self.cost) is RooflineCostModel
+        self._requeue = bool(on) and self.batch_route and type(self.cost) is RooflineCostModel and not on_python_route()
         return self._requeue
 
     def set_cut_rollout(self, on: bool) -> bool:
