@@ -16,7 +16,7 @@ from test_fastpath import BATCH_POLICIES, PROFILED, ROOFLINE, run
 from test_fastpath_events import ROUTED, labelled_trace
 
 EVENT_ROUTE = ["april", "lpt+april"]  # policies that steer single events: the event engine's lookups and bound
-REQUEUED = ["seer(chunk=16)"]  # seer's rollout in one kernel (lssim.sim.requeue_route) under the roofline
+REQUEUED = ["seer(chunk=16)"]  # compiled, the requeue route's kernel (roofline); on the Python route, the event engine
 
 
 def _run_both(trace, policy, cost, n_instances, max_num_seqs, kv, mode):
