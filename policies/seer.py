@@ -36,27 +36,24 @@ Rule:
 
 Defaults: chunk=2048 tokens, rebalance=2, every_chunk=False.
 
-On the simulator seer runs on the event route: a requeue moves a running response to another instance at its
-checkpoint's time, and where it is admitted there depends on both instances' clocks (the target catches up to that
-time first), so the instances cannot be scheduled one by one in integers as the batch route's kernels do. `rank` and
-`moves` are the rules on numbers and arrays alike, for a route that runs them in bulk.
+On the simulator seer runs on the requeue route (lssim.sim.requeue_route): a requeue moves a running response to
+another instance at its checkpoint's time, and where it is admitted there depends on both instances' clocks, so one
+numba kernel runs the event engine's multi-instance loop with these rules inside it. `rank` and `moves`
+(lssim.sim.requeue_rules) are the rules on numbers and arrays alike: the hooks below call them, the kernel runs them
+compiled; `priorities`, `placements`, `on_finishes` and `progress_requeues` are the hooks' array forms. A subclass
+that changes a hook runs event by event (Policy.requeues_in_batches).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from lssim.loop.core import LENGTH, STOP
 from lssim.loop.history import LengthHistory
 from lssim.loop.policy import Action, Policy
+from lssim.sim.requeue_rules import RequeueRules, moves, rank
 
-_BAND = 1 << 40  # priority bands: probes < started requests < fresh requests (lower runs first)
-
-
-def rank(probe, generated, estimate):
-    """Seer's queue order (lower runs first), on one request's numbers or elementwise on arrays of many: a probe by
-    its tokens generated (shortest first), ahead of every started request, ahead of every fresh one; those two
-    longest-first by their group's estimate (never below what they generated)."""
-    longest = estimate + (generated - estimate) * (generated > estimate)  # max(estimate, generated), arrays alike
-    return probe * (generated - 3 * _BAND) + (1 - probe) * (-_BAND - (generated > 0) * _BAND - longest)
+__all__ = ["Seer", "rank", "moves"]
 
 
 class Seer(Policy):
@@ -96,7 +93,7 @@ class Seer(Policy):
     def moves(self, here, least):
         """At a chunk boundary, whether a request goes back to the scheduler: its instance holds `here` of this
         policy's requests and the least-loaded one `least` (numbers, or arrays elementwise)."""
-        return self.every_chunk | (here - least >= self.rebalance)
+        return moves(here, least, self.rebalance, self.every_chunk)
 
     def priority(self, request):
         probe = self._probe.setdefault(request.group_id, request.rid) == request.rid
@@ -128,6 +125,80 @@ class Seer(Policy):
         if request.finish_reason in (STOP, LENGTH):
             g = request.group_id
             self._estimate[g] = max(self._estimate.get(g, 0), request.generated)
+
+    # -- array forms (the simulator's requeue route) ----------------------------------------------------------
+    def priorities(self, requests):
+        probe = self._probes(requests, first=True)
+        estimate = np.zeros(len(requests), np.int64)
+        estimate[~probe] = self._estimates(requests, np.flatnonzero(~probe))  # (asked for members only, as priority)
+        return np.asarray(rank(probe, requests.generated, estimate), np.int64)
+
+    def placements(self, requests, loads):
+        if len(self._count) != len(loads):
+            self._count, self._where = [0] * len(loads), {}
+        rids = requests.rid.tolist()
+        busy = {load.running + load.waiting for load in loads}
+        if len(set(self._count)) > 1 or len(busy) > 1 or not self._where.keys().isdisjoint(rids):
+            return super().placements(requests, loads)  # place, request after request
+        # every instance as loaded as the next: `place` picks the first of the least, in turn
+        chosen = np.arange(len(rids)) % len(loads)
+        self._count = [c + k for c, k in zip(self._count, np.bincount(chosen, minlength=len(loads)).tolist())]
+        self._where.update(zip(rids, chosen.tolist()))
+        return chosen
+
+    def on_finishes(self, ended, state):
+        rids, where = ended.rid.tolist(), self._where
+        if len(rids) == len(where) and where.keys() == set(rids):  # every request it placed ended: all leave at once
+            left = np.bincount(np.fromiter(where.values(), np.int64, len(where)), minlength=len(self._count))
+            self._count = [c - k for c, k in zip(self._count, left.tolist())]
+            where.clear()
+        else:
+            for rid in rids:
+                self._leave(rid)
+        learn = (ended.finish_reason == STOP) | (ended.finish_reason == LENGTH)
+        groups, inverse = np.unique(ended.group_id[learn], return_inverse=True)
+        longest = np.zeros(len(groups), np.int64)
+        np.maximum.at(longest, inverse, ended.generated[learn])
+        estimate = self._estimate
+        for g, n in zip(groups.tolist(), longest.tolist()):
+            estimate[g] = max(estimate.get(g, 0), n)
+
+    def progress_requeues(self, requests):
+        probe = self._probes(requests)
+        known = np.fromiter(map(self._estimate.__contains__, requests.group_id.tolist()), bool, len(requests))
+        estimate = np.zeros(len(requests), np.int64)
+        estimate[~probe] = self._estimates(requests, np.flatnonzero(~probe))
+        return RequeueRules(probe=probe, estimate=estimate, known=known & ~probe, counts=np.array(self._count, np.int64),
+                            rebalance=self.rebalance, every_chunk=self.every_chunk)
+
+    def _probes(self, requests, first: bool = False) -> np.ndarray:
+        """Which rows are their group's probe; `first`: a group's first row asked is its probe unless it has one
+        (priority's setdefault, row after row)."""
+        groups, at, inverse = np.unique(requests.group_id, return_index=True, return_inverse=True)
+        firsts = requests.rid[at].tolist()
+        probes = np.array([self._probe.setdefault(g, rid) if first else self._probe.get(g, -1)
+                           for g, rid in zip(groups.tolist(), firsts)], np.int64)
+        return requests.rid == probes[inverse]
+
+    def _estimates(self, requests, rows: np.ndarray) -> np.ndarray:
+        """`estimate` of each of `rows`: its group's where known, else its (prompt, budget)'s, each asked once."""
+        out = np.full(len(rows), -1, np.int64)
+        if self._estimate:
+            groups, inverse = np.unique(requests.group_id[rows], return_inverse=True)
+            out = np.array([self._estimate.get(g, -1) for g in groups.tolist()], np.int64)[inverse]
+        rest = rows[out < 0]
+        prompts, budgets = requests.prompt_id[rest], requests.max_tokens[rest]
+        span = int(budgets.max()) + 1 if len(rest) else 1
+        keys, inverse = np.unique(prompts * span + budgets, return_inverse=True)  # (prompt, budget) as one int
+        pairs = (keys // span).tolist(), (keys % span).tolist()
+        past = self._past
+        values = [past.get(key) for key in zip(*pairs)]
+        for j, (prompt, budget) in enumerate(zip(*pairs)):
+            if values[j] is None:
+                mean = self.history.mean(prompt)
+                values[j] = past[(prompt, budget)] = budget if mean is None else int(round(min(mean, budget)))
+        out[out < 0] = np.array(values, np.int64)[inverse.ravel()]
+        return out
 
     def end_step(self, outcome):
         self.history.update(outcome)

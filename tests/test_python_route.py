@@ -16,6 +16,7 @@ from test_fastpath import BATCH_POLICIES, PROFILED, ROOFLINE, run
 from test_fastpath_events import ROUTED, labelled_trace
 
 EVENT_ROUTE = ["april", "lpt+april"]  # policies that steer single events: the event engine's lookups and bound
+REQUEUED = ["seer(chunk=16)"]  # compiled, the requeue route's kernel (roofline); on the Python route, the event engine
 
 
 def _run_both(trace, policy, cost, n_instances, max_num_seqs, kv, mode):
@@ -34,7 +35,7 @@ def _run_both(trace, policy, cost, n_instances, max_num_seqs, kv, mode):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), steps=st.integers(1, 3), prompts=st.integers(1, 6), group=st.integers(1, 4),
        max_len=st.integers(1, 300), n_instances=st.integers(1, 3), max_num_seqs=st.integers(1, 8),
-       slack=st.integers(0, 400), policy=st.sampled_from(BATCH_POLICIES + ROUTED + EVENT_ROUTE),
+       slack=st.integers(0, 400), policy=st.sampled_from(BATCH_POLICIES + ROUTED + EVENT_ROUTE + REQUEUED),
        cost=st.sampled_from([PROFILED, ROOFLINE]), mode=st.sampled_from(["collocated", "disaggregated", "hybrid"]))
 def test_the_python_route_runs_as_the_compiled_kernels_bit_for_bit(seed, steps, prompts, group, max_len, n_instances,
                                                                    max_num_seqs, slack, policy, cost, mode):

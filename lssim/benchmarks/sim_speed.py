@@ -1,9 +1,9 @@
 """Simulator speed, each figure as a ratio against its goal (issues 15 and 38) and against the previous release's
 figure (lssim/benchmarks/data/previous_release.json): responses per second per policy on one core (each policy's
-route: the batch route, lssim.sim.fastsim, where it has no per-event hook; the event engine otherwise), a KV-bound
-long-response workload (the simulation alone, and `lssim replay`'s whole work end to end), sweep runs per second
-with 1 and 2 workers, the wall time of `lssim replay` on a 1,024,000-response trace with and without its
-references, and the scale checks of lssim/benchmarks/scale.py (a 10,000,000-response replay's time and peak
+route: the batch route, lssim.sim.fastsim, where it has no per-event hook; seer's requeue route, lssim.sim.requeue_route;
+the event engine otherwise), a KV-bound long-response workload (the simulation alone, and `lssim replay`'s whole work
+end to end), sweep runs per second with 1 and 2 workers, the wall time of `lssim replay` on a 1,024,000-response trace
+with and without its references, and the scale checks of lssim/benchmarks/scale.py (a 10,000,000-response replay's time and peak
 memory; a 1,000-run Ray sweep cut and resumed).
 
     python -m lssim.benchmarks.sim_speed                       # every section, defaults below
@@ -86,9 +86,9 @@ def bench_sim(report: Report, responses: int, policies: list[str], repeats: int,
         simulate(small, "baseline", SimSetup())  # loads the batch route's compiled kernels (numba's cache)
         for policy in policies:
             built = make_policy(policy)
-            batch = not built.reacts_to_events()
-            route = ("batch" if batch else "cut" if built.cuts_in_batches() else "carry" if built.carries_in_batches()
-                     else "event")
+            batch = not built.reacts_to_events() or built.requeues_in_batches()
+            route = ("requeue" if built.requeues_in_batches() else "batch" if batch else "cut" if built.cuts_in_batches()
+                     else "carry" if built.carries_in_batches() else "event")
             if batch:  # once untimed: the Workload builds its lookup indexes on first use, numba loads the policy's kernels
                 simulate(workload, policy, SimSetup())
             rate, n, times = _rate(workload, policy, SimSetup(), repeats)

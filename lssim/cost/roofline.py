@@ -144,6 +144,11 @@ class RooflineCostModel(CostModel):
 
         return decode_times(n_seqs, ctx_tokens, n_iters, self._mem_a, self._mem_b, self._cmp_a, self._cmp_b, self._ov)
 
+    def kernel_coefficients(self) -> np.ndarray:
+        """(mem_a, mem_b, cmp_a, cmp_b, ov, pf_a, pf_w): what a kernel that prices spans as it schedules them needs
+        (lssim.cost.roofline_arrays.decode_time_at, iterations_within_at; prefill pf_a * tokens + pf_w)."""
+        return np.array([self._mem_a, self._mem_b, self._cmp_a, self._cmp_b, self._ov, self._pf_a, self._pf_w])
+
     def prefill_times(self, n_tokens: np.ndarray) -> np.ndarray:
         return np.where(n_tokens > 0, self._pf_a * n_tokens + self._pf_w, 0.0)
 

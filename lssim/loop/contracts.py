@@ -179,6 +179,13 @@ class Engine(Protocol):
         policy's stops at its progress checkpoints (Policy.progress_stops), asked with the submission's checkpoints."""
         raise NotImplementedError(f"{type(self).__name__} streams events: it has no batch rollout")
 
+    def set_requeue_rollout(self, on: bool) -> bool:
+        """The controller's promise that a rollout is one submission whose only reactions to single events are
+        requeues at progress checkpoints by seer's rules, answered for the whole submission (Policy.progress_requeues).
+        Returns True if the engine then takes each rollout whole through `run_batch`, with the policy's
+        progress_requeues as `progress` (the simulator); an engine that streams ignores it (False)."""
+        return False
+
     def set_cut_rollout(self, on: bool) -> bool:
         """The controller's promise that a rollout reacts to no single event but where the policy's end_rollout, asked
         over the whole schedule (Policy.end_rollout_at), ends it, or where its on_progress carries responses, asked

@@ -76,6 +76,9 @@ class Controller:
         # short: an engine that can (the simulator) then runs each rollout as one batch (lssim.sim.fastsim), with the
         # same results (lssim.loop.contracts.Engine.set_batch_rollout; vLLM streams events and ignores it).
         self._batched = bool(engine.set_batch_rollout(self._batch_rollout()))
+        # ... and so does one that only requeues, by seer's rules, run by the engine itself (Policy.requeues_in_batches)
+        self._batched = self._batched or (policy.requeues_in_batches() and self._mode_runs_whole()
+                                          and bool(engine.set_requeue_rollout(True)))
         # A policy that reacts only by ending the rollout, or by carrying at checkpoints, with an array form of that
         # rule, has each submission scheduled whole and cut where the rule ends it, or run with its carries
         # (lssim.loop.contracts.Engine.set_cut_rollout; the event route's books).

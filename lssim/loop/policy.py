@@ -129,6 +129,27 @@ class Policy(PolicyHooks):
         on_progress at each checkpoint in turn carries, and leave the policy as those calls would."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_progress's carries (progress_carries)")
 
+    def requeues_in_batches(self) -> bool:
+        """True when the policy reacts to single events only by requeueing responses at progress checkpoints by seer's
+        rules (lssim.sim.requeue_rules), answered for a whole submission (`progress_requeues`), with array forms of its
+        priority, place and on_finish, all defined by the class that defines those hooks (a subclass that changes one
+        runs event by event); no end_rollout, no top_up, no speculation. The simulator may then run each rollout whole
+        in one kernel (lssim.sim.requeue_route), booked as the batch route books it."""
+        hooks = (("on_progress", "progress_requeues"), ("priority", "priorities"),
+                 ("place", "placements"), ("on_finish", "on_finishes"), ("priority", "progress_requeues"),
+                 ("place", "progress_requeues"), ("on_finish", "progress_requeues"))
+        return (self.overrides("on_progress") and all(self._answers_as_array(h, form) for h, form in hooks)
+                and not self.overrides("end_rollout") and not self.overrides("top_up")
+                and self.needs().speculation is None)
+
+    def progress_requeues(self, requests):
+        """on_progress for a whole submission (`requests`: lssim.loop.columns.RequestColumns, placed by `placements`),
+        of a rule that only requeues, by seer's chunk rules (lssim.sim.requeue_rules: `rank` gives the new priority,
+        `moves` says whether a request at a checkpoint goes back to the scheduler, placement the instance with the
+        fewest of the policy's requests): an lssim.sim.requeue_rules.RequeueRules. It must requeue what on_progress
+        at each checkpoint in turn requeues, with the priority and place priority and place then give."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_progress's requeues (progress_requeues)")
+
     def finishes_in_batches(self) -> bool:
         """True when the policy has no on_finish, or answers it as an array too (`on_finishes`): the batch route
         may then run its rollouts."""

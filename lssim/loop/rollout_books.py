@@ -127,7 +127,9 @@ def _run_part(fresh: RequestColumns, s: StepState, engine: Engine, policy: Polic
     state = s.rollout
     s.batch = fresh
     groups = s.batch_groups()
-    rows = engine.run_batch(fresh, queue, policy.progress_stops if asks["on_progress"] else None)
+    progress = None if not asks["on_progress"] else \
+        policy.progress_requeues if policy.requeues_in_batches() else policy.progress_stops
+    rows = engine.run_batch(fresh, queue, progress)
     state.responses_done += len(fresh)
     state.groups_submitted += len(groups)
     state.groups_done += len(groups)

@@ -93,6 +93,7 @@ class SimEngine(Engine):
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
         self._batch = False  # set_batch_rollout: rollouts come whole through run_batch (lssim.sim.fastsim)
         self._cut = False  # set_cut_rollout: submissions come whole through run_cut (lssim.sim.cut_route)
+        self._requeue = False  # set_requeue_rollout: rollouts come whole through run_batch (lssim.sim.requeue_route)
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -133,12 +134,29 @@ class SimEngine(Engine):
 
     def run_batch(self, requests, queue=None, progress=None) -> np.ndarray:
         """A whole rollout of `requests` (lssim.loop.columns.RequestColumns) on the idle engine, `progress` the policy's
-        stops at its checkpoints (Policy.progress_stops); see lssim.sim.fastsim."""
+        stops at its checkpoints (Policy.progress_stops; see lssim.sim.fastsim), or, after set_requeue_rollout(True),
+        its requeues (Policy.progress_requeues; see lssim.sim.requeue_route)."""
+        if self._requeue:
+            from lssim.sim.requeue_route import run_requeued
+
+            return run_requeued(self, requests, queue, progress)
         if not self._batch:
             raise RuntimeError("run_batch before set_batch_rollout(True)")
         from lssim.sim.fastsim import run_batch
 
         return run_batch(self, requests, queue, progress)
+
+    def set_requeue_rollout(self, on: bool) -> bool:
+        """The controller's promise that each rollout is one submission whose only reactions are requeues at progress
+        checkpoints by seer's rules (Policy.progress_requeues): rollouts then come whole through run_batch, run in one
+        kernel (lssim.sim.requeue_route). Only where the roofline alone prices the engine (the kernel prices with it),
+        and not on the Python route (the kernel's source run as Python costs ~12x the event engine's); False when built
+        with batch_route=False."""
+        from lssim.cost.roofline import RooflineCostModel
+        from lssim.kernels import on_python_route
+
+        self._requeue = bool(on) and self.batch_route and type(self.cost) is RooflineCostModel and not on_python_route()
+        return self._requeue
 
     def set_cut_rollout(self, on: bool) -> bool:
         """The controller's promise that a rollout reacts only where its end_rollout rule ends it, or by carries at
