@@ -435,7 +435,8 @@ class TrainCostAtLevel(TrainCostModel):
 
     def phases(self, seq_lens, prompt_lens, n_devices: int, *, collocated: bool) -> TrainPhases:
         p = self.base.phases(seq_lens, prompt_lens, n_devices, collocated=collocated)
-        return TrainPhases(*(self.level * getattr(p, name) for name in ("logprob", "reference", "update", "sync", "switch")))
+        level = self.level
+        return TrainPhases(level * p.logprob, level * p.reference, level * p.update, level * p.sync, level * p.switch)
 
     def micro_batch_seconds(self, seq_lens, n_devices: int = 1, *, forward_only: bool = False) -> float:
         return self.level * self.base.micro_batch_seconds(seq_lens, n_devices, forward_only=forward_only)
