@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, rids_of, runs, with_signal
+from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
 from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
@@ -111,7 +111,7 @@ def _carried_columns(s: StepState, carried: list[Request]) -> RequestColumns:
         return RequestColumns.of(carried)
     first, before, resumes = zip(*map(_resumed, carried))
     columns.first_version[:], columns.tokens_before_resume[:] = first, before
-    columns.resumes = None if resumes.count(None) == len(resumes) else list(resumes)
+    columns.resumes = _resumes(resumes)
     return columns
 
 
