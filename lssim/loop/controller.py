@@ -461,9 +461,9 @@ class Controller:
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
-    def draw(self, n: int) -> list[GroupSpec]:
+    def draw(self, n: int) -> Sequence[GroupSpec]:
         """StepContext.draw: the loader's next `n` groups (a checkpoint's restored context draws here too)."""
-        return list(self.loader.take(int(n)))
+        return self.loader.take(int(n))
 
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:
