@@ -193,7 +193,6 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
     object_rows = np.flatnonzero(np.repeat(as_objects, sizes)) + n_carried
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    s.context_at_start.update(zip(columns.rid[n_carried:].tolist(), columns.prompt_len[n_carried:].tolist()))
     members, at = s.members, 0
     for gid, a, k, objects in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_objects.tolist()):
         if objects:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.closed_books import natural_outcomes_of
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, runs, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
 from lssim.loop.contracts import TrainTiming
 
@@ -63,7 +63,9 @@ class StepState:
     # rollout, its rows of the submission's columns (`cut`; lssim.loop.cut_books: no object made)
     members: dict[int, list[Request] | np.ndarray] = field(default_factory=dict)
     open_members: dict[int, int] = field(default_factory=dict)  # group id -> members not yet ended
-    context_at_start: dict[int, int] = field(default_factory=dict)  # rid -> prompt + tokens generated before the step
+    # rid -> prompt + tokens generated before the step, of the responses that came into it with tokens (carried in, kept
+    # generating); every other response starts the step at its prompt
+    context_at_start: dict[int, int] = field(default_factory=dict)
     samples_planned: dict[int, int] = field(default_factory=dict)  # prompt -> samples planned (keeps sample_idx unique)
     fresh: list[Request] = field(default_factory=list)  # submitted by the plan
     fresh_rows_only: int = 0  # ... and booked as rows only (the cut route: no object made)
@@ -116,7 +118,7 @@ class StepState:
             if self.closed is None:
                 raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
-            ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
+            self._context_at_start(ran)
             ended = ran.take(slice(0, self.ended_count))  # ran's first rows (views: the books are read-only)
             ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
@@ -126,6 +128,17 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+
+    def _context_at_start(self, ran: RequestColumns) -> None:
+        """`ran`'s context at the step's start (filled in place): its prompt, plus the tokens it came in with where it
+        did (`context_at_start`)."""
+        ran.context_at_start[:] = ran.prompt_len
+        came_with = self.context_at_start
+        if came_with:
+            at = rows_by_rid(ran.rid, np.arange(len(ran)), np.fromiter(came_with, np.int64, len(came_with)))
+            tokens = np.fromiter(came_with.values(), np.int64, len(came_with))
+            ran.context_at_start[at[at >= 0]] = tokens[at >= 0]
+
 
 @dataclass(slots=True, frozen=True)
 class StepBooks:

@@ -18,9 +18,9 @@ from lssim.loop.records import StepState
 
 
 def register(fresh: RequestColumns, s: StepState) -> list[Request]:
-    """The event route's books for new requests: Request objects, each group's members, open counts."""
+    """The event route's books for new requests: Request objects, each group's members, open counts (each starts
+    the step at its prompt: StepState.context_at_start)."""
     requests = fresh.to_requests()
-    s.context_at_start.update(zip(fresh.rid.tolist(), fresh.prompt_len.tolist()))
     starts, sizes = runs(fresh.group_id)
     groups = fresh.group_id[starts].tolist()
     # the plan's usual requests: new groups, each group's members consecutive (made group after group)
