@@ -35,19 +35,20 @@ class HeldRows:
     columns: RequestColumns
 
 
-def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: int, earlier: HeldRows | None = None) -> list[Group]:
+def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: int, earlier: HeldRows | None = None) -> GroupBatch:
     """Step `s` once its rollout is over and its responses' last version is set (`version`): its responses (those that
     ended in the cut, the other ended, those carried out, and the members of the groups `done` now, whichever step they
     ended in) gathered into columns once (`s.closed`; the cut's and `earlier`'s rows read from there), and the done
-    groups made over them (Group with both objects and rows; only rows for a group of the cut booked as rows:
-    StepState.members). Members stay read-only from here on."""
+    groups as rows of them (a GroupBatch; a group of objects holds them too, a group of the cut booked as rows is
+    rows only: StepState.members). Members stay read-only from here on."""
     object_groups = [members for members in done if isinstance(members, list)]
     objects = list(itertools.chain.from_iterable(object_groups))
     done_rids = rids_of(objects)
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
-    objects.extend(itertools.chain(s.cut_objects, s.ended, s.carried_out))
-    rids = rids_of(objects)
+    rest = list(itertools.chain(s.cut_objects, s.ended, s.carried_out))
+    objects.extend(rest)
+    rids = np.concatenate([done_rids, rids_of(rest)])
     first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes
     objects, rids = list(map(objects.__getitem__, first.tolist())), rids[first]
     s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
@@ -59,22 +60,26 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: in
     return _done_groups(s, done, place)
 
 
-def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np.ndarray) -> list[Group]:
-    """close_step's groups, over the closed columns: the object groups' members are the first gathered (`place`: each
-    gathered object's row), a group booked as rows is rows of the cut's submission (the closed columns' first rows)."""
-    groups, at, cut_place = [], 0, None
+def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np.ndarray) -> GroupBatch:
+    """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
+    of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
+    object's row), a group booked as rows is rows of the cut's submission (the closed columns' first rows)."""
+    parts, held, at, cut_place = [], [], 0, None
     for members in done:
         if isinstance(members, list):
-            groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
+            parts.append(place[at:at + len(members)])
+            held.append(members)
             at += len(members)
             continue
         if cut_place is None:
             columns, cut_rows = s.cut
             cut_place = np.full(len(columns), -1, np.int64)
             cut_place[cut_rows] = np.arange(len(cut_rows))
-        first = int(members[0])
-        groups.append(Group(int(columns.prompt_id[first]), int(columns.step[first]), columns=s.closed, rows=cut_place[members]))
-    return groups
+        parts.append(cut_place[members])
+        held.append(None)
+    sizes = np.fromiter(map(len, parts), np.int64, len(parts))
+    rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
 
 
 def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = None) -> HeldRows | None:
