@@ -22,6 +22,7 @@ import numpy as np
 
 from lssim.loop.columns import GroupBatch, RequestColumns, natural_outcomes, rids_of, rows_by_rid
 from lssim.loop.core import Group, Request
+from lssim.loop.row_requests import GroupRows
 
 if TYPE_CHECKING:
     from lssim.loop.records import StepState
@@ -35,48 +36,57 @@ class HeldRows:
     columns: RequestColumns
 
 
-def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: int, earlier: HeldRows | None = None) -> GroupBatch:
+def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], version: int,
+               earlier: HeldRows | None = None) -> GroupBatch:
     """Step `s` once its rollout is over and its responses' last version is set (`version`): its responses (those that
     ended in the cut, the other ended, those carried out, and the members of the groups `done` now, whichever step they
     ended in) gathered into columns once (`s.closed`; the cut's and `earlier`'s rows read from there), and the done
-    groups as rows of them (a GroupBatch; a group of objects holds them too, a group of the cut booked as rows is
-    rows only: StepState.members). Members stay read-only from here on."""
-    object_groups = [members for members in done if isinstance(members, list)]
-    objects = list(itertools.chain.from_iterable(object_groups))
-    done_rids = rids_of(objects)
+    groups as rows of them (a GroupBatch; a group of objects holds them too, a group of the cut booked as rows or as
+    GroupRows is rows only: StepState.members). Members stay read-only from here on."""
+    objects = list(itertools.chain.from_iterable(members for members in done if isinstance(members, list)))
+    held = [members.rids() for members in done if isinstance(members, GroupRows)]  # found by rid, never read as objects
+    done_rids = np.concatenate([rids_of(objects), *held])
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
     rest = list(itertools.chain(s.cut_objects, s.ended, s.carried_out))
+    n_objects = len(objects) + len(rest)
+    rids = np.concatenate([done_rids[:len(objects)], rids_of(rest), done_rids[len(objects):]])
+    first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes (objects first)
     objects.extend(rest)
-    rids = np.concatenate([done_rids, rids_of(rest)])
-    first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes
-    objects, rids = list(map(objects.__getitem__, first.tolist())), rids[first]
+    objects, rids = list(map(objects.__getitem__, first[first < n_objects].tolist())), rids[first]
     s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
-    s.closed_objects, s.closed_place = objects, place
-    position = np.arange(len(objects))
+    s.closed_objects, s.closed_place = objects, place[:len(objects)]
+    position = np.arange(len(rids))
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
     s.closed_ended = np.concatenate([np.arange(in_cut), place[rows_by_rid(rids, position, rids_of(s.ended))]])
     s.closed_carried = place[rows_by_rid(rids, position, rids_of(s.carried_out))]
-    return _done_groups(s, done, place)
+    held_place = place[rows_by_rid(rids, position, done_rids[len(done_rids) - sum(map(len, held)):])]
+    return _done_groups(s, done, place, held_place)
 
 
-def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np.ndarray) -> GroupBatch:
+def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], place: np.ndarray,
+                 held_place: np.ndarray) -> GroupBatch:
     """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
     of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
-    object's row), a group booked as rows is rows of the cut's submission (the closed columns' first rows)."""
-    parts, held, at, cut_place = [], [], 0, None
+    object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
+    of the cut's submission (the closed columns' first rows)."""
+    parts, held, at, held_at, cut_place = [], [], 0, 0, None
     for members in done:
         if isinstance(members, list):
             parts.append(place[at:at + len(members)])
             held.append(members)
             at += len(members)
             continue
+        held.append(None)
+        if isinstance(members, GroupRows):
+            parts.append(held_place[held_at:held_at + len(members)])
+            held_at += len(members)
+            continue
         if cut_place is None:
             columns, cut_rows = s.cut
             cut_place = np.full(len(columns), -1, np.int64)
             cut_place[cut_rows] = np.arange(len(cut_rows))
         parts.append(cut_place[members])
-        held.append(None)
     sizes = np.fromiter(map(len, parts), np.int64, len(parts))
     rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
@@ -132,11 +142,11 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
               earlier: HeldRows | None, version: int) -> tuple[RequestColumns, np.ndarray]:
     """Columns of the responses that ended in a cut rollout (`cut`: its submission's columns, filled as the objects
     were, and those rows: first, in that order, with the last version they were given, `version`, and of's defaults
-    for the step's own fields: natural_len, natural_reward, context_at_start), then those of `objects` (`rids`: theirs)
-    found in neither: from `earlier` (ended in earlier steps) where there, else RequestColumns.of(objects); and each
-    object's row."""
-    n, parts, at = len(objects), [], 0
-    place = np.full(n, -1, np.int64)
+    for the step's own fields: natural_len, natural_reward, context_at_start), then those of `rids` (the objects', then
+    those of members held as rows) found in neither: from `earlier` (ended in earlier steps) where there, else
+    RequestColumns.of(objects) (a row held so is always found); and the row of each of `rids`."""
+    parts, at = [], 0
+    place = np.full(len(rids), -1, np.int64)
     if cut is not None:
         columns, rows = cut
         part = columns.take(rows)
@@ -150,6 +160,8 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
         parts.append(earlier.columns.take(found[there]))
         place[there], at = at + np.arange(len(there)), at + len(there)
     rest = np.flatnonzero(place < 0)
+    if len(rest) and rest[-1] >= len(objects):
+        raise RuntimeError(f"response {int(rids[rest[-1]])}, held as a row, is neither in the cut nor held from an earlier step")
     parts.append(RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))))
     place[rest] = at + np.arange(len(rest))
     return RequestColumns.concat(parts), place

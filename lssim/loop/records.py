@@ -27,6 +27,7 @@ import pandas as pd
 from lssim.loop.closed_books import natural_outcomes_of
 from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
+from lssim.loop.row_requests import GroupRows
 from lssim.loop.contracts import TrainTiming
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -59,9 +60,10 @@ class StepState:
     rollout: RolloutState  # the counters policies read during the rollout
     carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
     carried_rows: RequestColumns | None = None  # ... their rows as the last step closed them (before they resumed)
-    # group id -> every member (carried groups too), or, for a group of the cut route whose every member ended in the
-    # rollout, its rows of the submission's columns (`cut`; lssim.loop.cut_books: no object made)
-    members: dict[int, list[Request] | np.ndarray] = field(default_factory=dict)
+    # group id -> every member (carried groups too); on the cut and carry routes (lssim.loop.cut_books), a group whose
+    # every member ended in the rollout as its rows of the submission's columns (`cut`: no object made), one with an
+    # open member as a GroupRows (objects only of its open members), held so across steps
+    members: dict[int, list[Request] | np.ndarray | GroupRows] = field(default_factory=dict)
     open_members: dict[int, int] = field(default_factory=dict)  # group id -> members not yet ended
     # rid -> prompt + tokens generated before the step, of the responses that came into it with tokens (carried in, kept
     # generating); every other response starts the step at its prompt
@@ -95,6 +97,14 @@ class StepState:
     def ended_count(self) -> int:
         """Responses that ended in the step's rollout: the cut's rows, then `ended`."""
         return len(self.ended) + (len(self.cut[1]) if self.cut is not None else 0)
+
+    def set_last_version(self, version: int) -> None:
+        """Every response that ran in the step's rollout last ran under weights `version`: the objects, and the cut's rows
+        (a member held as a row makes its object from them: GroupRows)."""
+        for r in itertools.chain(self.cut_objects, self.ended, self.carried_out):
+            r.last_version = version
+        if self.cut is not None:
+            self.cut[0].last_version[self.cut[1]] = version
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
