@@ -77,3 +77,24 @@ def test_groups_that_end_whole_in_the_rollout_are_booked_as_rows(monkeypatch, po
     else:
         assert_same_cut_run(trace, policy, ROOFLINE, 2, 4, 100_000)
     assert len(made) >= 3 and sum(rows_only) > 0 and sum(made) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), seed=st.integers(0, 2**16), data=st.data())
+def test_a_group_held_as_rows_reads_its_open_members_objects_and_the_others_rows(n, seed, data):
+    columns = planned(n, seed)
+    requests = cut_books.RowRequests(columns.take(np.arange(n)), [])
+    columns.reward[:] = np.random.default_rng(seed).random(n)  # the engine fills the columns in place
+    columns.finish_reason[:] = STOP
+    open_rows = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1)))), np.int64)
+    for r in requests.make(open_rows):  # an open member's object, filled as it runs on in a later step
+        r.reward = -1.0 - r.rid
+    members = np.array(data.draw(st.permutations(range(n))), np.int64)[:data.draw(st.integers(1, n))]
+    group = cut_books.GroupRows(requests, columns, members)
+    expected = [-1.0 - int(columns.rid[i]) if i in set(open_rows.tolist()) else float(columns.reward[i]) for i in members]
+    assert group.rewards() == expected
+    assert group.rids().tolist() == columns.rid[members].tolist()
+    objects = list(group)  # made when read: from the filled columns where no object was made before
+    assert [r.reward for r in objects] == expected and [r.rid for r in objects] == group.rids().tolist()
+    assert all(a is b for a, b in zip(objects, group))  # made once
+    assert group[-1] is objects[-1] and group[0:2] == objects[0:2]

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.closed_books import natural_outcomes_of
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, runs, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
 from lssim.loop.row_requests import GroupRows
 from lssim.loop.contracts import TrainTiming
@@ -250,14 +250,18 @@ class ResponseTable:
         pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
         if not pending.any():
             return
-        groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
-        some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
-        members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
-        pending = pending[np.repeat(some, sizes[sizes > 0])]
+        one = rows_of_one(end.done_groups)
+        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read
+            members = one[0].take(one[1][pending])
+        else:
+            groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
+            some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
+            members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
+            members = members.take(np.flatnonzero(pending[np.repeat(some, sizes[sizes > 0])]))
         rids = members.rid
-        rows = [self._pending.pop(rid) for rid in rids[pending].tolist()]
-        trained = in_sorted(rids[pending], end.trained_rids)
-        off = members.off_policy_tokens(step)[pending][trained]
+        rows = [self._pending.pop(rid) for rid in rids.tolist()]
+        trained = in_sorted(rids, end.trained_rids)
+        off = members.off_policy_tokens(step)[trained]  # (each row's own)
         self._settled.extend(zip(np.array(rows, np.int64)[trained].tolist(), itertools.repeat(step), off.tolist()))
 
     def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
