@@ -26,7 +26,8 @@ def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
 
 
 def _listed(resumes):
-    return None if resumes is None else resumes.tolist()
+    """RequestColumns.resumes as a list; None where no row resumed (rows taken may keep an array of None)."""
+    return None if resumes is None or not resumes.astype(bool).any() else resumes.tolist()
 
 
 def in_order(s: StepState, objects: list[Request]) -> RequestColumns:

@@ -24,7 +24,8 @@ from lssim.loop.core import (REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group
 class RequestColumns:
     """Requests, one row each. `instance` is -1 where the engine's dispatcher chooses (Request.instance None);
     `resumes` is None when no row ever resumed under other weights (else Request.resumes, row by row, as an object
-    array: numpy's takes and concatenations read it, not a Python loop over its rows);
+    array: numpy's takes and concatenations read it, not a Python loop over its rows; rows taken keep it, even where
+    none of them resumed);
     `natural_len` / `natural_reward` (what the engine says the response would have been unstopped: -1 / NaN where
     it cannot tell) and `context_at_start` (prompt + tokens generated before the step) are the step's, filled when
     a step's books are closed."""
@@ -120,8 +121,8 @@ class RequestColumns:
             out = {name: getattr(self, name)[rows] for name in _ARRAYS}
         resumes = None
         if self.resumes is not None:
+            # (kept even where none of the rows taken resumed: whoever reads it asks which did)
             resumes = self.resumes.take(rows) if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu" else self.resumes[rows]
-            resumes = resumes if resumes.astype(bool).any() else None  # (a list is true, None false)
         return RequestColumns(**out, resumes=resumes)
 
     def to_requests(self, rows=None) -> list[Request]:

@@ -47,11 +47,6 @@ class RowRequests(Sequence):
         rows = np.flatnonzero(self._has)
         return rows, list(map(self._objects.__getitem__, rows.tolist()))
 
-    def existing(self, rows: np.ndarray) -> tuple[np.ndarray, list[Request]]:
-        """Of `rows`: the positions of those that have an object, and their objects."""
-        at = np.flatnonzero(self._has[rows])
-        return at, list(map(self._objects.__getitem__, rows[at].tolist()))
-
     def open(self, rows: np.ndarray) -> np.ndarray:
         """Of `rows`: which have an object that has not ended (a carried or still-running response)."""
         out = self._has[rows]
@@ -89,8 +84,8 @@ class GroupRows(Sequence):
         return self.columns.rid[self.rows]
 
     def rewards(self) -> list[float]:
-        """Each member's reward: its object's where it has one (an open member's, filled as it ran on), else its row's."""
-        out = self.columns.reward[self.rows]
-        at, objects = self.requests.existing(self.rows)
-        out[at] = [r.reward for r in objects]
-        return out.tolist()
+        """Each member's reward: its object's where it has one (an open member's, filled as it ran on), else its row's.
+        (A group is a few rows: read in Python, where numpy's calls cost more than the rows.)"""
+        objects = self.requests._objects
+        rows = self.rows.tolist()
+        return [row if (r := objects[i]) is None else r.reward for i, row in zip(rows, self.columns.reward[self.rows].tolist())]
