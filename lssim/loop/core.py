@@ -134,14 +134,17 @@ class GroupSpecs(Sequence):
         return (self[j] for j in range(len(self)))
 
     def __add__(self, other):
-        """Columns where both are columns no one has read a group of (`proposal + ctx.draw(n)`), else a list."""
+        """Columns where both are columns no one has read a group of (`proposal + ctx.draw(n)`), or the other is empty
+        (an empty proposal: the carried groups fill the step), else a list."""
+        if not len(other) and self.untouched:
+            return self
         if not (isinstance(other, GroupSpecs) and self.untouched and other.untouched):
             return list(self) + list(other)
         members = {**self.members, **{len(self) + j: m for j, m in other.members.items()}}
         return GroupSpecs(*(np.concatenate([getattr(self, k), getattr(other, k)]) for k in _SPEC_COLUMNS), members)
 
     def __radd__(self, other):
-        return list(other) + list(self)
+        return self if not len(other) and self.untouched else list(other) + list(self)
 
     def __eq__(self, other):
         return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
