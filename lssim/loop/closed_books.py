@@ -54,7 +54,7 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes (objects first)
     objects.extend(rest)
     objects, rids = list(map(objects.__getitem__, first[first < n_objects].tolist())), rids[first]
-    s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
+    s.closed, place = _gathered(objects, rids, s.cut, [earlier.columns] if earlier is not None else [], s.carried_cut, version)
     s.closed_objects, s.closed_place = objects, place[:len(objects)]
     position = np.arange(len(rids))
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
@@ -139,11 +139,12 @@ def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[
 
 
 def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumns, np.ndarray] | None,
-              earlier: HeldRows | None, version: int) -> tuple[RequestColumns, np.ndarray]:
+              held: list[RequestColumns], carried: RequestColumns | None, version: int) -> tuple[RequestColumns, np.ndarray]:
     """Columns of the responses that ended in a cut rollout (`cut`: its submission's columns, filled as the objects
     were, and those rows: first, in that order, with the last version they were given, `version`, and of's defaults
     for the step's own fields: natural_len, natural_reward, context_at_start), then those of `rids` (the objects', then
-    those of members held as rows) found in neither: from `earlier` (ended in earlier steps) where there, else
+    those of members held as rows) found in neither: from `held` (ended in earlier steps: HeldRows) where there, then
+    from `carried` (the carry route's carried rows: StepState.carried_cut, given `version`), else
     RequestColumns.of(objects) (a row held so is always found); and the row of each of `rids`."""
     parts, at = [], 0
     place = np.full(len(rids), -1, np.int64)
@@ -154,10 +155,13 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
         part.context_at_start[:] = part.prompt_len
         parts.append(part)
         place, at = rows_by_rid(part.rid, np.arange(len(part)), rids), len(part)
-    if earlier is not None:
-        found = rows_by_rid(earlier.columns.rid, np.arange(len(earlier.columns)), rids)
+    for source in held + ([carried] if carried is not None else []):
+        found = rows_by_rid(source.rid, np.arange(len(source)), rids)
         there = np.flatnonzero((found >= 0) & (place < 0))
-        parts.append(earlier.columns.take(found[there]))
+        part = source.take(found[there])
+        if source is carried:
+            part.last_version[:] = version
+        parts.append(part)
         place[there], at = at + np.arange(len(there)), at + len(there)
     rest = np.flatnonzero(place < 0)
     if len(rest) and rest[-1] >= len(objects):

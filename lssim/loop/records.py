@@ -87,6 +87,9 @@ class StepState:
     # responses that ended in the rollout, in the order they ended (the step's first ended, none of them in `ended`)
     cut: tuple[RequestColumns, np.ndarray] | None = None
     cut_objects: list[Request] = field(default_factory=list)  # ... the objects made of those (they hold the rows' values)
+    # the carry route: the rows of the responses carried out, as their objects hold them but the last version (a
+    # carried object is made from its row as submitted and given what the engine filled: lssim.sim.carry_route)
+    carried_cut: RequestColumns | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered

@@ -28,6 +28,11 @@ class RowRequests(Sequence):
     def __len__(self) -> int:
         return len(self._objects)
 
+    @property
+    def submitted(self) -> RequestColumns:
+        """The columns as submitted (read-only: the objects not made yet are made from them)."""
+        return self._submitted
+
     def __getitem__(self, i):
         return self.make(np.array([i], np.int64))[0]
 
