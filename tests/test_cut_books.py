@@ -98,3 +98,34 @@ def test_a_group_held_as_rows_reads_its_open_members_objects_and_the_others_rows
     assert [r.reward for r in objects] == expected and [r.rid for r in objects] == group.rids().tolist()
     assert all(a is b for a, b in zip(objects, group))  # made once
     assert group[-1] is objects[-1] and group[0:2] == objects[0:2]
+
+
+def test_the_carried_rows_hold_what_their_objects_hold(monkeypatch):
+    """The carry route closes its carried responses from their rows (StepState.carried_cut): those rows are what
+    RequestColumns.of reads of the objects once the step's last version is set."""
+    import dataclasses
+
+    import lssim.loop.controller as controller
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.synth import get_preset, synthesize
+    from lssim.traces.workload import Workload
+
+    checked = []
+    real = controller.close_step
+
+    def compared(s, done, version, earlier=None):
+        if s.carried_out:
+            rows, objects = s.carried_cut, RequestColumns.of(s.carried_out)
+            rows = dataclasses.replace(rows, last_version=np.full(len(rows), version))
+            for name in [f.name for f in dataclasses.fields(RequestColumns) if f.name != "resumes"]:
+                assert np.array_equal(getattr(rows, name), getattr(objects, name),
+                                      equal_nan=getattr(rows, name).dtype.kind == "f"), name
+            listed = [None if x is None else list(x) for x in (rows.resumes if rows.resumes is not None else [None] * len(rows))]
+            assert listed == [r.resumes for r in s.carried_out]
+            checked.append(len(rows))
+        return real(s, done, version, earlier)
+
+    monkeypatch.setattr(controller, "close_step", compared)
+    preset = get_preset("math7b")
+    simulate(Workload(synthesize(preset.replace(steps=4))), "segment", SimSetup())
+    assert len(checked) >= 2 and min(checked) > 0  # steps that carried, one resuming what the last carried
