@@ -54,7 +54,8 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes (objects first)
     objects.extend(rest)
     objects, rids = list(map(objects.__getitem__, first[first < n_objects].tolist())), rids[first]
-    s.closed, place = _gathered(objects, rids, s.cut, [earlier.columns] if earlier is not None else [], s.carried_cut, version)
+    left_open = None if s.open_cut is None else s.open_cut[0].left_open(s.open_cut[1], s.cut[0])
+    s.closed, place = _gathered(objects, rids, s.cut, [earlier.columns] if earlier is not None else [], left_open, version)
     s.closed_objects, s.closed_place = objects, place[:len(objects)]
     position = np.arange(len(rids))
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
@@ -139,12 +140,12 @@ def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[
 
 
 def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumns, np.ndarray] | None,
-              held: list[RequestColumns], carried: RequestColumns | None, version: int) -> tuple[RequestColumns, np.ndarray]:
+              held: list[RequestColumns], left_open: RequestColumns | None, version: int) -> tuple[RequestColumns, np.ndarray]:
     """Columns of the responses that ended in a cut rollout (`cut`: its submission's columns, filled as the objects
     were, and those rows: first, in that order, with the last version they were given, `version`, and of's defaults
     for the step's own fields: natural_len, natural_reward, context_at_start), then those of `rids` (the objects', then
     those of members held as rows) found in neither: from `held` (ended in earlier steps: HeldRows) where there, then
-    from `carried` (the carry route's carried rows: StepState.carried_cut, given `version`), else
+    from `left_open` (the cut's rows still open when its rollout left them: StepState.open_cut, given `version`), else
     RequestColumns.of(objects) (a row held so is always found); and the row of each of `rids`."""
     parts, at = [], 0
     place = np.full(len(rids), -1, np.int64)
@@ -155,11 +156,11 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
         part.context_at_start[:] = part.prompt_len
         parts.append(part)
         place, at = rows_by_rid(part.rid, np.arange(len(part)), rids), len(part)
-    for source in held + ([carried] if carried is not None else []):
+    for source in held + ([left_open] if left_open is not None else []):
         found = rows_by_rid(source.rid, np.arange(len(source)), rids)
         there = np.flatnonzero((found >= 0) & (place < 0))
         part = source.take(found[there])
-        if source is carried:
+        if source is left_open:
             part.last_version[:] = version
         parts.append(part)
         place[there], at = at + np.arange(len(there)), at + len(there)

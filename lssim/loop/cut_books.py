@@ -124,10 +124,8 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     _register_groups(requests, columns, n_carried, starts, sizes, as_rows, one_by_one, s)
     s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
     state.requests_in_flight = n - len(carried)
-    carried_out = requests.make(carried)
-    s.carried_out.extend(carried_out)  # as `carry_out` carries them (the engine left each carry's reason)
-    if len(carried):
-        s.carried_cut = _carried_cut(requests, columns, carried, carried_out)
+    s.carried_out.extend(requests.make(carried))  # as `carry_out` carries them (the engine left each carry's reason)
+    s.open_cut = (requests, np.flatnonzero(still_open))
     s.cut = (columns, ended)
     if one_by_one:  # on_finish told of each as it is booked, as the event route does
         s.cut_objects = requests.make(ended)
@@ -144,19 +142,6 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     _end_groups_as_rows(as_rows, starts, sizes, columns, s)
     if tell and not one_by_one:
         policy.on_finishes(columns.take(ended), state)
-
-
-def _carried_cut(requests: RowRequests, columns: RequestColumns, carried: np.ndarray, objects: list) -> RequestColumns:
-    """The carried rows as their objects hold them (`objects`: made from the rows as submitted, then given what the
-    engine filled, lssim.sim.carry_route.run_carried): the rows as submitted with the engine's instance, submit and
-    first token times, exactness and tokens, and each carry's reason; of's defaults for the step's own fields."""
-    out = requests.submitted.take(carried)
-    for name in ("ran_on", "submit_time", "exact", "first_token_time", "generated"):
-        getattr(out, name)[:] = getattr(columns, name)[carried]
-    out.stop_reason[:] = [r.stop_reason for r in objects]
-    out.natural_len[:], out.natural_reward[:] = -1, np.nan
-    out.context_at_start[:] = out.prompt_len
-    return out
 
 
 def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,

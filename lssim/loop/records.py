@@ -27,7 +27,7 @@ import pandas as pd
 from lssim.loop.closed_books import natural_outcomes_of
 from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
-from lssim.loop.row_requests import GroupRows
+from lssim.loop.row_requests import GroupRows, RowRequests
 from lssim.loop.contracts import TrainTiming
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -87,9 +87,9 @@ class StepState:
     # responses that ended in the rollout, in the order they ended (the step's first ended, none of them in `ended`)
     cut: tuple[RequestColumns, np.ndarray] | None = None
     cut_objects: list[Request] = field(default_factory=list)  # ... the objects made of those (they hold the rows' values)
-    # the carry route: the rows of the responses carried out, as their objects hold them but the last version (a
-    # carried object is made from its row as submitted and given what the engine filled: lssim.sim.carry_route)
-    carried_cut: RequestColumns | None = None
+    # ... and the submission's rows still open when the rollout left them (running at the cut, carried), with their
+    # objects (RowRequests): the step closes them from there (RowRequests.left_open)
+    open_cut: tuple[RowRequests, np.ndarray] | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered

@@ -4,6 +4,7 @@ read (lssim.loop.cut_books): every row's object on demand (RowRequests), and a g
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -52,12 +53,31 @@ class RowRequests(Sequence):
         rows = np.flatnonzero(self._has)
         return rows, list(map(self._objects.__getitem__, rows.tolist()))
 
+    def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
+        """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects
+        hold them, as RequestColumns.of would read them, in one pass over the objects: the columns as submitted, what
+        the engine filled of every row submitted (`filled`: instance, submit time, exactness) and what each object
+        moved on to since (tokens, first token, finish and stop reasons: the engine's aborts, the carry, the books)."""
+        objects = self.make(rows)
+        out = self._submitted.take(rows)
+        for name in ("ran_on", "submit_time", "exact"):
+            getattr(out, name)[:] = getattr(filled, name)[rows]
+        if len(rows):
+            out.generated[:], out.first_token_time[:], reasons, stops = zip(*map(_moved_on, objects))
+            out.finish_reason[:], out.stop_reason[:] = reasons, stops
+        out.natural_len[:], out.natural_reward[:] = -1, np.nan  # (of's defaults for the step's own fields)
+        out.context_at_start[:] = out.prompt_len
+        return out
+
     def open(self, rows: np.ndarray) -> np.ndarray:
         """Of `rows`: which have an object that has not ended (a carried or still-running response)."""
         out = self._has[rows]
         at = np.flatnonzero(out)
         out[at] = [not r.finish_reason for r in map(self._objects.__getitem__, rows[at].tolist())]
         return out
+
+
+_moved_on = operator.attrgetter("generated", "first_token_time", "finish_reason", "stop_reason")
 
 
 class GroupRows(Sequence):
