@@ -131,11 +131,19 @@ def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
 def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[int, float] | None]) -> tuple[np.ndarray, np.ndarray]:
     """natural_len / natural_reward of the responses that ended in step `s` (lssim.loop.columns.natural_outcomes), in
     the order they ended: those that ended in a cut rollout read from its submission's columns, which the engine filled
-    with what `counterfactual` answers (lssim.loop.contracts.Engine.run_cut), then the others."""
-    length, reward = natural_outcomes(s.ended, counterfactual)
+    with what `counterfactual` answers (lssim.loop.contracts.Engine.run_cut), then the others (those aborted at the cut
+    are rows of those columns too, still open when the rollout left them: read there)."""
     if s.cut is None:
-        return length, reward
+        return natural_outcomes(s.ended, counterfactual)
     columns, rows = s.cut
+    at = np.full(len(s.ended), -1, np.int64)
+    if s.open_cut is not None and s.ended:
+        left = s.open_cut[1]
+        at = rows_by_rid(columns.rid[left], left, rids_of(s.ended))
+    if (at >= 0).all():
+        length, reward = columns.natural_len[at], columns.natural_reward[at]
+    else:
+        length, reward = natural_outcomes(s.ended, counterfactual)
     return np.concatenate([columns.natural_len[rows], length]), np.concatenate([columns.natural_reward[rows], reward])
 
 
