@@ -77,3 +77,60 @@ def test_groups_that_end_whole_in_the_rollout_are_booked_as_rows(monkeypatch, po
     else:
         assert_same_cut_run(trace, policy, ROOFLINE, 2, 4, 100_000)
     assert len(made) >= 3 and sum(rows_only) > 0 and sum(made) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), seed=st.integers(0, 2**16), data=st.data())
+def test_a_group_held_as_rows_reads_its_open_members_objects_and_the_others_rows(n, seed, data):
+    columns = planned(n, seed)
+    requests = cut_books.RowRequests(columns.take(np.arange(n)), [])
+    columns.reward[:] = np.random.default_rng(seed).random(n)  # the engine fills the columns in place
+    columns.finish_reason[:] = STOP
+    open_rows = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1)))), np.int64)
+    for r in requests.make(open_rows):  # an open member's object, filled as it runs on in a later step
+        r.reward = -1.0 - r.rid
+    members = np.array(data.draw(st.permutations(range(n))), np.int64)[:data.draw(st.integers(1, n))]
+    group = cut_books.GroupRows(requests, columns, members)
+    expected = [-1.0 - int(columns.rid[i]) if i in set(open_rows.tolist()) else float(columns.reward[i]) for i in members]
+    assert group.rewards() == expected
+    assert group.rids().tolist() == columns.rid[members].tolist()
+    objects = list(group)  # made when read: from the filled columns where no object was made before
+    assert [r.reward for r in objects] == expected and [r.rid for r in objects] == group.rids().tolist()
+    assert all(a is b for a, b in zip(objects, group))  # made once
+    assert group[-1] is objects[-1] and group[0:2] == objects[0:2]
+
+
+@pytest.mark.parametrize("policy", ["segment", "april", "rollpacker"])
+def test_the_rows_left_open_hold_what_their_objects_hold(monkeypatch, policy):
+    """The cut and carry routes close the rows still open when the rollout left them (running at the cut, carried) from
+    their rows (RowRequests.left_open): what RequestColumns.of reads of their objects once the step's last version is
+    set (aborted, carried or dropped by then)."""
+    import dataclasses
+
+    import lssim.loop.controller as controller
+    from lssim.analysis.replay import SimSetup, simulate
+    from lssim.traces.synth import get_preset, synthesize
+    from lssim.traces.workload import Workload
+
+    checked = []
+    real = controller.close_step
+
+    def compared(s, done, version, earlier=None):
+        if s.open_cut is not None and len(s.open_cut[1]):
+            requests, rows = s.open_cut
+            left = requests.left_open(rows, s.cut[0])
+            left = dataclasses.replace(left, last_version=np.full(len(left), version))
+            objects = requests.make(rows)
+            of = RequestColumns.of(objects)
+            for name in [f.name for f in dataclasses.fields(RequestColumns) if f.name != "resumes"]:
+                assert np.array_equal(getattr(left, name), getattr(of, name),
+                                      equal_nan=getattr(left, name).dtype.kind == "f"), name
+            listed = [None if x is None else list(x) for x in (left.resumes if left.resumes is not None else [None] * len(left))]
+            assert listed == [r.resumes for r in objects]
+            checked.append(len(rows))
+        return real(s, done, version, earlier)
+
+    monkeypatch.setattr(controller, "close_step", compared)
+    preset = get_preset("math7b")
+    simulate(Workload(synthesize(preset.replace(steps=4))), policy, SimSetup())
+    assert len(checked) >= 2  # steps that left rows open (a later one resuming what an earlier one left)

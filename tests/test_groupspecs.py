@@ -42,6 +42,19 @@ def test_columns_behave_as_the_list_of_specs_they_stand_for():
         _specs()[4]
 
 
+def test_columns_added_to_columns_stay_columns():
+    as_list = list(_specs())
+    joined = _specs()[1:] + _specs()  # (a proposal and what a policy drew)
+    assert isinstance(joined, GroupSpecs) and joined.untouched
+    assert joined == as_list[1:] + as_list  # members' own budgets and training follow their groups
+    empty = _specs()[:0]
+    assert isinstance([] + _specs(), GroupSpecs) and isinstance(empty + _specs(), GroupSpecs)
+    assert [] + _specs() == as_list and _specs() + [] == as_list
+    read = _specs()
+    read[0]  # a group read: the objects carry the plan from here on
+    assert isinstance(read + _specs(), list) and read + _specs() == as_list + as_list
+
+
 def test_plan_requests_reads_the_columns_as_it_reads_the_objects():
     _equal(_plan(_specs()), _plan(list(_specs())))
     _equal(_plan(_specs()[1:]), _plan(list(_specs())[1:]))

@@ -20,9 +20,14 @@ ARRAYS = [f.name for f in fields(RequestColumns) if f.name != "resumes"]
 
 
 def same_columns(a: RequestColumns, b: RequestColumns) -> bool:
-    return a.resumes == b.resumes and all(
+    return _listed(a.resumes) == _listed(b.resumes) and all(
         getattr(a, n).dtype == getattr(b, n).dtype and np.array_equal(getattr(a, n), getattr(b, n), equal_nan=getattr(a, n).dtype.kind == "f")
         for n in ARRAYS)
+
+
+def _listed(resumes):
+    """RequestColumns.resumes as a list; None where no row resumed (rows taken may keep an array of None)."""
+    return None if resumes is None or not resumes.astype(bool).any() else resumes.tolist()
 
 
 def in_order(s: StepState, objects: list[Request]) -> RequestColumns:

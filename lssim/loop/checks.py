@@ -102,7 +102,7 @@ class _Checked(Policy):
 
     def top_up(self, state):
         more = self.inner.top_up(state)
-        if not isinstance(more, list) or not all(isinstance(g, GroupSpec) for g in more):
+        if not isinstance(more, (list, GroupSpecs)) or not all(isinstance(g, GroupSpec) for g in more):  # (ctx.draw's)
             self._fail("top_up", f"must return a list of GroupSpec, got {more!r}")
         return more
 

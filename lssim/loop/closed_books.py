@@ -22,6 +22,7 @@ import numpy as np
 
 from lssim.loop.columns import GroupBatch, RequestColumns, natural_outcomes, rids_of, rows_by_rid
 from lssim.loop.core import Group, Request
+from lssim.loop.row_requests import GroupRows
 
 if TYPE_CHECKING:
     from lssim.loop.records import StepState
@@ -35,46 +36,61 @@ class HeldRows:
     columns: RequestColumns
 
 
-def close_step(s: StepState, done: list[list[Request] | np.ndarray], version: int, earlier: HeldRows | None = None) -> list[Group]:
+def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], version: int,
+               earlier: HeldRows | None = None) -> GroupBatch:
     """Step `s` once its rollout is over and its responses' last version is set (`version`): its responses (those that
     ended in the cut, the other ended, those carried out, and the members of the groups `done` now, whichever step they
     ended in) gathered into columns once (`s.closed`; the cut's and `earlier`'s rows read from there), and the done
-    groups made over them (Group with both objects and rows; only rows for a group of the cut booked as rows:
-    StepState.members). Members stay read-only from here on."""
-    object_groups = [members for members in done if isinstance(members, list)]
-    objects = list(itertools.chain.from_iterable(object_groups))
-    done_rids = rids_of(objects)
+    groups as rows of them (a GroupBatch; a group of objects holds them too, a group of the cut booked as rows or as
+    GroupRows is rows only: StepState.members). Members stay read-only from here on."""
+    objects = list(itertools.chain.from_iterable(members for members in done if isinstance(members, list)))
+    held = [members.rids() for members in done if isinstance(members, GroupRows)]  # found by rid, never read as objects
+    done_rids = np.concatenate([rids_of(objects), *held])
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
-    objects.extend(itertools.chain(s.cut_objects, s.ended, s.carried_out))
-    rids = rids_of(objects)
-    first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes
-    objects, rids = list(map(objects.__getitem__, first.tolist())), rids[first]
-    s.closed, place = _gathered(objects, rids, s.cut, earlier, version)
-    s.closed_objects, s.closed_place = objects, place
-    position = np.arange(len(objects))
+    rest = list(itertools.chain(s.cut_objects, s.ended, s.carried_out))
+    n_objects = len(objects) + len(rest)
+    rids = np.concatenate([done_rids[:len(objects)], rids_of(rest), done_rids[len(objects):]])
+    first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes (objects first)
+    objects.extend(rest)
+    objects, rids = list(map(objects.__getitem__, first[first < n_objects].tolist())), rids[first]
+    left_open = None if s.open_cut is None else s.open_cut[0].left_open(s.open_cut[1], s.cut[0])
+    s.closed, place = _gathered(objects, rids, s.cut, [earlier.columns] if earlier is not None else [], left_open, version)
+    s.closed_objects, s.closed_place = objects, place[:len(objects)]
+    position = np.arange(len(rids))
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
     s.closed_ended = np.concatenate([np.arange(in_cut), place[rows_by_rid(rids, position, rids_of(s.ended))]])
     s.closed_carried = place[rows_by_rid(rids, position, rids_of(s.carried_out))]
-    return _done_groups(s, done, place)
+    held_place = place[rows_by_rid(rids, position, done_rids[len(done_rids) - sum(map(len, held)):])]
+    return _done_groups(s, done, place, held_place)
 
 
-def _done_groups(s: StepState, done: list[list[Request] | np.ndarray], place: np.ndarray) -> list[Group]:
-    """close_step's groups, over the closed columns: the object groups' members are the first gathered (`place`: each
-    gathered object's row), a group booked as rows is rows of the cut's submission (the closed columns' first rows)."""
-    groups, at, cut_place = [], 0, None
+def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], place: np.ndarray,
+                 held_place: np.ndarray) -> GroupBatch:
+    """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
+    of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
+    object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
+    of the cut's submission (the closed columns' first rows)."""
+    parts, held, at, held_at, cut_place = [], [], 0, 0, None
     for members in done:
         if isinstance(members, list):
-            groups.append(Group(members[0].prompt_id, members[0].step, members, columns=s.closed, rows=place[at:at + len(members)]))
+            parts.append(place[at:at + len(members)])
+            held.append(members)
             at += len(members)
+            continue
+        held.append(None)
+        if isinstance(members, GroupRows):
+            parts.append(held_place[held_at:held_at + len(members)])
+            held_at += len(members)
             continue
         if cut_place is None:
             columns, cut_rows = s.cut
             cut_place = np.full(len(columns), -1, np.int64)
             cut_place[cut_rows] = np.arange(len(cut_rows))
-        first = int(members[0])
-        groups.append(Group(int(columns.prompt_id[first]), int(columns.step[first]), columns=s.closed, rows=cut_place[members]))
-    return groups
+        parts.append(cut_place[members])
+    sizes = np.fromiter(map(len, parts), np.int64, len(parts))
+    rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
 
 
 def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = None) -> HeldRows | None:
@@ -115,23 +131,32 @@ def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
 def natural_outcomes_of(s: StepState, counterfactual: Callable[[Request], tuple[int, float] | None]) -> tuple[np.ndarray, np.ndarray]:
     """natural_len / natural_reward of the responses that ended in step `s` (lssim.loop.columns.natural_outcomes), in
     the order they ended: those that ended in a cut rollout read from its submission's columns, which the engine filled
-    with what `counterfactual` answers (lssim.loop.contracts.Engine.run_cut), then the others."""
-    length, reward = natural_outcomes(s.ended, counterfactual)
+    with what `counterfactual` answers (lssim.loop.contracts.Engine.run_cut), then the others (those aborted at the cut
+    are rows of those columns too, still open when the rollout left them: read there)."""
     if s.cut is None:
-        return length, reward
+        return natural_outcomes(s.ended, counterfactual)
     columns, rows = s.cut
+    at = np.full(len(s.ended), -1, np.int64)
+    if s.open_cut is not None and s.ended:
+        left = s.open_cut[1]
+        at = rows_by_rid(columns.rid[left], left, rids_of(s.ended))
+    if (at >= 0).all():
+        length, reward = columns.natural_len[at], columns.natural_reward[at]
+    else:
+        length, reward = natural_outcomes(s.ended, counterfactual)
     return np.concatenate([columns.natural_len[rows], length]), np.concatenate([columns.natural_reward[rows], reward])
 
 
 def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumns, np.ndarray] | None,
-              earlier: HeldRows | None, version: int) -> tuple[RequestColumns, np.ndarray]:
+              held: list[RequestColumns], left_open: RequestColumns | None, version: int) -> tuple[RequestColumns, np.ndarray]:
     """Columns of the responses that ended in a cut rollout (`cut`: its submission's columns, filled as the objects
     were, and those rows: first, in that order, with the last version they were given, `version`, and of's defaults
-    for the step's own fields: natural_len, natural_reward, context_at_start), then those of `objects` (`rids`: theirs)
-    found in neither: from `earlier` (ended in earlier steps) where there, else RequestColumns.of(objects); and each
-    object's row."""
-    n, parts, at = len(objects), [], 0
-    place = np.full(n, -1, np.int64)
+    for the step's own fields: natural_len, natural_reward, context_at_start), then those of `rids` (the objects', then
+    those of members held as rows) found in neither: from `held` (ended in earlier steps: HeldRows) where there, then
+    from `left_open` (the cut's rows still open when its rollout left them: StepState.open_cut, given `version`), else
+    RequestColumns.of(objects) (a row held so is always found); and the row of each of `rids`."""
+    parts, at = [], 0
+    place = np.full(len(rids), -1, np.int64)
     if cut is not None:
         columns, rows = cut
         part = columns.take(rows)
@@ -139,12 +164,17 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
         part.context_at_start[:] = part.prompt_len
         parts.append(part)
         place, at = rows_by_rid(part.rid, np.arange(len(part)), rids), len(part)
-    if earlier is not None:
-        found = rows_by_rid(earlier.columns.rid, np.arange(len(earlier.columns)), rids)
+    for source in held + ([left_open] if left_open is not None else []):
+        found = rows_by_rid(source.rid, np.arange(len(source)), rids)
         there = np.flatnonzero((found >= 0) & (place < 0))
-        parts.append(earlier.columns.take(found[there]))
+        part = source.take(found[there])
+        if source is left_open:
+            part.last_version[:] = version
+        parts.append(part)
         place[there], at = at + np.arange(len(there)), at + len(there)
     rest = np.flatnonzero(place < 0)
+    if len(rest) and rest[-1] >= len(objects):
+        raise RuntimeError(f"response {int(rids[rest[-1]])}, held as a row, is neither in the cut nor held from an earlier step")
     parts.append(RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))))
     place[rest] = at + np.arange(len(rest))
     return RequestColumns.concat(parts), place

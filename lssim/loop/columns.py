@@ -23,7 +23,9 @@ from lssim.loop.core import (REQUEST_DTYPES, REQUEST_FLOATS, REQUEST_INTS, Group
 @dataclass(slots=True, eq=False)
 class RequestColumns:
     """Requests, one row each. `instance` is -1 where the engine's dispatcher chooses (Request.instance None);
-    `resumes` is None when no row ever resumed under other weights (else Request.resumes, row by row);
+    `resumes` is None when no row ever resumed under other weights (else Request.resumes, row by row, as an object
+    array: numpy's takes and concatenations read it, not a Python loop over its rows; rows taken keep it, even where
+    none of them resumed);
     `natural_len` / `natural_reward` (what the engine says the response would have been unstopped: -1 / NaN where
     it cannot tell) and `context_at_start` (prompt + tokens generated before the step) are the step's, filled when
     a step's books are closed."""
@@ -55,7 +57,7 @@ class RequestColumns:
     natural_len: np.ndarray
     natural_reward: np.ndarray
     context_at_start: np.ndarray
-    resumes: list | None = None
+    resumes: np.ndarray | None = None  # object: Request.resumes of each row (a list, or None)
 
     def __len__(self) -> int:
         return len(self.rid)
@@ -97,7 +99,7 @@ class RequestColumns:
             natural_len=natural[0], natural_reward=natural[1],
             context_at_start=cols["prompt_len"].copy() if context_at_start is None else
             np.fromiter(map(context_at_start.__getitem__, cols["rid"].tolist()), np.int64, n),
-            resumes=_resumes(list(resumes)))
+            resumes=_resumes(resumes))
 
     @staticmethod
     def concat(parts: Sequence["RequestColumns"]) -> "RequestColumns":
@@ -108,7 +110,7 @@ class RequestColumns:
         out = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
         resumes = None
         if any(p.resumes is not None for p in parts):
-            resumes = _resumes([x for p in parts for x in (p.resumes if p.resumes is not None else [None] * len(p))])
+            resumes = np.concatenate([p.resumes if p.resumes is not None else np.full(len(p), None) for p in parts])
         return RequestColumns(**out, resumes=resumes)
 
     def take(self, rows) -> "RequestColumns":
@@ -119,8 +121,8 @@ class RequestColumns:
             out = {name: getattr(self, name)[rows] for name in _ARRAYS}
         resumes = None
         if self.resumes is not None:
-            picked = np.arange(len(self))[rows]
-            resumes = _resumes(list(map(self.resumes.__getitem__, picked.tolist())))
+            # (kept even where none of the rows taken resumed: whoever reads it asks which did)
+            resumes = self.resumes.take(rows) if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu" else self.resumes[rows]
         return RequestColumns(**out, resumes=resumes)
 
     def to_requests(self, rows=None) -> list[Request]:
@@ -131,7 +133,7 @@ class RequestColumns:
         instance = cols["instance"]
         if instance and min(instance) < 0:
             cols["instance"] = [None if i < 0 else i for i in instance]
-        cols["resumes"] = (itertools.repeat(None) if self.resumes is None else [self.resumes[i] for i in picked.tolist()])
+        cols["resumes"] = itertools.repeat(None) if self.resumes is None else self.resumes[picked].tolist()
         return list(map(Request, *(cols[name] for name in _MADE_FIELDS)))  # positional: no dict per object
 
     def off_policy_tokens(self, train_step: int) -> np.ndarray:
@@ -154,7 +156,7 @@ class RequestColumns:
         lag = train_step - self.first_version
         plain = self.generated > 0
         if self.resumes is not None:
-            plain &= np.fromiter(map(operator.is_, self.resumes, itertools.repeat(None)), bool, len(self.resumes))
+            plain &= ~self.resumes.astype(bool)  # (a list is true, None false)
         _, versions, tokens, _ = self._spans()
         keys = np.concatenate([lag[plain], train_step - versions])
         return {int(k): int(v) for k, v in zip(*_sum_by(keys, np.concatenate([self.generated[plain], tokens])))}
@@ -162,11 +164,10 @@ class RequestColumns:
     def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """lssim.loop.core.version_spans of the rows that resumed under other weights, as arrays: (row, version,
         tokens) of every span with tokens, row after row, oldest first; and those rows."""
-        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(
-            np.fromiter(map(operator.is_not, self.resumes, itertools.repeat(None)), bool, len(self.resumes)))
+        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(self.resumes.astype(bool))
         if not len(resumed):
             return resumed, resumed, resumed, resumed
-        resumes = list(map(self.resumes.__getitem__, resumed.tolist()))
+        resumes = self.resumes[resumed].tolist()
         spans = np.fromiter(map(len, resumes), np.int64, len(resumes)) + 1  # the first version's, then one per resume
         first = np.zeros(int(spans.sum()), bool)
         first[np.cumsum(spans) - spans] = True
@@ -182,9 +183,10 @@ class RequestColumns:
         return rows[kept], version[kept], tokens[kept], resumed
 
 
-def _resumes(rows: list) -> list | None:
-    """RequestColumns.resumes of rows whose Request.resumes are `rows`: None where no row ever resumed."""
-    return None if rows.count(None) == len(rows) else rows
+def _resumes(rows: Sequence) -> np.ndarray | None:
+    """RequestColumns.resumes of rows whose Request.resumes are `rows` (lists or None): None where no row ever resumed.
+    (np.fromiter: an array of lists, never read as a deeper array.)"""
+    return None if rows.count(None) == len(rows) else np.fromiter(rows, object, len(rows))
 
 
 def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +202,7 @@ def natural_outcomes(requests: Sequence[Request], counterfactual=None) -> tuple[
 
 # Request's fields up to the last one the columns hold, in its order (to_requests passes them by position)
 _MADE_FIELDS = tuple(f.name for f in fields(Request))[:[f.name for f in fields(Request)].index("exact") + 1]
-_ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (a list)
+_ARRAYS = tuple(f.name for f in fields(RequestColumns) if f.name != "resumes")  # every column but `resumes` (None where none resumed)
 _ARRAY_NAMES = frozenset(_ARRAYS)
 _INT_FIELDS = tuple(name for name in REQUEST_INTS if name != "instance")  # instance: None read as -1, apart
 _read_ints = operator.attrgetter(*_INT_FIELDS)

@@ -362,7 +362,7 @@ class PolicyHooks:
 
     def plan(self, ctx: StepContext, proposal: Sequence[GroupSpec]) -> Sequence[GroupSpec]:
         # The proposal is a read-only sequence (a loader batch as columns, lssim.loop.core.GroupSpecs, or a list): return
-        # it, a slice of it, or a list of your own; `proposal + ctx.draw(n)` is a list.
+        # it, a slice of it, or a list of your own; `proposal + ctx.draw(n)` is such a sequence too.
         return proposal
 
     def priority(self, request: Request) -> int | None:

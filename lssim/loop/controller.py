@@ -180,7 +180,7 @@ class Controller:
         engine, they resume from their tokens so far, as an interrupted response does."""
         return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
                 "carried": self._carried + list(self._kept.values()), "admitted": self._admitted,
-                "waiting_groups": self._waiting_groups,
+                "waiting_groups": {gid: list(members) for gid, members in self._waiting_groups.items()},
                 "batches": self.loader.batches, "cursor": self.loader.cursor, "batch_samples": self.loader.batch_samples,
                 "responses": self._responses, "left_out": self.loader.left_out, "step_rows": self._step_rows,
                 "groups_trained": self.groups_trained, "mode_version": self.mode.version}
@@ -313,8 +313,7 @@ class Controller:
         others wait for their carried members."""
         engine, step = self.engine, s.step
         rollout_end, busy = engine.now(), engine.utilization()
-        for r in itertools.chain(s.cut_objects, s.ended, s.carried_out):
-            r.last_version = self.mode.version
+        s.set_last_version(self.mode.version)
         done_groups = []
         if s.batch is not None:  # the batch route: every group ended, its members are rows of the step's columns
             s.batch.last_version[:] = self.mode.version
@@ -335,7 +334,7 @@ class Controller:
             trained = with_rows(s, trained)
         # Partial groups a policy trains now with bootstrapped values (segment's value bridging): the trainer sees
         # them, the books do not (they are not trained groups: they train, whole, once their members end).
-        bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, m) for m in self._waiting_groups.values()], step) \
+        bridged = self.policy.bridge([Group(m[0].prompt_id, m[0].step, list(m)) for m in self._waiting_groups.values()], step) \
             if self._bridges else []
         batch = list(trained) + bridged if bridged else trained
         # A trainer that can run beside the rollout (real_backend's GRPOTrainer.start) does so where the mode trains
@@ -465,9 +464,9 @@ class Controller:
         self._carried = [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
-    def draw(self, n: int) -> list[GroupSpec]:
+    def draw(self, n: int) -> Sequence[GroupSpec]:
         """StepContext.draw: the loader's next `n` groups (a checkpoint's restored context draws here too)."""
-        return list(self.loader.take(int(n)))
+        return self.loader.take(int(n))
 
     # -- requests ----------------------------------------------------------------------------------
     def _make_requests(self, plan: list[GroupSpec], s: StepState) -> RequestColumns:

@@ -16,59 +16,16 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import Sequence
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, rids_of, runs, with_signal
+from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
 from lssim.loop.contracts import Engine
 from lssim.loop.core import Request
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
-
-
-class RowRequests(Sequence):
-    """A submission's Request objects, one per row of its columns: those given (carried responses, or every one where
-    a hook read them before the submission), the others made when first asked for (`make`), as they were when
-    submitted (from `submitted`, a copy of the columns then: the engine fills the columns in place)."""
-
-    def __init__(self, submitted: RequestColumns, given: Sequence[Request]):
-        if len(given) > len(submitted):
-            raise ValueError(f"RowRequests: {len(given)} requests given for {len(submitted)} rows")
-        self._submitted = submitted
-        self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
-        self._has = np.zeros(len(submitted), bool)  # which rows have an object
-        self._has[:len(given)] = True
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def __getitem__(self, i):
-        return self.make(np.array([i], np.int64))[0]
-
-    def make(self, rows: np.ndarray, source: RequestColumns | None = None) -> list[Request]:
-        """The objects of `rows`: those that exist, the others made from `source` (default: the columns as submitted)."""
-        objects, wanted = self._objects, rows.tolist()
-        missing = [i for i in wanted if objects[i] is None]
-        if missing:
-            made = (self._submitted if source is None else source).to_requests(np.array(missing, np.int64))
-            for i, r in zip(missing, made):
-                objects[i] = r
-            self._has[missing] = True
-        return list(map(objects.__getitem__, wanted))
-
-    def made(self) -> tuple[np.ndarray, list[Request]]:
-        """The rows that have an object, in row order, and their objects."""
-        rows = np.flatnonzero(self._has)
-        return rows, list(map(self._objects.__getitem__, rows.tolist()))
-
-    def open(self, rows: np.ndarray) -> np.ndarray:
-        """Of `rows`: which have an object that has not ended (a carried or still-running response)."""
-        out = self._has[rows]
-        at = np.flatnonzero(out)
-        out[at] = [not r.finish_reason for r in map(self._objects.__getitem__, rows[at].tolist())]
-        return out
+from lssim.loop.row_requests import GroupRows, RowRequests
 
 
 def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -111,7 +68,7 @@ def _carried_columns(s: StepState, carried: list[Request]) -> RequestColumns:
         return RequestColumns.of(carried)
     first, before, resumes = zip(*map(_resumed, carried))
     columns.first_version[:], columns.tokens_before_resume[:] = first, before
-    columns.resumes = None if resumes.count(None) == len(resumes) else list(resumes)
+    columns.resumes = _resumes(resumes)
     return columns
 
 
@@ -157,50 +114,58 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     one_by_one = tell and not policy.finishes_in_batches()
     starts, sizes = runs(columns.group_id[n_carried:])
     starts += n_carried
-    # a plan's group is booked as objects where one of its members is still open, or where on_finish hears of each
+    # a plan's group is booked as rows where every member ended (else as GroupRows), as objects where on_finish hears
+    # of each
     still_open = running.copy()
     still_open[carried] = True
-    as_objects = (np.ones(len(starts), bool) if one_by_one or not len(starts) else
-                  np.logical_or.reduceat(still_open[n_carried:], starts - n_carried))
-    has_object = np.zeros(n, bool)
-    has_object[:n_carried] = True
-    has_object[n_carried:] = np.repeat(as_objects, sizes)
-    _register_groups(requests, columns, n_carried, starts, sizes, as_objects, s)
+    has_open = (np.logical_or.reduceat(still_open[n_carried:], starts - n_carried) if len(starts) else
+                np.zeros(0, bool))
+    as_rows = np.zeros(len(starts), bool) if one_by_one else ~has_open
+    _register_groups(requests, columns, n_carried, starts, sizes, as_rows, one_by_one, s)
     s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
     state.requests_in_flight = n - len(carried)
     s.carried_out.extend(requests.make(carried))  # as `carry_out` carries them (the engine left each carry's reason)
+    s.open_cut = (requests, np.flatnonzero(still_open))
     s.cut = (columns, ended)
-    with_objects = ended[has_object[ended]]
-    s.cut_objects = requests.make(with_objects)
     if one_by_one:  # on_finish told of each as it is booked, as the event route does
+        s.cut_objects = requests.make(ended)
         for r in s.cut_objects:
             state.requests_in_flight -= 1
             state.responses_done += 1
             members_ended(r.group_id, 1, s)
             policy.on_finish(r, state)
     else:
-        count_ended(columns.group_id[with_objects], s)
-    _end_groups_as_rows(~as_objects, starts, sizes, columns, s)
+        s.cut_objects = requests.make(ended[ended < n_carried])  # the carried responses' (given)
+        booked_as_rows = np.zeros(n, bool)
+        booked_as_rows[n_carried:] = np.repeat(as_rows, sizes)
+        count_ended(columns.group_id[ended[~booked_as_rows[ended]]], s)
+    _end_groups_as_rows(as_rows, starts, sizes, columns, s)
     if tell and not one_by_one:
         policy.on_finishes(columns.take(ended), state)
 
 
 def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,
-                     sizes: np.ndarray, as_objects: np.ndarray, s: StepState) -> None:
-    """`register`'s books of the plan's groups (starting at rows `starts`, `sizes` long): each group's members as
+                     sizes: np.ndarray, as_rows: np.ndarray, as_objects: bool, s: StepState) -> None:
+    """`register`'s books of the plan's groups (starting at rows `starts`, `sizes` long): every group's members as
     objects where `as_objects` (those that ended made from the filled columns, as the engine would have filled them),
-    else as its rows of the submission; every member open until booked ended."""
-    object_rows = np.flatnonzero(np.repeat(as_objects, sizes)) + n_carried
+    else each group as its rows of the submission where `as_rows` (every member ended), or as GroupRows (the objects
+    of its open members, the rows of all); every member open until booked ended."""
+    if as_objects:
+        object_rows = np.arange(n_carried, len(columns))
+    else:  # the open members' objects, made already by the engine (it runs or carried them)
+        open_rows = np.flatnonzero(requests.open(np.arange(n_carried, len(columns))))
+        object_rows = open_rows + n_carried
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    s.context_at_start.update(zip(columns.rid[n_carried:].tolist(), columns.prompt_len[n_carried:].tolist()))
     members, at = s.members, 0
-    for gid, a, k, objects in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_objects.tolist()):
-        if objects:
+    for gid, a, k, rows_only in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_rows.tolist()):
+        if as_objects:
             members[gid] = fresh_objects[at:at + k]
             at += k
-        else:
+        elif rows_only:
             members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
+        else:
+            members[gid] = GroupRows(requests, columns, np.arange(a, a + k))
         s.open_members[gid] = k
     s.rollout.groups_submitted = len(members)
 

@@ -6,6 +6,8 @@ plain stream; what is drawn is consumed, as in slime's data source. The controll
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -97,10 +99,7 @@ class DataLoader:
 
 def _joined(pieces: list[Sequence[GroupSpec]]) -> Sequence[GroupSpec]:
     """Slices of the loader's batches as one sequence: columns where every slice is columns no one has read a group
-    of (no GroupSpec made), else a list (none: an empty one)."""
+    of (no GroupSpec made: GroupSpecs' concatenation), else a list (none: an empty one)."""
     if not pieces or not all(isinstance(p, GroupSpecs) and p.untouched for p in pieces):
         return [g for piece in pieces for g in piece]
-    offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
-    members = {at + j: m for p, at in zip(pieces, offsets) for j, m in p.members.items()}
-    return GroupSpecs(*(np.concatenate([getattr(p, name) for p in pieces]) for name in ("prompt_id", "n_samples", "max_tokens", "batch")),
-                      members)
+    return functools.reduce(operator.add, pieces)

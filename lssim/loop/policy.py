@@ -62,8 +62,8 @@ Declarations, read once before the first step (not hooks):
 The proposal is a read-only sequence of GroupSpec (a loader batch comes as columns, lssim.loop.core.GroupSpecs: a
 GroupSpec is made only when read, so a plan that passes it on, or a slice of it, costs nothing); return it, a slice
 of it or a list. A plan that wants more groups than it was proposed (over-provisioning, top-ups) takes them from
-the data loader with `ctx.draw(n)` (a list), which continues where the proposal left off. Plans chain, so order matters:
-in `april+vade` APRIL asks for twice the groups and VADE chooses which prompts fill them; in
+the data loader with `ctx.draw(n)` (a read-only sequence, as the proposal), which continues where the proposal left
+off. Plans chain, so order matters: in `april+vade` APRIL asks for twice the groups and VADE chooses which prompts fill them; in
 `vade+april` VADE chooses the nominal batch and APRIL adds the loader's next groups to it.
 """
 

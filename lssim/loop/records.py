@@ -25,8 +25,9 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.closed_books import natural_outcomes_of
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, runs, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
+from lssim.loop.row_requests import GroupRows, RowRequests
 from lssim.loop.contracts import TrainTiming
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -59,11 +60,14 @@ class StepState:
     rollout: RolloutState  # the counters policies read during the rollout
     carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
     carried_rows: RequestColumns | None = None  # ... their rows as the last step closed them (before they resumed)
-    # group id -> every member (carried groups too), or, for a group of the cut route whose every member ended in the
-    # rollout, its rows of the submission's columns (`cut`; lssim.loop.cut_books: no object made)
-    members: dict[int, list[Request] | np.ndarray] = field(default_factory=dict)
+    # group id -> every member (carried groups too); on the cut and carry routes (lssim.loop.cut_books), a group whose
+    # every member ended in the rollout as its rows of the submission's columns (`cut`: no object made), one with an
+    # open member as a GroupRows (objects only of its open members), held so across steps
+    members: dict[int, list[Request] | np.ndarray | GroupRows] = field(default_factory=dict)
     open_members: dict[int, int] = field(default_factory=dict)  # group id -> members not yet ended
-    context_at_start: dict[int, int] = field(default_factory=dict)  # rid -> prompt + tokens generated before the step
+    # rid -> prompt + tokens generated before the step, of the responses that came into it with tokens (carried in, kept
+    # generating); every other response starts the step at its prompt
+    context_at_start: dict[int, int] = field(default_factory=dict)
     samples_planned: dict[int, int] = field(default_factory=dict)  # prompt -> samples planned (keeps sample_idx unique)
     fresh: list[Request] = field(default_factory=list)  # submitted by the plan
     fresh_rows_only: int = 0  # ... and booked as rows only (the cut route: no object made)
@@ -83,6 +87,9 @@ class StepState:
     # responses that ended in the rollout, in the order they ended (the step's first ended, none of them in `ended`)
     cut: tuple[RequestColumns, np.ndarray] | None = None
     cut_objects: list[Request] = field(default_factory=list)  # ... the objects made of those (they hold the rows' values)
+    # ... and the submission's rows still open when the rollout left them (running at the cut, carried), with their
+    # objects (RowRequests): the step closes them from there (RowRequests.left_open)
+    open_cut: tuple[RowRequests, np.ndarray] | None = None
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered
@@ -93,6 +100,14 @@ class StepState:
     def ended_count(self) -> int:
         """Responses that ended in the step's rollout: the cut's rows, then `ended`."""
         return len(self.ended) + (len(self.cut[1]) if self.cut is not None else 0)
+
+    def set_last_version(self, version: int) -> None:
+        """Every response that ran in the step's rollout last ran under weights `version`: the objects, and the cut's rows
+        (a member held as a row makes its object from them: GroupRows)."""
+        for r in itertools.chain(self.cut_objects, self.ended, self.carried_out):
+            r.last_version = version
+        if self.cut is not None:
+            self.cut[0].last_version[self.cut[1]] = version
 
     def batch_groups(self) -> GroupBatch:
         """The batch route's groups, in the order they were planned: rows of the step's columns."""
@@ -116,7 +131,7 @@ class StepState:
             if self.closed is None:
                 raise RuntimeError(f"step {self.step}: its books are read before the step was closed (closed_books.close_step)")
             ran = self.closed.take(np.concatenate([self.closed_ended, self.closed_carried]))
-            ran.context_at_start[:] = np.fromiter(map(self.context_at_start.__getitem__, ran.rid.tolist()), np.int64, len(ran))
+            self._context_at_start(ran)
             ended = ran.take(slice(0, self.ended_count))  # ran's first rows (views: the books are read-only)
             ended.natural_len[:], ended.natural_reward[:] = natural_outcomes_of(self, counterfactual)
             if self.kept_in:  # still generating when the step began (async): no prefill, maybe mid-iteration
@@ -126,6 +141,17 @@ class StepState:
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
         return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+
+    def _context_at_start(self, ran: RequestColumns) -> None:
+        """`ran`'s context at the step's start (filled in place): its prompt, plus the tokens it came in with where it
+        did (`context_at_start`)."""
+        ran.context_at_start[:] = ran.prompt_len
+        came_with = self.context_at_start
+        if came_with:
+            at = rows_by_rid(ran.rid, np.arange(len(ran)), np.fromiter(came_with, np.int64, len(came_with)))
+            tokens = np.fromiter(came_with.values(), np.int64, len(came_with))
+            ran.context_at_start[at[at >= 0]] = tokens[at >= 0]
+
 
 @dataclass(slots=True, frozen=True)
 class StepBooks:
@@ -227,14 +253,18 @@ class ResponseTable:
         pending = np.isin(rids, np.fromiter(self._pending, np.int64, len(self._pending)))
         if not pending.any():
             return
-        groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
-        some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
-        members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
-        pending = pending[np.repeat(some, sizes[sizes > 0])]
+        one = rows_of_one(end.done_groups)
+        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read
+            members = one[0].take(one[1][pending])
+        else:
+            groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
+            some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0
+            members, _ = gather([groups[i] for i in np.flatnonzero(some).tolist()])  # the groups with pending members
+            members = members.take(np.flatnonzero(pending[np.repeat(some, sizes[sizes > 0])]))
         rids = members.rid
-        rows = [self._pending.pop(rid) for rid in rids[pending].tolist()]
-        trained = in_sorted(rids[pending], end.trained_rids)
-        off = members.off_policy_tokens(step)[pending][trained]
+        rows = [self._pending.pop(rid) for rid in rids.tolist()]
+        trained = in_sorted(rids, end.trained_rids)
+        off = members.off_policy_tokens(step)[trained]  # (each row's own)
         self._settled.extend(zip(np.array(rows, np.int64)[trained].tolist(), itertools.repeat(step), off.tolist()))
 
     def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:

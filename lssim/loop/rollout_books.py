@@ -15,12 +15,13 @@ from lssim.loop.contracts import Engine
 from lssim.loop.core import Request, field_of
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
+from lssim.loop.row_requests import GroupRows
 
 
 def register(fresh: RequestColumns, s: StepState) -> list[Request]:
-    """The event route's books for new requests: Request objects, each group's members, open counts."""
+    """The event route's books for new requests: Request objects, each group's members, open counts (each starts
+    the step at its prompt: StepState.context_at_start)."""
     requests = fresh.to_requests()
-    s.context_at_start.update(zip(fresh.rid.tolist(), fresh.prompt_len.tolist()))
     starts, sizes = runs(fresh.group_id)
     groups = fresh.group_id[starts].tolist()
     # the plan's usual requests: new groups, each group's members consecutive (made group after group)
@@ -82,7 +83,8 @@ def members_ended(gid: int, n: int, s: StepState) -> None:
     s.open_members[gid] -= n
     if s.open_members[gid] == 0:
         s.rollout.groups_done += 1
-        rewards = [m.reward for m in s.members[gid]]
+        members = s.members[gid]
+        rewards = members.rewards() if isinstance(members, GroupRows) else [m.reward for m in members]
         if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
             s.rollout.groups_effective += 1
 

@@ -55,13 +55,13 @@ def run_cut(engine, requests, columns: RequestColumns, cut_at) -> np.ndarray | N
 
 def remember_answers(engine, columns: RequestColumns, plan: Schedule) -> None:
     """The Workload's answers where SimEngine.submit keeps them (its aborts and re-admissions, the books' counterfactual
-    and score_partial read them), by the rids of the submission's columns; the sources of those asked for the first
-    time counted as SimEngine.submit counts them (a carried response was asked when first submitted)."""
-    first_asked = ~np.fromiter(map(engine._target.__contains__, columns.rid.tolist()), bool, len(columns))
+    and score_partial read them), by the rids of the submission's columns, as arrays (lssim.sim.answers.Answers); the
+    sources of those asked for the first time counted as SimEngine.submit counts them (a carried response was asked
+    when first submitted)."""
+    first_asked = ~engine._target.known(columns.rid)
     count_sources(engine, plan.answers[5][first_asked])
     length, reason, reward, _, trace_row = plan.answers[:5]
-    engine._target.update(zip(columns.rid.tolist(), zip(length.tolist(), reason.tolist(), reward.tolist(),
-                                                        trace_row.tolist())))
+    engine._target.remember(columns.rid, length, reason, reward, trace_row)
 
 
 def fill_requests(requests, columns: RequestColumns, plan: Schedule, ended: np.ndarray, admitted: np.ndarray) -> None:

@@ -21,6 +21,7 @@ from lssim.loop.core import FINISHED, PROGRESS, WAKE, Event, InstanceLoad, Reque
 from lssim.loop.contracts import Engine
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.loop.signals import WINDOW_KEY, SignalSpec
+from lssim.sim.answers import Answers
 from lssim.traces.signal_trace import HOW_TO_MEASURE
 from lssim.traces.workload import EXACT, Workload
 
@@ -86,7 +87,7 @@ class SimEngine(Engine):
         self._timers: list = []  # heap of (time, seq): wake_at's timers (lssim.loop.core.WAKE)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
-        self._target: dict[int, tuple] = {}  # rid -> (length, finish_reason, reward, trace row)
+        self._target = Answers()  # rid -> (length, finish_reason, reward, trace row): a dict, arrays where remembered
         self._where: dict[int, _Instance] = {}
         self._interval: int | None = None
         self.preemptions = 0
