@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lssim.analysis.replay import SimSetup, simulate
@@ -54,6 +54,9 @@ def test_sharing_the_host_never_makes_a_run_faster_and_collocated_pays_only_the_
                                                                                       per_finish):
     plain = _run(trace, mode)
     shared = _run(trace, mode, shared_training=TrainingShare(engine, trainer))
+    # async's roll variant drops a group once it would train too stale: a slower host can drop one the plain run
+    # trained, and end sooner for training less; the claim is about the same work
+    assume(shared.steps["dropped"].sum() == plain.steps["dropped"].sum())
     assert shared.steps["train_end"].iloc[-1] >= plain.steps["train_end"].iloc[-1] - 1e-9
     if mode == "collocated":  # no priced job beside a rollout: nothing to share
         np.testing.assert_array_equal(plain.steps["step_seconds"].to_numpy(), shared.steps["step_seconds"].to_numpy())
