@@ -1,8 +1,11 @@
-"""An engine instance's limits (EngineConfig) and state (Instance), as lssim.sim.world.SimEngine keeps them."""
+"""An engine instance's limits (EngineConfig) and state (Instance), as lssim.sim.world.SimEngine keeps them, and its
+refusal of a policy that reads signals the trace lacks (MissingSignals)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from lssim.traces.signal_trace import HOW_TO_MEASURE
 
 
 @dataclass(slots=True)
@@ -41,3 +44,17 @@ class Instance:
         self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
         self.owed = 0.0  # departure (re-pack) seconds the next iteration pays; dropped if the batch empties first
         self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
+
+
+class MissingSignals(ValueError):
+    """A policy reads early-exit signals the replayed trace does not have."""
+
+    @classmethod
+    def of(cls, missing: frozenset[str], source: str | None) -> "MissingSignals":
+        """The refusal naming the `missing` signals, the trace's signal source and how to measure them."""
+        why = ("no signal_repetition / signal_entropy measured from tokens, no loop_start / entropy_collapse_start "
+               "labels" if not source else "its entropy is unknown (measured without log-probs, or labels without "
+               "entropy_mean)")
+        return cls(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this trace lacks (signal "
+                   f"source: {source or 'none'}: {why}); {HOW_TO_MEASURE}; or replay with --allow-missing-signals (the "
+                   f"table then says what was missing)")

@@ -21,13 +21,8 @@ from lssim.loop.contracts import Engine
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.loop.signals import WINDOW_KEY, SignalSpec
 from lssim.sim.answers import Answers
-from lssim.sim.instances import EngineConfig, Instance
-from lssim.traces.signal_trace import HOW_TO_MEASURE
+from lssim.sim.instances import EngineConfig, Instance, MissingSignals
 from lssim.traces.workload import EXACT, Workload
-
-
-class MissingSignals(ValueError):
-    """A policy reads early-exit signals the replayed trace does not have."""
 
 
 class SimEngine(Engine):
@@ -187,13 +182,7 @@ class SimEngine(Engine):
             return frozenset()
         missing = self.workload.signals.missing(names)
         if missing and not self.allow_missing_signals:
-            source = self.workload.signals.source_name
-            why = ("no signal_repetition / signal_entropy measured from tokens, no loop_start / entropy_collapse_start "
-                   "labels" if not source else "its entropy is unknown (measured without log-probs, or labels without "
-                   "entropy_mean)")
-            raise MissingSignals(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this trace "
-                                 f"lacks (signal source: {source or 'none'}: {why}); {HOW_TO_MEASURE}; or replay with "
-                                 f"--allow-missing-signals (the table then says what was missing)")
+            raise MissingSignals.of(missing, self.workload.signals.source_name)
         return missing
 
     def loads(self) -> list[InstanceLoad]:
