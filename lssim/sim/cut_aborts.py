@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lssim.loop.columns import rids_of
 from lssim.loop.core import FINISHED, Request
 
 
@@ -81,9 +82,11 @@ class HeldCut:
             self._set_scalars(x, i)
             x.version += 1 + (self.starts[i + 1] > self.starts[i])  # materialize's, abort_many's _schedule
             x.members, x.running, x.waiting, x.pending = {}, [], [], 0
-        epochs = engine._epoch
-        for r, gen, first in zip(self.objects, self.gen.tolist(), first_token.tolist()):
-            epochs[r.rid] = epochs.get(r.rid, 0) + 2  # submitted, aborted
+        # (no epoch moves: epochs retire heap entries, and these requests have none; a later submit bumps theirs)
+        ran = np.flatnonzero((self.admit_it >= 0) | (first_token == first_token))  # queued throughout: as they were
+        objects = self.objects
+        for k, gen, first in zip(ran.tolist(), self.gen[ran].tolist(), first_token[ran].tolist()):
+            r = objects[k]
             r.generated = gen
             if first == first:
                 r.first_token_time = first
@@ -93,7 +96,7 @@ class HeldCut:
         """Each of `requests`' row in flight, where they are exactly the requests in flight; else None."""
         if len(requests) != len(self.rid):
             return None
-        rids = np.fromiter((r.rid for r in requests), np.int64, len(requests))
+        rids = rids_of(requests)
         order = np.argsort(self.rid, kind="stable")
         at = order[np.minimum(np.searchsorted(self.rid[order], rids), len(order) - 1)] if len(order) else order
         if not np.array_equal(self.rid[at], rids) or np.bincount(at, minlength=len(at)).max(initial=1) > 1:
