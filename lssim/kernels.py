@@ -70,7 +70,8 @@ I64S_2D = ArgType("int64", 2)
 F64S_2D = ArgType("float64", 2)
 
 KERNEL_MODULES = ("lssim.traces.workload_index", "lssim.sim.fastsim_kernels", "lssim.sim.event_kernels", "lssim.sim.bounds",
-                  "lssim.sim.assign", "lssim.cost.roofline_arrays", "lssim.sim.requeue_rules", "lssim.sim.requeue_kernels")
+                  "lssim.sim.assign", "lssim.cost.roofline_arrays", "lssim.sim.requeue_rules", "lssim.sim.requeue_kernels",
+                  "lssim.sim.cut_abort_kernels")
 # What a replay runs (the Workload's lookups, the batch route, the lower bound, the roofline's spans, the oracle's
 # placement), in groups that a cold cache compiles side by side, each with the CPU seconds it took here (2-core VM,
 # 2026-11): load_replay_kernels loads them before a replay reads its trace or forks its workers.

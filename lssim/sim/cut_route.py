@@ -5,20 +5,24 @@ engine's aborts for what still runs), with Request objects only where they are r
 Its submission is scheduled whole on the
 batch route's kernels (lssim.sim.fastsim.schedule), the policy's array form of end_rollout (Policy.end_rollout_at)
 reads the schedule's boundaries (lssim.loop.rollout_cut) and names the one the event route would end at, and the engine
-is rebuilt as the event engine stands right after that boundary: each instance's clocks summed over the records it
-had popped by then (the batch route's own kernel, over those records only), its running sequences with the iteration
-and tokens they were admitted at, its queue. The controller then aborts what still runs with SimEngine.abort itself,
-so the aborts (catch-up, departures, admissions of the queue, their prefill and first tokens) are the event engine's
-by construction. A schedule that preempts, or an engine that speculates, is left to the event engine (nothing was run).
+is held as the event engine stands right after that boundary (lssim.sim.cut_aborts.HeldCut, arrays): each instance's
+clocks summed over the records it had popped by then (the batch route's own kernel, over those records only), its
+running sequences with the iteration and tokens they were admitted at, its queue. The controller then aborts what
+still runs (SimEngine.abort_many): on those arrays in one kernel, operation for operation as the event engine aborts
+(catch-up, departures, admissions of the queue, their prefill and first tokens), or, for any other command, on the
+event engine's heaps built from them. A schedule that preempts, or an engine that speculates, is left to the event
+engine (nothing was run).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from lssim.loop.columns import RequestColumns
-from lssim.loop.core import FINISHED
 from lssim.loop.rollout_cut import rollout_progress
+from lssim.sim.cut_aborts import HeldCut
 from lssim.sim.fastsim import Schedule, commit, count_sources, fill, schedule
 from lssim.sim.fastsim_kernels import _START, instance_clocks
 
@@ -43,13 +47,11 @@ def run_cut(engine, requests, columns: RequestColumns, cut_at) -> np.ndarray | N
     remember_answers(engine, columns, plan)
     if cut < 0 or progress.boundary_end[cut] == len(requests):  # the event route asks only while some still run
         commit(engine, plan)
-        admitted = np.ones(len(requests), bool)
-        ended = rows
-    else:
-        ended = rows[:progress.boundary_end[cut]]
-        admitted = _rebuild_at(engine, requests, plan, int(boundary[len(ended) - 1]))
-        engine.clock = max(plan.now, float(progress.time[cut]))
-    fill_requests(requests, columns, plan, ended, admitted)
+        fill_requests(requests, columns, plan, rows, np.ones(len(requests), bool))
+        return rows
+    ended = rows[:progress.boundary_end[cut]]
+    _hold_at(engine, requests, columns, plan, ended, int(boundary[len(ended) - 1]))
+    engine.clock = max(plan.now, float(progress.time[cut]))
     return ended
 
 
@@ -83,9 +85,10 @@ def fill_requests(requests, columns: RequestColumns, plan: Schedule, ended: np.n
         r.generated, r.finish_reason, r.reward, r.finish_time = generated, reason, reward, finish
 
 
-def _rebuild_at(engine, requests, plan: Schedule, last_popped: int) -> np.ndarray:
+def _hold_at(engine, requests, columns: RequestColumns, plan: Schedule, ended: np.ndarray, last_popped: int) -> None:
     """Every instance the submission reached as the event engine leaves it right after popping boundary number
-    `last_popped`; which rows had been admitted by then."""
+    `last_popped` (`ended`: the rows ended by then), held as arrays until the controller aborts what is in flight
+    (SimEngine.hold_cut, HeldCut); the objects made before filled (fill_requests), those in flight made filled."""
     kind, rinst, rn, rctx, rk, rleft, rbefore, rnafter, rpf, ran, ractx = plan.records[:11]
     fin_rec, first_rec = plan.records[14], plan.records[15]
     processed = kind == _START  # each instance's first admission, at submission
@@ -105,41 +108,28 @@ def _rebuild_at(engine, requests, plan: Schedule, last_popped: int) -> np.ndarra
     np.maximum.at(last, rinst[sel], sel)
     admitted = first_rec <= last[plan.inst]
     running = admitted & (fin_rec > last[plan.inst])
-    requests.make(np.flatnonzero(running | ~admitted))  # every object in flight, made at once (_queues_at reads them)
-    for i in np.flatnonzero(last >= 0).tolist():
-        rec = int(last[i])
-        x = engine.instances[i]
-        x.t, x.busy, x.seq_seconds, x.owed = float(t[i]), float(busy[i]), float(seqs[i]), float(owed[i])
-        x.it, x.n, x.ctx = int(at_it[rec]), int(ran[rec]), int(ractx[rec])
-        departed = rleft[rec] > 0 and rnafter[rec] > 0
-        x.left_at, x.left = (x.it, int(rbefore[rec] + rleft[rec])) if departed else (-1, 0)
-        x.priced, x.version = (0, 0, 0, 0.0), x.version + 1
-        _queues_at(engine, x, requests, plan, running, admitted, at_it)
-    return admitted
+    reached = np.flatnonzero(last >= 0)
+    rec = last[reached]
+    ints = np.zeros((engine.n_instances, 5), np.int64)
+    departed = (rleft[rec] > 0) & (rnafter[rec] > 0)
+    ints[reached] = np.stack([at_it[rec], ran[rec], ractx[rec], np.where(departed, at_it[rec], -1),
+                              np.where(departed, rbefore[rec] + rleft[rec], 0)], axis=1)
+    fill_requests(requests, columns, plan, ended, admitted)
+    in_flight = plan.order[(running | ~admitted)[plan.order]]  # by instance, in the order each admits them
+    admit_it = np.where(running[in_flight], at_it[first_rec[in_flight]], -1)
+    submitted = requests.submitted
+    held = HeldCut(reached, np.stack([t, busy, seqs, owed], axis=1), ints,
+                   np.searchsorted(plan.inst[in_flight], np.arange(engine.n_instances + 1)),
+                   requests.make(in_flight, source=_as_filled(submitted, columns, plan, admitted)),
+                   submitted.rid[in_flight], submitted.prompt_len[in_flight], plan.answers[0][in_flight],
+                   plan.start_gen[in_flight], admit_it)
+    engine.hold_cut(held)
 
 
-def _queues_at(engine, x, requests, plan: Schedule, running: np.ndarray, admitted: np.ndarray,
-               at_it: np.ndarray) -> None:
-    """Instance `x`'s running sequences (admitted at the iteration and tokens the schedule says: nothing preempted)
-    and its queue, in the event engine's heaps."""
-    length, first_rec = plan.answers[0], plan.records[15]
-    lo, hi = np.searchsorted(plan.inst[plan.order], [x.idx, x.idx + 1])
-    rows = plan.order[lo:hi]  # in the order the instance admits them: (priority, arrival)
-    rows = rows[running[rows] | ~admitted[rows]]  # running, or still queued
-    admit_it, gen0 = at_it[first_rec[rows]], plan.start_gen[rows]
-    finish_it = admit_it + np.maximum(0, length[rows] - gen0)
-    members, heap, waiting, epochs, where, seq = {}, [], [], engine._epoch, engine._where, engine._seq
-    for r, runs, admit, gen, finish in zip(requests.make(rows), running[rows].tolist(), admit_it.tolist(), gen0.tolist(),
-                                           finish_it.tolist()):
-        arrival = next(seq)  # the engine's own counter: its later entries come after
-        epoch = epochs[r.rid] = epochs.get(r.rid, 0) + 1
-        where[r.rid] = x
-        if runs:
-            members[r.rid] = (r.priority, arrival, admit, gen, r)
-            heap.append((finish, arrival, FINISHED, epoch, r))
-        else:
-            waiting.append((r.priority, arrival, epoch, r))
-    if len(members) != x.n:
-        raise RuntimeError(f"cut route: instance {x.idx} runs {len(members)} sequences, its schedule says {x.n}")
-    heap.sort(key=lambda e: e[:2])
-    x.members, x.running, x.waiting, x.pending = members, heap, sorted(waiting, key=lambda e: e[:2]), len(members) + len(waiting)
+def _as_filled(submitted: RequestColumns, columns: RequestColumns, plan: Schedule, admitted: np.ndarray) -> RequestColumns:
+    """The columns as submitted with what fill_requests fills in an object that did not end: its instance, submit
+    time, exactness and first token (NaN where not admitted)."""
+    first_token = np.full(len(columns), np.nan)
+    first_token[admitted] = plan.clocks[2][plan.records[15][admitted]]
+    return dataclasses.replace(submitted, ran_on=plan.inst, submit_time=np.full(len(columns), plan.now),
+                               exact=columns.exact, first_token_time=first_token)

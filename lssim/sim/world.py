@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,48 +21,8 @@ from lssim.loop.contracts import Engine
 from lssim.loop.signals import DEFAULT as DEFAULT_SIGNALS
 from lssim.loop.signals import WINDOW_KEY, SignalSpec
 from lssim.sim.answers import Answers
-from lssim.traces.signal_trace import HOW_TO_MEASURE
+from lssim.sim.instances import EngineConfig, Instance, MissingSignals
 from lssim.traces.workload import EXACT, Workload
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """One engine instance's limits (vLLM's `max_num_seqs` and KV-cache size) and the cluster size."""
-
-    n_instances: int = 8
-    max_num_seqs: int = 256
-    kv_capacity_tokens: int = 500_000
-
-    def __post_init__(self):
-        for name in ("n_instances", "max_num_seqs", "kv_capacity_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-
-class _Instance:
-    __slots__ = ("idx", "t", "it", "n", "ctx", "running", "waiting", "members", "busy", "seq_seconds", "version", "pending",
-                 "left_at", "left", "owed", "priced")
-
-    def __init__(self, idx: int, t: float):
-        self.idx = idx
-        self.t = t  # time at the iteration boundary `it`
-        self.it = 0  # decode iterations run so far
-        self.n = 0  # running sequences
-        self.ctx = 0  # sum of running sequences' context lengths at boundary `it` (= KV tokens held)
-        self.running: list = []  # heap of (iteration, seq, event kind, epoch, request): finishes and checkpoints
-        self.waiting: list = []  # heap of (priority, arrival, epoch, request)
-        self.members: dict[int, tuple] = {}  # rid -> (priority, arrival, admit_it, generated_at_admit, request)
-        self.busy = 0.0  # seconds with at least one sequence running
-        self.seq_seconds = 0.0  # integral of running sequences over time (mean batch = seq_seconds / busy)
-        self.version = 0  # invalidates this instance's stale entries in the cluster's event heap
-        self.pending = 0  # requests placed here and not yet ended (running + waiting)
-        self.left_at, self.left = -1, 0  # the boundary of the last departure and how many left there
-        self.owed = 0.0  # departure (re-pack) seconds the next iteration pays; dropped if the batch empties first
-        self.priced = (0, 0, 0, 0.0)  # (n, ctx, k, decode_time) priced by _schedule: _fire runs that very span next
-
-
-class MissingSignals(ValueError):
-    """A policy reads early-exit signals the replayed trace does not have."""
 
 
 class SimEngine(Engine):
@@ -82,19 +41,35 @@ class SimEngine(Engine):
         self.config = config or EngineConfig()
         self.n_instances = self.config.n_instances
         self.clock = 0.0
-        self.instances = [_Instance(i, 0.0) for i in range(self.n_instances)]
+        self.instances = [Instance(i, 0.0) for i in range(self.n_instances)]
         self._events: list = []  # heap of (time, seq, instance index, instance version, event iteration)
         self._timers: list = []  # heap of (time, seq): wake_at's timers (lssim.loop.core.WAKE)
         self._seq = itertools.count()  # tie-breaker and arrival order; belongs to this engine, not the process
         self._epoch: dict[int, int] = {}  # rid -> epoch; bumped on admit/abort/preempt to retire stale heap entries
         self._target = Answers()  # rid -> (length, finish_reason, reward, trace row): a dict, arrays where remembered
-        self._where: dict[int, _Instance] = {}
+        self._where: dict[int, Instance] = {}
         self._interval: int | None = None
         self.preemptions = 0
         self.sources = {"exact": 0, "truncated": 0, "resampled": 0, "global": 0}
         self._batch = False  # set_batch_rollout: rollouts come whole through run_batch (lssim.sim.fastsim)
         self._cut = False  # set_cut_rollout: submissions come whole through run_cut (lssim.sim.cut_route)
         self._requeue = False  # set_requeue_rollout: rollouts come whole through run_batch (lssim.sim.requeue_route)
+        self._held_cut = None  # hold_cut: the instances at a cut, as arrays, until the next command reads them
+
+    def hold_cut(self, held) -> None:
+        """The cut route's instances at its cut (lssim.sim.cut_aborts.HeldCut): held as arrays, for abort_many to abort
+        what is in flight on them where the roofline alone prices the engine and no checkpoint runs, else built now."""
+        from lssim.cost.roofline import RooflineCostModel
+
+        self._held_cut = held
+        if type(self.cost) is not RooflineCostModel or self._interval:
+            self._settle_cut()
+
+    def _settle_cut(self) -> None:
+        """A held cut's instances and heaps built (every command but abort_many of what is in flight reads them)."""
+        if self._held_cut is not None:
+            held, self._held_cut = self._held_cut, None
+            held.materialize(self)
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -111,6 +86,7 @@ class SimEngine(Engine):
     def refresh(self, requests: Sequence[Request]) -> None:
         """Bring the running requests' `generated` up to the clock (their instances to the last iteration boundary
         before it), so a step that ends with them still generating counts the tokens they made in it."""
+        self._settle_cut()
         for r in requests:
             inst = self._where.get(r.rid)
             if inst is None:
@@ -137,6 +113,7 @@ class SimEngine(Engine):
         """A whole rollout of `requests` (lssim.loop.columns.RequestColumns) on the idle engine, `progress` the policy's
         stops at its checkpoints (Policy.progress_stops; see lssim.sim.fastsim), or, after set_requeue_rollout(True),
         its requeues (Policy.progress_requeues; see lssim.sim.requeue_route)."""
+        self._settle_cut()
         if self._requeue:
             from lssim.sim.requeue_route import run_requeued
 
@@ -169,6 +146,7 @@ class SimEngine(Engine):
     def run_cut(self, requests, columns, cut_at=None, carry_at=None):
         """A submission scheduled whole and cut where `cut_at` (Policy.end_rollout_at) says (lssim.sim.cut_route), or
         run to its end with the carries `carry_at` (Policy.progress_carries) says (lssim.sim.carry_route)."""
+        self._settle_cut()
         if not self._cut:
             raise RuntimeError("run_cut before set_cut_rollout(True)")
         if (cut_at is None) == (carry_at is None):
@@ -204,19 +182,15 @@ class SimEngine(Engine):
             return frozenset()
         missing = self.workload.signals.missing(names)
         if missing and not self.allow_missing_signals:
-            source = self.workload.signals.source_name
-            why = ("no signal_repetition / signal_entropy measured from tokens, no loop_start / entropy_collapse_start "
-                   "labels" if not source else "its entropy is unknown (measured without log-probs, or labels without "
-                   "entropy_mean)")
-            raise MissingSignals(f"it reads the early-exit signal(s) {', '.join(sorted(missing))}, which this trace "
-                                 f"lacks (signal source: {source or 'none'}: {why}); {HOW_TO_MEASURE}; or replay with "
-                                 f"--allow-missing-signals (the table then says what was missing)")
+            raise MissingSignals.of(missing, self.workload.signals.source_name)
         return missing
 
     def loads(self) -> list[InstanceLoad]:
+        self._settle_cut()
         return [InstanceLoad(inst.n, inst.pending - inst.n, 0) for inst in self.instances]
 
     def submit(self, requests: Sequence[Request]) -> None:
+        self._settle_cut()
         now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
         instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
         by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
@@ -254,6 +228,7 @@ class SimEngine(Engine):
             self._schedule(inst)
 
     def abort(self, r: Request) -> None:
+        self._settle_cut()
         inst = self._where.pop(r.rid, None)
         if inst is not None:
             # The caller is blocked while the serving API aborts it (cost.abort_time; the instances run on meanwhile).
@@ -267,8 +242,13 @@ class SimEngine(Engine):
         run in their order at the clock each came at, with every catch-up, departure and admission from the queue
         (their prefill and first tokens) as abort runs them; only each instance's next event is priced once, after its
         last abort, where abort prices it after each (a price that the next abort on the instance supersedes unread),
-        in the order of those last aborts (ties between instances' events go by that order)."""
-        by_instance: dict[int, tuple[_Instance, list]] = {}
+        in the order of those last aborts (ties between instances' events go by that order). Those in flight at a held
+        cut, all of them, abort on its arrays (lssim.sim.cut_aborts)."""
+        if self._held_cut is not None and self._held_cut.abort_all(self, requests):
+            self._held_cut = None
+            return
+        self._settle_cut()
+        by_instance: dict[int, tuple[Instance, list]] = {}
         where, clock, abort_time = self._where, self.clock, self.cost.abort_time
         for r in requests:
             inst = where.pop(r.rid, None)
@@ -284,7 +264,7 @@ class SimEngine(Engine):
         for inst, _ in by_instance.values():
             self._schedule(inst)
 
-    def _abort_on(self, inst: _Instance, aborts: list[tuple[Request, float]]) -> None:
+    def _abort_on(self, inst: Instance, aborts: list[tuple[Request, float]]) -> None:
         """`abort` of each of `aborts` (a request on `inst`, the clock when it came), in turn, up to pricing the
         instance's next event: catch up to that clock, free the request's place (a running one keeps the tokens it
         has and frees its KV), admit from the queue. The catch-up is skipped where not one iteration fits before that
@@ -306,6 +286,7 @@ class SimEngine(Engine):
                 self._admit(inst)
 
     def next_events(self) -> list[Event]:
+        self._settle_cut()
         events, timers = self._events, self._timers
         while events or timers:
             if timers and (not events or timers[0][0] <= events[0][0]):  # a stale instance entry only delays this
@@ -334,6 +315,7 @@ class SimEngine(Engine):
     def utilization(self) -> tuple[float, float]:
         """(busy seconds, sequence-seconds) summed over instances so far: the controller turns them into
         each step's busy fraction and mean running batch."""
+        self._settle_cut()
         busy = seqs = 0.0
         for inst in self.instances:
             self._catch_up(inst, self.clock)
@@ -345,7 +327,7 @@ class SimEngine(Engine):
         return busy, seqs
 
     # -- one instance ------------------------------------------------------------------------------
-    def _run(self, inst: _Instance, k: int) -> None:
+    def _run(self, inst: Instance, k: int) -> None:
         """Run k decode iterations with the current batch."""
         if k <= 0:
             return
@@ -361,7 +343,7 @@ class SimEngine(Engine):
         inst.ctx += inst.n * k
         inst.it += k
 
-    def _catch_up(self, inst: _Instance, now: float) -> None:
+    def _catch_up(self, inst: Instance, now: float) -> None:
         """Bring an instance to the last iteration boundary at or before `now`, short of its next event."""
         if inst.n == 0:
             inst.t = max(inst.t, now)  # idle: nothing to run until something arrives
@@ -372,7 +354,7 @@ class SimEngine(Engine):
         nxt = self._next_iteration(inst)
         self._run(inst, min(k, nxt - inst.it - 1))
 
-    def _next_iteration(self, inst: _Instance) -> int:
+    def _next_iteration(self, inst: Instance) -> int:
         """The boundary of the instance's next event: a finish or checkpoint, or the cache filling up."""
         running, epoch = inst.running, self._epoch
         while running and running[0][3] != epoch.get(running[0][4].rid):
@@ -383,7 +365,7 @@ class SimEngine(Engine):
         overflow = inst.it + (self.config.kv_capacity_tokens - inst.ctx) // inst.n
         return min(running[0][0], overflow)
 
-    def _schedule(self, inst: _Instance) -> None:
+    def _schedule(self, inst: Instance) -> None:
         inst.version += 1
         if inst.n == 0:
             if inst.waiting:
@@ -396,7 +378,7 @@ class SimEngine(Engine):
         t = inst.t + inst.owed + span
         heapq.heappush(self._events, (t, next(self._seq), inst.idx, inst.version, target_it))
 
-    def _fire(self, inst: _Instance, target_it: int) -> list[Event]:
+    def _fire(self, inst: Instance, target_it: int) -> list[Event]:
         """Run to the event boundary `target_it` and report what happened there."""
         self._run(inst, target_it - inst.it)
         out, running, epoch, it, t, members, where, targets = [], inst.running, self._epoch, inst.it, inst.t, inst.members, self._where, self._target
@@ -430,7 +412,7 @@ class SimEngine(Engine):
             self._preempt(inst)
         return out
 
-    def _depart(self, inst: _Instance, k: int) -> None:
+    def _depart(self, inst: Instance, k: int) -> None:
         """k sequences left the batch at this boundary: the engine's cost of re-packing it (cost.departure_time),
         priced once per boundary, so k finishes and aborts at one boundary cost departure_time(k). Nothing to
         re-pack once the batch is empty (as lssim.cost.batch_features prices a batch's last boundary), so the
@@ -442,7 +424,7 @@ class SimEngine(Engine):
         inst.left_at, inst.left = inst.it, before + k
         inst.owed += self.cost.departure_time(before + k) - self.cost.departure_time(before)
 
-    def _preempt(self, inst: _Instance) -> None:
+    def _preempt(self, inst: Instance) -> None:
         """Free KV by recompute, as vLLM does: the lowest-priority, latest-admitted sequences go back to waiting."""
         while inst.n and self.config.kv_capacity_tokens - inst.ctx < inst.n:
             rid = max(inst.members, key=lambda k: inst.members[k][:2])
@@ -454,7 +436,7 @@ class SimEngine(Engine):
             heapq.heappush(inst.waiting, (priority, admit_seq, self._epoch[rid], r))
             self.preemptions += 1
 
-    def _admit(self, inst: _Instance) -> None:
+    def _admit(self, inst: Instance) -> None:
         waiting = inst.waiting
         if not waiting:
             return
@@ -499,7 +481,7 @@ class SimEngine(Engine):
         if window is not None:
             r.signals[WINDOW_KEY] = window
 
-    def _push_checkpoint(self, inst: _Instance, r: Request, ep: int) -> None:
+    def _push_checkpoint(self, inst: Instance, r: Request, ep: int) -> None:
         if not self._interval:
             return
         _, _, admit_it, gen0, _ = inst.members[r.rid]
