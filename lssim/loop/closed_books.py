@@ -71,7 +71,7 @@ def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows
     of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
     object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
     of the cut's submission (the closed columns' first rows)."""
-    parts, held, at, held_at, cut_place = [], [], 0, 0, None
+    parts, held, at, held_at = [], [], 0, 0
     for members in done:
         if isinstance(members, list):
             parts.append(place[at:at + len(members)])
@@ -83,14 +83,22 @@ def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows
             parts.append(held_place[held_at:held_at + len(members)])
             held_at += len(members)
             continue
-        if cut_place is None:
-            columns, cut_rows = s.cut
-            cut_place = np.full(len(columns), -1, np.int64)
-            cut_place[cut_rows] = np.arange(len(cut_rows))
-        parts.append(cut_place[members])
+        parts.append(members)  # rows of the cut's submission: placed below, all at once
     sizes = np.fromiter(map(len, parts), np.int64, len(parts))
     rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    of_cut = np.fromiter(map(_is_rows, done), bool, len(done))
+    if of_cut.any():
+        columns, cut_rows = s.cut
+        cut_place = np.full(len(columns), -1, np.int64)
+        cut_place[cut_rows] = np.arange(len(cut_rows))
+        in_cut = np.repeat(of_cut, sizes)
+        rows[in_cut] = cut_place[rows[in_cut]]
     return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
+
+
+def _is_rows(members) -> bool:
+    """A group booked as rows of the cut's submission (StepState.members), not objects nor GroupRows."""
+    return isinstance(members, np.ndarray)
 
 
 def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = None) -> HeldRows | None:

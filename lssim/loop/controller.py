@@ -31,7 +31,7 @@ from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
 from lssim.loop.step_row import mode_fields, step_outcome, step_row
 from lssim.loop.cut_books import rollout_cut
-from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch
+from lssim.loop.rollout_books import carry_out, drop_stale, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -286,27 +286,9 @@ class Controller:
             s.in_flight.update(zip(rids_of(requests).tolist(), requests))
         s.rollout.requests_in_flight = len(s.in_flight)
         if self._drops_stale:  # (it may end any of them)
-            self._drop_stale(s)
+            self._admitted -= drop_stale(s, self.engine, self.mode)
             return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
         return order([r for r in s.carried_in if not r.done] + s.fresh, self.engine, self.policy, self._asks)
-
-    def _drop_stale(self, s: StepState) -> None:
-        """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
-        unfinished members end as aborted ("stale") and the group never trains."""
-        counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
-        running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
-        for gid, members in s.members.items():
-            if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
-                continue
-            for r in members:
-                if not r.done:
-                    if r.rid in running:
-                        self.engine.abort(r)
-                    r.finish_reason, r.stop_reason = ABORT, "stale"
-                    end_response(r, s)
-            s.dropped_groups.add(gid)
-            self._admitted -= 1
-        s.rollout.groups_done, s.rollout.groups_effective = counters
 
     def _train(self, s: StepState) -> StepEnd:
         """After the rollout: the completed groups go to the policy's selection and on to the trainer; the
