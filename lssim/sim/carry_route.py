@@ -52,13 +52,12 @@ def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarr
 
 def _note_carries(requests, columns: RequestColumns, plan, carried: np.ndarray, reasons: np.ndarray) -> None:
     """The `carried` rows as the event engine leaves a carried response (paused with the tokens it has, the carry's
-    reason as its stop_reason, not ended): their filled columns hold it (what fill wrote of their natural end put back
-    as submitted; the first token they had), and so does each object made before; no object is made
+    reason as its stop_reason, not ended): their filled columns hold it (fill wrote their tokens and first token, as
+    of a stop; what it wrote of an end put back as submitted), and so does each object made before; no object is made
     (RowRequests.carry)."""
     submitted = requests.submitted
     for name in ("finish_reason", "reward", "finish_time"):
         getattr(columns, name)[carried] = getattr(submitted, name)[carried]
-    columns.first_token_time[carried] = plan.clocks[2][plan.records[15][carried]]
     columns.stop_reason[carried] = reasons
     for r, generated, reason in zip(requests.objects_of(carried), columns.generated[carried].tolist(), reasons.tolist()):
         if r is not None:
