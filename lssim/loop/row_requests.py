@@ -4,6 +4,7 @@ read (lssim.loop.cut_books): every row's object on demand (RowRequests), and a g
 
 from __future__ import annotations
 
+import itertools
 import operator
 from typing import Sequence
 
@@ -24,11 +25,13 @@ class RowRequests(Sequence):
         self._submitted = submitted
         self.filled = submitted if filled is None else filled  # the columns the engine fills in place
         self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
-        self._has = np.fromiter(map(_is_object, self._objects), bool, len(self._objects))  # which rows have an object
+        self._has = np.zeros(len(submitted), bool)  # which rows have an object
+        self._has[:len(given)] = np.fromiter(map(_is_object, given), bool, len(given))
         self._carried = np.zeros(len(submitted), bool)  # rows carried out with no object made (`carry`)
-        # rows resubmitted as rows of a later submission (`forward`): read there, where they ran on
-        self._later: RowRequests | None = None
-        self._forward: np.ndarray | None = None
+        self._carried_rids: dict[int, int] = {}  # ... row -> rid
+        # where each response carried as a row ran last, by rid (`forward`): one store for the run's submissions that
+        # carried rows from one to the next, read for this one's carried rows
+        self._latest: dict[int, tuple[RowRequests, int]] = {}
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -46,15 +49,14 @@ class RowRequests(Sequence):
         or, for a row resubmitted as a row of a later submission, there (from its filled columns)."""
         objects, wanted = self._objects, rows.tolist()
         missing = [i for i in wanted if objects[i] is None]
-        if missing and self._forward is not None:
-            later = self._forward[missing]
-            moved = later >= 0
-            if moved.any():
-                at = np.array(missing, np.int64)[moved]
-                for i, r in zip(at.tolist(), self._later.make(later[moved], source=self._later.filled)):
-                    objects[i] = r
-                self._has[at] = True
-                missing = [i for i in wanted if objects[i] is None]
+        carried, latest = self._carried_rids, self._latest
+        if missing and carried and latest:
+            for i in missing:
+                holder, row = latest.get(carried.get(i), (self, i))
+                if holder is not self:  # resubmitted since: made where it ran last
+                    objects[i] = holder.make(np.array([row], np.int64), source=holder.filled)[0]
+                    self._has[i] = True
+            missing = [i for i in missing if objects[i] is None]
         if missing:
             missing = np.array(missing, np.int64)
             carried = self._carried[missing]  # (a carried row is read where it was filled, whatever `source`)
@@ -86,36 +88,35 @@ class RowRequests(Sequence):
         """`rows` were carried out of the rollout: open, with no object made where none was (their filled columns hold
         what a carried object holds: lssim.sim.carry_route)."""
         self._carried[rows] = True
+        self._carried_rids.update(zip(rows.tolist(), self.filled.rid[rows].tolist()))
 
     def forward(self, rows: np.ndarray, later: "RowRequests", later_rows: np.ndarray) -> None:
-        """`rows`, with no object, were resubmitted as `later`'s `later_rows` (carried into the next step as rows):
-        their objects are made there from now on, and their rewards read there."""
-        if self._later is not None and self._later is not later:
-            raise RuntimeError("RowRequests.forward: rows already resubmitted in another submission")
-        if self._forward is None:
-            self._forward = np.full(len(self._objects), -1, np.int64)
-        self._later = later
-        self._forward[rows] = later_rows
+        """`rows`, carried out of this submission, were resubmitted as `later`'s `later_rows` (the next step's carried
+        rows): where they ran last, for every submission that held them (its objects made there, its rewards read
+        there)."""
+        later._latest = latest = self._latest
+        latest.update(zip(self.filled.rid[rows].tolist(), zip(itertools.repeat(later), later_rows.tolist())))
 
     def rewards_of(self, rows: np.ndarray, filled: RequestColumns) -> list[float]:
-        """`reward_of` each of `rows`, `filled` the columns the engine filled (a group's few rows: read in Python, where
-        numpy's calls cost more than the rows)."""
-        objects, forward = self._objects, self._forward
-        out = [row if (r := objects[i]) is None else r.reward for i, row in zip(rows.tolist(), filled.reward[rows].tolist())]
-        if forward is not None:
-            for k, i in enumerate(rows.tolist()):
-                if objects[i] is None and forward[i] >= 0:
-                    out[k] = self._later.reward_of(int(forward[i]))
+        """Each of `rows`' reward as it stands, `filled` the columns the engine filled: its object's, else its row's where
+        it ran last (a carried row resubmitted since: `forward`) (a group's few rows: read in Python, where numpy's
+        calls cost more than the rows)."""
+        objects, at = self._objects, rows.tolist()
+        out = [row if (r := objects[i]) is None else r.reward for i, row in zip(at, filled.reward[rows].tolist())]
+        carried, latest = self._carried_rids, self._latest
+        if carried and latest:
+            for k, i in enumerate(at):
+                if i in carried and objects[i] is None and (holder := latest.get(carried[i], (self,)))[0] is not self:
+                    r = holder[0]._objects[holder[1]]
+                    out[k] = float(holder[0].filled.reward[holder[1]]) if r is None else r.reward
         return out
 
-    def reward_of(self, i: int) -> float:
-        """Row `i`'s reward as it stands: its object's, else where it was resubmitted, else its filled row's."""
-        r = self._objects[i]
-        if r is not None:
-            return r.reward
-        if self._forward is not None and self._forward[i] >= 0:
-            return self._later.reward_of(int(self._forward[i]))
-        return float(self.filled.reward[i])
+    def release(self, rids: np.ndarray) -> None:
+        """The responses `rids` are read as rows of a closed step from now on (their group is done): where they ran last
+        is no longer kept."""
+        pop = self._latest.pop
+        for rid in rids.tolist():
+            pop(rid, None)
 
     def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
         """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects
