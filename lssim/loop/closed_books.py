@@ -46,7 +46,7 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     objects = list(itertools.chain.from_iterable(members for members in done if isinstance(members, list)))
     held = [members.rids() for members in done if isinstance(members, GroupRows)]  # found by rid, never read as objects
     for members, rids in zip((members for members in done if isinstance(members, GroupRows)), held):
-        members.requests.release(rids)
+        members.requests.release(rids)  # (they are rows of the closed columns from here on)
     done_rids = np.concatenate([rids_of(objects), *held])
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
@@ -77,7 +77,7 @@ def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows
     of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
     object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
     of the cut's submission (the closed columns' first rows)."""
-    parts, held, at, held_at = [], [], 0, 0
+    parts, held, at, held_at, cut_place = [], [], 0, 0, None
     for members in done:
         if isinstance(members, list):
             parts.append(place[at:at + len(members)])
@@ -89,22 +89,14 @@ def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows
             parts.append(held_place[held_at:held_at + len(members)])
             held_at += len(members)
             continue
-        parts.append(members)  # rows of the cut's submission: placed below, all at once
+        if cut_place is None:
+            columns, cut_rows = s.cut
+            cut_place = np.full(len(columns), -1, np.int64)
+            cut_place[cut_rows] = np.arange(len(cut_rows))
+        parts.append(cut_place[members])
     sizes = np.fromiter(map(len, parts), np.int64, len(parts))
     rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    of_cut = np.fromiter(map(_is_rows, done), bool, len(done))
-    if of_cut.any():
-        columns, cut_rows = s.cut
-        cut_place = np.full(len(columns), -1, np.int64)
-        cut_place[cut_rows] = np.arange(len(cut_rows))
-        in_cut = np.repeat(of_cut, sizes)
-        rows[in_cut] = cut_place[rows[in_cut]]
     return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
-
-
-def _is_rows(members) -> bool:
-    """A group booked as rows of the cut's submission (StepState.members), not objects nor GroupRows."""
-    return isinstance(members, np.ndarray)
 
 
 def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = None) -> HeldRows | None:

@@ -114,9 +114,10 @@ class RowRequests(Sequence):
     def release(self, rids: np.ndarray) -> None:
         """The responses `rids` are read as rows of a closed step from now on (their group is done): where they ran last
         is no longer kept."""
-        pop = self._latest.pop
-        for rid in rids.tolist():
-            pop(rid, None)
+        if self._latest:
+            pop = self._latest.pop
+            for rid in rids.tolist():
+                pop(rid, None)
 
     def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
         """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects
