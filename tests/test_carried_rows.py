@@ -46,14 +46,15 @@ def test_rows_resume_as_their_objects_do(data, n, version):
     assert got == [r.resumes for r in objects]
 
 
-def controller(trace, batch_route: bool) -> tuple[Controller, SimEngine]:
+def controller(trace, batch_route: bool, policy=None) -> tuple[Controller, SimEngine]:
     wl = Workload(trace)
     engine = SimEngine(wl, ROOFLINE, EngineConfig(2, 4, 100_000), batch_route=batch_route)
     cfg = RunConfig(steps=2 * len(wl.steps), groups_per_step=wl.groups_per_step, group_size=wl.group_size,
                     max_tokens=wl.max_tokens, total_groups=wl.groups_in(len(wl.steps)), seed=3)
     modes = ModeConfig(mode="collocated", rollout_devices=2, train_devices=2)
     ctl = Controller(engine, SimTrainer(engine, TRAIN, n_devices=2, collocated=True), wl,
-                     make_policy("segment(window=128, extend=0.5)"), cfg, mode=modes.build(), oracle_length=OracleLengths(wl))
+                     policy or make_policy("segment(window=128, extend=0.5)"), cfg, mode=modes.build(),
+                     oracle_length=OracleLengths(wl))
     return ctl, engine
 
 
@@ -84,3 +85,24 @@ def test_objects_read_between_steps_are_the_event_engines(read_every):
     fast_result, slow_result = fast.result(), slow.result()
     pd.testing.assert_frame_equal(fast_result.steps, slow_result.steps, check_exact=True)
     pd.testing.assert_frame_equal(fast_result.responses, slow_result.responses, check_exact=True)
+
+
+def test_a_checkpoint_between_steps_holds_the_carried_rows_as_objects():
+    """state() makes the objects of responses carried as rows (and of their open groups' members); a controller restored
+    from it goes on as the uninterrupted run (the clock aside: its engine is new)."""
+    import pickle
+
+    trace = make_trace(np.random.default_rng(11), 4, 6, 4, 300)
+    straight, _ = controller(trace, batch_route=True)
+    expected = straight.run()
+    first, _ = controller(trace, batch_route=True)
+    first.run_step(0)
+    first.run_step(1)
+    assert isinstance(first._carried, CarriedRows) and len(first._carried)
+    state = pickle.loads(pickle.dumps(first.state()))
+    assert [r.rid for r in state["carried"]] == first._carried.rids().tolist()
+    resumed, _ = controller(trace, True, first.policy)  # (the policy object travels beside the state: a checkpoint pickles both)
+    resumed.restore(state)
+    result = resumed.run(first_step=2)
+    same = [c for c in expected.responses.columns if c not in ("submit_time", "first_token_time", "finish_time")]
+    pd.testing.assert_frame_equal(result.responses[same], expected.responses[same], check_exact=True)
