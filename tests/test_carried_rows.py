@@ -14,7 +14,8 @@ from lssim.loop.controller import Controller, RunConfig
 from lssim.loop.core import note_resume
 from lssim.loop.cut_books import resume_rows
 from lssim.loop.modes import ModeConfig
-from lssim.loop.row_requests import CarriedRows
+import lssim.loop.rollout_books as rollout_books
+from lssim.loop.row_requests import CarriedRows, GroupRows
 from lssim.loop.policy import make_policy
 from lssim.sim.trainer import SimTrainer
 from lssim.sim.world import EngineConfig, SimEngine
@@ -65,23 +66,38 @@ def held_rows(ctl: Controller) -> dict[str, pd.DataFrame]:
 
 
 @pytest.mark.parametrize("read_every", [1, 2, 0])
-def test_objects_read_between_steps_are_the_event_engines(read_every):
+def test_objects_read_between_steps_are_the_event_engines(monkeypatch, read_every):
     """Objects made between steps (every step, every other one, never) hold what the event engine's objects hold, and
-    reading them changes nothing: the frames equal the event engine's."""
-    trace = make_trace(np.random.default_rng(11), 4, 6, 4, 300)
-    fast, fast_engine = controller(trace, batch_route=True)
+    reading them changes nothing: the frames equal the event engine's; a group's rewards, as its counters read them when
+    it is done, are the event engine's too (a member carried over several steps read where it ran last)."""
+    trace = make_trace(np.random.default_rng(11), 6, 6, 4, 700)  # long enough to be carried over several steps
+    fast, _ = controller(trace, batch_route=True)
     slow, _ = controller(trace, batch_route=False)
     assert fast._cut and not slow._cut
+    running, done = [None], {id(fast): {}, id(slow): {}}  # each group's rewards when done, by run
+    group_done = rollout_books._group_done
+
+    def noted(gid, s):
+        members = s.members[gid]
+        if not isinstance(members, np.ndarray):  # (a group booked as rows is counted apart, over arrays)
+            done[id(running[0])][gid] = members.rewards() if isinstance(members, GroupRows) else [r.reward for r in members]
+        group_done(gid, s)
+
+    monkeypatch.setattr(rollout_books, "_group_done", noted)
     carried_as_rows = 0
     for step in range(fast.config.steps):
         for ctl in (fast, slow):
+            running[0] = ctl
             ctl.run_step(step)
         carried_as_rows += isinstance(fast._carried, CarriedRows)
+        assert fast._waiting_groups.keys() == slow._waiting_groups.keys()
         if read_every and step % read_every == 0:
             fast_held, slow_held = held_rows(fast), held_rows(slow)
             for where in slow_held:
                 pd.testing.assert_frame_equal(fast_held[where], slow_held[where], check_exact=True)
-    assert carried_as_rows > 0
+    assert carried_as_rows > 1 and len(done[id(fast)]) > 3
+    for gid, rewards in done[id(fast)].items():
+        np.testing.assert_array_equal(rewards, done[id(slow)][gid])
     fast_result, slow_result = fast.result(), slow.result()
     pd.testing.assert_frame_equal(fast_result.steps, slow_result.steps, check_exact=True)
     pd.testing.assert_frame_equal(fast_result.responses, slow_result.responses, check_exact=True)

@@ -45,8 +45,6 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     GroupRows is rows only: StepState.members). Members stay read-only from here on."""
     objects = list(itertools.chain.from_iterable(members for members in done if isinstance(members, list)))
     held = [members.rids() for members in done if isinstance(members, GroupRows)]  # found by rid, never read as objects
-    for members, rids in zip((members for members in done if isinstance(members, GroupRows)), held):
-        members.requests.release(rids)  # (they are rows of the closed columns from here on)
     done_rids = np.concatenate([rids_of(objects), *held])
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")

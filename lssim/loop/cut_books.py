@@ -46,13 +46,14 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
         n_carried = len(given)
         columns = RequestColumns.concat([carried, fresh]) if n_carried else fresh
         requests = RowRequests(columns.take(np.arange(len(columns))), given, filled=columns)
-        if isinstance(s.carried_in, CarriedRows):  # their objects are made here from now on, where they run on
-            s.carried_in.requests.forward(s.carried_in.rows, requests, np.arange(n_carried))
     carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
     left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
         engine.run_cut(requests, columns, policy.end_rollout_at)
     if left is None:
         return False
+    if isinstance(s.carried_in, CarriedRows):  # their objects made here from now on, their rewards written back
+        s.carried_in.requests.forward(s.carried_in.rows, requests, np.arange(n_carried))
+        requests.write_back()
     if submission is not None:
         _book_objects(requests.make(left), columns, s, policy, asks)
     else:

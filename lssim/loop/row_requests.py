@@ -4,7 +4,6 @@ read (lssim.loop.cut_books): every row's object on demand (RowRequests), and a g
 
 from __future__ import annotations
 
-import itertools
 import operator
 from typing import Sequence
 
@@ -28,10 +27,11 @@ class RowRequests(Sequence):
         self._has = np.zeros(len(submitted), bool)  # which rows have an object
         self._has[:len(given)] = np.fromiter(map(_is_object, given), bool, len(given))
         self._carried = np.zeros(len(submitted), bool)  # rows carried out with no object made (`carry`)
-        self._carried_rids: dict[int, int] = {}  # ... row -> rid
-        # where each response carried as a row ran last, by rid (`forward`): one store for the run's submissions that
-        # carried rows from one to the next, read for this one's carried rows
-        self._latest: dict[int, tuple[RowRequests, int]] = {}
+        # carried rows resubmitted as rows of the next submission (`forward`): their objects are made there
+        self._later: RowRequests | None = None
+        self._forward: np.ndarray | None = None  # row -> its row there (-1: not resubmitted)
+        # ... and the earlier submissions whose rows were resubmitted as this one's: (submission, its rows, these rows)
+        self._earlier: list[tuple[RowRequests, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -49,14 +49,15 @@ class RowRequests(Sequence):
         or, for a row resubmitted as a row of a later submission, there (from its filled columns)."""
         objects, wanted = self._objects, rows.tolist()
         missing = [i for i in wanted if objects[i] is None]
-        carried, latest = self._carried_rids, self._latest
-        if missing and carried and latest:
-            for i in missing:
-                holder, row = latest.get(carried.get(i), (self, i))
-                if holder is not self:  # resubmitted since: made where it ran last
-                    objects[i] = holder.make(np.array([row], np.int64), source=holder.filled)[0]
-                    self._has[i] = True
-            missing = [i for i in missing if objects[i] is None]
+        if missing and self._forward is not None:  # resubmitted since: made where it ran on (there, or later still)
+            later = self._forward[missing]
+            moved = np.flatnonzero(later >= 0)
+            if len(moved):
+                at = np.array(missing, np.int64)[moved]
+                for i, r in zip(at.tolist(), self._later.make(later[moved], source=self._later.filled)):
+                    objects[i] = r
+                self._has[at] = True
+                missing = [i for i in missing if objects[i] is None]
         if missing:
             missing = np.array(missing, np.int64)
             carried = self._carried[missing]  # (a carried row is read where it was filled, whatever `source`)
@@ -88,36 +89,36 @@ class RowRequests(Sequence):
         """`rows` were carried out of the rollout: open, with no object made where none was (their filled columns hold
         what a carried object holds: lssim.sim.carry_route)."""
         self._carried[rows] = True
-        self._carried_rids.update(zip(rows.tolist(), self.filled.rid[rows].tolist()))
 
     def forward(self, rows: np.ndarray, later: "RowRequests", later_rows: np.ndarray) -> None:
         """`rows`, carried out of this submission, were resubmitted as `later`'s `later_rows` (the next step's carried
-        rows): where they ran last, for every submission that held them (its objects made there, its rewards read
-        there)."""
-        later._latest = latest = self._latest
-        latest.update(zip(self.filled.rid[rows].tolist(), zip(itertools.repeat(later), later_rows.tolist())))
+        rows): their objects are made there from now on, and their rewards written back here once it is filled
+        (`write_back`), as to every earlier submission they ran in."""
+        if self._later is not None and self._later is not later:
+            raise RuntimeError("RowRequests.forward: rows already resubmitted in another submission")
+        if self._forward is None:
+            self._forward = np.full(len(self._objects), -1, np.int64)
+        self._later, self._forward[rows] = later, later_rows
+        later._earlier = [(self, rows, later_rows)]
+        for earlier, their_rows, our_rows in self._earlier:  # (those resubmitted again, through this one)
+            there = self._forward[our_rows]
+            again = there >= 0
+            if again.any():
+                later._earlier.append((earlier, their_rows[again], there[again]))
+
+    def write_back(self) -> None:
+        """This submission is filled: the rewards of its rows resubmitted from earlier ones (`forward`) written to their
+        rows there, so a GroupRows of an earlier step reads its own rows."""
+        reward = self.filled.reward
+        for earlier, their_rows, our_rows in self._earlier:
+            earlier.filled.reward[their_rows] = reward[our_rows]
 
     def rewards_of(self, rows: np.ndarray, filled: RequestColumns) -> list[float]:
-        """Each of `rows`' reward as it stands, `filled` the columns the engine filled: its object's, else its row's where
-        it ran last (a carried row resubmitted since: `forward`) (a group's few rows: read in Python, where numpy's
-        calls cost more than the rows)."""
-        objects, at = self._objects, rows.tolist()
-        out = [row if (r := objects[i]) is None else r.reward for i, row in zip(at, filled.reward[rows].tolist())]
-        carried, latest = self._carried_rids, self._latest
-        if carried and latest:
-            for k, i in enumerate(at):
-                if i in carried and objects[i] is None and (holder := latest.get(carried[i], (self,)))[0] is not self:
-                    r = holder[0]._objects[holder[1]]
-                    out[k] = float(holder[0].filled.reward[holder[1]]) if r is None else r.reward
-        return out
-
-    def release(self, rids: np.ndarray) -> None:
-        """The responses `rids` are read as rows of a closed step from now on (their group is done): where they ran last
-        is no longer kept."""
-        if self._latest:
-            pop = self._latest.pop
-            for rid in rids.tolist():
-                pop(rid, None)
+        """Each of `rows`' reward as it stands, `filled` the columns the engine filled: its object's, else its row's (a
+        carried row's written back from where it ran on since: `write_back`) (a group's few rows: read in Python, where
+        numpy's calls cost more than the rows)."""
+        objects = self._objects
+        return [row if (r := objects[i]) is None else r.reward for i, row in zip(rows.tolist(), filled.reward[rows].tolist())]
 
     def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
         """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects
