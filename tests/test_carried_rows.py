@@ -122,3 +122,21 @@ def test_a_checkpoint_between_steps_holds_the_carried_rows_as_objects():
     result = resumed.run(first_step=2)
     same = [c for c in expected.responses.columns if c not in ("submit_time", "first_token_time", "finish_time")]
     pd.testing.assert_frame_equal(result.responses[same], expected.responses[same], check_exact=True)
+
+
+def test_a_run_keeps_only_the_submissions_that_open_responses_ran_in():
+    """Submissions are linked only while rows carried out of them are still to be written back or read: a long run
+    does not keep every step's submission alive (each one linked to the one before it would)."""
+    import gc
+
+    from lssim.loop.row_requests import RowRequests
+
+    trace = make_trace(np.random.default_rng(11), 12, 6, 4, 700)
+    ctl, _ = controller(trace, batch_route=True)
+    alive = []
+    for step in range(ctl.config.steps):
+        ctl.run_step(step)
+        gc.collect()
+        alive.append(sum(isinstance(o, RowRequests) for o in gc.get_objects()))
+    # bounded by the steps a response is carried through (700 tokens, a window of 128: up to 6), not the run's 24 steps
+    assert len(alive) >= 20 and max(alive) <= 8 and alive[-1] == 0, alive

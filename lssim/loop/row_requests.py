@@ -105,6 +105,7 @@ class RowRequests(Sequence):
             again = there >= 0
             if again.any():
                 later._earlier.append((earlier, their_rows[again], there[again]))
+        self._earlier = []  # written back already; `later` holds what is still to write (no chain of every step kept)
 
     def write_back(self) -> None:
         """This submission is filled: the rewards of its rows resubmitted from earlier ones (`forward`) written to their
