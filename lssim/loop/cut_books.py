@@ -67,9 +67,9 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
 
 def _carried_rows(s: StepState) -> tuple[RequestColumns | None, list[Request | None]]:
     """The carried responses as the submission's first rows (None: none), and the object of each given to it (None:
-    none made, the row is the response). Carried as objects: RequestColumns.of them, read as they resumed (Controller._start_step);
-    carried as rows (CarriedRows): the rows the last step closed them into, resumed here (note_resume of rows and of
-    the objects made)."""
+    none made, the row is the response). Carried as objects: RequestColumns.of them, read as they resumed
+    (Controller._start_step); carried as rows (CarriedRows): the rows the last step closed them into, resumed here
+    (note_resume of the rows and of the objects made)."""
     carried = s.carried_in
     if not isinstance(carried, CarriedRows):
         objects = [r for r in carried if not r.done]
