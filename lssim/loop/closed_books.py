@@ -22,7 +22,7 @@ import numpy as np
 
 from lssim.loop.columns import GroupBatch, RequestColumns, natural_outcomes, rids_of, rows_by_rid
 from lssim.loop.core import Group, Request
-from lssim.loop.row_requests import GroupRows
+from lssim.loop.row_requests import CarriedRows, GroupRows
 
 if TYPE_CHECKING:
     from lssim.loop.records import StepState
@@ -48,9 +48,13 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     done_rids = np.concatenate([rids_of(objects), *held])
     if len(np.unique(done_rids)) != len(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
-    rest = list(itertools.chain(s.cut_objects, s.ended, s.carried_out))
+    carried = s.carried_out
+    carried_rids = carried.rids() if isinstance(carried, CarriedRows) else rids_of(carried)
+    rest = list(itertools.chain(s.cut_objects, s.ended, () if isinstance(carried, CarriedRows) else carried))
     n_objects = len(objects) + len(rest)
-    rids = np.concatenate([done_rids[:len(objects)], rids_of(rest), done_rids[len(objects):]])
+    # (carried as rows: found in the rows left open, as the members held as rows are found where they are held)
+    as_rows = [carried_rids] if isinstance(carried, CarriedRows) else []
+    rids = np.concatenate([done_rids[:len(objects)], rids_of(rest), *as_rows, done_rids[len(objects):]])
     first = np.sort(np.unique(rids, return_index=True)[1])  # each response once, where it first comes (objects first)
     objects.extend(rest)
     objects, rids = list(map(objects.__getitem__, first[first < n_objects].tolist())), rids[first]
@@ -60,7 +64,7 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     position = np.arange(len(rids))
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
     s.closed_ended = np.concatenate([np.arange(in_cut), place[rows_by_rid(rids, position, rids_of(s.ended))]])
-    s.closed_carried = place[rows_by_rid(rids, position, rids_of(s.carried_out))]
+    s.closed_carried = place[rows_by_rid(rids, position, carried_rids)]
     held_place = place[rows_by_rid(rids, position, done_rids[len(done_rids) - sum(map(len, held)):])]
     return _done_groups(s, done, place, held_place)
 

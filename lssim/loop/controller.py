@@ -28,10 +28,11 @@ from lssim.loop.policy import Policy
 from lssim.loop.columns import RequestColumns, gather, rids_of
 from lssim.loop.plan_columns import plan_requests
 from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
+from lssim.loop.row_requests import CarriedRows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
 from lssim.loop.step_row import mode_fields, step_outcome, step_row
 from lssim.loop.cut_books import rollout_cut
-from lssim.loop.rollout_books import carry_out, end_response, order, register, rollout_batch
+from lssim.loop.rollout_books import carry_out, drop_stale, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -55,7 +56,7 @@ class Controller:
         self.policy_rng = np.random.default_rng([config.seed, 1])
         self._next_rid = 0
         self._next_group = 0
-        self._carried: list[Request] = []  # unfinished responses waiting for the next step
+        self._carried: list[Request] | CarriedRows = []  # unfinished responses waiting for the next step
         self._carried_rows: RequestColumns | None = None  # ... as the last step closed them, in order (None: unknown)
         self._kept: dict[int, Request] = {}  # unfinished responses still generating across the step boundary (async)
         self._admitted = 0  # groups submitted so far, less those dropped as stale (the async admission gate)
@@ -179,7 +180,7 @@ class Controller:
         clock. Responses still generating across the boundary (`kept`, async) are held as carried: restored on a new
         engine, they resume from their tokens so far, as an interrupted response does."""
         return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
-                "carried": self._carried + list(self._kept.values()), "admitted": self._admitted,
+                "carried": list(self._carried) + list(self._kept.values()), "admitted": self._admitted,
                 "waiting_groups": {gid: list(members) for gid, members in self._waiting_groups.items()},
                 "batches": self.loader.batches, "cursor": self.loader.cursor, "batch_samples": self.loader.batch_samples,
                 "responses": self._responses, "left_out": self.loader.left_out, "step_rows": self._step_rows,
@@ -227,6 +228,10 @@ class Controller:
         launched = self._asks["priority"] or self._asks["place"]  # hooks that read every request before it runs
         if self._cut and not launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks):
             return
+        if isinstance(s.carried_in, CarriedRows):  # (not resumed yet: as objects, here)
+            s.carried_in = list(s.carried_in)
+            for r in s.carried_in:
+                note_resume(r, s.version)
         s.fresh = register(fresh, s)
         submission = self._launch(s)  # carried responses and the plan's, in one submission
         if self._cut and launched and rollout_cut(fresh, s, self.engine, self.policy, self._asks, submission):
@@ -247,6 +252,9 @@ class Controller:
         s.members.update(self._waiting_groups)  # open members: those carried or kept (every other one ended)
         open_members, self._waiting_groups = s.open_members, {}
         open_members.update(dict.fromkeys(s.members, 0))
+        if isinstance(s.carried_in, CarriedRows):  # carried as rows (nothing kept): they resume as rows when submitted
+            s.open_carried_rows()
+            return s
         for r in itertools.chain(s.carried_in, s.kept_in):  # (kept: still generating, tokens counted where they ran)
             s.context_at_start[r.rid] = r.prompt_len + r.generated
             open_members[r.group_id] += 1
@@ -286,27 +294,9 @@ class Controller:
             s.in_flight.update(zip(rids_of(requests).tolist(), requests))
         s.rollout.requests_in_flight = len(s.in_flight)
         if self._drops_stale:  # (it may end any of them)
-            self._drop_stale(s)
+            self._admitted -= drop_stale(s, self.engine, self.mode)
             return order([r for r in s.carried_in + s.fresh if not r.done], self.engine, self.policy, self._asks)
         return order([r for r in s.carried_in if not r.done] + s.fresh, self.engine, self.policy, self._asks)
-
-    def _drop_stale(self, s: StepState) -> None:
-        """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
-        unfinished members end as aborted ("stale") and the group never trains."""
-        counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
-        running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
-        for gid, members in s.members.items():
-            if all(r.done for r in members) or not self.mode.is_stale(s.step, min(r.first_version for r in members)):
-                continue
-            for r in members:
-                if not r.done:
-                    if r.rid in running:
-                        self.engine.abort(r)
-                    r.finish_reason, r.stop_reason = ABORT, "stale"
-                    end_response(r, s)
-            s.dropped_groups.add(gid)
-            self._admitted -= 1
-        s.rollout.groups_done, s.rollout.groups_effective = counters
 
     def _train(self, s: StepState) -> StepEnd:
         """After the rollout: the completed groups go to the policy's selection and on to the trainer; the
@@ -443,6 +433,8 @@ class Controller:
 
     def _settle_unfinished(self, s: StepState) -> None:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""
+        if s.in_flight and isinstance(s.carried_out, CarriedRows):  # (more may join them: as objects)
+            s.carried_out = list(s.carried_out)
         if self.mode.keeps_generating:  # nothing stops: the unfinished run on into the next step
             running = list(s.in_flight.values())
             self.engine.refresh(running)
@@ -461,7 +453,8 @@ class Controller:
             else:
                 r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
                 end_response(r, s)
-        self._carried = [r for r in s.carried_out if r.rid not in self._kept]
+        self._carried = s.carried_out if isinstance(s.carried_out, CarriedRows) and not self._kept else \
+            [r for r in s.carried_out if r.rid not in self._kept]
 
     # -- the data loader ---------------------------------------------------------------------------
     def draw(self, n: int) -> Sequence[GroupSpec]:

@@ -21,11 +21,11 @@ import numpy as np
 
 from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
 from lssim.loop.contracts import Engine
-from lssim.loop.core import Request
+from lssim.loop.core import Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
-from lssim.loop.row_requests import GroupRows, RowRequests
+from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 
 
 def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -37,27 +37,65 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
     `fresh`: the plan's requests as columns; `submission`: where a hook ordered or placed them, the requests in the
     order queued, registered and launched (Controller._launch); None: the carried responses first, then `fresh`,
     booked here (registered as they leave the rollout)."""
-    carried = [r for r in s.carried_in if not r.done]
     if submission is not None:
         columns = RequestColumns.of(submission)
         requests = RowRequests(columns, submission)
+        n_carried = 0
     else:
-        columns = RequestColumns.concat([_carried_columns(s, carried), fresh]) if carried else fresh
-        requests = RowRequests(columns.take(np.arange(len(columns))), carried)
+        carried, given = _carried_rows(s)
+        n_carried = len(given)
+        columns = RequestColumns.concat([carried, fresh]) if n_carried else fresh
+        requests = RowRequests(columns.take(np.arange(len(columns))), given, filled=columns)
     carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
     left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
         engine.run_cut(requests, columns, policy.end_rollout_at)
     if left is None:
         return False
+    if isinstance(s.carried_in, CarriedRows):  # their objects made here from now on, their rewards written back
+        s.carried_in.requests.forward(s.carried_in.rows, requests, np.arange(n_carried))
+        requests.write_back()
     if submission is not None:
         _book_objects(requests.make(left), columns, s, policy, asks)
     else:
-        _book_rows(left, requests, columns, len(carried), s, policy, asks)
+        _book_rows(left, requests, columns, n_carried, s, policy, asks)
     if len(left):
         # the last boundary's time (a carried response has no finish time; the clock nothing reads after the rollout)
         last = int(left[-1])
         s.rollout.now = engine.now() if requests.open(left[-1:])[0] else float(columns.finish_time[last])
     return True
+
+
+def _carried_rows(s: StepState) -> tuple[RequestColumns | None, list[Request | None]]:
+    """The carried responses as the submission's first rows (None: none), and the object of each given to it (None:
+    none made, the row is the response). Carried as objects: RequestColumns.of them, read as they resumed
+    (Controller._start_step); carried as rows (CarriedRows): the rows the last step closed them into, resumed here
+    (note_resume of the rows and of the objects made)."""
+    carried = s.carried_in
+    if not isinstance(carried, CarriedRows):
+        objects = [r for r in carried if not r.done]
+        return (_carried_columns(s, objects) if objects else None), objects
+    columns = s.carried_rows  # (checked against them when the step started: StepState.open_carried_rows)
+    objects = carried.objects()
+    for r in objects:
+        if r is not None:
+            note_resume(r, s.version)
+    resume_rows(columns, s.version)
+    return columns, objects
+
+
+def resume_rows(columns: RequestColumns, version: int) -> None:
+    """lssim.loop.core.note_resume of every row of `columns`, in place: they resume under weights `version`."""
+    generated, first, n = columns.generated, columns.first_version, len(columns)
+    resumes = [None] * n if columns.resumes is None else columns.resumes.tolist()
+    last = [first_v if spans is None else spans[-1][0] for first_v, spans in zip(first.tolist(), resumes)]
+    for i, gen, was in zip(range(n), generated.tolist(), last):
+        if gen == 0:  # it never started: its first token comes from these weights
+            resumes[i] = None
+        elif was != version:
+            resumes[i] = (resumes[i] or []) + [(version, gen)]
+    first[generated == 0] = version
+    columns.tokens_before_resume[:] = generated
+    columns.resumes = _resumes(resumes)
 
 
 def _carried_columns(s: StepState, carried: list[Request]) -> RequestColumns:
@@ -124,18 +162,19 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
     _register_groups(requests, columns, n_carried, starts, sizes, as_rows, one_by_one, s)
     s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
     state.requests_in_flight = n - len(carried)
-    s.carried_out.extend(requests.make(carried))  # as `carry_out` carries them (the engine left each carry's reason)
+    if len(carried):  # as `carry_out` carries them (the engine left each carry's reason), as rows
+        s.carried_out = CarriedRows(requests, carried)
     s.open_cut = (requests, np.flatnonzero(still_open))
     s.cut = (columns, ended)
     if one_by_one:  # on_finish told of each as it is booked, as the event route does
-        s.cut_objects = requests.make(ended)
+        s.cut_objects = requests.make(ended, source=columns)
         for r in s.cut_objects:
             state.requests_in_flight -= 1
             state.responses_done += 1
             members_ended(r.group_id, 1, s)
             policy.on_finish(r, state)
     else:
-        s.cut_objects = requests.make(ended[ended < n_carried])  # the carried responses' (given)
+        s.cut_objects = requests.made_of(ended[ended < n_carried])  # the carried responses' given
         booked_as_rows = np.zeros(n, bool)
         booked_as_rows[n_carried:] = np.repeat(as_rows, sizes)
         count_ended(columns.group_id[ended[~booked_as_rows[ended]]], s)
@@ -152,9 +191,10 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
     of its open members, the rows of all); every member open until booked ended."""
     if as_objects:
         object_rows = np.arange(n_carried, len(columns))
-    else:  # the open members' objects, made already by the engine (it runs or carried them)
+    else:  # the open members' objects, made already by the engine where it runs them (a carried one is a row)
         open_rows = np.flatnonzero(requests.open(np.arange(n_carried, len(columns))))
         object_rows = open_rows + n_carried
+        object_rows = object_rows[requests.has(object_rows)]
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
     members, at = s.members, 0

@@ -18,6 +18,7 @@ batch route, lssim.sim.fastsim).
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Container, Sequence
 
@@ -27,7 +28,7 @@ import pandas as pd
 from lssim.loop.closed_books import natural_outcomes_of
 from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
-from lssim.loop.row_requests import GroupRows, RowRequests
+from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 from lssim.loop.contracts import TrainTiming
 
 # Lower bound of a step's rollout time, given its responses' prompt lengths, context at the start of
@@ -58,7 +59,7 @@ class StepState:
     started: float  # the world's clock at the step's start
     busy_at_start: tuple[float, float]  # Engine.utilization() at the step's start
     rollout: RolloutState  # the counters policies read during the rollout
-    carried_in: list[Request]  # unfinished responses of the last step, resubmitted first
+    carried_in: list[Request] | CarriedRows  # unfinished responses of the last step, resubmitted first (as carried out)
     carried_rows: RequestColumns | None = None  # ... their rows as the last step closed them (before they resumed)
     # group id -> every member (carried groups too); on the cut and carry routes (lssim.loop.cut_books), a group whose
     # every member ended in the rollout as its rows of the submission's columns (`cut`: no object made), one with an
@@ -74,7 +75,9 @@ class StepState:
     topped_up: list[Request] = field(default_factory=list)  # submitted by top-ups during the rollout
     in_flight: dict[int, Request] = field(default_factory=dict)  # rid -> submitted and not yet ended or carried
     ended: list[Request] = field(default_factory=list)  # ended in this step, in the order they ended, after the cut's
-    carried_out: list[Request] = field(default_factory=list)  # unfinished, to resume next step (or kept generating)
+    # unfinished, to resume next step (or kept generating); carried out of a carried rollout (lssim.loop.cut_books), as
+    # rows of its submission (objects made only where read)
+    carried_out: list[Request] | CarriedRows = field(default_factory=list)
     kept_in: list[Request] = field(default_factory=list)  # still generating since an earlier step (async modes)
     version: int = 0  # the weights version on the rollout engine when the step's rollout started
     waited: float = 0.0  # seconds between the last rollout's end and this one's start (weights, switches)
@@ -101,10 +104,26 @@ class StepState:
         """Responses that ended in the step's rollout: the cut's rows, then `ended`."""
         return len(self.ended) + (len(self.cut[1]) if self.cut is not None else 0)
 
+    def open_carried_rows(self) -> None:
+        """The books of responses carried in as rows (CarriedRows) at the step's start, read from their rows as the last
+        step closed them (`carried_rows`): each starts the step at its prompt and the tokens it has, an open member of
+        its group."""
+        rows, open_members = self.carried_rows, self.open_members
+        if rows is None or not np.array_equal(rows.rid, self.carried_in.rids()):
+            raise RuntimeError(f"step {self.step}: the carried rows are not those the last step closed")
+        self.context_at_start.update(zip(rows.rid.tolist(), (rows.prompt_len + rows.generated).tolist()))
+        gids, counts = np.unique(rows.group_id, return_counts=True)
+        gids = gids.tolist()
+        open_members.update(zip(gids, map(operator.add, map(open_members.__getitem__, gids), counts.tolist())))
+
     def set_last_version(self, version: int) -> None:
         """Every response that ran in the step's rollout last ran under weights `version`: the objects, and the cut's rows
         (a member held as a row makes its object from them: GroupRows)."""
-        for r in itertools.chain(self.cut_objects, self.ended, self.carried_out):
+        carried = self.carried_out
+        if isinstance(carried, CarriedRows):
+            carried.set_last_version(version)
+            carried = ()
+        for r in itertools.chain(self.cut_objects, self.ended, carried):
             r.last_version = version
         if self.cut is not None:
             self.cut[0].last_version[self.cut[1]] = version

@@ -6,13 +6,14 @@ routes' rollouts: lssim.loop.cut_books).
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import numpy as np
 
 from lssim.loop.columns import RequestColumns, TakenRows, rids_of, runs, stable_argsort, with_signal
-from lssim.loop.contracts import Engine
-from lssim.loop.core import Request, field_of
+from lssim.loop.contracts import Engine, ModeHooks
+from lssim.loop.core import ABORT, Request, field_of
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.row_requests import GroupRows
@@ -74,19 +75,49 @@ def count_ended(group_ids: np.ndarray, s: StepState) -> None:
     s.rollout.requests_in_flight -= len(group_ids)
     s.rollout.responses_done += len(group_ids)
     gids, counts = np.unique(group_ids, return_counts=True)
-    for gid, n in zip(gids.tolist(), counts.tolist()):
-        members_ended(gid, n, s)
+    gids, open_members = gids.tolist(), s.open_members
+    left = [open_members[gid] - n for gid, n in zip(gids, counts.tolist())]
+    open_members.update(zip(gids, left))
+    for gid in itertools.compress(gids, [n == 0 for n in left]):
+        _group_done(gid, s)
 
 
 def members_ended(gid: int, n: int, s: StepState) -> None:
     """`n` more members of group `gid` ended: the group is done once none is open, effective if its rewards differ."""
     s.open_members[gid] -= n
     if s.open_members[gid] == 0:
-        s.rollout.groups_done += 1
-        members = s.members[gid]
-        rewards = members.rewards() if isinstance(members, GroupRows) else [m.reward for m in members]
-        if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
-            s.rollout.groups_effective += 1
+        _group_done(gid, s)
+
+
+def _group_done(gid: int, s: StepState) -> None:
+    """Group `gid`'s last member ended: one more group done, and effective if its rewards differ."""
+    s.rollout.groups_done += 1
+    members = s.members[gid]
+    rewards = members.rewards() if isinstance(members, GroupRows) else [m.reward for m in members]
+    if len(rewards) > 1 and max(rewards) - min(rewards) > 0:  # NaN-safe: a NaN comparison is False
+        s.rollout.groups_effective += 1
+
+
+def drop_stale(s: StepState, engine: Engine, mode: ModeHooks) -> int:
+    """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
+    unfinished members end as aborted ("stale") and the group never trains. Returns how many groups were dropped
+    (no longer admitted)."""
+    counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
+    running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
+    dropped = 0
+    for gid, members in s.members.items():
+        if all(r.done for r in members) or not mode.is_stale(s.step, min(r.first_version for r in members)):
+            continue
+        for r in members:
+            if not r.done:
+                if r.rid in running:
+                    engine.abort(r)
+                r.finish_reason, r.stop_reason = ABORT, "stale"
+                end_response(r, s)
+        s.dropped_groups.add(gid)
+        dropped += 1
+    s.rollout.groups_done, s.rollout.groups_effective = counters
+    return dropped
 
 
 def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],

@@ -31,9 +31,9 @@ def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarr
     """Run the submission (`columns`, in the order it is queued, filled here as the batch route fills them; `requests`:
     its lssim.loop.cut_books.RowRequests) on the idle engine, each carried where `carry_at` (Policy.progress_carries,
     asked with the submission's lssim.sim.checkpoints.Checkpoints) says, until every one ended or was carried. Returns
-    the rows in the order the event engine's rollout sees them leave; a carried one has its object made, not ended,
-    with the tokens it has and the carry's reason as its stop_reason (and every object made before is filled as the
-    event engine fills it). None: left to the event engine."""
+    the rows in the order the event engine's rollout sees them leave; a carried one is not ended: its row (and its
+    object, where one was made) holds the tokens it has and the carry's reason as its stop_reason (and every object
+    made before is filled as the event engine fills it). None: left to the event engine."""
     if len(columns) != len(requests):
         raise ValueError(f"run_carried: {len(requests)} requests but {len(columns)} rows of columns")
     if engine._spec_batch or not len(requests) or engine.cost.abort_time(1) != 0.0:
@@ -44,9 +44,22 @@ def run_carried(engine, requests, columns: RequestColumns, carry_at) -> np.ndarr
     carries = plan.stops
     rows = fill(engine, columns, replace(plan, stops=None))[0]  # a carry is no stop in the books: filled below
     carried = np.flatnonzero(np.zeros(len(requests), bool) if carries is None else carries.at >= 0)
-    carried_objects = requests.make(carried)
     fill_requests(requests, columns, plan, rows[~np.isin(rows, carried)], np.ones(len(requests), bool))
-    for r, generated, reason in zip(carried_objects, columns.generated[carried].tolist(), carries.reason[carried].tolist()
-                                    if len(carried) else []):
-        r.generated, r.stop_reason = generated, reason
+    if len(carried):
+        _note_carries(requests, columns, plan, carried, carries.reason[carried])
     return rows
+
+
+def _note_carries(requests, columns: RequestColumns, plan, carried: np.ndarray, reasons: np.ndarray) -> None:
+    """The `carried` rows as the event engine leaves a carried response (paused with the tokens it has, the carry's
+    reason as its stop_reason, not ended): their filled columns hold it (fill wrote their tokens and first token, as
+    of a stop; what it wrote of an end put back as submitted), and so does each object made before; no object is made
+    (RowRequests.carry)."""
+    submitted = requests.submitted
+    for name in ("finish_reason", "reward", "finish_time"):
+        getattr(columns, name)[carried] = getattr(submitted, name)[carried]
+    columns.stop_reason[carried] = reasons
+    for r, generated, reason in zip(requests.objects_of(carried), columns.generated[carried].tolist(), reasons.tolist()):
+        if r is not None:
+            r.generated, r.stop_reason = generated, reason
+    requests.carry(carried)
