@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,3 +57,28 @@ def test_probes_are_recorded_around_each_run_and_bad_ones_refused(tmp_path):
         trainer_probe_record([0.0], [0.0], [10])
     with pytest.raises(ValueError, match="trainer_probe"):
         trainer_level({"trainer_probe": {"seconds": [1.0]}}, load_train_cost(PROFILE))
+
+
+@settings(max_examples=30, deadline=None)
+@given(level=st.floats(0.2, 5.0), lengths=st.lists(st.integers(2, 400), min_size=1, max_size=24),
+       devices=st.integers(1, 4), collocated=st.booleans())
+def test_a_trainer_at_a_host_level_takes_level_times_each_phase(level, lengths, devices, collocated):
+    from lssim.sim.training import TrainCostAtLevel, load_train_cost
+
+    base = load_train_cost(PROFILE)
+    seq, prompts = np.array(lengths), np.minimum(np.array(lengths) - 1, 16)
+    slow = TrainCostAtLevel(base, level)
+    p, q = base.phases(seq, prompts, devices, collocated=collocated), slow.phases(seq, prompts, devices, collocated=collocated)
+    for name in ("logprob", "reference", "update", "sync", "switch"):
+        assert getattr(q, name) == pytest.approx(level * getattr(p, name))
+    assert slow.micro_batch_seconds(seq, devices) == pytest.approx(level * base.micro_batch_seconds(seq, devices))
+    assert slow.optimizer_step_seconds(devices) == pytest.approx(level * base.optimizer_step_seconds(devices))
+    assert slow.describe()["level"] == level
+
+
+@pytest.mark.parametrize("level", [0, -1.0, float("inf"), float("nan"), True])
+def test_a_trainer_level_must_be_a_finite_number_above_zero(level):
+    from lssim.sim.training import TrainCostAtLevel, load_train_cost
+
+    with pytest.raises(ValueError, match="TrainCostAtLevel.level"):
+        TrainCostAtLevel(load_train_cost(PROFILE), level)

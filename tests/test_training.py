@@ -479,27 +479,3 @@ def test_profiler_plans_every_cell_in_random_order():
     assert r.prompt_len + r.generated == 50 and len(prompts.prompt_tokens(r.prompt_id)) == PROMPT_LEN
     assert len(r.tokens) == len(r.signals["logprobs"]) == 42
 
-
-@settings(max_examples=30, deadline=None)
-@given(level=st.floats(0.2, 5.0), lengths=st.lists(st.integers(2, 400), min_size=1, max_size=24),
-       devices=st.integers(1, 4), collocated=st.booleans())
-def test_a_trainer_at_a_host_level_takes_level_times_each_phase(level, lengths, devices, collocated):
-    from lssim.sim.training import TrainCostAtLevel, load_train_cost
-
-    base = load_train_cost("real_backend/data/profile_trainer_cpu.json")
-    seq, prompts = np.array(lengths), np.minimum(np.array(lengths) - 1, 16)
-    slow = TrainCostAtLevel(base, level)
-    p, q = base.phases(seq, prompts, devices, collocated=collocated), slow.phases(seq, prompts, devices, collocated=collocated)
-    for name in ("logprob", "reference", "update", "sync", "switch"):
-        assert getattr(q, name) == pytest.approx(level * getattr(p, name))
-    assert slow.micro_batch_seconds(seq, devices) == pytest.approx(level * base.micro_batch_seconds(seq, devices))
-    assert slow.optimizer_step_seconds(devices) == pytest.approx(level * base.optimizer_step_seconds(devices))
-    assert slow.describe()["level"] == level
-
-
-@pytest.mark.parametrize("level", [0, -1.0, float("inf"), float("nan"), True])
-def test_a_trainer_level_must_be_a_finite_number_above_zero(level):
-    from lssim.sim.training import TrainCostAtLevel, load_train_cost
-
-    with pytest.raises(ValueError, match="TrainCostAtLevel.level"):
-        TrainCostAtLevel(load_train_cost("real_backend/data/profile_trainer_cpu.json"), level)
