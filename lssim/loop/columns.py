@@ -113,6 +113,28 @@ class RequestColumns:
             resumes = np.concatenate([p.resumes if p.resumes is not None else np.full(len(p), None) for p in parts])
         return RequestColumns(**out, resumes=resumes)
 
+    @staticmethod
+    def concat_taken(parts: Sequence[tuple["RequestColumns", np.ndarray | None]]) -> "RequestColumns":
+        """RequestColumns.concat of each part's rows (positions; None: all of them), each column written once into
+        its place (a take and then a concatenation copy every row twice, about twice the time)."""
+        if len(parts) == 1:
+            columns, rows = parts[0]
+            return columns if rows is None else columns.take(rows)
+        sizes = [len(columns) if rows is None else len(rows) for columns, rows in parts]
+        bounds = np.cumsum([0, *sizes]).tolist()
+        out = {}
+        for name in _ARRAYS:
+            sources = [getattr(columns, name) for columns, _ in parts]
+            column = out[name] = np.empty(bounds[-1], np.result_type(*sources))  # as np.concatenate promotes
+            for source, (_, rows), start, stop in zip(sources, parts, bounds, bounds[1:]):
+                column[start:stop] = source if rows is None else source.take(rows)
+        resumes = None
+        if any(columns.resumes is not None for columns, _ in parts):
+            resumes = np.concatenate([np.full(n, None) if columns.resumes is None else
+                                      columns.resumes if rows is None else columns.resumes.take(rows)
+                                      for (columns, rows), n in zip(parts, sizes)])
+        return RequestColumns(**out, resumes=resumes)
+
     def take(self, rows) -> "RequestColumns":
         """The given rows (indices, a slice or a boolean mask), in that order."""
         if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":  # positions: ndarray.take is the quicker read
