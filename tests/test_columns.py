@@ -71,6 +71,9 @@ def test_columns_answer_what_the_requests_answer(spec, train_step):
         for lag, k in token_lags(r, train_step):
             lags[lag] = lags.get(lag, 0) + k
     assert cols.token_lags(train_step) == lags
+    spans = cols.version_spans()  # read once, answered alike
+    assert cols.token_lags(train_step, spans) == lags
+    assert cols.off_policy_tokens(train_step, spans).tolist() == cols.off_policy_tokens(train_step).tolist()
 
 
 @settings(max_examples=100, deadline=None)

@@ -189,16 +189,16 @@ class RequestColumns:
         `spans`: these rows' version_spans(), where already read)."""
         lag = train_step - self.first_version
         plain = self.generated > 0
-        if self.resumes is not None:
-            plain &= ~self.resumes.astype(bool)  # (a list is true, None false)
-        _, versions, tokens, _ = self.version_spans() if spans is None else spans
+        _, versions, tokens, resumed = self.version_spans() if spans is None else spans
+        plain[resumed] = False
         keys = np.concatenate([lag[plain], train_step - versions])
         return {int(k): int(v) for k, v in zip(*_sum_by(keys, np.concatenate([self.generated[plain], tokens])))}
 
     def version_spans(self) -> VersionSpans:
         """lssim.loop.core.version_spans of the rows that resumed under other weights, as arrays (read once for
         off_policy_tokens and token_lags of the same rows)."""
-        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(self.resumes.astype(bool))
+        # (nonzero reads an object's truth, as astype(bool) does, without the array in between: a list is true)
+        resumed = np.zeros(0, np.int64) if self.resumes is None else np.flatnonzero(self.resumes)
         if not len(resumed):
             return VersionSpans(resumed, resumed, resumed, resumed)
         resumes = self.resumes[resumed].tolist()
