@@ -69,31 +69,29 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     return _done_groups(s, done, place, held_place)
 
 
+_OBJECTS, _HELD, _CUT = 0, 1, 2  # _done_groups' kinds of group: Request objects, GroupRows, rows of the cut
+
+
 def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], place: np.ndarray,
                  held_place: np.ndarray) -> GroupBatch:
     """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
     of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
     object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
     of the cut's submission (the closed columns' first rows)."""
-    parts, held, at, held_at, cut_place = [], [], 0, 0, None
-    for members in done:
-        if isinstance(members, list):
-            parts.append(place[at:at + len(members)])
-            held.append(members)
-            at += len(members)
-            continue
-        held.append(None)
-        if isinstance(members, GroupRows):
-            parts.append(held_place[held_at:held_at + len(members)])
-            held_at += len(members)
-            continue
-        if cut_place is None:
-            columns, cut_rows = s.cut
-            cut_place = np.full(len(columns), -1, np.int64)
-            cut_place[cut_rows] = np.arange(len(cut_rows))
-        parts.append(cut_place[members])
-    sizes = np.fromiter(map(len, parts), np.int64, len(parts))
-    rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    # Members placed kind by kind (each kind's rows come in group order), not group by group (a step has thousands of groups)
+    kinds = [_OBJECTS if isinstance(members, list) else _HELD if isinstance(members, GroupRows) else _CUT for members in done]
+    sizes = np.fromiter(map(len, done), np.int64, len(done))
+    member_kinds = np.repeat(np.array(kinds, np.int8), sizes)
+    rows = np.empty(len(member_kinds), np.int64)
+    objects = member_kinds == _OBJECTS
+    rows[objects] = place[:np.count_nonzero(objects)]
+    rows[member_kinds == _HELD] = held_place
+    if _CUT in kinds:
+        columns, cut_rows = s.cut
+        cut_place = np.full(len(columns), -1, np.int64)
+        cut_place[cut_rows] = np.arange(len(cut_rows))
+        rows[member_kinds == _CUT] = cut_place[np.concatenate([m for m, kind in zip(done, kinds) if kind == _CUT])]
+    held = [members if kind == _OBJECTS else None for members, kind in zip(done, kinds)]
     return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
 
 
