@@ -71,6 +71,9 @@ def test_columns_answer_what_the_requests_answer(spec, train_step):
         for lag, k in token_lags(r, train_step):
             lags[lag] = lags.get(lag, 0) + k
     assert cols.token_lags(train_step) == lags
+    spans = cols.version_spans()  # read once, answered alike
+    assert cols.token_lags(train_step, spans) == lags
+    assert cols.off_policy_tokens(train_step, spans).tolist() == cols.off_policy_tokens(train_step).tolist()
 
 
 @settings(max_examples=100, deadline=None)
@@ -149,3 +152,24 @@ def test_taken_rows_read_as_the_take_they_stand_for():
     view, taken = TakenRows(cols, rows), cols.take(rows)
     assert len(view) == 3 and view.rid.tolist() == [4, 0, 2] and view.prompt_id.tolist() == taken.prompt_id.tolist()
     assert [r.rid for r in view.to_requests()] == [4, 0, 2]  # a method takes every column first
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(versions, st.none() | st.lists(st.integers(0, 7), max_size=6), st.booleans()), min_size=1, max_size=4))
+def test_concat_taken_is_the_concatenation_of_the_takes(parts_spec):
+    parts = []
+    for spec, rows, planned in parts_spec:  # some parts made as planned (no resumes, other dtypes where empty)
+        cols = RequestColumns.of(_requests(spec)) if not planned else RequestColumns.planned(
+            rid=np.arange(len(spec)), prompt_len=np.full(len(spec), 4))
+        parts.append((cols, None if rows is None else np.array([r % len(cols) for r in rows], np.int64)))
+    got = RequestColumns.concat_taken(parts)
+    want = RequestColumns.concat([c if rows is None else c.take(rows) for c, rows in parts])
+    for f in fields(RequestColumns):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        assert (a is None) == (b is None), f.name
+        if a is not None:
+            assert a.dtype == b.dtype and [_same(x) for x in a.tolist()] == [_same(x) for x in b.tolist()], f.name
+
+
+def _same(value):
+    return "nan" if value != value else value

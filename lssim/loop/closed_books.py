@@ -69,31 +69,29 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     return _done_groups(s, done, place, held_place)
 
 
+_OBJECTS, _HELD, _CUT = 0, 1, 2  # _done_groups' kinds of group: Request objects, GroupRows, rows of the cut
+
+
 def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], place: np.ndarray,
                  held_place: np.ndarray) -> GroupBatch:
     """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
     of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
     object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
     of the cut's submission (the closed columns' first rows)."""
-    parts, held, at, held_at, cut_place = [], [], 0, 0, None
-    for members in done:
-        if isinstance(members, list):
-            parts.append(place[at:at + len(members)])
-            held.append(members)
-            at += len(members)
-            continue
-        held.append(None)
-        if isinstance(members, GroupRows):
-            parts.append(held_place[held_at:held_at + len(members)])
-            held_at += len(members)
-            continue
-        if cut_place is None:
-            columns, cut_rows = s.cut
-            cut_place = np.full(len(columns), -1, np.int64)
-            cut_place[cut_rows] = np.arange(len(cut_rows))
-        parts.append(cut_place[members])
-    sizes = np.fromiter(map(len, parts), np.int64, len(parts))
-    rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    # Members placed kind by kind (each kind's rows come in group order), not group by group (a step has thousands of groups)
+    kinds = [_OBJECTS if isinstance(members, list) else _HELD if isinstance(members, GroupRows) else _CUT for members in done]
+    sizes = np.fromiter(map(len, done), np.int64, len(done))
+    member_kinds = np.repeat(np.array(kinds, np.int8), sizes)
+    rows = np.empty(len(member_kinds), np.int64)
+    objects = member_kinds == _OBJECTS
+    rows[objects] = place[:np.count_nonzero(objects)]
+    rows[member_kinds == _HELD] = held_place
+    if _CUT in kinds:
+        columns, cut_rows = s.cut
+        cut_place = np.full(len(columns), -1, np.int64)
+        cut_place[cut_rows] = np.arange(len(cut_rows))
+        rows[member_kinds == _CUT] = cut_place[np.concatenate([m for m, kind in zip(done, kinds) if kind == _CUT])]
+    held = [members if kind == _OBJECTS else None for members, kind in zip(done, kinds)]
     return GroupBatch(s.closed, rows, sizes, None if held.count(None) == len(held) else held)
 
 
@@ -110,8 +108,8 @@ def held_rows(s: StepState, waiting: Iterable[int], earlier: HeldRows | None = N
     before = np.zeros(0, np.int64) if earlier is None else np.flatnonzero(np.isin(earlier.columns.group_id, gids))
     if not (len(now) or len(before)):
         return None
-    parts = [closed.take(now)] + ([earlier.columns.take(before)] if len(before) else [])
-    return HeldRows(RequestColumns.concat(parts))
+    parts = [(closed, now)] + ([(earlier.columns, before)] if len(before) else [])
+    return HeldRows(RequestColumns.concat_taken(parts))
 
 
 def with_rows(s: StepState, groups: Sequence[Group]) -> list[Group]:
@@ -159,26 +157,30 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
     those of members held as rows) found in neither: from `held` (ended in earlier steps: HeldRows) where there, then
     from `left_open` (the cut's rows still open when its rollout left them: StepState.open_cut, given `version`), else
     RequestColumns.of(objects) (a row held so is always found); and the row of each of `rids`."""
-    parts, at = [], 0
+    parts, at, versioned = [], 0, []  # (columns, rows) to gather; the gathered rows given `version`
     place = np.full(len(rids), -1, np.int64)
     if cut is not None:
         columns, rows = cut
-        part = columns.take(rows)
-        part.last_version[:], part.natural_len[:], part.natural_reward[:] = version, -1, np.nan
-        part.context_at_start[:] = part.prompt_len
-        parts.append(part)
-        place, at = rows_by_rid(part.rid, np.arange(len(part)), rids), len(part)
+        parts.append((columns, rows))
+        versioned.append((0, len(rows)))
+        place, at = rows_by_rid(columns.rid.take(rows), np.arange(len(rows)), rids), len(rows)
     for source in held + ([left_open] if left_open is not None else []):
         found = rows_by_rid(source.rid, np.arange(len(source)), rids)
         there = np.flatnonzero((found >= 0) & (place < 0))
-        part = source.take(found[there])
+        parts.append((source, found[there]))
         if source is left_open:
-            part.last_version[:] = version
-        parts.append(part)
+            versioned.append((at, at + len(there)))
         place[there], at = at + np.arange(len(there)), at + len(there)
     rest = np.flatnonzero(place < 0)
     if len(rest) and rest[-1] >= len(objects):
         raise RuntimeError(f"response {int(rids[rest[-1]])}, held as a row, is neither in the cut nor held from an earlier step")
-    parts.append(RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))))
+    parts.append((RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))), None))
     place[rest] = at + np.arange(len(rest))
-    return RequestColumns.concat(parts), place
+    closed = RequestColumns.concat_taken(parts)
+    for start, stop in versioned:
+        closed.last_version[start:stop] = version
+    if cut is not None:  # the step's own fields, as of() leaves them
+        in_cut = slice(0, len(cut[1]))
+        closed.natural_len[in_cut], closed.natural_reward[in_cut] = -1, np.nan
+        closed.context_at_start[in_cut] = closed.prompt_len[in_cut]
+    return closed, place

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.closed_books import natural_outcomes_of
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, VersionSpans, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
 from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 from lssim.loop.contracts import TrainTiming
@@ -159,7 +159,7 @@ class StepState:
         reasons = ended.finish_reason
         # the rollout's own count where the policy trained the step's groups as they were (rewards are read-only)
         signal = self.batch_signal if end.trained is self.groups_done else with_signal(trained.reward, sizes)
-        return StepBooks(ended, ran, running, trained, signal, reasons == STOP, reasons == LENGTH)
+        return StepBooks(ended, ran, running, trained, trained.version_spans(), signal, reasons == STOP, reasons == LENGTH)
 
     def _context_at_start(self, ran: RequestColumns) -> None:
         """`ran`'s context at the step's start (filled in place): its prompt, plus the tokens it came in with where it
@@ -180,6 +180,7 @@ class StepBooks:
     ran: RequestColumns  # generated in the step: ended or carried out (context_at_start filled)
     running: np.ndarray | None  # of `ran`: generating since before the step (async); None: none was
     trained: RequestColumns  # the members of the groups the step trained, group after group
+    trained_spans: VersionSpans  # trained's version spans (read once for its row's off-policy tokens and staleness)
     trained_signal: np.ndarray  # per trained group: do its rewards differ
     stopped: np.ndarray  # of `ended`: ended by itself (finish_reason "stop")
     truncated: np.ndarray  # of `ended`: cut at its budget ("length")

@@ -24,7 +24,7 @@ def step_row(s: StepState, books: StepBooks, end: StepEnd, lower_bound: LowerBou
     natural = stopped | truncated
     others = reasons if not natural.all() else reasons[:0]  # (most steps end every response so: no more to compare)
     # Off-policy share of what trains now: tokens generated under weights older than this step's.
-    off_policy = int(trained.off_policy_tokens(step).sum())
+    off_policy = int(trained.off_policy_tokens(step, books.trained_spans).sum())
     trained_tokens = int(trained.generated.sum())
     busy = end.busy_at_rollout_end[0] - s.busy_at_start[0]
     seq_seconds = end.busy_at_rollout_end[1] - s.busy_at_start[1]
@@ -112,7 +112,7 @@ def mode_fields(s: StepState, books: StepBooks, end: StepEnd, mode, n_instances:
     """The step's end-to-end fields under an execution mode (lssim.loop.modes.ModeConfig): when its rollout and
     training ran, each train phase, the devices kept busy, the tokens trained and how stale they were."""
     timing, trained = end.timing, books.trained
-    lags = trained.token_lags(s.step)
+    lags = trained.token_lags(s.step, books.trained_spans)
     busy_instance_seconds = end.busy_at_rollout_end[0] - s.busy_at_start[0]
     row = {
         "rollout_start": s.started,
