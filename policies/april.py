@@ -82,11 +82,19 @@ class APRIL(Policy):
         return int(ends[0]) if len(ends) else -1
 
     def on_unfinished(self, request):
-        n = self._carries.get(request.rid, 0) + 1
-        self._carries[request.rid] = n
-        if self.max_carry_steps is not None and n >= self.max_carry_steps:
-            self._must_finish.add(request.rid)
+        self._carried_once(request.rid)
         return CARRY
+
+    def _carried_once(self, rid):
+        n = self._carries.get(rid, 0) + 1
+        self._carries[rid] = n
+        if self.max_carry_steps is not None and n >= self.max_carry_steps:
+            self._must_finish.add(rid)
+
+    def on_unfinished_rows(self, unfinished):
+        for rid in unfinished.rid.tolist():
+            self._carried_once(rid)
+        return np.ones(len(unfinished), bool)
 
     def on_finish(self, request, state):
         if self._carries.pop(request.rid, None) is not None:

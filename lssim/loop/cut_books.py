@@ -21,7 +21,7 @@ import numpy as np
 
 from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
 from lssim.loop.contracts import Engine
-from lssim.loop.core import Request, note_resume
+from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
@@ -160,7 +160,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
                 np.zeros(0, bool))
     as_rows = np.zeros(len(starts), bool) if one_by_one else ~has_open
     _register_groups(requests, columns, n_carried, starts, sizes, as_rows, one_by_one, s)
-    s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
+    s.in_flight_rows = (requests, np.flatnonzero(running))  # (their objects made if settled as objects: settle_rows)
     state.requests_in_flight = n - len(carried)
     if len(carried):  # as `carry_out` carries them (the engine left each carry's reason), as rows
         s.carried_out = CarriedRows(requests, carried)
@@ -236,3 +236,30 @@ def _effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
         out += len(group) > 1 and max(group) - min(group) > 0
         at += k
     return out
+
+
+def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool], keeps_generating: bool) -> None:
+    """Controller._settle_unfinished of the responses a cut left running (`s.in_flight_rows`), kept as rows where it
+    can: aborted (Engine.abort_many), judged by on_unfinished's array form, the carried ones carried as rows
+    (CarriedRows), the dropped ones ended as objects. Where the policy judges them one by one, the mode keeps them
+    generating or some were carried as objects already, their objects are put in `s.in_flight` instead, for the
+    controller to settle as objects."""
+    held, s.in_flight_rows = s.in_flight_rows, None
+    if held is None:
+        return
+    requests, rows = held
+    if keeps_generating or not policy.unfinished_in_batches() or not isinstance(s.carried_out, list) or s.carried_out:
+        s.in_flight.update(zip(requests.filled.rid[rows].tolist(), requests.make(rows)))
+        return
+    engine.abort_many(CarriedRows(requests, rows))  # (an aborted response's fields are final: judged after all)
+    carry = policy.on_unfinished_rows(requests.filled.take(rows)) if asks["on_unfinished"] else np.zeros(len(rows), bool)
+    carried, dropped = rows[carry], rows[~carry]
+    if len(carried):
+        requests.carry(carried)
+        s.rollout.requests_in_flight -= len(carried)
+        s.carried_out = CarriedRows(requests, carried)
+    objects = requests.make(dropped)
+    s.in_flight.update(zip(rids_of(objects).tolist(), objects))
+    for r in objects:
+        r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
+        end_response(r, s)
