@@ -87,12 +87,11 @@ def resume_rows(columns: RequestColumns, version: int) -> None:
     """lssim.loop.core.note_resume of every row of `columns`, in place: they resume under weights `version`."""
     generated, first, n = columns.generated, columns.first_version, len(columns)
     resumes = [None] * n if columns.resumes is None else columns.resumes.tolist()
-    last = [first_v if spans is None else spans[-1][0] for first_v, spans in zip(first.tolist(), resumes)]
-    for i, gen, was in zip(range(n), generated.tolist(), last):
-        if gen == 0:  # it never started: its first token comes from these weights
-            resumes[i] = None
-        elif was != version:
-            resumes[i] = (resumes[i] or []) + [(version, gen)]
+    # one that never started gets its first token from these weights; one that ran under others resumes here
+    resumes = [None if gen == 0 else
+               (spans if spans[-1][0] == version else spans + [(version, gen)]) if spans is not None else
+               (None if first_v == version else [(version, gen)])
+               for gen, spans, first_v in zip(generated.tolist(), resumes, first.tolist())]
     first[generated == 0] = version
     columns.tokens_before_resume[:] = generated
     columns.resumes = _resumes(resumes)
