@@ -196,7 +196,7 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         object_rows = object_rows[requests.has(object_rows)]
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    members, at = s.members, 0
+    members, at, every_row = s.members, 0, np.arange(len(columns))
     for gid, a, k, rows_only in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_rows.tolist()):
         if as_objects:
             members[gid] = fresh_objects[at:at + k]
@@ -204,7 +204,7 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         elif rows_only:
             members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
         else:
-            members[gid] = GroupRows(requests, columns, np.arange(a, a + k))
+            members[gid] = GroupRows(requests, columns, every_row[a:a + k])
         s.open_members[gid] = k
     s.rollout.groups_submitted = len(members)
 
@@ -251,7 +251,9 @@ def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bo
         s.in_flight.update(zip(requests.filled.rid[rows].tolist(), requests.make(rows)))
         return
     engine.abort_many(CarriedRows(requests, rows))  # (an aborted response's fields are final: judged after all)
-    carry = policy.on_unfinished_rows(requests.filled.take(rows)) if asks["on_unfinished"] else np.zeros(len(rows), bool)
+    # (as their objects hold them where made: an engine that built its heaps aborted those)
+    unfinished = requests.left_open(rows, requests.filled) if asks["on_unfinished"] else None
+    carry = policy.on_unfinished_rows(unfinished) if unfinished is not None else np.zeros(len(rows), bool)
     carried, dropped = rows[carry], rows[~carry]
     if len(carried):
         requests.carry(carried)
