@@ -82,17 +82,27 @@ class APRIL(Policy):
         return int(ends[0]) if len(ends) else -1
 
     def on_unfinished(self, request):
-        n = self._carries.get(request.rid, 0) + 1
-        self._carries[request.rid] = n
-        if self.max_carry_steps is not None and n >= self.max_carry_steps:
-            self._must_finish.add(request.rid)
+        self._carry(request.rid)
         return CARRY
+
+    def on_unfinished_rows(self, unfinished):
+        self._carry(*unfinished.rid.tolist())
+        return np.ones(len(unfinished), bool)
+
+    def _carry(self, *rids):
+        """Each of `rids` (distinct) carried once more; those carried max_carry_steps times must finish."""
+        carries = self._carries
+        counts = [carries.get(rid, 0) + 1 for rid in rids]
+        carries.update(zip(rids, counts))
+        if self.max_carry_steps is not None:
+            self._must_finish.update(rid for rid, n in zip(rids, counts) if n >= self.max_carry_steps)
 
     def on_finish(self, request, state):
         if self._carries.pop(request.rid, None) is not None:
             self._must_finish.discard(request.rid)
 
     def on_finishes(self, ended, state):
-        for rid in set(self._carries).intersection(ended.rid.tolist()):
-            del self._carries[rid]
+        carries = self._carries
+        for rid in [rid for rid in ended.rid.tolist() if rid in carries]:
+            del carries[rid]
             self._must_finish.discard(rid)

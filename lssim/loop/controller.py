@@ -31,7 +31,7 @@ from lssim.loop.closed_books import HeldRows, close_step, held_rows, with_rows
 from lssim.loop.row_requests import CarriedRows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
 from lssim.loop.step_row import mode_fields, step_outcome, step_row
-from lssim.loop.cut_books import rollout_cut
+from lssim.loop.cut_books import rollout_cut, settle_rows
 from lssim.loop.rollout_books import carry_out, drop_stale, end_response, order, register, rollout_batch
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
@@ -66,8 +66,7 @@ class Controller:
         self.loader = DataLoader(prompts, config)  # the data loader's batches, cursor and samples drawn
         # room for the rows a run usually makes (up to 4M at first: a larger run grows the table as it goes)
         self._responses = ResponseTable(capacity=min(config.total_groups * config.group_size, 4_000_000))
-        self._step_rows: list[dict] = []
-        self.groups_trained = 0
+        self._step_rows, self.groups_trained = [], 0  # (the steps' rows; groups trained so far)
         # Skip hooks nobody overrides: the simulator's hot path runs these checks per event.
         self._asks = {h: policy.overrides(h) for h in ("priority", "place", "on_progress", "on_finish", "end_rollout", "top_up", "on_unfinished")}
         engine.set_progress_interval(policy.progress_interval if self._asks["on_progress"] else None)
@@ -433,6 +432,7 @@ class Controller:
 
     def _settle_unfinished(self, s: StepState) -> None:
         """The rollout ended with requests still running: each is carried or dropped, never lost."""
+        settle_rows(s, self.engine, self.policy, self._asks, self.mode.keeps_generating)  # a cut's running rows
         if s.in_flight and isinstance(s.carried_out, CarriedRows):  # (more may join them: as objects)
             s.carried_out = list(s.carried_out)
         if self.mode.keeps_generating:  # nothing stops: the unfinished run on into the next step

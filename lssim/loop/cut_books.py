@@ -21,7 +21,7 @@ import numpy as np
 
 from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
 from lssim.loop.contracts import Engine
-from lssim.loop.core import Request, note_resume
+from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
@@ -87,12 +87,11 @@ def resume_rows(columns: RequestColumns, version: int) -> None:
     """lssim.loop.core.note_resume of every row of `columns`, in place: they resume under weights `version`."""
     generated, first, n = columns.generated, columns.first_version, len(columns)
     resumes = [None] * n if columns.resumes is None else columns.resumes.tolist()
-    last = [first_v if spans is None else spans[-1][0] for first_v, spans in zip(first.tolist(), resumes)]
-    for i, gen, was in zip(range(n), generated.tolist(), last):
-        if gen == 0:  # it never started: its first token comes from these weights
-            resumes[i] = None
-        elif was != version:
-            resumes[i] = (resumes[i] or []) + [(version, gen)]
+    # one that never started gets its first token from these weights; one that ran under others resumes here
+    resumes = [None if gen == 0 else
+               (spans if spans[-1][0] == version else spans + [(version, gen)]) if spans is not None else
+               (None if first_v == version else [(version, gen)])
+               for gen, spans, first_v in zip(generated.tolist(), resumes, first.tolist())]
     first[generated == 0] = version
     columns.tokens_before_resume[:] = generated
     columns.resumes = _resumes(resumes)
@@ -160,7 +159,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
                 np.zeros(0, bool))
     as_rows = np.zeros(len(starts), bool) if one_by_one else ~has_open
     _register_groups(requests, columns, n_carried, starts, sizes, as_rows, one_by_one, s)
-    s.in_flight.update(zip(columns.rid[running].tolist(), requests.make(np.flatnonzero(running))))
+    s.in_flight_rows = (requests, np.flatnonzero(running))  # (their objects made if settled as objects: settle_rows)
     state.requests_in_flight = n - len(carried)
     if len(carried):  # as `carry_out` carries them (the engine left each carry's reason), as rows
         s.carried_out = CarriedRows(requests, carried)
@@ -197,7 +196,7 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         object_rows = object_rows[requests.has(object_rows)]
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    members, at = s.members, 0
+    members, at, every_row = s.members, 0, np.arange(len(columns))
     for gid, a, k, rows_only in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_rows.tolist()):
         if as_objects:
             members[gid] = fresh_objects[at:at + k]
@@ -205,7 +204,7 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         elif rows_only:
             members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
         else:
-            members[gid] = GroupRows(requests, columns, np.arange(a, a + k))
+            members[gid] = GroupRows(requests, columns, every_row[a:a + k])
         s.open_members[gid] = k
     s.rollout.groups_submitted = len(members)
 
@@ -236,3 +235,32 @@ def _effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
         out += len(group) > 1 and max(group) - min(group) > 0
         at += k
     return out
+
+
+def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool], keeps_generating: bool) -> None:
+    """Controller._settle_unfinished of the responses a cut left running (`s.in_flight_rows`), kept as rows where it
+    can: aborted (Engine.abort_many), judged by on_unfinished's array form, the carried ones carried as rows
+    (CarriedRows), the dropped ones ended as objects. Where the policy judges them one by one, the mode keeps them
+    generating or some were carried as objects already, their objects are put in `s.in_flight` instead, for the
+    controller to settle as objects."""
+    held, s.in_flight_rows = s.in_flight_rows, None
+    if held is None:
+        return
+    requests, rows = held
+    if keeps_generating or not policy.unfinished_in_batches() or not isinstance(s.carried_out, list) or s.carried_out:
+        s.in_flight.update(zip(requests.filled.rid[rows].tolist(), requests.make(rows)))
+        return
+    engine.abort_many(CarriedRows(requests, rows))  # (an aborted response's fields are final: judged after all)
+    # (as their objects hold them where made: an engine that built its heaps aborted those)
+    unfinished = requests.left_open(rows, requests.filled) if asks["on_unfinished"] else None
+    carry = policy.on_unfinished_rows(unfinished) if unfinished is not None else np.zeros(len(rows), bool)
+    carried, dropped = rows[carry], rows[~carry]
+    if len(carried):
+        requests.carry(carried)
+        s.rollout.requests_in_flight -= len(carried)
+        s.carried_out = CarriedRows(requests, carried)
+    objects = requests.make(dropped)
+    s.in_flight.update(zip(rids_of(objects).tolist(), objects))
+    for r in objects:
+        r.finish_reason, r.stop_reason = ABORT, r.stop_reason or "rollout ended"
+        end_response(r, s)

@@ -164,6 +164,16 @@ class Policy(PolicyHooks):
         policy's books before any of them)."""
         raise NotImplementedError(f"policy {self.name} has no array form of on_finish (on_finishes)")
 
+    def unfinished_in_batches(self) -> bool:
+        """True when the policy has no on_unfinished, or answers it as an array too (`on_unfinished_rows`)."""
+        return not self.overrides("on_unfinished") or self._answers_as_array("on_unfinished", "on_unfinished_rows")
+
+    def on_unfinished_rows(self, unfinished) -> np.ndarray:
+        """on_unfinished for the responses still running when a rollout ended, at once: `unfinished`
+        (lssim.loop.columns.RequestColumns, aborted, in the order on_unfinished would be asked); which are carried
+        (bool per row; the rest are dropped). It must leave the policy as on_unfinished on each in that order does."""
+        raise NotImplementedError(f"policy {self.name} has no array form of on_unfinished (on_unfinished_rows)")
+
     def ends_in_batches(self) -> bool:
         """True when the policy has no end_rollout, or answers it as an array too (`end_rollout_at`)."""
         return not self.overrides("end_rollout") or self._answers_as_array("end_rollout", "end_rollout_at")
@@ -305,6 +315,15 @@ class Compose(Policy):
     def on_unfinished(self, request):
         decisions = [p.on_unfinished(request) for p in self._by_hook["on_unfinished"]]
         return CARRY if CARRY in decisions else DROP
+
+    def unfinished_in_batches(self):
+        return all(p.unfinished_in_batches() for p in self._by_hook["on_unfinished"])
+
+    def on_unfinished_rows(self, unfinished):
+        carried = np.zeros(len(unfinished), bool)
+        for p in self._by_hook["on_unfinished"]:  # (each asked of every one, as on_unfinished asks them)
+            carried |= p.on_unfinished_rows(unfinished)
+        return carried
 
     def select(self, groups, step):
         for p in self._by_hook["select"]:

@@ -93,6 +93,7 @@ class StepState:
     # ... and the submission's rows still open when the rollout left them (running at the cut, carried), with their
     # objects (RowRequests): the step closes them from there (RowRequests.left_open)
     open_cut: tuple[RowRequests, np.ndarray] | None = None
+    in_flight_rows: tuple[RowRequests, np.ndarray] | None = None  # a cut's rows still running (cut_books.settle_rows)
     closed: RequestColumns | None = None  # the event route, once the rollout is over: its responses gathered (closed_books.close_step)
     closed_ended: np.ndarray | None = None  # ... the rows of `ended`, in its order
     closed_objects: list[Request] = field(default_factory=list)  # ... the objects gathered

@@ -26,7 +26,8 @@ class RowRequests(Sequence):
         self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
         self._has = np.zeros(len(submitted), bool)  # which rows have an object
         self._has[:len(given)] = np.fromiter(map(_is_object, given), bool, len(given))
-        self._carried = np.zeros(len(submitted), bool)  # rows carried out with no object made (`carry`)
+        # rows whose filled columns hold what their object would (`carry`, `hold`): made from there, read there
+        self._carried = np.zeros(len(submitted), bool)
         # carried rows resubmitted as rows of the next submission (`forward`): their objects are made there
         self._later: RowRequests | None = None
         self._forward: np.ndarray | None = None  # row -> its row there (-1: not resubmitted)
@@ -88,6 +89,11 @@ class RowRequests(Sequence):
     def carry(self, rows: np.ndarray) -> None:
         """`rows` were carried out of the rollout: open, with no object made where none was (their filled columns hold
         what a carried object holds: lssim.sim.carry_route)."""
+        self._carried[rows] = True
+
+    def hold(self, rows: np.ndarray) -> None:
+        """`rows` are in flight at a cut, their filled columns set back to what their objects hold there
+        (lssim.sim.cut_route): an object not made yet is made from them, and until then they are read there."""
         self._carried[rows] = True
 
     def forward(self, rows: np.ndarray, later: "RowRequests", later_rows: np.ndarray) -> None:

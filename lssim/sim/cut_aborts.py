@@ -14,21 +14,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from lssim.loop.columns import rids_of
-from lssim.loop.core import FINISHED, Request
+from lssim.loop.core import FINISHED
+from lssim.loop.row_requests import CarriedRows, RowRequests
 
 
 @dataclass(slots=True)
 class HeldCut:
     """The instances the cut reached (`reached`) as arrays: per instance its clocks (t, busy, seq_seconds, owed) and
     integers (it, n, ctx, left_at, left); the rows in flight grouped by instance (instance i's are
-    starts[i]..starts[i + 1]) in the order it admits them, each with its object, rid, prompt, target length, tokens when
-    admitted or queued (`gen`) and admission iteration (-1: queued)."""
+    starts[i]..starts[i + 1]) in the order it admits them, each with its row of the submission (`rows`: its object
+    made when read), rid, prompt, target length, tokens when admitted or queued (`gen`) and admission iteration (-1:
+    queued)."""
 
     reached: np.ndarray
     clocks: np.ndarray  # (n_instances, 4) float64
     ints: np.ndarray  # (n_instances, 5) int64
     starts: np.ndarray
-    objects: list[Request]
+    requests: RowRequests  # the submission's, of whose rows `rows` are those in flight (objects made when read)
+    rows: np.ndarray
     rid: np.ndarray
     prompt: np.ndarray
     length: np.ndarray
@@ -39,13 +42,14 @@ class HeldCut:
         """The event engine's instances and heaps as this cut leaves them (each instance's running sequences, admitted
         at the iteration and tokens held, and its queue)."""
         epochs, where, seq = engine._epoch, engine._where, engine._seq
+        objects = self.requests.make(self.rows)
         for i in self.reached.tolist():
             x = engine.instances[i]
             self._set_scalars(x, i)
             x.version += 1
             lo, hi = int(self.starts[i]), int(self.starts[i + 1])
             members, heap, waiting = {}, [], []
-            for r, admit, gen, length in zip(self.objects[lo:hi], self.admit_it[lo:hi].tolist(),
+            for r, admit, gen, length in zip(objects[lo:hi], self.admit_it[lo:hi].tolist(),
                                              self.gen[lo:hi].tolist(), self.length[lo:hi].tolist()):
                 arrival = next(seq)  # the engine's own counter: its later entries come after
                 epoch = epochs[r.rid] = epochs.get(r.rid, 0) + 1
@@ -84,10 +88,14 @@ class HeldCut:
             x.members, x.running, x.waiting, x.pending = {}, [], [], 0
         # (no epoch moves: epochs retire heap entries, and these requests have none; a later submit bumps theirs)
         ran = np.flatnonzero((self.admit_it >= 0) | (first_token == first_token))  # queued throughout: as they were
-        objects = self.objects
-        for k, gen, first in zip(ran.tolist(), self.gen[ran].tolist(), first_token[ran].tolist()):
-            r = objects[k]
-            r.generated = gen
+        rows, gen, first_token = self.rows[ran], self.gen[ran], first_token[ran]
+        has = self.requests.has(rows)
+        filled, as_rows = self.requests.filled, ~has  # (no object made: its filled row holds it, RowRequests.hold)
+        filled.generated[rows[as_rows]] = gen[as_rows]
+        started = as_rows & (first_token == first_token)
+        filled.first_token_time[rows[started]] = first_token[started]
+        for r, g, first in zip(self.requests.made_of(rows), gen[has].tolist(), first_token[has].tolist()):
+            r.generated = g
             if first == first:
                 r.first_token_time = first
         return True
@@ -96,7 +104,7 @@ class HeldCut:
         """Each of `requests`' row in flight, where they are exactly the requests in flight; else None."""
         if len(requests) != len(self.rid):
             return None
-        rids = rids_of(requests)
+        rids = requests.rids() if isinstance(requests, CarriedRows) else rids_of(requests)
         order = np.argsort(self.rid, kind="stable")
         at = order[np.minimum(np.searchsorted(self.rid[order], rids), len(order) - 1)] if len(order) else order
         if not np.array_equal(self.rid[at], rids) or np.bincount(at, minlength=len(at)).max(initial=1) > 1:

@@ -16,8 +16,6 @@ engine (nothing was run).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from lssim.loop.columns import RequestColumns
@@ -117,19 +115,24 @@ def _hold_at(engine, requests, columns: RequestColumns, plan: Schedule, ended: n
     fill_requests(requests, columns, plan, ended, admitted)
     in_flight = plan.order[(running | ~admitted)[plan.order]]  # by instance, in the order each admits them
     admit_it = np.where(running[in_flight], at_it[first_rec[in_flight]], -1)
+    _hold_rows(requests, columns, plan, in_flight[~requests.has(in_flight)], admitted)
     submitted = requests.submitted
     held = HeldCut(reached, np.stack([t, busy, seqs, owed], axis=1), ints,
-                   np.searchsorted(plan.inst[in_flight], np.arange(engine.n_instances + 1)),
-                   requests.make(in_flight, source=_as_filled(submitted, columns, plan, admitted)),
+                   np.searchsorted(plan.inst[in_flight], np.arange(engine.n_instances + 1)), requests, in_flight,
                    submitted.rid[in_flight], submitted.prompt_len[in_flight], plan.answers[0][in_flight],
                    plan.start_gen[in_flight], admit_it)
     engine.hold_cut(held)
 
 
-def _as_filled(submitted: RequestColumns, columns: RequestColumns, plan: Schedule, admitted: np.ndarray) -> RequestColumns:
-    """The columns as submitted with what fill_requests fills in an object that did not end: its instance, submit
-    time, exactness and first token (NaN where not admitted)."""
-    first_token = np.full(len(columns), np.nan)
-    first_token[admitted] = plan.clocks[2][plan.records[15][admitted]]
-    return dataclasses.replace(submitted, ran_on=plan.inst, submit_time=np.full(len(columns), plan.now),
-                               exact=columns.exact, first_token_time=first_token)
+def _hold_rows(requests, columns: RequestColumns, plan: Schedule, rows: np.ndarray, admitted: np.ndarray) -> None:
+    """`rows` (in flight at the cut, no object made) filled back to what fill_requests fills in an object that did
+    not end: as submitted, with its instance, submit time, exactness (as filled) and first token (NaN where not
+    admitted); their objects are made from there (RowRequests.hold)."""
+    submitted = requests.submitted
+    for name in ("generated", "reward", "finish_time", "finish_reason", "stop_reason"):
+        getattr(columns, name)[rows] = getattr(submitted, name)[rows]
+    first_token = np.full(len(rows), np.nan)
+    ran = admitted[rows]
+    first_token[ran] = plan.clocks[2][plan.records[15][rows[ran]]]
+    columns.first_token_time[rows] = first_token
+    requests.hold(rows)
