@@ -93,6 +93,7 @@ class VLLMEngine(Engine):
         self._live: dict[str, Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: list = []  # items taken from the queue after a wake, not yet processed (_process)
         self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
         self._pending_wakes = 0  # wake_when's futures not yet done
         self._wake_generation = 0  # abort_all starts a new one: a late wake of an earlier run is ignored
@@ -351,12 +352,12 @@ class VLLMEngine(Engine):
             self._waits.record(began, self.now())
 
     def _wait_for_items(self, until: float | None) -> list:
+        items, self._held = self._held, []
         deadline = time.monotonic() + self.stall_timeout
-        while True:
+        while not items:
             wait = 1.0 if until is None else min(1.0, max(0.0, until - self.now()))
             try:
                 items = [self._q.get(timeout=wait)]
-                break
             except queue.Empty:
                 if until is not None and self.now() >= until:
                     return []
@@ -375,12 +376,18 @@ class VLLMEngine(Engine):
         finished: dict[str, Event] = {}
         progressed: dict[str, Event] = {}
         interval = self._interval
-        for key, t, toks, lps, ents, finish in items:
+        for i, (key, t, toks, lps, ents, finish) in enumerate(items):
             if key is _WAKE_KEY:  # a wake_when future is done (toks: the generation it was set in)
-                if toks == self._wake_generation:
-                    self._pending_wakes -= 1
-                    finished[f"wake.{len(finished)}"] = Event(WAKE, None, t)
-                continue
+                if toks != self._wake_generation:
+                    continue
+                # A wake comes alone, as the simulator's: the caller acts on it (an async mode aborts what is in
+                # flight) before anything the streams delivered after it is applied to a request.
+                if finished or progressed:
+                    self._held = items[i:]
+                    break
+                self._pending_wakes -= 1
+                self._held = items[i + 1:]
+                return [Event(WAKE, None, t)]
             lv = self._live.get(key)
             if lv is None:
                 continue  # aborted by the controller: what came after does not count

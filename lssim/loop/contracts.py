@@ -41,7 +41,9 @@ class Engine(Protocol):
 
     The controller calls only these. `next_events` returns the next batch of events, advancing the
     clock (virtual time in the simulator, waiting on streams in the real world); it returns an empty
-    list only when nothing is in flight.
+    list only when nothing is in flight. A WAKE event comes alone in its batch, and nothing that happened
+    after it is applied to a request before the next call: the controller acts on it first (an async mode
+    aborts what is in flight and resumes it under the new weights).
 
     Every engine has every method: those below are abilities an engine may lack, and an engine without one
     answers "unknown" (or refuses) explicitly rather than leaving the method out. The bodies here are those
