@@ -256,6 +256,9 @@ class Trainer(Protocol):
     - `feed(group, step)`: step `step`'s update takes a group that ended mid-rollout now (hybrid streams them,
       ModeHooks.group_done); `start(groups, step)` then finishes it with the step's batch, the same update as
       unstreamed. Nothing where the trainer cannot stream (the simulator prices the streaming instead).
+    - `price_streamed(groups, step)`: a simulated trainer's price of that streamed update, one piece per group
+      (an lssim.sim.train_batches.StreamedUpdate); None where it has none (a real trainer streams for real): the
+      mode then shares the whole update's price among the groups by tokens.
     """
 
     def train(self, groups: list[Group], step: int) -> dict: ...
@@ -268,6 +271,9 @@ class Trainer(Protocol):
 
     def feed(self, group: Group, step: int) -> None:
         """Nothing streams: the update takes the step's groups at `start` or `train`."""
+
+    def price_streamed(self, groups: list[Group], step: int):
+        return None
 
     def started_jobs(self) -> list[TrainJob]:
         return []
@@ -450,8 +456,9 @@ class ModeHooks:
     trains_beside = False  # training runs beside the rollout (a trainer's `start` runs it as a job)
     version = 0  # the weights version on the rollout engine now
 
-    def bind(self, engine: Engine, groups_per_step: int) -> None:
-        """The run's engine and its groups per step, given once before the first step."""
+    def bind(self, engine: Engine, groups_per_step: int, trainer: Trainer | None = None) -> None:
+        """The run's engine, its groups per step and its trainer (None: a mode priced without one, in tests), given
+        once before the first step."""
 
     def before_rollout(self, step: int) -> None:
         """Called when step `step` starts: wait (engine.advance, or a timer) until its weights may be used."""

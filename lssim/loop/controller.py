@@ -46,7 +46,7 @@ class Controller:
         # Where rollout and training run and how far the rollout runs ahead of the weights (lssim.loop.modes); the
         # default is the synchronous, collocated step.
         self.mode = mode or ModeConfig(rollout_devices=engine.n_instances).build()
-        self.mode.bind(engine, config.groups_per_step)
+        self.mode.bind(engine, config.groups_per_step, trainer)
         self.lower_bound = lower_bound
         # A plain length function is wrapped in the contract, so a policy asks every oracle the same way.
         self.oracle_length = oracle_length if oracle_length is None or isinstance(oracle_length, OracleLength) \

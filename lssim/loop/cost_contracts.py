@@ -109,6 +109,15 @@ class TrainCostModel(Protocol):
         """Seconds of one optimizer step (after a mini-batch's micro-batches)."""
         ...
 
+    def streamed_update(self, pieces: list[np.ndarray], n_devices: int = 1):
+        """One step's update over `pieces` (each: the prompt + response tokens of one group's sequences) when each
+        streams into training on its own as its group ends (hybrid). Returns an lssim.sim.train_batches.StreamedUpdate.
+        By default each piece is one forward + backward micro-batch and the rest one optimizer step."""
+        from lssim.sim.train_batches import StreamedUpdate
+
+        update = np.array([self.micro_batch_seconds(seq, n_devices) for seq in pieces], dtype=float)
+        return StreamedUpdate(np.zeros(len(pieces)), update, self.optimizer_step_seconds(n_devices))
+
     def describe(self) -> dict:
         """Every constant, with its source."""
         ...

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lssim.loop.contracts import Engine, ModeHooks, TrainJob, TrainTiming
+from lssim.loop.contracts import Engine, ModeHooks, Trainer, TrainJob, TrainTiming
 from lssim.loop.core import Group
 
 MODES = ("collocated", "disaggregated", "async", "hybrid")
@@ -148,12 +148,13 @@ class ExecutionMode(ModeHooks):
         self.config = config
         self.version = 0  # the weights version on the rollout engine now
         self._engine: Engine | None = None
+        self._trainer: Trainer | None = None
         self._batch = 1  # the run's groups per step (B)
         self._lane_free = 0.0  # when the train devices are next free
         self._ready: list[TrainJob] = []  # jobs whose weights are not on the engine yet, by version
 
-    def bind(self, engine: Engine, groups_per_step: int) -> None:
-        self._engine, self._batch = engine, groups_per_step
+    def bind(self, engine: Engine, groups_per_step: int, trainer: Trainer | None = None) -> None:
+        self._engine, self._batch, self._trainer = engine, groups_per_step, trainer
 
     # -- the train phase --------------------------------------------------------------------------------
     def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
@@ -279,20 +280,36 @@ class Hybrid(ExecutionMode):
             return self._schedule(metrics, rollout_end, step, job)
         phases = _phases(metrics)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        share = self._engine.streamed_share()  # None: the trainer has devices of its own
-        if share is None:
-            start, end, busy = _stream(groups, compute, rollout_start, rollout_end, self.config, phases["switch"])
+        if not groups or compute <= 0:
+            start = end = rollout_end
+            busy = 0.0
         else:
-            start, end, busy = _stream_shared(groups, compute, rollout_start, rollout_end, self.config, phases["switch"],
-                                              share)
+            done, work = self._pieces(groups, step, compute, rollout_start, rollout_end)
+            share = self._engine.streamed_share()  # None: the trainer has devices of its own
+            if share is None:
+                start, end, busy = _stream(done, work, rollout_end, self.config, phases["switch"])
+            else:
+                start, end, busy = _stream_shared(done, work, rollout_start, rollout_end, self.config, phases["switch"],
+                                                  share)
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, busy)
 
+    def _pieces(self, groups, step, compute, rollout_start, rollout_end) -> tuple[np.ndarray, np.ndarray]:
+        """When each piece of the update is ready and its seconds on the train devices alone, in order: each group
+        once it ends, priced by the trainer as a piece of its own (Trainer.price_streamed), then what is left of the
+        update once every group is in; a trainer without that price: each group's share of `compute` by tokens."""
+        done, tokens = _group_ends(groups, rollout_start, rollout_end)
+        streamed = self._trainer.price_streamed(groups, step) if self._trainer is not None else None
+        if streamed is None:
+            work = compute * tokens / tokens.sum()
+        else:  # the rest waits for the last piece
+            done, work = np.append(done, done.max()), np.append(streamed.pieces, streamed.rest)
+        order = np.argsort(done, kind="stable")
+        return done[order], work[order]
 
-def _ready_groups(groups: list[Group], compute: float, rollout_start: float,
-                  rollout_end: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each group's ready time and its share of `compute` (seconds on the train devices alone, by tokens), in the
-    order the groups become ready."""
+
+def _group_ends(groups: list[Group], rollout_start: float, rollout_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's ready time (when its last member ended) and its tokens (prompt + response, every member)."""
     # A group with a member still carried (a bridged segment, Policy.bridge) is ready when the rollout stops it.
     from lssim.loop.columns import gather
 
@@ -303,8 +320,7 @@ def _ready_groups(groups: list[Group], compute: float, rollout_start: float,
     open_ = np.add.reduceat((cols.finish_reason == "").astype(np.int64), starts) > 0 if len(cols) else np.zeros(0, bool)
     done = np.where(open_, rollout_end, np.fmax(rollout_start, last))
     tokens = np.add.reduceat((cols.prompt_len + cols.generated).astype(float), starts) if len(cols) else np.zeros(0)
-    order = np.argsort(done, kind="stable")
-    return done[order], compute * tokens[order] / tokens.sum()
+    return done, tokens
 
 
 def _elastic_speedup(config: ModeConfig) -> float:
@@ -331,19 +347,16 @@ def _drain(t: float, ready, work, join: float, speedup: float, train_devices: in
     return t, busy
 
 
-def _stream(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
+def _stream(done: np.ndarray, work: np.ndarray, rollout_end: float, config: ModeConfig,
             switch: float) -> tuple[float, float, float]:
-    """The train devices take each group as it finishes (its share of the compute, by tokens); once the rollout
-    ends, the rollout devices join (elastic) after their context switch and the rest goes (R + T) / T times
+    """The train devices take each piece (`work` seconds alone) once it is ready (`done`, in order); once the
+    rollout ends, the rollout devices join (elastic) after their context switch and the rest goes (R + T) / T times
     faster. Returns (start, end, busy device-seconds)."""
-    if not groups or compute <= 0:
-        return rollout_end, rollout_end, 0.0
-    done, work = _ready_groups(groups, compute, rollout_start, rollout_end)
     end, busy = _drain(float(done[0]), done, work, rollout_end + switch, _elastic_speedup(config), config.train_devices)
     return float(done[0]), end, busy
 
 
-def _stream_shared(groups: list[Group], compute: float, rollout_start: float, rollout_end: float, config: ModeConfig,
+def _stream_shared(done: np.ndarray, work: np.ndarray, rollout_start: float, rollout_end: float, config: ModeConfig,
                    switch: float, share: tuple[float, float]) -> tuple[float, float, float]:
     """_stream where the trainer shares the engine's host (Engine.streamed_share: `share` = (engine, piece)
     slow-downs while a piece runs beside the rollout). The rollout ran alone in `rollout_end - rollout_start`; it is
@@ -353,10 +366,7 @@ def _stream_shared(groups: list[Group], compute: float, rollout_start: float, ro
     what the pieces cost it, and the update ends no sooner (the job's end carries the loss onto the step; the step's
     rollout row keeps the engine's own seconds); what is left then runs as in _stream. Returns (start, end, busy
     device-seconds)."""
-    if not groups or compute <= 0:
-        return rollout_end, rollout_end, 0.0
     engine_x, piece_x = share
-    done, work = _ready_groups(groups, compute, rollout_start, rollout_end)
     ready, span = done - rollout_start, rollout_end - rollout_start  # in seconds of the rollout's work
     wall = progress = beside = 0.0  # since the rollout's start: clock, the rollout's work done, the pieces' seconds
     left, nxt, first = 0.0, 0, None  # the running piece's work left (0: none), the next piece, the first's start

@@ -46,6 +46,24 @@ class TrainPhases:
         return cls(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class StreamedUpdate:
+    """One step's update when its groups stream into it one by one (hybrid: RLinf's pipelined mode, the real
+    trainer's `feed`): each piece's forward seconds (log-prob recompute, reference pass) and update seconds (forward +
+    backward) over its own sequences alone, and `rest`, the seconds left once every piece is in (the step's fixed
+    work, its optimizer steps). Each piece pays its own micro-batches, unpadded by the others'."""
+
+    forward: np.ndarray
+    update: np.ndarray
+    rest: float
+
+    @property
+    def pieces(self) -> np.ndarray:
+        return self.forward + self.update
+
+    def scaled(self, forward: float, update: float, rest: float) -> "StreamedUpdate":
+        return StreamedUpdate(self.forward * forward, self.update * update, self.rest * rest)
+
 
 def check_lengths(seq_lens, prompt_lens=None) -> tuple[np.ndarray, np.ndarray]:
     """Integer arrays of equal length with 0 <= prompt_len <= seq_len and seq_len >= 1; ValueError otherwise."""

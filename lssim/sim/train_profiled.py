@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from lssim.loop.cost_contracts import TrainCostModel
-from lssim.sim.train_batches import TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
+from lssim.sim.train_batches import StreamedUpdate, TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
 from lssim.cost.fitting import nnls_relative
 
 LOGPROB_TERMS = ("l0", "lB", "l1", "l2")
@@ -129,6 +129,22 @@ class ProfiledTrainCost(TrainCostModel):
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
         check_devices(n_devices)
         return self.o0
+
+    def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
+        """Each piece packed into micro-batches of its own (the trainer's `feed` runs one group's forward and backward
+        on its own): their micro-batch terms, log-prob ones where the trainer recomputes; the rest is the step's
+        fixed k0 and its optimizer steps."""
+        n = check_devices(n_devices)
+        forward, update = np.zeros(len(pieces)), np.zeros(len(pieces))
+        for i, piece in enumerate(pieces):
+            seq, _ = check_lengths(piece)
+            if not len(seq):
+                continue
+            features = step_features(self._share(seq, n), 1, self.micro_batch_tokens)
+            if self.recompute_logprobs:
+                forward[i] = sum(getattr(self, t) * features[t] for t in LOGPROB_TERMS)
+            update[i] = sum(getattr(self, t) * features[t] for t in UPDATE_TERMS[:4])
+        return StreamedUpdate(forward, update, self.k0 + self.o0 * self.mini_batches)
 
     # -- fit -------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from lssim.loop.contracts import Trainer
 from lssim.loop.cost_contracts import TrainCostModel
-from lssim.sim.training import AnalyticTrainCost, TrainPhases, check_lengths
+from lssim.sim.training import AnalyticTrainCost, StreamedUpdate, TrainPhases, check_lengths
 
 if TYPE_CHECKING:
     from lssim.sim.world import SimEngine
@@ -48,6 +48,10 @@ class TrainTimeModel(TrainCostModel):
 
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
         return 0.0
+
+    def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
+        update = np.array([self.seconds_per_token * float(np.sum(seq)) for seq in pieces])
+        return StreamedUpdate(np.zeros(len(pieces)), update, self.fixed_seconds)
 
     def describe(self) -> dict:
         return {"kind": "linear placeholder (never measured)", "seconds_per_token": self.seconds_per_token,
@@ -87,6 +91,13 @@ class SimTrainer(Trainer):
             keep = np.repeat(with_signal(gather(groups, "reward")[0], sizes), sizes)
             prompt, seq = prompt[keep], seq[keep]
         return seq, prompt
+
+    def price_streamed(self, groups, step: int) -> StreamedUpdate | None:
+        """Each group's piece of the update when it streams in as it ends (hybrid), and the rest; None under a
+        policy's train_mask (its tokens are priced by the whole batch: lssim.sim.train_policy)."""
+        if self.train_mask is not None:
+            return None
+        return self.model.streamed_update([self.lengths([g])[0] for g in groups], self.n_devices)
 
     def train(self, groups, step: int) -> dict:
         if self.train_mask is not None:

@@ -40,8 +40,8 @@ import numpy as np
 
 from lssim.cost import HARDWARE, MODELS
 from lssim.loop.cost_contracts import TrainCostModel
-from lssim.sim.train_batches import (TrainPhases, check_devices, check_lengths, pack_padded, padded_shapes,
-                                     read_train_cost_file)
+from lssim.sim.train_batches import (StreamedUpdate, TrainPhases, check_devices, check_lengths, pack_padded,
+                                     padded_shapes, read_train_cost_file)
 from lssim.sim.train_profiled import ProfiledTrainCost
 
 __all__ = ["TrainPhases", "TrainCostModel", "AnalyticTrainCost", "ProfiledTrainCost", "ScaledTrainCost", "TrainCostAtLevel", "Links", "LINKS",
@@ -284,13 +284,7 @@ class AnalyticTrainCost(TrainCostModel):
         flops = self._flops(seq) if self.packing else None  # per sequence, once for every pass and mini-batch
         logprob = self.phase_overhead_s + self._pass_seconds(seq, n, backward=False,
                                                              max_token_len=self.logprob_max_token_len_per_gpu, flops=flops)
-        reference = 0.0
-        if self.reference:
-            reference = logprob  # the same forward pass over the same sequences, by the reference model
-            if self.ref_param_offload:
-                micro = packed_micro_batches(-(-len(seq) // min(n, len(seq))), -(-int(seq.sum()) // min(n, len(seq))),
-                                             int(seq.max()), self.logprob_max_token_len_per_gpu)
-                reference += micro * 2.0 * self.spec.params / n / self._host_bytes_per_s()
+        reference = self._reference_seconds(seq, n, logprob)
         bounds = _split_bounds(len(seq), min(self.mini_batches, len(seq)))
         slices = [(seq[a:b], None if flops is None else flops[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         update = self.phase_overhead_s + sum(
@@ -301,6 +295,33 @@ class AnalyticTrainCost(TrainCostModel):
         sync = self.sync_fixed_s + weight_bytes / rate
         switch = self._switch_seconds(n) if collocated else 0.0
         return TrainPhases(logprob, reference, update, sync, switch)
+
+    def _reference_seconds(self, seq: np.ndarray, n: int, logprob: float) -> float:
+        """The reference model's forward over `seq`: the same pass as the log-prob one (`logprob` seconds), plus
+        its parameters brought in from the host per micro-batch where they are offloaded; 0 without a reference."""
+        if not self.reference:
+            return 0.0
+        if not self.ref_param_offload:
+            return logprob
+        micro = packed_micro_batches(-(-len(seq) // min(n, len(seq))), -(-int(seq.sum()) // min(n, len(seq))),
+                                     int(seq.max()), self.logprob_max_token_len_per_gpu)
+        return logprob + micro * 2.0 * self.spec.params / n / self._host_bytes_per_s()
+
+    def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
+        """Each piece's log-prob and reference forwards and its forward + backward, its own micro-batches under the
+        same token limits as a whole step's; the rest is the phases' fixed overheads and the optimizer steps."""
+        n = check_devices(n_devices)
+        forward, update = np.zeros(len(pieces)), np.zeros(len(pieces))
+        for i, piece in enumerate(pieces):
+            seq, _ = check_lengths(piece)
+            if not len(seq):
+                continue
+            logprob = self._pass_seconds(seq, n, backward=False, max_token_len=self.logprob_max_token_len_per_gpu)
+            forward[i] = logprob + self._reference_seconds(seq, n, logprob)
+            update[i] = self._pass_seconds(seq, n, backward=True, max_token_len=self.max_token_len_per_gpu)
+        phases = 3 if self.reference else 2  # log-prob, reference (its own phase), update: each pays its overhead once
+        rest = phases * self.phase_overhead_s + self.mini_batches * self.optimizer_step_seconds(n)
+        return StreamedUpdate(forward, update, rest)
 
     def _switch_seconds(self, n: int) -> float:
         """Collocated: the engine sleeps and wakes, and what is offloaded goes to the host and back, per verl's
@@ -412,6 +433,10 @@ class ScaledTrainCost(TrainCostModel):
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
         return self.base.optimizer_step_seconds(n_devices)
 
+    def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
+        return self.base.streamed_update(pieces, n_devices).scaled(self.logprob_factor, self.update_factor,
+                                                                  self.update_factor)  # as phases(): update whole
+
     def describe(self) -> dict:
         return {"kind": "scaled", "logprob_factor": self.logprob_factor, "update_factor": self.update_factor,
                 "source": self.source, "base": self.base.describe()}
@@ -443,6 +468,9 @@ class TrainCostAtLevel(TrainCostModel):
 
     def optimizer_step_seconds(self, n_devices: int = 1) -> float:
         return self.level * self.base.optimizer_step_seconds(n_devices)
+
+    def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
+        return self.base.streamed_update(pieces, n_devices).scaled(self.level, self.level, self.level)
 
     def describe(self) -> dict:
         return {"kind": "at level", "level": self.level, "base": self.base.describe()}
