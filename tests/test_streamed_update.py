@@ -43,6 +43,17 @@ def test_a_padding_trainer_pays_less_for_its_groups_one_by_one_than_padded_toget
     assert streamed.rest == pytest.approx(PROFILED.k0 + PROFILED.o0)
 
 
+@settings(max_examples=30, deadline=None)
+@given(pieces=st.lists(st.lists(st.integers(1, 3000), min_size=1, max_size=6), min_size=1, max_size=6))
+def test_a_packing_trainer_fills_its_micro_batches_across_groups_so_a_piece_costs_its_flops_share(pieces):
+    model = AnalyticTrainCost()
+    streamed = model.streamed_update([np.array(p) for p in pieces] * 2, 8)  # every group twice: each copy the same
+    half = len(pieces)
+    np.testing.assert_allclose(streamed.pieces[:half], streamed.pieces[half:], rtol=1e-12)
+    flops = np.array([model._flops(np.array(p)).sum() for p in pieces * 2])
+    np.testing.assert_allclose(streamed.pieces / streamed.pieces.sum(), flops / flops.sum(), rtol=1e-9)
+
+
 def _group(gid: int, length: int, ended: float, rewards=(0.0, 1.0)) -> Group:
     members = []
     for k, reward in enumerate(rewards):

@@ -308,19 +308,22 @@ class AnalyticTrainCost(TrainCostModel):
         return logprob + micro * 2.0 * self.spec.params / n / self._host_bytes_per_s()
 
     def streamed_update(self, pieces, n_devices: int = 1) -> StreamedUpdate:
-        """Each piece's log-prob and reference forwards and its forward + backward, its own micro-batches under the
-        same token limits as a whole step's; the rest is the phases' fixed overheads and the optimizer steps."""
+        """A packing trainer (verl's dynamic batch size, RLinf's pipelined micro-batches) fills each micro-batch from
+        whatever sequences have finished, not one group per micro-batch, so a piece costs its FLOPs' share of the whole
+        step's passes (log-prob and reference forwards, forward + backward); the rest is the phases' fixed overheads
+        and the optimizer steps."""
         n = check_devices(n_devices)
-        forward, update = np.zeros(len(pieces)), np.zeros(len(pieces))
-        for i, piece in enumerate(pieces):
-            seq, _ = check_lengths(piece)
-            if not len(seq):
-                continue
-            logprob = self._pass_seconds(seq, n, backward=False, max_token_len=self.logprob_max_token_len_per_gpu)
-            forward[i] = logprob + self._reference_seconds(seq, n, logprob)
-            update[i] = self._pass_seconds(seq, n, backward=True, max_token_len=self.max_token_len_per_gpu)
+        seqs = [check_lengths(piece)[0] for piece in pieces]
+        flops = np.array([float(self._flops(seq).sum()) if len(seq) else 0.0 for seq in seqs])
+        every = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+        if not len(every) or flops.sum() <= 0:
+            return StreamedUpdate(np.zeros(len(pieces)), np.zeros(len(pieces)), 0.0)
+        whole = self.phases(every, np.zeros_like(every), n, collocated=False)
         phases = 3 if self.reference else 2  # log-prob, reference (its own phase), update: each pays its overhead once
-        rest = phases * self.phase_overhead_s + self.mini_batches * self.optimizer_step_seconds(n)
+        rest = phases * self.phase_overhead_s + min(self.mini_batches, len(every)) * self.optimizer_step_seconds(n)
+        share = flops / flops.sum()
+        forward = share * (whole.logprob + whole.reference - (phases - 1) * self.phase_overhead_s)
+        update = share * (whole.update - self.phase_overhead_s - (rest - phases * self.phase_overhead_s))
         return StreamedUpdate(forward, update, rest)
 
     def _switch_seconds(self, n: int) -> float:
