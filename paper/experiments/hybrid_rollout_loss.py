@@ -1,6 +1,6 @@
 """Issue 37: what hybrid's streamed pieces cost the real rollout, read from recorded modes folders, no engine.
 
-    python -m paper.experiments.hybrid_rollout_loss paper/experiments/validation/modes41 [FOLDER ...]
+    python -m paper.experiments.hybrid_rollout_loss paper/experiments/validation/modes41 [FOLDER ...] [--twin]
 
 Hybrid and collocated are both on-policy with the same seeds, so their runs generate the same tokens; hybrid's
 rollout less collocated's, the same repeat and step, is what the pieces beside it cost the rollout. Beside it: what the
@@ -16,7 +16,14 @@ Measured 2026-11-28 (mean per step over 3 repeats x 5 steps):
 | modes40 | 2569 / 2569 | 0.108 | 0.135 | 0.100 |
 | modes38 | 2569 / 2569 | 0.245 | 0.513 | 0.310 |
 
-Every step's tokens are the same in both modes (45 of 45).
+Every step's tokens are the same in both modes (45 of 45). With `--twin` (the hybrid runs replayed by the twin as of
+2026-11-28 08:20 UTC), the twin's step less the run's, s a step:
+
+| folder | twin less run | the shared rollout | the streamed part (twin / run) | the rest |
+|---|---|---|---|---|
+| modes41 | -0.066 (-5.8%) | -0.024 | -0.038 (0.158 / 0.196) | -0.004 |
+| modes40 | -0.128 (-11.0%) | -0.069 | -0.056 (0.152 / 0.208) | -0.003 |
+| modes38 | -0.230 (-9.7%) | +0.022 | -0.200 (0.355 / 0.555) | -0.051 |
 """
 
 from __future__ import annotations
@@ -44,9 +51,41 @@ def paired_steps(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def twin_shortfall(folder: Path) -> pd.DataFrame:
+    """Per hybrid step, the twin's step less the run's, in three parts: the rollout both modes share (the twin's
+    engine-own rollout less collocated's measured one), the streamed part (the twin's seconds from its engine-own
+    rollout's end to its update's end, less the run's loss beside the pieces plus its update past the rollout), and
+    the rest of the step."""
+    from lssim.analysis.fidelity.run import replay_run
+    from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE, host_pricing, mode_sim_setup
+    from real_backend.validate_twin import load_recorded, run_prompts
+
+    def runs_of(mode):
+        return [load_recorded(p) for p in sorted((folder / "real" / mode / "baseline").glob("repeat*"))]
+
+    everyone = {m: runs_of(m) for m in ("collocated", "disaggregated", "async", "hybrid")}
+    profile = str(folder / "profile.json")
+    share, driver, _ = host_pricing([r for runs in everyone.values() for r in runs], profile)
+    rows = []
+    for run, collocated in zip(everyone["hybrid"], everyone["collocated"]):
+        twin = replay_run(run, mode_sim_setup(run, profile, str(DEFAULT_TRAIN_PROFILE), share, driver),
+                          run_prompts(run)).steps
+        for (_, h), (_, c), (_, t) in zip(run.steps.iterrows(), collocated.steps.iterrows(), twin.iterrows()):
+            real_streamed = (h.rollout_seconds - c.rollout_seconds) + (h.train_end - h.rollout_end)
+            twin_streamed = t.train_end - t.rollout_end  # the twin's step row keeps its engine's own rollout
+            rows.append({"short": t.step_seconds - h.step_seconds,
+                         "shared_rollout": t.rollout_seconds - c.rollout_seconds,
+                         "streamed": twin_streamed - real_streamed,
+                         "rest": (t.step_seconds - t.rollout_seconds - twin_streamed)
+                         - (h.step_seconds - h.rollout_seconds - (h.train_end - h.rollout_end)),
+                         "real_streamed": real_streamed, "twin_streamed": twin_streamed, "real_step": h.step_seconds})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="recorded `lssim validate --mode` folders (profile.json, real/)")
+    ap.add_argument("--twin", action="store_true", help="also replay the hybrid runs and split the twin's shortfall")
     args = ap.parse_args(argv)
     print("| folder | tokens hybrid / collocated | rollout loss s | priced at most s | update past the rollout s |")
     print("|---|---|---|---|---|")
@@ -54,6 +93,13 @@ def main(argv=None) -> int:
         d = paired_steps(folder)
         print(f"| {folder.name} | {d.tokens_hybrid.mean():.0f} / {d.tokens_collocated.mean():.0f} | "
               f"{d.rollout_loss.mean():.3f} | {d.priced_at_most.mean():.3f} | {d.past_rollout.mean():.3f} |")
+    if args.twin:
+        print("\n| folder | twin less run, s a step | the shared rollout | the streamed part (twin / run) | the rest |")
+        print("|---|---|---|---|---|")
+        for folder in args.folders:
+            t = twin_shortfall(folder).mean()
+            print(f"| {folder.name} | {t.short:+.3f} ({t.short / t.real_step:+.1%}) | {t.shared_rollout:+.3f} | "
+                  f"{t.streamed:+.3f} ({t.twin_streamed:.3f} / {t.real_streamed:.3f}) | {t.rest:+.3f} |")
     return 0
 
 
