@@ -16,7 +16,17 @@ Measured 2026-11-28 (mean per step over 3 repeats x 5 steps):
 | modes40 | 2569 / 2569 | 0.108 | 0.135 | 0.100 |
 | modes38 | 2569 / 2569 | 0.245 | 0.513 | 0.310 |
 
-Every step's tokens are the same in both modes (45 of 45). With `--twin` (the hybrid runs replayed by the twin as of
+Every step's tokens are the same in both modes (45 of 45). The update past the rollout is mostly the last group's
+piece: in most steps the last group with signal ends with the rollout, and its piece then ran at about the trainer
+profile's price, where the twin prices a piece alone at the run's probed trainer level:
+
+| folder | steps whose last group with signal ended with the rollout | update past it, s | its level over the profile's price | the probed trainer level |
+|---|---|---|---|---|
+| modes41 | 11 | 0.109 | 0.98 | 0.63 |
+| modes40 | 12 | 0.109 | 0.98 | 0.60 |
+| modes38 | 12 | 0.336 | 3.02 | (no trainer probe) |
+
+With `--twin` (the hybrid runs replayed by the twin as of
 2026-11-28 08:20 UTC), the twin's step less the run's, s a step:
 
 | folder | twin less run | the shared rollout | the streamed part (twin / run) | the rest |
@@ -82,6 +92,33 @@ def twin_shortfall(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def last_pieces(folder: Path) -> pd.DataFrame:
+    """Per hybrid step whose last group with signal ended with the rollout (within 10 ms): the update past the
+    rollout's end over the trainer profile's price of that group's piece, beside the run's probed trainer level (what
+    the twin prices a piece alone at)."""
+    from lssim.sim.training import load_train_cost
+    from real_backend.trainer_probe import trainer_level
+    from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE
+
+    cost = load_train_cost(DEFAULT_TRAIN_PROFILE)
+    rows = []
+    for run in sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*")):
+        steps, responses = pd.read_parquet(run / "steps.parquet"), pd.read_parquet(run / "responses.parquet")
+        level = trainer_level(json.loads((run / "meta.json").read_text()), cost)
+        for step, members in responses.groupby("train_step"):
+            row = steps[steps.step == step].iloc[0]
+            signal = members.groupby("group_id").filter(lambda g: g.reward.nunique() > 1)
+            if signal.empty:
+                continue
+            last = signal[signal.group_id == signal.groupby("group_id").finish_time.max().idxmax()]
+            if last.finish_time.max() < row.rollout_end - row.rollout_start - 0.01:
+                continue
+            price = cost.streamed_update([(last.prompt_len + last.response_len).to_numpy(int)]).pieces[0]
+            rows.append({"past_rollout": row.train_end - row.rollout_end, "price": price,
+                         "piece_level": (row.train_end - row.rollout_end) / price, "probed_level": level})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="recorded `lssim validate --mode` folders (profile.json, real/)")
@@ -93,6 +130,12 @@ def main(argv=None) -> int:
         d = paired_steps(folder)
         print(f"| {folder.name} | {d.tokens_hybrid.mean():.0f} / {d.tokens_collocated.mean():.0f} | "
               f"{d.rollout_loss.mean():.3f} | {d.priced_at_most.mean():.3f} | {d.past_rollout.mean():.3f} |")
+    print("\n| folder | steps whose last group with signal ended with the rollout | update past it, s | its level over the profile's price | the probed trainer level |")
+    print("|---|---|---|---|---|")
+    for folder in args.folders:
+        d = last_pieces(folder)
+        print(f"| {folder.name} | {len(d)} | {d.past_rollout.median():.3f} | {d.piece_level.median():.2f} | "
+              f"{d.probed_level.median():.2f} |")
     if args.twin:
         print("\n| folder | twin less run, s a step | the shared rollout | the streamed part (twin / run) | the rest |")
         print("|---|---|---|---|---|")
