@@ -35,7 +35,7 @@ class GradientStream:
     unnormalised sums of loss, clipped tokens and |logp - behaviour|, and when and how long it ran."""
 
     __slots__ = ("step", "keys", "samples", "signal_groups", "tokens", "loss", "clipped", "gap", "start", "seconds",
-                 "logprob_seconds", "cpu_seconds", "logprob_cpu_seconds", "work")
+                 "logprob_seconds", "cpu_seconds", "logprob_cpu_seconds", "work", "pieces")
 
     def __init__(self, step: int):
         self.step, self.keys = step, set()
@@ -44,6 +44,7 @@ class GradientStream:
         self.loss = self.clipped = self.gap = 0.0
         self.start = math.nan  # the engine's clock when the first fed group's work began
         self.seconds = self.logprob_seconds = self.cpu_seconds = self.logprob_cpu_seconds = 0.0
+        self.pieces: list[list] = []  # each fed group's [start, end] on the engine's clock and its samples (0: no signal)
 
     def covers(self, groups) -> bool:
         """Is every fed group one of `groups` (the step's batch)? If not, what was streamed is not the update."""

@@ -38,6 +38,7 @@ metrics then carry what was pruned (`pruned_loss_fraction`, `computed_token_frac
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -142,10 +143,10 @@ class GRPOTrainer(Trainer):
     def stream_group(self, stream: GradientStream, group: Group) -> None:
         """One fed group's forward and backward on the caller's thread, its gradient added unnormalised into `stream`:
         what `feed` runs on the lane for each group (real_backend.host_sharing times these pieces beside the engine)."""
-        t0, cpu0 = time.monotonic(), time.process_time()
+        t0, cpu0, began = time.monotonic(), time.process_time(), self._clock()()
         if not stream.keys:  # the step's first group: the gradients start from zero
             self.optimizer.zero_grad(set_to_none=True)
-            stream.start = self._clock()()
+            stream.start = began
         stream.keys.add(group_key(group))
         samples = self._samples([group], stream.step)
         if samples and self.recompute_logprobs:
@@ -160,6 +161,7 @@ class GRPOTrainer(Trainer):
         stream.loss, stream.clipped, stream.gap = stream.loss + loss, stream.clipped + clipped, stream.gap + gap
         stream.seconds += time.monotonic() - t0
         stream.cpu_seconds += time.process_time() - cpu0
+        stream.pieces.append([round(began, 6), round(self._clock()(), 6), len(samples)])
 
     def stream_start(self, step: int) -> float | None:
         """When step `step`'s streamed part began on the engine's clock; None if nothing of it was streamed."""
@@ -219,7 +221,8 @@ class GRPOTrainer(Trainer):
         # Keys become `train_<key>` in the step's row; none may be "seconds" (the controller's own train_seconds).
         metrics.update(compute_seconds=compute, logprob_seconds=logprob, update_seconds=compute - logprob, sync_seconds=0.0,
                        logprob_cpu_seconds=logprob_cpu, update_cpu_seconds=compute_cpu - logprob_cpu,
-                       streamed_groups=0 if stream is None else len(stream.keys), **self.last_pruning)
+                       streamed_groups=0 if stream is None else len(stream.keys),
+                       pieces=json.dumps([] if stream is None else stream.pieces), **self.last_pruning)
         return metrics
 
     def _whole_update(self, groups: list[Group], step: int) -> dict:

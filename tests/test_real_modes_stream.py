@@ -4,6 +4,8 @@ synthetic groups, on the trainer's own thread."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -80,6 +82,12 @@ def test_streamed_groups_give_the_whole_batch_update(real_model_dir, recompute):
     order = [groups[i] for i in (3, 0, 2)]  # in the order they finished; 1 and 4 end with the rollout
     streamed = _step(streamer, groups, fed=order)
     assert whole[0].metrics["streamed_groups"] == 0 and streamed[0].metrics["streamed_groups"] == 3
+    # each fed group's piece: its span on the trainer's clock, in the order fed, and its samples
+    pieces = json.loads(streamed[0].metrics["pieces"])
+    assert json.loads(whole[0].metrics["pieces"]) == [] and len(pieces) == 3
+    assert all(start <= end for start, end, _ in pieces)
+    assert all(a[1] <= b[0] for a, b in zip(pieces, pieces[1:]))  # one lane: one piece after another
+    assert [n for *_, n in pieces] == [4, 4, 0]  # groups 3, 0 and 2 (equal rewards: nothing trained)
     _assert_same_update(whole, streamed)
     # the job's time runs from its first streamed group, before the batch was handed over
     assert streamed[0].start < streamed[0].end and streamed[0].metrics["update_seconds"] > 0
