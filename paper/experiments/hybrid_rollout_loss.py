@@ -8,29 +8,36 @@ folder's streamed factor prices at most (the profile's loss per piece-second tim
 rollout's end; an upper bound, since not every piece ran beside the rollout), and the update's seconds past the
 rollout's end.
 
-Measured 2026-11-28 (mean per step over 3 repeats x 5 steps):
+Measured 2026-11-28 (means per step over 3 repeats x 5 steps; `... modes42 modes41 modes40 modes38 --twin`, the twin
+as of 09:00 UTC). Every step's tokens are the same in both modes (60 of 60):
 
 | folder | tokens hybrid / collocated | rollout loss s | priced at most s | update past the rollout s |
 |---|---|---|---|---|
+| modes42 | 2569 / 2569 | 0.103 | 0.157 | 0.105 |
 | modes41 | 2569 / 2569 | 0.097 | 0.154 | 0.100 |
 | modes40 | 2569 / 2569 | 0.108 | 0.135 | 0.100 |
 | modes38 | 2569 / 2569 | 0.245 | 0.513 | 0.310 |
 
-Every step's tokens are the same in both modes (45 of 45). The update past the rollout is mostly the last group's
-piece: in most steps the last group with signal ends with the rollout, and its piece then ran at about the trainer
-profile's price, where the twin prices a piece alone at the run's probed trainer level:
+The update past the rollout is mostly the last group's piece: in most steps the last group with signal ends with the
+rollout, and its piece then runs at about the trainer profile's price, where the twin prices a piece alone at the
+run's probed trainer level; modes42's runs recorded every piece (`trainer_pieces`), beside the rollout and after it:
 
 | folder | steps whose last group with signal ended with the rollout | update past it, s | its level over the profile's price | the probed trainer level |
 |---|---|---|---|---|
+| modes42 | 12 | 0.115 | 1.03 | 0.66 |
 | modes41 | 11 | 0.109 | 0.98 | 0.63 |
 | modes40 | 12 | 0.109 | 0.98 | 0.60 |
 | modes38 | 12 | 0.336 | 3.02 | (no trainer probe) |
 
-With `--twin` (the hybrid runs replayed by the twin as of
-2026-11-28 08:20 UTC), the twin's step less the run's, s a step:
+| folder | pieces recorded, beside the rollout / after it | their seconds over the profile's price, beside / after |
+|---|---|---|
+| modes42 | 59 / 13 | 0.92 / 0.89 |
+
+The twin's step less the run's, s a step:
 
 | folder | twin less run | the shared rollout | the streamed part (twin / run) | the rest |
 |---|---|---|---|---|
+| modes42 | -0.068 (-6.0%) | -0.014 | -0.051 (0.157 / 0.208) | -0.003 |
 | modes41 | -0.066 (-5.8%) | -0.024 | -0.038 (0.158 / 0.196) | -0.004 |
 | modes40 | -0.128 (-11.0%) | -0.069 | -0.056 (0.152 / 0.208) | -0.003 |
 | modes38 | -0.230 (-9.7%) | +0.022 | -0.200 (0.355 / 0.555) | -0.051 |
@@ -119,6 +126,31 @@ def last_pieces(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def recorded_pieces(folder: Path) -> pd.DataFrame:
+    """Each streamed piece with signal that the runs recorded (steps.parquet `trainer_pieces`, recordings from
+    modes42 on), matched to its group in the order the groups ended: its seconds over the trainer profile's price of
+    that group's piece, and whether it began beside the rollout or after its end."""
+    from lssim.sim.training import load_train_cost
+    from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE
+
+    cost = load_train_cost(DEFAULT_TRAIN_PROFILE)
+    rows = []
+    for run in sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*")):
+        steps, responses = pd.read_parquet(run / "steps.parquet"), pd.read_parquet(run / "responses.parquet")
+        if "trainer_pieces" not in steps:
+            continue
+        for _, row in steps.iterrows():
+            pieces = [p for p in json.loads(row.trainer_pieces) if p[2] > 0]
+            signal = responses[responses.train_step == row.step].groupby("group_id").filter(lambda g: g.reward.nunique() > 1)
+            ends = signal.groupby("group_id").finish_time.max().sort_values(kind="stable")
+            for (start, end, _), group in zip(pieces, ends.index):
+                members = signal[signal.group_id == group]
+                price = cost.streamed_update([(members.prompt_len + members.response_len).to_numpy(int)]).pieces[0]
+                rows.append({"after_rollout": start >= row.rollout_end - 1e-3, "seconds": end - start,
+                             "level": (end - start) / price})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="recorded `lssim validate --mode` folders (profile.json, real/)")
@@ -136,6 +168,15 @@ def main(argv=None) -> int:
         d = last_pieces(folder)
         print(f"| {folder.name} | {len(d)} | {d.past_rollout.median():.3f} | {d.piece_level.median():.2f} | "
               f"{d.probed_level.median():.2f} |")
+    print("\n| folder | pieces recorded, beside the rollout / after it | their seconds over the profile's price, beside / after |")
+    print("|---|---|---|")
+    for folder in args.folders:
+        d = recorded_pieces(folder)
+        if d.empty:
+            print(f"| {folder.name} | (recorded before trainer_pieces) | |")
+            continue
+        beside, after = d[~d.after_rollout], d[d.after_rollout]
+        print(f"| {folder.name} | {len(beside)} / {len(after)} | {beside.level.median():.2f} / {after.level.median():.2f} |")
     if args.twin:
         print("\n| folder | twin less run, s a step | the shared rollout | the streamed part (twin / run) | the rest |")
         print("|---|---|---|---|---|")
