@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel, tuple_of
+from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel, tuple_of, unowned
 
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 STOP_RECORD = 2  # a stop's departure and the admission after it
@@ -46,6 +46,7 @@ WORK = tuple_of(*(I64S,) * 6)
 PHASES = tuple_of(I64S, I64S)
 ENDS = tuple_of(I64S, I64S, I64S)  # fin, fin_rec, first_rec
 INPUTS = tuple_of(I64S_IN, I64S_IN, I64S, I64S_IN, I64S_IN)  # order, prompt, gen, length, stop_at
+SCRATCH = tuple_of(REQUESTS, PUSHED, WORK, PHASES)
 
 
 def records_room(n_requests: int, n_instances: int) -> int:
@@ -171,9 +172,10 @@ def _depart(recs, rec, leaving, n, it, left_at, left):
     return left_at, left
 
 
-@kernel(RECORDS, I64, ENDS, I64, I64, I64)
-def _result(recs, n_rec, ends, n_fin, preemptions, error):
-    """The scheduler's return over the first n_rec records (module docstring of lssim.sim.fastsim_kernels)."""
+@kernel(RECORDS, I64, ENDS, I64, I64, I64, SCRATCH)
+def _result(recs, n_rec, ends, n_fin, preemptions, error, scratch):
+    """The scheduler's return over the first n_rec records (module docstring of lssim.sim.fastsim_kernels). `scratch`:
+    its other arrays, taken here so that they live while the views of them are read (_schedule)."""
     fin, fin_rec, first_rec = ends
     return (recs[0][:n_rec], recs[1][:n_rec], recs[2][:n_rec], recs[3][:n_rec], recs[4][:n_rec], recs[5][:n_rec],
             recs[6][:n_rec], recs[7][:n_rec], recs[8][:n_rec], recs[9][:n_rec], recs[10][:n_rec], recs[11][:n_rec],
@@ -406,7 +408,8 @@ def _next_boundary(run, rlo, rhi, heap, hsize, pushed, epoch, bits, interval, ca
 
 @kernel(INPUTS, I64S_IN, I64, I64, I64, I64)
 def _schedule(inputs, inst_start, capacity, max_seqs, cap, interval):
-    """Every instance's schedule (schedule_stops; `interval` 0 where no response has a checkpoint)."""
+    """Every instance's schedule (schedule_stops; `interval` 0 where no response has a checkpoint). The helpers take
+    the arrays as views with no owner (lssim.kernels.unowned), the arrays themselves held to the end (`_result`)."""
     n_req, max_len = len(inputs[1]), max(inputs[3].max(), 0) if len(inputs[3]) else 0
     if interval > max_len:  # no response has a checkpoint
         interval = 0
@@ -421,19 +424,31 @@ def _schedule(inputs, inst_start, capacity, max_seqs, cap, interval):
     work = (np.empty(cap, np.int64), np.empty(2 * n_req + 2, np.int64), np.empty(2 * n_req + 2, np.int64),
             np.empty(cap, np.int64), np.empty(n_req + 1, np.int64), np.empty(n_req + 1, np.int64))
     phases = (np.zeros(max(interval, 1), np.int64), np.zeros(interval // 64 + 1, np.int64))  # back to 0 per instance
+    scratch = (req, pushed, work, phases)
+    views = ((unowned(inputs[0]), unowned(inputs[1]), unowned(inputs[2]), unowned(inputs[3]), unowned(inputs[4])),
+             (unowned(recs[0]), unowned(recs[1]), unowned(recs[2]), unowned(recs[3]), unowned(recs[4]),
+              unowned(recs[5]), unowned(recs[6]), unowned(recs[7]), unowned(recs[8]), unowned(recs[9]),
+              unowned(recs[10]), unowned(recs[11]), unowned(recs[12])),
+             (unowned(ends[0]), unowned(ends[1]), unowned(ends[2])),
+             (unowned(req[0]), unowned(req[1]), unowned(req[2]), unowned(req[3]), unowned(req[4])),
+             (unowned(pushed[0]), unowned(pushed[1]), unowned(pushed[2])),
+             (unowned(work[0]), unowned(work[1]), unowned(work[2]), unowned(work[3]), unowned(work[4]),
+              unowned(work[5])),
+             (unowned(phases[0]), unowned(phases[1])))
     n_rec = n_fin = preemptions = 0
     for i in range(len(inst_start) - 1):
         lo, hi = inst_start[i], inst_start[i + 1]
         if lo == hi:
             continue
-        n_rec, n_fin, preempted, error = _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, recs,
-                                                            ends, req, pushed, work, phases, n_rec, n_fin)
+        n_rec, n_fin, preempted, error = _schedule_instance(i, lo, hi, views[0], interval, capacity, max_seqs, cap,
+                                                            views[1], views[2], views[3], views[4], views[5], views[6],
+                                                            n_rec, n_fin)
         preemptions += preempted
         if error == OUT_OF_ROOM or error < -1:
-            return _result(recs, 0, ends, 0, 0, error)
+            return _result(recs, 0, ends, 0, 0, error, scratch)
         if error >= 0:
-            return _result(recs, n_rec, ends, n_fin, preemptions, error)
-    return _result(recs, n_rec, ends, n_fin, preemptions, -1)
+            return _result(recs, n_rec, ends, n_fin, preemptions, error, scratch)
+    return _result(recs, n_rec, ends, n_fin, preemptions, -1, scratch)
 
 
 @kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64, I64S_IN, I64)
