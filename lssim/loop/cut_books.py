@@ -19,12 +19,13 @@ import operator
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
+from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs
 from lssim.loop.contracts import Engine
 from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
-from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
+from lssim.loop.rollout_books import (carry_out, count_effective, count_ended, end_response, end_responses,
+                                     members_ended)
 from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 
 
@@ -220,21 +221,8 @@ def _end_groups_as_rows(as_rows: np.ndarray, starts: np.ndarray, sizes: np.ndarr
     state.requests_in_flight -= len(rows)
     state.responses_done += len(rows)
     state.groups_done += int(as_rows.sum())
-    state.groups_effective += _effective(columns.reward[rows], sizes[as_rows])
+    state.groups_effective += count_effective(columns.reward[rows], sizes[as_rows])
     s.open_members.update(zip(columns.group_id[starts[as_rows]].tolist(), itertools.repeat(0)))
-
-
-def _effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
-    """How many groups (members consecutive, `sizes` each) have rewards that differ, as members_ended judges each: with
-    Python's max and min, which a NaN reward answers by its place in the group (with_signal's arrays where none is NaN)."""
-    if not np.isnan(rewards).any():
-        return int(with_signal(rewards, sizes).sum())
-    out, at = 0, 0
-    for k in sizes.tolist():
-        group = rewards[at:at + k].tolist()
-        out += len(group) > 1 and max(group) - min(group) > 0
-        at += k
-    return out
 
 
 def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool], keeps_generating: bool) -> None:

@@ -127,6 +127,14 @@ class RowRequests(Sequence):
         objects = self._objects
         return [row if (r := objects[i]) is None else r.reward for i, row in zip(rows.tolist(), filled.reward[rows].tolist())]
 
+    def reward_array(self, rows: np.ndarray, filled: RequestColumns) -> np.ndarray:
+        """`rewards_of` as an array (many groups' rows at once)."""
+        out = filled.reward[rows]
+        made = np.flatnonzero(self._has[rows])
+        if len(made):
+            out[made] = [r.reward for r in map(self._objects.__getitem__, rows[made].tolist())]
+        return out
+
     def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
         """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects
         hold them, as RequestColumns.of would read them, in one pass over the objects: the columns as submitted, what
