@@ -197,16 +197,15 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         object_rows = object_rows[requests.has(object_rows)]
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    members, at, every_row = s.members, 0, np.arange(len(columns))
-    for gid, a, k, rows_only in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_rows.tolist()):
-        if as_objects:
+    members, every_row = s.members, np.arange(len(columns))
+    gids, counts = columns.group_id[starts].tolist(), sizes.tolist()
+    if as_objects:
+        for gid, at, k in zip(gids, itertools.accumulate(counts, initial=0), counts):
             members[gid] = fresh_objects[at:at + k]
-            at += k
-        elif rows_only:
-            members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
-        else:
-            members[gid] = GroupRows(requests, columns, every_row[a:a + k])
-        s.open_members[gid] = k
+    else:  # as rows of the submission where every member ended in the rollout, else as GroupRows
+        for gid, a, k, rows_only in zip(gids, starts.tolist(), counts, as_rows.tolist()):
+            members[gid] = every_row[a:a + k] if rows_only else GroupRows(requests, columns, every_row[a:a + k])
+    s.open_members.update(zip(gids, counts))
     s.rollout.groups_submitted = len(members)
 
 
@@ -217,7 +216,8 @@ def _end_groups_as_rows(as_rows: np.ndarray, starts: np.ndarray, sizes: np.ndarr
     if not as_rows.any():
         return
     state = s.rollout
-    rows = np.concatenate([np.arange(a, a + k) for a, k in zip(starts[as_rows].tolist(), sizes[as_rows].tolist())])
+    firsts, counts = starts[as_rows], sizes[as_rows]
+    rows = np.repeat(firsts - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())  # each group's rows in turn
     state.requests_in_flight -= len(rows)
     state.responses_done += len(rows)
     state.groups_done += int(as_rows.sum())
