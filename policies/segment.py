@@ -117,16 +117,23 @@ class Segment(Policy):
         return Action.carry(_REASON)
 
     def progress_carries(self, checkpoints):
-        # every checkpoint at once: the history read where the rule asks it (it moves only in end_step), then each
-        # response's first carry
+        # every checkpoint past the window at once (none before it carries): the history read where the rule asks it
+        # (it moves only in end_step), then each response's first carry
         flat, requests = checkpoints.flat(), checkpoints.requests
         rows, generated = flat.rows, flat.generated
         in_step = generated - requests.tokens_before_resume[rows]
+        past = np.flatnonzero(in_step >= self.window)
+        rows, generated, in_step = rows[past], generated[past], in_step[past]
         asked = np.flatnonzero(self.reads_history(in_step))
         left = np.full(len(in_step), np.nan)
         left[asked] = self.history.remainings(requests.prompt_id[rows[asked]], generated[asked])
-        at = flat.first_hits(self.carries(in_step, left) > 0)[1]
-        return ProgressStops.of(at, np.where(at >= 0, _REASON, "").astype(object))
+        hit = np.flatnonzero(self.carries(in_step, left) > 0)  # in checkpoint order: a response's first comes first
+        first = hit[np.r_[True, rows[hit[1:]] != rows[hit[:-1]]]] if len(hit) else hit
+        at = np.full(len(checkpoints), -1, np.int64)
+        at[rows[first]] = generated[first]
+        reason = np.full(len(at), "", object)
+        reason[at >= 0] = _REASON
+        return ProgressStops.of(at, reason)
 
     def on_unfinished(self, request):
         return CARRY
