@@ -151,6 +151,11 @@ class RequestColumns:
                                       for (columns, rows), n in zip(parts, sizes)])
         return RequestColumns(**out, resumes=resumes)
 
+    def copy(self) -> "RequestColumns":
+        """Every row, in columns of their own (take of every row, by the quicker copy)."""
+        return RequestColumns(**{name: getattr(self, name).copy() for name in _ARRAYS},
+                              resumes=None if self.resumes is None else self.resumes.copy())
+
     def take(self, rows) -> "RequestColumns":
         """The given rows (indices, a slice or a boolean mask), in that order."""
         if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":  # positions: ndarray.take is the quicker read

@@ -46,7 +46,7 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
         carried, given = _carried_rows(s)
         n_carried = len(given)
         columns = RequestColumns.concat([carried, fresh]) if n_carried else fresh
-        requests = RowRequests(columns.take(np.arange(len(columns))), given, filled=columns)
+        requests = RowRequests(columns.copy(), given, filled=columns)
     carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
     left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
         engine.run_cut(requests, columns, policy.end_rollout_at)
