@@ -355,15 +355,17 @@ def _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, rec
             n0 = n
             rlo, hsize, n, ctx, n_fin, n_stops = _pop_boundary(it, interval, rec, run, rlo, rhi, heap, hsize, pushed, req,
                                                                inputs, ends, n_fin, stops, n, ctx, phases)
-            if interval > 0:
+            # (each helper below is called only where it has something to do: a call passes every array it takes)
+            if interval > 0 and n_pending > 0:
                 n_pending, hsize, seq, error = _push_stops(it, work[3], n_pending, pushed, req, inputs[4], heap, hsize,
                                                            seq, cap)
                 if error != 0:
                     return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
             left_at, left = _depart(recs, rec, n0 - n, n, it, left_at, left)
-            ssize, n, ctx, head, preempted = _preempt(inputs, work[4], ssize, req, phases, interval, capacity, it, n, ctx,
-                                                      head)
-            preemptions += preempted
+            if n > 0 and capacity - ctx < n:
+                ssize, n, ctx, head, preempted = _preempt(inputs, work[4], ssize, req, phases, interval, capacity, it, n,
+                                                          ctx, head)
+                preemptions += preempted
         recs[12][rec] = n_fin - recs[11][rec]
         if n_rec + n_stops + 1 >= cap:  # room for the stops' records
             return n_rec, n_fin, preemptions, OUT_OF_ROOM
@@ -373,12 +375,15 @@ def _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, rec
                 n_rec += 1
                 n, ctx, left_at, left = _stop(recs, rec, i, stops[j - 1], inputs, req, phases, interval, n_fin, n, ctx,
                                               it, left_at, left)
-            head, n, ctx, ssize, seq, n_fresh, prefill, n_pending, error = _admit(
-                inputs, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec, req, ends, pushed, work,
-                phases, n_pending)
-            if error != 0:
-                return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
-            rlo, rhi, hsize = _settle_fresh(work[2], n_fresh, run, rlo, rhi, heap, hsize)
+            prefill = 0
+            if head < hi and n < max_seqs:
+                head, n, ctx, ssize, seq, n_fresh, prefill, n_pending, error = _admit(
+                    inputs, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec, req, ends, pushed,
+                    work, phases, n_pending)
+                if error != 0:
+                    return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
+                if n_fresh > 0:
+                    rlo, rhi, hsize = _settle_fresh(work[2], n_fresh, run, rlo, rhi, heap, hsize)
             recs[8][rec], recs[9][rec], recs[10][rec] = prefill, n, ctx
         if n == 0:
             return n_rec, n_fin, preemptions, i if head < hi else -1
