@@ -1,7 +1,11 @@
 """The batch route's scheduler with stops (numba): per instance, the vLLM scheduling of lssim.sim.world.SimEngine over
 integers (lssim.sim.fastsim, pass 1) where a policy stops responses at progress checkpoints (Policy.progress_stops):
 `schedule_stops`, and the heap and key helpers lssim.sim.fastsim_kernels.schedule_records shares (which keeps a loop
-of its own without stops: run as `_schedule` with no checkpoints it was 2.5-4x slower, and it is the replay's hottest).
+of its own without stops: run as `_schedule` with no checkpoints it is 1.2x slower, and it is the replay's hottest).
+
+The helpers take the loop's arrays in tuples. numba counts a reference for every array a call passes (an atomic add and
+subtract each), which was most of this kernel's time: the arrays reach the helpers as views with no owner
+(lssim.kernels.unowned; `_schedule` holds the owners to its return), and a helper with nothing to do is not called.
 
 Stops. The event engine reaches a checkpoint every `interval` tokens strictly inside a response; at a stop the
 controller aborts the response after the instance's boundary was handled. So a boundary with stops runs: the finishes
