@@ -190,7 +190,8 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
     rest = np.flatnonzero(place < 0)
     if len(rest) and rest[-1] >= len(objects):
         raise RuntimeError(f"response {int(rids[rest[-1]])}, held as a row, is neither in the cut nor held from an earlier step")
-    parts.append((RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))), None))
+    if len(rest) or not parts:  # (no part of no rows: RequestColumns.of makes every column for none)
+        parts.append((RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))), None))
     place[rest] = at + np.arange(len(rest))
     closed = RequestColumns.concat_taken(parts)
     for start, stop in versioned:
