@@ -19,9 +19,10 @@ import threading
 import numba
 from numba import types
 from numba.core.registry import CPUDispatcher, cpu_target
-from numba.extending import typeof_impl
+from numba.core import cgutils
+from numba.extending import intrinsic, overload, typeof_impl
 
-from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling, blas_probe_wanted
+from lssim.kernels import ArgType, KernelFunction, TupleType, announce_compiling, blas_probe_wanted, unowned
 
 BLAS_PROBE = "scipy.linalg.cython_blas"  # what numba.np.arraymath imports to find out whether a BLAS is there
 
@@ -65,6 +66,22 @@ def numba_type(spec: ArgType | TupleType) -> types.Type:
 @typeof_impl.register(KernelFunction)
 def _typeof_kernel_function(function: KernelFunction, c) -> types.Dispatcher:
     return types.Dispatcher(function.compiled)
+
+
+@intrinsic
+def _view_without_owner(typingctx, array):
+    """The array's view with no meminfo (and no parent object): numba's reference counting skips it."""
+    def codegen(context, builder, signature, args):
+        view = context.make_array(array)(context, builder, value=args[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+    return array(array), codegen
+
+
+@overload(unowned)
+def _unowned(array):
+    return lambda array: _view_without_owner(array)
 
 
 class Kernel(CPUDispatcher):

@@ -150,6 +150,15 @@ def kernel(*argtypes, more: tuple[tuple, ...] = ()):
     return declare
 
 
+def unowned(array: np.ndarray) -> np.ndarray:
+    """`array` as a kernel hands it to its helpers: compiled, a view that holds no reference to its memory
+    (lssim.kernel_compiler); in Python, the array itself. numba counts a reference (an atomic add, then a subtract)
+    for every array a helper takes, each one of a tuple included, at every call: most of what a helper-heavy loop costs
+    (schedule_stops: 0.6 of its time). A view without an owner is passed for nothing; the kernel that makes it keeps
+    the array itself alive for as long as the view is read."""
+    return array
+
+
 @contextlib.contextmanager
 def python_route(on: bool = True) -> Iterator[None]:
     """Within it (where `on`), every kernel runs its Python source, computing what its compiled code computes, to the

@@ -52,6 +52,7 @@ cut wastes in static batches, the plan's motivation), and not extending carries 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import replace
 
@@ -117,16 +118,26 @@ class Segment(Policy):
         return Action.carry(_REASON)
 
     def progress_carries(self, checkpoints):
-        # every checkpoint at once: the history read where the rule asks it (it moves only in end_step), then each
-        # response's first carry
-        flat, requests = checkpoints.flat(), checkpoints.requests
-        rows, generated = flat.rows, flat.generated
-        in_step = generated - requests.tokens_before_resume[rows]
+        # A response's first carry is one of its first checkpoints past the window: those within the extension, then
+        # the one after it (every one past the extension carries). Only those are read, all at once (the history, read
+        # where the rule asks it, moves only in end_step); then each response's first carry.
+        flat, requests, interval = checkpoints.flat(), checkpoints.requests, checkpoints.interval
+        count, before = np.diff(flat.starts), requests.tokens_before_resume
+        past = np.maximum(0, -(-(self.window - (flat.first - before)) // interval))  # its first checkpoint past the window
+        read = np.clip(count - past, 0, math.ceil(self.window * self.extend / interval) + 2)  # (one spare)
+        rows = np.repeat(np.arange(len(count)), read)
+        generated = flat.first[rows] + interval * (past[rows] + np.arange(len(rows)) - np.repeat(np.cumsum(read) - read, read))
+        in_step = generated - before[rows]
         asked = np.flatnonzero(self.reads_history(in_step))
         left = np.full(len(in_step), np.nan)
         left[asked] = self.history.remainings(requests.prompt_id[rows[asked]], generated[asked])
-        at = flat.first_hits(self.carries(in_step, left) > 0)[1]
-        return ProgressStops.of(at, np.where(at >= 0, _REASON, "").astype(object))
+        hit = np.flatnonzero(self.carries(in_step, left) > 0)  # in checkpoint order: a response's first comes first
+        first = hit[np.r_[True, rows[hit[1:]] != rows[hit[:-1]]]] if len(hit) else hit
+        at = np.full(len(checkpoints), -1, np.int64)
+        at[rows[first]] = generated[first]
+        reason = np.full(len(at), "", object)
+        reason[at >= 0] = _REASON
+        return ProgressStops.of(at, reason)
 
     def on_unfinished(self, request):
         return CARRY

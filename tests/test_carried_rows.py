@@ -75,15 +75,24 @@ def test_objects_read_between_steps_are_the_event_engines(monkeypatch, read_ever
     slow, _ = controller(trace, batch_route=False)
     assert fast._cut and not slow._cut
     running, done = [None], {id(fast): {}, id(slow): {}}  # each group's rewards when done, by run
-    group_done = rollout_books._group_done
+    group_done, groups_done = rollout_books._group_done, rollout_books._groups_done
 
-    def noted(gid, s):
+    def note(gid, s):
         members = s.members[gid]
         if not isinstance(members, np.ndarray):  # (a group booked as rows is counted apart, over arrays)
             done[id(running[0])][gid] = members.rewards() if isinstance(members, GroupRows) else [r.reward for r in members]
+
+    def noted(gid, s):
+        note(gid, s)
         group_done(gid, s)
 
+    def all_noted(gids, s):
+        for gid in gids:
+            note(gid, s)
+        groups_done(gids, s)
+
     monkeypatch.setattr(rollout_books, "_group_done", noted)
+    monkeypatch.setattr(rollout_books, "_groups_done", all_noted)
     carried_as_rows = 0
     for step in range(fast.config.steps):
         for ctl in (fast, slow):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lssim.kernels import KernelFunction, on_python_route, python_route
+from lssim.kernels import I64S, KernelFunction, kernel, on_python_route, python_route, unowned
 from lssim.traces.workload_index import _hash01_words, hash01, hash01_many
 from test_fastpath import BATCH_POLICIES, PROFILED, ROOFLINE, run
 from test_fastpath_events import ROUTED, labelled_trace
@@ -83,3 +83,25 @@ def test_a_refused_call_on_the_python_route_leaves_the_route_as_it_was():
         with python_route():
             raise ZeroDivisionError
     assert not on_python_route()
+
+
+@kernel(I64S)
+def _doubled_through_views(values):
+    """Doubles `values` in place through a view with no owner, passed on to another kernel: the sum then."""
+    view = unowned(values)
+    _double(view)
+    return unowned(view).sum()
+
+
+@kernel(I64S)
+def _double(values):
+    for i in range(len(values)):
+        values[i] *= 2
+
+
+def test_a_view_with_no_owner_reads_and_writes_its_arrays_memory_on_both_routes():
+    for python in (False, True):
+        values = np.arange(5, dtype=np.int64)
+        with python_route(python):
+            assert _doubled_through_views(values) == 20
+        assert values.tolist() == [0, 2, 4, 6, 8]

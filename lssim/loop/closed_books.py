@@ -43,10 +43,11 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     ended in) gathered into columns once (`s.closed`; the cut's and `earlier`'s rows read from there), and the done
     groups as rows of them (a GroupBatch; a group of objects holds them too, a group of the cut booked as rows or as
     GroupRows is rows only: StepState.members). Members stay read-only from here on."""
-    objects = list(itertools.chain.from_iterable(members for members in done if isinstance(members, list)))
-    held = [members.rids() for members in done if isinstance(members, GroupRows)]  # found by rid, never read as objects
-    done_rids = np.concatenate([rids_of(objects), *held])
-    if len(np.unique(done_rids)) != len(done_rids):
+    kinds = [_OBJECTS if isinstance(members, list) else _HELD if isinstance(members, GroupRows) else _CUT for members in done]
+    objects = list(itertools.chain.from_iterable(m for m, kind in zip(done, kinds) if kind == _OBJECTS))
+    held = _member_rids([m for m, kind in zip(done, kinds) if kind == _HELD])  # found by rid, never read as objects
+    done_rids = np.concatenate([rids_of(objects), held])
+    if not _distinct(done_rids):
         raise RuntimeError(f"step {s.step}: a response is a member of two groups done now")
     carried = s.carried_out
     carried_rids = carried.rids() if isinstance(carried, CarriedRows) else rids_of(carried)
@@ -65,21 +66,48 @@ def close_step(s: StepState, done: list[list[Request] | np.ndarray | GroupRows],
     in_cut = len(s.cut[1]) if s.cut is not None else 0  # the cut's rows: the closed columns' first, in order
     s.closed_ended = np.concatenate([np.arange(in_cut), place[rows_by_rid(rids, position, rids_of(s.ended))]])
     s.closed_carried = place[rows_by_rid(rids, position, carried_rids)]
-    held_place = place[rows_by_rid(rids, position, done_rids[len(done_rids) - sum(map(len, held)):])]
-    return _done_groups(s, done, place, held_place)
+    held_place = place[rows_by_rid(rids, position, done_rids[len(done_rids) - len(held):])]
+    return _done_groups(s, done, kinds, place, held_place)
 
 
 _OBJECTS, _HELD, _CUT = 0, 1, 2  # _done_groups' kinds of group: Request objects, GroupRows, rows of the cut
 
 
-def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], place: np.ndarray,
+def _distinct(rids: np.ndarray) -> bool:
+    """No rid twice: counted over their range where it is about as long as they are (a step's rids are about one
+    range), else sorted (numpy 2's np.unique without a return hashes them, several times slower)."""
+    if len(rids) < 2:
+        return True
+    lo, hi = int(rids.min()), int(rids.max())
+    if hi - lo < 4 * len(rids):
+        return np.count_nonzero(np.bincount(rids - lo)) == len(rids)
+    ordered = np.sort(rids)
+    return not (ordered[1:] == ordered[:-1]).any()
+
+
+def _member_rids(groups: list[GroupRows]) -> np.ndarray:
+    """The rids of `groups`' members, group after group (GroupRows.rids of each), read a submission's columns at a
+    time."""
+    if not groups:
+        return np.zeros(0, np.int64)
+    rows, sources = np.concatenate([g.rows for g in groups]), [g.columns for g in groups]
+    if sources.count(sources[0]) == len(sources):  # (RequestColumns compare by identity: eq=False)
+        return sources[0].rid[rows]
+    source = np.repeat([id(c) for c in sources], np.fromiter(map(len, groups), np.int64, len(groups)))
+    out = np.empty(len(rows), np.int64)
+    for columns in {id(c): c for c in sources}.values():
+        at = source == id(columns)
+        out[at] = columns.rid[rows[at]]
+    return out
+
+
+def _done_groups(s: StepState, done: list[list[Request] | np.ndarray | GroupRows], kinds: list[int], place: np.ndarray,
                  held_place: np.ndarray) -> GroupBatch:
-    """close_step's groups, as rows of the closed columns (a Group made only for a group someone looks at), each group
-    of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`: each gathered
-    object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as rows is rows
-    of the cut's submission (the closed columns' first rows)."""
+    """close_step's groups (of `kinds`), as rows of the closed columns (a Group made only for a group someone looks at),
+    each group of objects holding them (GroupBatch.held): the object groups' members are the first gathered (`place`:
+    each gathered object's row), the GroupRows' members' rows are `held_place`, group after group, and a group booked as
+    rows is rows of the cut's submission (the closed columns' first rows)."""
     # Members placed kind by kind (each kind's rows come in group order), not group by group (a step has thousands of groups)
-    kinds = [_OBJECTS if isinstance(members, list) else _HELD if isinstance(members, GroupRows) else _CUT for members in done]
     sizes = np.fromiter(map(len, done), np.int64, len(done))
     member_kinds = np.repeat(np.array(kinds, np.int8), sizes)
     rows = np.empty(len(member_kinds), np.int64)
@@ -174,7 +202,8 @@ def _gathered(objects: list[Request], rids: np.ndarray, cut: tuple[RequestColumn
     rest = np.flatnonzero(place < 0)
     if len(rest) and rest[-1] >= len(objects):
         raise RuntimeError(f"response {int(rids[rest[-1]])}, held as a row, is neither in the cut nor held from an earlier step")
-    parts.append((RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))), None))
+    if len(rest) or not parts:  # (no part of no rows: RequestColumns.of makes every column for none)
+        parts.append((RequestColumns.of(list(map(objects.__getitem__, rest.tolist()))), None))
     place[rest] = at + np.arange(len(rest))
     closed = RequestColumns.concat_taken(parts)
     for start, stop in versioned:

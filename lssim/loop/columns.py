@@ -132,18 +132,29 @@ class RequestColumns:
             return columns if rows is None else columns.take(rows)
         sizes = [len(columns) if rows is None else len(rows) for columns, rows in parts]
         bounds = np.cumsum([0, *sizes]).tolist()
+        places = list(zip([rows for _, rows in parts], bounds, bounds[1:]))
         out = {}
         for name in _ARRAYS:
             sources = [getattr(columns, name) for columns, _ in parts]
             column = out[name] = np.empty(bounds[-1], np.result_type(*sources))  # as np.concatenate promotes
-            for source, (_, rows), start, stop in zip(sources, parts, bounds, bounds[1:]):
-                column[start:stop] = source if rows is None else source.take(rows)
+            for source, (rows, start, stop) in zip(sources, places):
+                if rows is None:
+                    column[start:stop] = source
+                elif source.dtype == column.dtype:  # taken straight into place ("wrap": as "raise" takes valid rows,
+                    source.take(rows, out=column[start:stop], mode="wrap")  # where "raise" copies through a buffer)
+                else:
+                    column[start:stop] = source.take(rows)
         resumes = None
         if any(columns.resumes is not None for columns, _ in parts):
             resumes = np.concatenate([np.full(n, None) if columns.resumes is None else
                                       columns.resumes if rows is None else columns.resumes.take(rows)
                                       for (columns, rows), n in zip(parts, sizes)])
         return RequestColumns(**out, resumes=resumes)
+
+    def copy(self) -> "RequestColumns":
+        """Every row, in columns of their own (take of every row, by the quicker copy)."""
+        return RequestColumns(**{name: getattr(self, name).copy() for name in _ARRAYS},
+                              resumes=None if self.resumes is None else self.resumes.copy())
 
     def take(self, rows) -> "RequestColumns":
         """The given rows (indices, a slice or a boolean mask), in that order."""

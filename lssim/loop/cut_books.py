@@ -19,12 +19,13 @@ import operator
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs, with_signal
+from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs
 from lssim.loop.contracts import Engine
 from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
-from lssim.loop.rollout_books import carry_out, count_ended, end_response, end_responses, members_ended
+from lssim.loop.rollout_books import (carry_out, count_effective, count_ended, end_response, end_responses,
+                                     members_ended)
 from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 
 
@@ -45,7 +46,7 @@ def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Pol
         carried, given = _carried_rows(s)
         n_carried = len(given)
         columns = RequestColumns.concat([carried, fresh]) if n_carried else fresh
-        requests = RowRequests(columns.take(np.arange(len(columns))), given, filled=columns)
+        requests = RowRequests(columns.copy(), given, filled=columns)
     carries = asks["on_progress"]  # Controller._cut_rollout: carries, or an end_rollout rule (never both)
     left = engine.run_cut(requests, columns, carry_at=policy.progress_carries) if carries else \
         engine.run_cut(requests, columns, policy.end_rollout_at)
@@ -196,16 +197,15 @@ def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: 
         object_rows = object_rows[requests.has(object_rows)]
     s.fresh = fresh_objects = requests.make(object_rows, source=columns)
     s.fresh_rows_only = len(columns) - n_carried - len(object_rows)
-    members, at, every_row = s.members, 0, np.arange(len(columns))
-    for gid, a, k, rows_only in zip(columns.group_id[starts].tolist(), starts.tolist(), sizes.tolist(), as_rows.tolist()):
-        if as_objects:
+    members, every_row = s.members, np.arange(len(columns))
+    gids, counts = columns.group_id[starts].tolist(), sizes.tolist()
+    if as_objects:
+        for gid, at, k in zip(gids, itertools.accumulate(counts, initial=0), counts):
             members[gid] = fresh_objects[at:at + k]
-            at += k
-        elif rows_only:
-            members[gid] = np.arange(a, a + k)  # every member ended in the rollout: booked as rows of the submission
-        else:
-            members[gid] = GroupRows(requests, columns, every_row[a:a + k])
-        s.open_members[gid] = k
+    else:  # as rows of the submission where every member ended in the rollout, else as GroupRows
+        for gid, a, k, rows_only in zip(gids, starts.tolist(), counts, as_rows.tolist()):
+            members[gid] = every_row[a:a + k] if rows_only else GroupRows(requests, columns, every_row[a:a + k])
+    s.open_members.update(zip(gids, counts))
     s.rollout.groups_submitted = len(members)
 
 
@@ -216,25 +216,13 @@ def _end_groups_as_rows(as_rows: np.ndarray, starts: np.ndarray, sizes: np.ndarr
     if not as_rows.any():
         return
     state = s.rollout
-    rows = np.concatenate([np.arange(a, a + k) for a, k in zip(starts[as_rows].tolist(), sizes[as_rows].tolist())])
+    firsts, counts = starts[as_rows], sizes[as_rows]
+    rows = np.repeat(firsts - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())  # each group's rows in turn
     state.requests_in_flight -= len(rows)
     state.responses_done += len(rows)
     state.groups_done += int(as_rows.sum())
-    state.groups_effective += _effective(columns.reward[rows], sizes[as_rows])
+    state.groups_effective += count_effective(columns.reward[rows], sizes[as_rows])
     s.open_members.update(zip(columns.group_id[starts[as_rows]].tolist(), itertools.repeat(0)))
-
-
-def _effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
-    """How many groups (members consecutive, `sizes` each) have rewards that differ, as members_ended judges each: with
-    Python's max and min, which a NaN reward answers by its place in the group (with_signal's arrays where none is NaN)."""
-    if not np.isnan(rewards).any():
-        return int(with_signal(rewards, sizes).sum())
-    out, at = 0, 0
-    for k in sizes.tolist():
-        group = rewards[at:at + k].tolist()
-        out += len(group) > 1 and max(group) - min(group) > 0
-        at += k
-    return out
 
 
 def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool], keeps_generating: bool) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Container, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 import pandas as pd
@@ -288,13 +288,13 @@ class ResponseTable:
         off = members.off_policy_tokens(step)[trained]  # (each row's own)
         self._settled.extend(zip(np.array(rows, np.int64)[trained].tolist(), itertools.repeat(step), off.tolist()))
 
-    def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Container[int]) -> None:
+    def add(self, books: "StepBooks", step: int, started: float, trained_rids: np.ndarray, open_groups: Collection[int]) -> None:
         """A row for each response that ended in the step; one whose group is in `open_groups` (not complete)
         is settled in a later step."""
         e, n = books.ended, len(books.ended)
         if open_groups:
-            for i in np.flatnonzero(np.isin(e.group_id, list(open_groups))).tolist():
-                self._pending[int(e.rid[i])] = self._rows + i
+            pending = np.flatnonzero(np.isin(e.group_id, np.fromiter(open_groups, np.int64, len(open_groups))))
+            self._pending.update(zip(e.rid[pending].tolist(), (pending + self._rows).tolist()))
         trained_now = in_sorted(e.rid, trained_rids)
         self._store({
             "step": e.step, "end_step": np.full(n, step, np.int64), "prompt_id": e.prompt_id, "sample_idx": e.sample_idx,

@@ -25,7 +25,8 @@ class RowRequests(Sequence):
         self.filled = submitted if filled is None else filled  # the columns the engine fills in place
         self._objects: list[Request | None] = list(given) + [None] * (len(submitted) - len(given))
         self._has = np.zeros(len(submitted), bool)  # which rows have an object
-        self._has[:len(given)] = np.fromiter(map(_is_object, given), bool, len(given))
+        if given.count(None) < len(given):  # (carried as rows: none given, none looked at one by one)
+            self._has[:len(given)] = np.fromiter(map(_is_object, given), bool, len(given))
         # rows whose filled columns hold what their object would (`carry`, `hold`): made from there, read there
         self._carried = np.zeros(len(submitted), bool)
         # carried rows resubmitted as rows of the next submission (`forward`): their objects are made there
@@ -84,6 +85,8 @@ class RowRequests(Sequence):
 
     def objects_of(self, rows: np.ndarray) -> list[Request | None]:
         """Each of `rows`' object, None where it has none (none made)."""
+        if not self._has[rows].any():
+            return [None] * len(rows)
         return list(map(self._objects.__getitem__, rows.tolist()))
 
     def carry(self, rows: np.ndarray) -> None:
@@ -126,6 +129,14 @@ class RowRequests(Sequence):
         numpy's calls cost more than the rows)."""
         objects = self._objects
         return [row if (r := objects[i]) is None else r.reward for i, row in zip(rows.tolist(), filled.reward[rows].tolist())]
+
+    def reward_array(self, rows: np.ndarray, filled: RequestColumns) -> np.ndarray:
+        """`rewards_of` as an array (many groups' rows at once)."""
+        out = filled.reward[rows]
+        made = np.flatnonzero(self._has[rows])
+        if len(made):
+            out[made] = [r.reward for r in map(self._objects.__getitem__, rows[made].tolist())]
+        return out
 
     def left_open(self, rows: np.ndarray, filled: RequestColumns) -> RequestColumns:
         """`rows` (each with its object: open when the rollout left it, running at the cut or carried) as their objects

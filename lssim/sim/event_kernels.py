@@ -1,7 +1,11 @@
 """The batch route's scheduler with stops (numba): per instance, the vLLM scheduling of lssim.sim.world.SimEngine over
 integers (lssim.sim.fastsim, pass 1) where a policy stops responses at progress checkpoints (Policy.progress_stops):
 `schedule_stops`, and the heap and key helpers lssim.sim.fastsim_kernels.schedule_records shares (which keeps a loop
-of its own without stops: run as `_schedule` with no checkpoints it was 2.5-4x slower, and it is the replay's hottest).
+of its own without stops: run as `_schedule` with no checkpoints it is 1.2x slower, and it is the replay's hottest).
+
+The helpers take the loop's arrays in tuples. numba counts a reference for every array a call passes (an atomic add and
+subtract each), which was most of this kernel's time: the arrays reach the helpers as views with no owner
+(lssim.kernels.unowned; `_schedule` holds the owners to its return), and a helper with nothing to do is not called.
 
 Stops. The event engine reaches a checkpoint every `interval` tokens strictly inside a response; at a stop the
 controller aborts the response after the instance's boundary was handled. So a boundary with stops runs: the finishes
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel, tuple_of
+from lssim.kernels import BOOLS, I64, I64S, I64S_IN, kernel, tuple_of, unowned
 
 _START, _FIRE = 0, 1  # record kinds: an instance's first admission, or an event boundary (span, finishes, admission)
 STOP_RECORD = 2  # a stop's departure and the admission after it
@@ -46,6 +50,7 @@ WORK = tuple_of(*(I64S,) * 6)
 PHASES = tuple_of(I64S, I64S)
 ENDS = tuple_of(I64S, I64S, I64S)  # fin, fin_rec, first_rec
 INPUTS = tuple_of(I64S_IN, I64S_IN, I64S, I64S_IN, I64S_IN)  # order, prompt, gen, length, stop_at
+SCRATCH = tuple_of(REQUESTS, PUSHED, WORK, PHASES)
 
 
 def records_room(n_requests: int, n_instances: int) -> int:
@@ -171,9 +176,10 @@ def _depart(recs, rec, leaving, n, it, left_at, left):
     return left_at, left
 
 
-@kernel(RECORDS, I64, ENDS, I64, I64, I64)
-def _result(recs, n_rec, ends, n_fin, preemptions, error):
-    """The scheduler's return over the first n_rec records (module docstring of lssim.sim.fastsim_kernels)."""
+@kernel(RECORDS, I64, ENDS, I64, I64, I64, SCRATCH)
+def _result(recs, n_rec, ends, n_fin, preemptions, error, scratch):
+    """The scheduler's return over the first n_rec records (module docstring of lssim.sim.fastsim_kernels). `scratch`:
+    its other arrays, taken here so that they live while the views of them are read (_schedule)."""
     fin, fin_rec, first_rec = ends
     return (recs[0][:n_rec], recs[1][:n_rec], recs[2][:n_rec], recs[3][:n_rec], recs[4][:n_rec], recs[5][:n_rec],
             recs[6][:n_rec], recs[7][:n_rec], recs[8][:n_rec], recs[9][:n_rec], recs[10][:n_rec], recs[11][:n_rec],
@@ -353,15 +359,17 @@ def _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, rec
             n0 = n
             rlo, hsize, n, ctx, n_fin, n_stops = _pop_boundary(it, interval, rec, run, rlo, rhi, heap, hsize, pushed, req,
                                                                inputs, ends, n_fin, stops, n, ctx, phases)
-            if interval > 0:
+            # (each helper below is called only where it has something to do: a call passes every array it takes)
+            if interval > 0 and n_pending > 0:
                 n_pending, hsize, seq, error = _push_stops(it, work[3], n_pending, pushed, req, inputs[4], heap, hsize,
                                                            seq, cap)
                 if error != 0:
                     return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
             left_at, left = _depart(recs, rec, n0 - n, n, it, left_at, left)
-            ssize, n, ctx, head, preempted = _preempt(inputs, work[4], ssize, req, phases, interval, capacity, it, n, ctx,
-                                                      head)
-            preemptions += preempted
+            if n > 0 and capacity - ctx < n:
+                ssize, n, ctx, head, preempted = _preempt(inputs, work[4], ssize, req, phases, interval, capacity, it, n,
+                                                          ctx, head)
+                preemptions += preempted
         recs[12][rec] = n_fin - recs[11][rec]
         if n_rec + n_stops + 1 >= cap:  # room for the stops' records
             return n_rec, n_fin, preemptions, OUT_OF_ROOM
@@ -371,12 +379,15 @@ def _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, rec
                 n_rec += 1
                 n, ctx, left_at, left = _stop(recs, rec, i, stops[j - 1], inputs, req, phases, interval, n_fin, n, ctx,
                                               it, left_at, left)
-            head, n, ctx, ssize, seq, n_fresh, prefill, n_pending, error = _admit(
-                inputs, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec, req, ends, pushed, work,
-                phases, n_pending)
-            if error != 0:
-                return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
-            rlo, rhi, hsize = _settle_fresh(work[2], n_fresh, run, rlo, rhi, heap, hsize)
+            prefill = 0
+            if head < hi and n < max_seqs:
+                head, n, ctx, ssize, seq, n_fresh, prefill, n_pending, error = _admit(
+                    inputs, interval, capacity, max_seqs, cap, hi, head, n, ctx, ssize, seq, it, rec, req, ends, pushed,
+                    work, phases, n_pending)
+                if error != 0:
+                    return n_rec, n_fin, preemptions, -2 - i if error == 1 else error
+                if n_fresh > 0:
+                    rlo, rhi, hsize = _settle_fresh(work[2], n_fresh, run, rlo, rhi, heap, hsize)
             recs[8][rec], recs[9][rec], recs[10][rec] = prefill, n, ctx
         if n == 0:
             return n_rec, n_fin, preemptions, i if head < hi else -1
@@ -406,7 +417,8 @@ def _next_boundary(run, rlo, rhi, heap, hsize, pushed, epoch, bits, interval, ca
 
 @kernel(INPUTS, I64S_IN, I64, I64, I64, I64)
 def _schedule(inputs, inst_start, capacity, max_seqs, cap, interval):
-    """Every instance's schedule (schedule_stops; `interval` 0 where no response has a checkpoint)."""
+    """Every instance's schedule (schedule_stops; `interval` 0 where no response has a checkpoint). The helpers take
+    the arrays as views with no owner (lssim.kernels.unowned), the arrays themselves held to the end (`_result`)."""
     n_req, max_len = len(inputs[1]), max(inputs[3].max(), 0) if len(inputs[3]) else 0
     if interval > max_len:  # no response has a checkpoint
         interval = 0
@@ -421,19 +433,31 @@ def _schedule(inputs, inst_start, capacity, max_seqs, cap, interval):
     work = (np.empty(cap, np.int64), np.empty(2 * n_req + 2, np.int64), np.empty(2 * n_req + 2, np.int64),
             np.empty(cap, np.int64), np.empty(n_req + 1, np.int64), np.empty(n_req + 1, np.int64))
     phases = (np.zeros(max(interval, 1), np.int64), np.zeros(interval // 64 + 1, np.int64))  # back to 0 per instance
+    scratch = (req, pushed, work, phases)
+    views = ((unowned(inputs[0]), unowned(inputs[1]), unowned(inputs[2]), unowned(inputs[3]), unowned(inputs[4])),
+             (unowned(recs[0]), unowned(recs[1]), unowned(recs[2]), unowned(recs[3]), unowned(recs[4]),
+              unowned(recs[5]), unowned(recs[6]), unowned(recs[7]), unowned(recs[8]), unowned(recs[9]),
+              unowned(recs[10]), unowned(recs[11]), unowned(recs[12])),
+             (unowned(ends[0]), unowned(ends[1]), unowned(ends[2])),
+             (unowned(req[0]), unowned(req[1]), unowned(req[2]), unowned(req[3]), unowned(req[4])),
+             (unowned(pushed[0]), unowned(pushed[1]), unowned(pushed[2])),
+             (unowned(work[0]), unowned(work[1]), unowned(work[2]), unowned(work[3]), unowned(work[4]),
+              unowned(work[5])),
+             (unowned(phases[0]), unowned(phases[1])))
     n_rec = n_fin = preemptions = 0
     for i in range(len(inst_start) - 1):
         lo, hi = inst_start[i], inst_start[i + 1]
         if lo == hi:
             continue
-        n_rec, n_fin, preempted, error = _schedule_instance(i, lo, hi, inputs, interval, capacity, max_seqs, cap, recs,
-                                                            ends, req, pushed, work, phases, n_rec, n_fin)
+        n_rec, n_fin, preempted, error = _schedule_instance(i, lo, hi, views[0], interval, capacity, max_seqs, cap,
+                                                            views[1], views[2], views[3], views[4], views[5], views[6],
+                                                            n_rec, n_fin)
         preemptions += preempted
         if error == OUT_OF_ROOM or error < -1:
-            return _result(recs, 0, ends, 0, 0, error)
+            return _result(recs, 0, ends, 0, 0, error, scratch)
         if error >= 0:
-            return _result(recs, n_rec, ends, n_fin, preemptions, error)
-    return _result(recs, n_rec, ends, n_fin, preemptions, -1)
+            return _result(recs, n_rec, ends, n_fin, preemptions, error, scratch)
+    return _result(recs, n_rec, ends, n_fin, preemptions, -1, scratch)
 
 
 @kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64, I64S_IN, I64)
