@@ -33,7 +33,6 @@ import heapq
 import itertools
 import math
 import os
-import queue
 import threading
 import time
 from typing import Callable, Sequence
@@ -43,7 +42,7 @@ from lssim.loop.contracts import Engine
 from lssim.loop.core import FINISHED, LENGTH, PROGRESS, STOP, WAKE, Event, InstanceLoad, Request, Speculation
 
 from . import weights
-from .engine_books import BusyMeter, WaitLog, freeze_heap, worker_freeze_heap
+from .engine_books import BusyMeter, StreamInbox, freeze_heap, worker_freeze_heap
 from .engine_config import VLLMConfig, check_startable, cpu_platform, engine_args
 from .engine_stream import Live, add_requests, shutdown, update_signals, warm_up
 from .spec_stats import ALWAYS, SpecCounts, limit_drafts, make_spec_logger_class
@@ -92,13 +91,11 @@ class VLLMEngine(Engine):
         self._keys = itertools.count()
         self._live: dict[str, Live] = {}  # vLLM request id -> the request it serves (in flight only)
         self._by_rid: dict[int, str] = {}
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._held: list = []  # items taken from the queue after a wake, not yet processed (_process)
+        self._inbox = StreamInbox()  # what the streams delivered, and when the caller waited for it (waited_between)
         self._timers: list[tuple[float, int]] = []  # heap of (engine time, seq): wake_at's timers
         self._pending_wakes = 0  # wake_when's futures not yet done
         self._wake_generation = 0  # abort_all starts a new one: a late wake of an earlier run is ignored
         self._meter = BusyMeter(config.n_instances)  # requests in flight per instance, busy and request-seconds
-        self._waits = WaitLog()  # when the caller waited for the streams (waited_between)
         self._closed = False
 
         t0 = time.monotonic()
@@ -220,7 +217,7 @@ class VLLMEngine(Engine):
         concurrent.futures.Future: a train job on its own thread, real_backend.train_job) is done."""
         self._pending_wakes += 1
         generation = self._wake_generation
-        future.add_done_callback(lambda f: self._q.put((_WAKE_KEY, self.now(), generation, None, None, None)))
+        future.add_done_callback(lambda f: self._inbox.put((_WAKE_KEY, self.now(), generation, None, None, None)))
 
     def set_progress_interval(self, tokens: int | None) -> None:
         self._interval = tokens if tokens and tokens > 0 else None
@@ -282,33 +279,43 @@ class VLLMEngine(Engine):
             batch.append((key, prompt, params, r.priority, instance if self.n_instances > 1 else None))
         if batch:
             try:
-                self._call(add_requests(self._llm, batch, self._q.put, self.now, self.exact_entropy))
+                self._call(add_requests(self._llm, batch, self._inbox.put, self.now, self.exact_entropy))
             except BaseException as e:
                 for key, *_ in batch:
                     self._forget(key, self.now())
                 raise EngineError(f"vLLM refused the requests: {e}") from e
 
     def abort(self, request: Request) -> None:
-        key = self._by_rid.get(request.rid)
-        if key is None:
+        self.abort_many([request])
+
+    def abort_many(self, requests: Sequence[Request]) -> None:
+        """`abort` of each, with one call into vLLM for them all (a weight arrival aborts everything in flight: one
+        round trip to the engine's loop each was most of async's driver time there)."""
+        keys = []
+        for request in requests:
+            key = self._by_rid.get(request.rid)
+            if key is None:
+                continue
+            self._forget(key, self.now())
+            request.generated = len(request.tokens)
+            update_signals(request, self.signal_spec, self.exact_entropy)
+            keys.append((key, request))
+        if not keys:
             return
-        self._forget(key, self.now())
-        request.generated = len(request.tokens)
-        update_signals(request, self.signal_spec, self.exact_entropy)
         try:
-            self._call(self._llm.abort(key))
+            self._call(self._llm.abort([key for key, _ in keys]))
         except BaseException as e:
-            raise EngineError(f"vLLM could not abort request {request.rid}: {e}") from e
-        for observe in self.observers:
-            observe(request, "aborted")
+            raise EngineError(f"vLLM could not abort requests {[r.rid for _, r in keys]}: {e}") from e
+        for _, request in keys:
+            for observe in self.observers:
+                observe(request, "aborted")
 
     def abort_all(self) -> None:
         """Abort every request in flight and drop every timer: the engine is left idle for the next run."""
         self._timers.clear()
         self._pending_wakes = 0
         self._wake_generation += 1
-        for lv in list(self._live.values()):
-            self.abort(lv.request)
+        self.abort_many([lv.request for lv in self._live.values()])
 
     def next_events(self) -> list[Event]:
         """Blocks until at least one request finished or passed a progress checkpoint, or a timer (wake_at, wake_when)
@@ -335,7 +342,7 @@ class VLLMEngine(Engine):
         The rest of a rollout is the driver's own work on the caller's thread: the controller, the policy, rewards,
         and the submit and abort calls (each blocks until the front end has taken it); on a host whose cores the driver
         shares with the engine, time the engine loses (real_backend.recorder writes it as `driver_seconds`)."""
-        return self._waits.waited_between(start, end)
+        return self._inbox.waits.waited_between(start, end)
 
     def driver_seconds(self, start: float, end: float) -> float:
         """The caller's own seconds in [start, end]: the span less waited_between (a run's steps.parquet records it per
@@ -345,32 +352,14 @@ class VLLMEngine(Engine):
     def _wait(self, until: float | None = None) -> list:
         """Everything the streams have delivered, waiting for at least one item (or until the engine clock reaches
         `until`: [] then). The time it waited is kept for waited_between."""
-        began = self.now()
-        try:
-            return self._wait_for_items(until)
-        finally:
-            self._waits.record(began, self.now())
+        return self._inbox.take(self.now, until, self._check_alive)
 
-    def _wait_for_items(self, until: float | None) -> list:
-        items, self._held = self._held, []
-        deadline = time.monotonic() + self.stall_timeout
-        while not items:
-            wait = 1.0 if until is None else min(1.0, max(0.0, until - self.now()))
-            try:
-                items = [self._q.get(timeout=wait)]
-            except queue.Empty:
-                if until is not None and self.now() >= until:
-                    return []
-                if self._llm.errored or not self._thread.is_alive():
-                    raise EngineError("the vLLM engine died (its engine core process is gone)")
-                if time.monotonic() > deadline:
-                    raise EngineError(f"the vLLM engine stalled: {len(self._live)} requests in flight and nothing "
-                                      f"arrived for {self.stall_timeout:.0f} s")
-        while True:
-            try:
-                items.append(self._q.get_nowait())
-            except queue.Empty:
-                return items
+    def _check_alive(self, waiting_since: float) -> None:
+        if self._llm.errored or not self._thread.is_alive():
+            raise EngineError("the vLLM engine died (its engine core process is gone)")
+        if time.monotonic() - waiting_since > self.stall_timeout:
+            raise EngineError(f"the vLLM engine stalled: {len(self._live)} requests in flight and nothing arrived for "
+                              f"{self.stall_timeout:.0f} s")
 
     def _process(self, items: list) -> list[Event]:
         finished: dict[str, Event] = {}
@@ -383,10 +372,10 @@ class VLLMEngine(Engine):
                 # A wake comes alone, as the simulator's: the caller acts on it (an async mode aborts what is in
                 # flight) before anything the streams delivered after it is applied to a request.
                 if finished or progressed:
-                    self._held = items[i:]
+                    self._inbox.held = items[i:]
                     break
                 self._pending_wakes -= 1
-                self._held = items[i + 1:]
+                self._inbox.held = items[i + 1:]
                 return [Event(WAKE, None, t)]
             lv = self._live.get(key)
             if lv is None:

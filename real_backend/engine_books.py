@@ -1,11 +1,14 @@
 """What VLLMEngine keeps about its own time, beside serving requests: how busy its instances were (`BusyMeter`,
-Engine.utilization), when its caller waited for the streams (`WaitLog`, the driver's own seconds in a span are
-the rest), and the collector's frozen heaps (`freeze_heap`)."""
+Engine.utilization), what the streams delivered and when its caller waited for it (`StreamInbox`, `WaitLog`: the
+driver's own seconds in a span are the rest), and the collector's frozen heaps (`freeze_heap`)."""
 
 from __future__ import annotations
 
 import bisect
 import gc
+import queue
+import time
+from typing import Callable
 
 
 class BusyMeter:
@@ -81,3 +84,38 @@ def worker_freeze_heap(worker) -> int:
 
 
 __all__ = ["BusyMeter", "WaitLog", "freeze_heap", "worker_freeze_heap"]
+
+
+class StreamInbox:
+    """What the request streams deliver (engine_stream.drain puts each item from AsyncLLM's loop), taken on the caller's
+    thread: `held`, items taken but not processed yet (VLLMEngine._process holds those after a wake for the next call),
+    and `waits`, when the caller waited (WaitLog)."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.put = self._queue.put
+        self.held: list = []
+        self.waits = WaitLog()
+
+    def take(self, now: Callable[[], float], until: float | None, idle_check: Callable[[float], None]) -> list:
+        """The held items and everything delivered since, waiting for at least one (or until `now()` reaches `until`:
+        [] then); after each idle second `idle_check(monotonic time the wait began)` may raise (the engine is gone or
+        stalled). The wait is recorded in `waits`."""
+        items, self.held = self.held, []
+        began, since = now(), time.monotonic()
+        try:
+            while not items:
+                wait = 1.0 if until is None else min(1.0, max(0.0, until - now()))
+                try:
+                    items = [self._queue.get(timeout=wait)]
+                except queue.Empty:
+                    if until is not None and now() >= until:
+                        return []
+                    idle_check(since)
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    return items
+        finally:
+            self.waits.record(began, now())

@@ -174,12 +174,12 @@ def test_measure_stream_interval_summarises_rounds_against_the_first_interval(ca
 def test_waited_between_sums_the_callers_waits_inside_a_span():
     """VLLMEngine.waited_between: the parts of the recorded waits that fall inside [start, end]."""
     from real_backend.engine import VLLMEngine
-    from real_backend.engine_books import WaitLog
+    from real_backend.engine_books import StreamInbox
 
     eng = VLLMEngine.__new__(VLLMEngine)
-    eng._waits = WaitLog()  # the waits recorded: [0, 1], [2, 3], [5, 9]
+    eng._inbox = StreamInbox()  # the waits recorded: [0, 1], [2, 3], [5, 9]
     for began, ended in ((0.0, 1.0), (2.0, 3.0), (5.0, 9.0)):
-        eng._waits.record(began, ended)
+        eng._inbox.waits.record(began, ended)
     assert eng.waited_between(0.0, 10.0) == pytest.approx(6.0)
     assert eng.waited_between(0.5, 2.5) == pytest.approx(1.0)  # 0.5 of the first, 0.5 of the second
     assert eng.waited_between(3.0, 5.0) == pytest.approx(0.0)

@@ -398,8 +398,7 @@ class Controller:
         if arrived is None:
             return
         running = list(s.in_flight.values())
-        for r in running:
-            self.engine.abort(r)
+        self.engine.abort_many(running)
         arrived.push(self.engine)  # the simulator's clock moves by the sync; a real engine loads the weights
         for r in running:
             note_resume(r, self.mode.version)
