@@ -289,8 +289,7 @@ class VLLMEngine(Engine):
         self.abort_many([request])
 
     def abort_many(self, requests: Sequence[Request]) -> None:
-        """`abort` of each, with one call into vLLM for them all (a weight arrival aborts everything in flight: one
-        round trip to the engine's loop each was most of async's driver time there)."""
+        """`abort` of each, with one call into vLLM for them all (a weight arrival aborts everything in flight)."""
         keys = []
         for request in requests:
             key = self._by_rid.get(request.rid)
