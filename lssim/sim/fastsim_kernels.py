@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lssim.kernels import F64S, F64S_IN, I64, I64S, I64S_IN, kernel
+from lssim.kernels import F64S, F64S_IN, I64, I64S, I64S_IN, kernel, unowned
 from lssim.sim.event_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _peek, _pop, _settle_fresh,
                                      records_room)
 
@@ -72,6 +72,8 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
     pushed_req = np.empty(cap, np.int64)
     pushed_ep = np.empty(cap, np.int64)
     stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
+    # the heap helpers take views with no owner (lssim.kernels.unowned): no reference counted per call
+    run_v, heap_v, fresh_v = unowned(run), unowned(heap), unowned(fresh)
     n_rec = 0
     n_fin = 0
     preemptions = 0
@@ -117,12 +119,12 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 # the finishes at this boundary, in (iteration, seq) order
                 n0 = n
                 while True:
-                    key = _peek(run, rlo, rhi, heap, hsize)
+                    key = _peek(run_v, rlo, rhi, heap_v, hsize)
                     if key < 0 or key >> _SEQ_BITS > it:
                         break
                     r = pushed_req[key & SEQ_MASK]
                     ep = pushed_ep[key & SEQ_MASK]
-                    rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+                    rlo, hsize = _pop(run_v, rlo, rhi, heap_v, hsize)
                     if ep != epoch[r]:
                         continue
                     g = gen_at_admit[r] + (it - admit_it[r])
@@ -190,7 +192,7 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 fresh[n_fresh] = finish_it << _SEQ_BITS | seq
                 n_fresh += 1
                 seq += 1
-            rlo, rhi, hsize = _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize)
+            rlo, rhi, hsize = _settle_fresh(fresh_v, n_fresh, run_v, rlo, rhi, heap_v, hsize)
             rpf[rec] = prefill
             ran[rec] = n
             ractx[rec] = ctx
@@ -202,10 +204,10 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 break
             # the next boundary: a finish, or the cache unable to hold the next iteration's tokens
             while True:
-                key = _peek(run, rlo, rhi, heap, hsize)
+                key = _peek(run_v, rlo, rhi, heap_v, hsize)
                 if pushed_ep[key & SEQ_MASK] == epoch[pushed_req[key & SEQ_MASK]]:
                     break
-                rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+                rlo, hsize = _pop(run_v, rlo, rhi, heap_v, hsize)
             target = min(key >> _SEQ_BITS, it + (capacity - ctx) // n)
             k = target - it
             n_before = n
