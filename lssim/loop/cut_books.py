@@ -19,7 +19,7 @@ import operator
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs
+from lssim.loop.columns import RequestColumns, TakenRows, _resumes, rids_of, runs
 from lssim.loop.contracts import Engine
 from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
@@ -180,7 +180,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
         count_ended(columns.group_id[ended[~booked_as_rows[ended]]], s)
     _end_groups_as_rows(as_rows, starts, sizes, columns, s)
     if tell and not one_by_one:
-        policy.on_finishes(columns.take(ended), state)
+        policy.on_finishes(TakenRows(columns, ended), state)  # (a hook reads a column or two of the 26)
 
 
 def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,
