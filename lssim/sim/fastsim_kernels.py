@@ -28,6 +28,13 @@ def _no_schedule(fin_rec, first_rec, error):
     return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, error
 
 
+@kernel(I64S, I64S, I64S)
+def _held(run, heap, fresh):
+    """Nothing: schedule_records calls it where it returns, so that the arrays its helpers read as views with no
+    owner live until then (numba frees an array after its last use)."""
+    return 0
+
+
 @kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64)
 def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs, cap):
     """Every instance's schedule, integers only (module docstring, pass 1).
@@ -72,7 +79,8 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
     pushed_req = np.empty(cap, np.int64)
     pushed_ep = np.empty(cap, np.int64)
     stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
-    # the heap helpers take views with no owner (lssim.kernels.unowned): no reference counted per call
+    # the heap helpers take views with no owner (lssim.kernels.unowned): no reference counted per call; `_held`
+    # keeps the arrays to each return
     run_v, heap_v, fresh_v = unowned(run), unowned(heap), unowned(fresh)
     n_rec = 0
     n_fin = 0
@@ -97,7 +105,8 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
         first = True
         while True:
             if n_rec + 1 >= cap:  # out of room: the caller calls again with more (no array grows in this loop: it
-                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)  # is several times faster when none is reassigned in it)
+                _held(run, heap, fresh)  # is several times faster when none is reassigned in it)
+                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
             rec = n_rec
             n_rec += 1
             rinst[rec] = i
@@ -184,8 +193,10 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 ssize += 1
                 finish_it = it + max(0, length[r] - gen[r])
                 if seq > SEQ_MASK or finish_it >= MAX_IT:
+                    _held(run, heap, fresh)
                     return _no_schedule(fin_rec, first_rec, -2 - i)
                 if seq == cap:
+                    _held(run, heap, fresh)
                     return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
                 pushed_req[seq] = r
                 pushed_ep[seq] = epoch[r]
@@ -198,6 +209,7 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
             ractx[rec] = ctx
             if n == 0:
                 if head < hi:
+                    _held(run, heap, fresh)
                     return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
                             rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
                             fin[:n_fin], fin_rec, first_rec, preemptions, i)
@@ -214,6 +226,7 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
             ctx_before = ctx
             ctx += n * k
             it = target
+    _held(run, heap, fresh)
     return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
             rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
             fin[:n_fin], fin_rec, first_rec, preemptions, -1)
