@@ -275,8 +275,8 @@ class ResponseTable:
         if not pending.any():
             return
         one = rows_of_one(end.done_groups)
-        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read
-            members = one[0].take(one[1][pending])
+        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read, and
+            members = TakenRows(one[0], one[1][pending])  # only the columns read below
         else:
             groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
             some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0

@@ -5,7 +5,8 @@ the three passes fit together.
 
 schedule_records keeps its own loop: event_kernels._schedule with no checkpoints schedules the same records, but 1.2x
 slower (measured on segment's steps of some 2,600 requests, 2026-11-28: its arrays reach the loop's helpers in tuples;
-2.5-4x before they were passed as views with no owner), and this is the replay's hottest kernel.
+2.5-4x before they were passed as views with no owner), and this is the replay's hottest kernel. Its own heap helpers
+take views with no owner too (1.2x on april's steps, 2026-11-28).
 """
 
 from __future__ import annotations
