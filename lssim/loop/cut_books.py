@@ -26,7 +26,7 @@ from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import (carry_out, count_effective, count_ended, end_response, end_responses,
                                      members_ended)
-from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
+from lssim.loop.row_requests import CarriedRows, GroupRows, LeftOpenRows, RowRequests
 
 
 def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -240,7 +240,7 @@ def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bo
         return
     engine.abort_many(CarriedRows(requests, rows))  # (an aborted response's fields are final: judged after all)
     # (as their objects hold them where made: an engine that built its heaps aborted those)
-    unfinished = requests.left_open(rows, requests.filled) if asks["on_unfinished"] else None
+    unfinished = LeftOpenRows(requests, rows, requests.filled) if asks["on_unfinished"] else None
     carry = policy.on_unfinished_rows(unfinished) if unfinished is not None else np.zeros(len(rows), bool)
     carried, dropped = rows[carry], rows[~carry]
     if len(carried):
