@@ -53,7 +53,7 @@ class APRIL(Policy):
         self.over_provision, self.max_carry_steps, self.mask_stale_tokens = over_provision, max_carry_steps, bool(mask_stale_tokens)
         self._target = 0
         self._last_step = False
-        self._carries: dict[int, int] = {}  # rid -> times carried so far
+        self._carries: dict[int, int] = {}  # rid -> times carried so far (counted only where max_carry_steps reads it)
         self._must_finish: set[int] = set()  # rids carried max_carry_steps times: the rollout waits for them
 
     def needs(self):
@@ -86,16 +86,19 @@ class APRIL(Policy):
         return CARRY
 
     def on_unfinished_rows(self, unfinished):
-        self._carry(*unfinished.rid.tolist())
+        if self.max_carry_steps is not None:
+            self._carry(*unfinished.rid.tolist())
         return np.ones(len(unfinished), bool)
 
     def _carry(self, *rids):
-        """Each of `rids` (distinct) carried once more; those carried max_carry_steps times must finish."""
+        """Each of `rids` (distinct) carried once more; those carried max_carry_steps times must finish. Unbounded,
+        nothing reads the counts: none is kept (a cut's thousands of rids were a dict update each step)."""
+        if self.max_carry_steps is None:
+            return
         carries = self._carries
         counts = [carries.get(rid, 0) + 1 for rid in rids]
         carries.update(zip(rids, counts))
-        if self.max_carry_steps is not None:
-            self._must_finish.update(rid for rid, n in zip(rids, counts) if n >= self.max_carry_steps)
+        self._must_finish.update(rid for rid, n in zip(rids, counts) if n >= self.max_carry_steps)
 
     def on_finish(self, request, state):
         if self._carries.pop(request.rid, None) is not None:
@@ -103,6 +106,8 @@ class APRIL(Policy):
 
     def on_finishes(self, ended, state):
         carries = self._carries
+        if not carries:  # (unbounded: none counted)
+            return
         for rid in [rid for rid in ended.rid.tolist() if rid in carries]:
             del carries[rid]
             self._must_finish.discard(rid)

@@ -77,6 +77,18 @@ def test_columns_answer_what_the_requests_answer(spec, train_step):
 
 
 @settings(max_examples=100, deadline=None)
+@given(versions, st.integers(0, 5), st.randoms(use_true_random=False))
+def test_taken_rows_answer_the_version_questions_as_the_rows_taken(spec, train_step, rnd):
+    cols = RequestColumns.of(_requests(spec))
+    rows = np.array([rnd.randrange(len(cols)) for _ in range(rnd.randint(0, 2 * len(cols)))], np.int64)
+    view, taken = TakenRows(cols, rows), cols.take(rows)
+    assert [a.tolist() for a in view.version_spans()] == [a.tolist() for a in taken.version_spans()]
+    assert view.off_policy_tokens(train_step).tolist() == taken.off_policy_tokens(train_step).tolist()
+    assert view.token_lags(train_step) == taken.token_lags(train_step)
+    assert view._whole is None  # read column by column: nothing took every column
+
+
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=6), st.integers(0, 2**31))
 def test_groups_over_columns_gather_as_groups_of_requests(sizes, seed):
     rng = np.random.default_rng(seed)

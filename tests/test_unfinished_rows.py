@@ -12,6 +12,7 @@ from lssim.loop.columns import RequestColumns
 from lssim.loop.core import Request
 from lssim.loop.decisions import CARRY
 from lssim.loop.policy import make_policy
+from lssim.loop.row_requests import LeftOpenRows, RowRequests
 from policies.april import APRIL
 from test_fastpath import ROOFLINE, make_trace, run
 from test_fastpath_carry import assert_same_cut_run
@@ -54,6 +55,20 @@ def test_april_carries_rows_as_it_carries_each_object(rounds, max_carry, finishe
         one_by_one.on_finish(Request(rid, 0, 0, 0, 0, 1, 9), None)
     assert list(by_rows._carries.items()) == list(one_by_one._carries.items())
     assert by_rows._must_finish == one_by_one._must_finish
+
+
+def test_the_rows_left_open_are_read_only_where_the_policy_reads_them(monkeypatch):
+    columns = rows_of([3, 5, 8])
+    requests = RowRequests(columns.copy(), [], filled=columns)
+    rows, read = np.array([0, 2], np.int64), []
+    left_open = RowRequests.left_open
+    monkeypatch.setattr(RowRequests, "left_open", lambda self, *args: read.append(args) or left_open(self, *args))
+    assert APRIL().on_unfinished_rows(LeftOpenRows(requests, rows, columns)).tolist() == [True, True]
+    assert read == []  # unbounded: it asks how many, never a column
+    view = LeftOpenRows(requests, rows, columns)
+    assert APRIL(max_carry_steps=2).on_unfinished_rows(view).tolist() == [True, True]
+    assert view.rid.tolist() == [3, 8] and view.generated.tolist() == left_open(requests, rows, columns).generated.tolist()
+    assert len(read) == 1  # read once, when first asked
 
 
 def test_april_settles_the_cut_as_rows_and_a_policy_that_judges_each_as_objects(monkeypatch):

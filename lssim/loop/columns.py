@@ -258,8 +258,10 @@ _chain = itertools.chain.from_iterable
 
 class TakenRows:
     """`columns.take(rows)` read column by column as a hook asks: a step's placement pass reads two or three of the
-    26 columns, and a copy of all of them costs more than the pass. Read-only, like every submission a hook sees;
-    a method of RequestColumns (to_requests, take, ...) takes every column first."""
+    26 columns, and a copy of all of them costs more than the pass (a step's trained members: the eight its row
+    reads). Read-only, like every submission a hook sees, and read while `columns` stay as they are; the version
+    methods below read only the columns they need, any other method of RequestColumns (to_requests, take, ...) takes
+    every column first."""
 
     __slots__ = ("_columns", "_rows", "_read", "_whole")
 
@@ -269,12 +271,22 @@ class TakenRows:
     def __len__(self) -> int:
         return len(self._rows)
 
+    # (RequestColumns' own functions: they read the columns by name, which __getattr__ takes one at a time)
+    version_spans = RequestColumns.version_spans
+    off_policy_tokens = RequestColumns.off_policy_tokens
+    token_lags = RequestColumns.token_lags
+
     def __getattr__(self, name: str):
         if name in _ARRAY_NAMES:
             value = self._read.get(name)
             if value is None:
                 value = self._read[name] = getattr(self._columns, name).take(self._rows)
             return value
+        if name == "resumes":
+            if "resumes" not in self._read:
+                resumes = self._columns.resumes
+                self._read["resumes"] = None if resumes is None else resumes.take(self._rows)
+            return self._read["resumes"]
         if self._whole is None:
             self._whole = self._columns.take(self._rows)
         return getattr(self._whole, name)
@@ -338,17 +350,18 @@ def rows_of_one(groups) -> tuple[RequestColumns, np.ndarray, np.ndarray] | None:
     return columns[0], np.concatenate(rows), np.fromiter(map(len, rows), np.int64, len(rows))
 
 
-def gather(groups, name: str | None = None):
+def gather(groups, name: str | None = None, lazy: bool = False):
     """The members of `groups`, in group order, as columns (`name` None: every field, a RequestColumns) or one field
     (an array), and each group's size. Consecutive groups that are rows of one RequestColumns are read in one take
-    (the batch route's step: one per field, however many groups); groups of Request objects are gathered."""
+    (the batch route's step: one per field, however many groups); groups of Request objects are gathered. `lazy`:
+    where they are rows of one step's columns, a TakenRows of them (each column taken when read)."""
     one = rows_of_one(groups)
     if one is not None:  # the common case: every group is rows of one step's columns
         first, rows, sizes = one
         whole = len(rows) == len(first) and bool((rows == np.arange(len(rows))).all())  # every row, in order
         if name:
             return (getattr(first, name) if whole else getattr(first, name)[rows]), sizes
-        return (first if whole else first.take(rows)), sizes
+        return (first if whole else TakenRows(first, rows) if lazy else first.take(rows)), sizes
     parts, sizes = [], np.zeros(len(groups), np.int64)
     run_cols, run_rows, objects = None, [], []
 

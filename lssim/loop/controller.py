@@ -332,7 +332,7 @@ class Controller:
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
         timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
-        trained_members = gather(trained)
+        trained_members = gather(trained, lazy=True)  # (the step's row reads eight of its columns)
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_members=trained_members, trained_rids=np.sort(trained_members[0].rid),
                       train_metrics=train_metrics, timing=timing, previous_end=self._last_end)

@@ -19,14 +19,14 @@ import operator
 
 import numpy as np
 
-from lssim.loop.columns import RequestColumns, _resumes, rids_of, runs
+from lssim.loop.columns import RequestColumns, TakenRows, _resumes, rids_of, runs
 from lssim.loop.contracts import Engine
 from lssim.loop.core import ABORT, Request, note_resume
 from lssim.loop.policy import Policy
 from lssim.loop.records import StepState
 from lssim.loop.rollout_books import (carry_out, count_effective, count_ended, end_response, end_responses,
                                      members_ended)
-from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
+from lssim.loop.row_requests import CarriedRows, GroupRows, LeftOpenRows, RowRequests
 
 
 def rollout_cut(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],
@@ -180,7 +180,7 @@ def _book_rows(left: np.ndarray, requests: RowRequests, columns: RequestColumns,
         count_ended(columns.group_id[ended[~booked_as_rows[ended]]], s)
     _end_groups_as_rows(as_rows, starts, sizes, columns, s)
     if tell and not one_by_one:
-        policy.on_finishes(columns.take(ended), state)
+        policy.on_finishes(TakenRows(columns, ended), state)  # (a hook reads a column or two of the 26)
 
 
 def _register_groups(requests: RowRequests, columns: RequestColumns, n_carried: int, starts: np.ndarray,
@@ -240,7 +240,7 @@ def settle_rows(s: StepState, engine: Engine, policy: Policy, asks: dict[str, bo
         return
     engine.abort_many(CarriedRows(requests, rows))  # (an aborted response's fields are final: judged after all)
     # (as their objects hold them where made: an engine that built its heaps aborted those)
-    unfinished = requests.left_open(rows, requests.filled) if asks["on_unfinished"] else None
+    unfinished = LeftOpenRows(requests, rows, requests.filled) if asks["on_unfinished"] else None
     carry = policy.on_unfinished_rows(unfinished) if unfinished is not None else np.zeros(len(rows), bool)
     carried, dropped = rows[carry], rows[~carry]
     if len(carried):

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from lssim.loop.closed_books import natural_outcomes_of
-from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, VersionSpans, with_signal
+from lssim.loop.columns import GroupBatch, RequestColumns, gather, rid_order, rows_by_rid, rows_of_one, runs, TakenRows, VersionSpans, with_signal
 from lssim.loop.core import LENGTH, STOP, Group, Request, RolloutState
 from lssim.loop.row_requests import CarriedRows, GroupRows, RowRequests
 from lssim.loop.contracts import TrainTiming
@@ -180,7 +180,7 @@ class StepBooks:
     ended: RequestColumns  # ended in the step, in the order they ended (natural_len / natural_reward filled)
     ran: RequestColumns  # generated in the step: ended or carried out (context_at_start filled)
     running: np.ndarray | None  # of `ran`: generating since before the step (async); None: none was
-    trained: RequestColumns  # the members of the groups the step trained, group after group
+    trained: RequestColumns | TakenRows  # the members of the groups the step trained, group after group
     trained_spans: VersionSpans  # trained's version spans (read once for its row's off-policy tokens and staleness)
     trained_signal: np.ndarray  # per trained group: do its rewards differ
     stopped: np.ndarray  # of `ended`: ended by itself (finish_reason "stop")
@@ -196,7 +196,7 @@ class StepEnd:
     busy_at_rollout_end: tuple[float, float]  # Engine.utilization() when the rollout ended
     done_groups: list[Group]  # groups whose every member has ended (this step or before)
     trained: list[Group]  # what the policy selected from them (possibly subsets or reshaped copies)
-    trained_members: tuple  # (RequestColumns, sizes): the trained groups' members, group after group (columns.gather)
+    trained_members: tuple  # (RequestColumns or TakenRows, sizes): the trained groups' members, group after group (columns.gather)
     trained_rids: np.ndarray  # rids of the trained responses, sorted (select may train on copies: match by rid)
     train_metrics: dict
     timing: TrainTiming | None = None  # when the training ran (lssim.loop.modes); None: ended with the rollout
@@ -275,8 +275,8 @@ class ResponseTable:
         if not pending.any():
             return
         one = rows_of_one(end.done_groups)
-        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read
-            members = one[0].take(one[1][pending])
+        if one is not None:  # every group rows of one step's columns (close_step's): only the pending rows read, and
+            members = TakenRows(one[0], one[1][pending])  # only the columns read below
         else:
             groups = [g for g in end.done_groups if len(g)]  # (reduceat's sums: one per group with members)
             some = np.add.reduceat(pending, (np.cumsum(sizes) - sizes)[sizes > 0]) > 0

@@ -171,6 +171,25 @@ class RowRequests(Sequence):
 _moved_on = operator.attrgetter("generated", "first_token_time", "finish_reason", "stop_reason")
 
 
+class LeftOpenRows:
+    """`requests.left_open(rows, filled)`, read when a column or method of it is first asked for (each one of
+    RequestColumns'): a policy's on_unfinished_rows may read none (unbounded april carries every row, reading how
+    many). Read while the policy is asked, as the rollout left the rows."""
+
+    __slots__ = ("_requests", "_rows", "_filled", "_columns")
+
+    def __init__(self, requests: RowRequests, rows: np.ndarray, filled: RequestColumns):
+        self._requests, self._rows, self._filled, self._columns = requests, rows, filled, None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getattr__(self, name: str):
+        if self._columns is None:
+            self._columns = self._requests.left_open(self._rows, self._filled)
+        return getattr(self._columns, name)
+
+
 def _is_object(r: Request | None) -> bool:
     return r is not None
 

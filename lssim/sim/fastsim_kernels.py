@@ -5,14 +5,15 @@ the three passes fit together.
 
 schedule_records keeps its own loop: event_kernels._schedule with no checkpoints schedules the same records, but 1.2x
 slower (measured on segment's steps of some 2,600 requests, 2026-11-28: its arrays reach the loop's helpers in tuples;
-2.5-4x before they were passed as views with no owner), and this is the replay's hottest kernel.
+2.5-4x before they were passed as views with no owner), and this is the replay's hottest kernel. Its own heap helpers
+take views with no owner too (1.2x on april's steps, 2026-11-28).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lssim.kernels import F64S, F64S_IN, I64, I64S, I64S_IN, kernel
+from lssim.kernels import F64S, F64S_IN, I64, I64S, I64S_IN, kernel, unowned
 from lssim.sim.event_kernels import (_FIRE, _SEQ_BITS, _START, MAX_IT, OUT_OF_ROOM, SEQ_MASK, _peek, _pop, _settle_fresh,
                                      records_room)
 
@@ -26,6 +27,13 @@ def _no_schedule(fin_rec, first_rec, error):
     """`schedule_records`'s return when it gives up with `error` (no records)."""
     e = np.zeros(0, np.int64)
     return e, e, e, e, e, e, e, e, e, e, e, e, e, e, fin_rec, first_rec, 0, error
+
+
+@kernel(I64S, I64S, I64S)
+def _held(run, heap, fresh):
+    """Nothing: schedule_records calls it where it returns, so that the arrays its helpers read as views with no
+    owner live until then (numba frees an array after its last use)."""
+    return 0
 
 
 @kernel(I64S_IN, I64S_IN, I64S_IN, I64S, I64S_IN, I64, I64, I64)
@@ -72,6 +80,9 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
     pushed_req = np.empty(cap, np.int64)
     pushed_ep = np.empty(cap, np.int64)
     stack = np.empty(n_req + 1, np.int64)  # running requests' positions in `order`, admission (= key) order
+    # the heap helpers take views with no owner (lssim.kernels.unowned): no reference counted per call; `_held`
+    # keeps the arrays to each return
+    run_v, heap_v, fresh_v = unowned(run), unowned(heap), unowned(fresh)
     n_rec = 0
     n_fin = 0
     preemptions = 0
@@ -95,7 +106,8 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
         first = True
         while True:
             if n_rec + 1 >= cap:  # out of room: the caller calls again with more (no array grows in this loop: it
-                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)  # is several times faster when none is reassigned in it)
+                _held(run, heap, fresh)  # is several times faster when none is reassigned in it)
+                return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
             rec = n_rec
             n_rec += 1
             rinst[rec] = i
@@ -117,12 +129,12 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 # the finishes at this boundary, in (iteration, seq) order
                 n0 = n
                 while True:
-                    key = _peek(run, rlo, rhi, heap, hsize)
+                    key = _peek(run_v, rlo, rhi, heap_v, hsize)
                     if key < 0 or key >> _SEQ_BITS > it:
                         break
                     r = pushed_req[key & SEQ_MASK]
                     ep = pushed_ep[key & SEQ_MASK]
-                    rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+                    rlo, hsize = _pop(run_v, rlo, rhi, heap_v, hsize)
                     if ep != epoch[r]:
                         continue
                     g = gen_at_admit[r] + (it - admit_it[r])
@@ -182,36 +194,40 @@ def schedule_records(order, inst_start, prompt, gen, length, capacity, max_seqs,
                 ssize += 1
                 finish_it = it + max(0, length[r] - gen[r])
                 if seq > SEQ_MASK or finish_it >= MAX_IT:
+                    _held(run, heap, fresh)
                     return _no_schedule(fin_rec, first_rec, -2 - i)
                 if seq == cap:
+                    _held(run, heap, fresh)
                     return _no_schedule(fin_rec, first_rec, OUT_OF_ROOM)
                 pushed_req[seq] = r
                 pushed_ep[seq] = epoch[r]
                 fresh[n_fresh] = finish_it << _SEQ_BITS | seq
                 n_fresh += 1
                 seq += 1
-            rlo, rhi, hsize = _settle_fresh(fresh, n_fresh, run, rlo, rhi, heap, hsize)
+            rlo, rhi, hsize = _settle_fresh(fresh_v, n_fresh, run_v, rlo, rhi, heap_v, hsize)
             rpf[rec] = prefill
             ran[rec] = n
             ractx[rec] = ctx
             if n == 0:
                 if head < hi:
+                    _held(run, heap, fresh)
                     return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
                             rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
                             fin[:n_fin], fin_rec, first_rec, preemptions, i)
                 break
             # the next boundary: a finish, or the cache unable to hold the next iteration's tokens
             while True:
-                key = _peek(run, rlo, rhi, heap, hsize)
+                key = _peek(run_v, rlo, rhi, heap_v, hsize)
                 if pushed_ep[key & SEQ_MASK] == epoch[pushed_req[key & SEQ_MASK]]:
                     break
-                rlo, hsize = _pop(run, rlo, rhi, heap, hsize)
+                rlo, hsize = _pop(run_v, rlo, rhi, heap_v, hsize)
             target = min(key >> _SEQ_BITS, it + (capacity - ctx) // n)
             k = target - it
             n_before = n
             ctx_before = ctx
             ctx += n * k
             it = target
+    _held(run, heap, fresh)
     return (kind[:n_rec], rinst[:n_rec], rn[:n_rec], rctx[:n_rec], rk[:n_rec], rleft[:n_rec], rbefore[:n_rec],
             rnafter[:n_rec], rpf[:n_rec], ran[:n_rec], ractx[:n_rec], rfin0[:n_rec], rfinc[:n_rec],
             fin[:n_fin], fin_rec, first_rec, preemptions, -1)
