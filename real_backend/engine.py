@@ -290,7 +290,7 @@ class VLLMEngine(Engine):
 
     def abort_many(self, requests: Sequence[Request]) -> None:
         """`abort` of each, with one call into vLLM for them all (a weight arrival aborts everything in flight)."""
-        keys = []
+        keys, aborted = [], []
         for request in requests:
             key = self._by_rid.get(request.rid)
             if key is None:
@@ -298,14 +298,14 @@ class VLLMEngine(Engine):
             self._forget(key, self.now())
             request.generated = len(request.tokens)
             update_signals(request, self.signal_spec, self.exact_entropy)
-            keys.append((key, request))
+            keys.append(key), aborted.append(request)
         if not keys:
             return
         try:
-            self._call(self._llm.abort([key for key, _ in keys]))
+            self._call(self._llm.abort(keys))
         except BaseException as e:
-            raise EngineError(f"vLLM could not abort requests {[r.rid for _, r in keys]}: {e}") from e
-        for _, request in keys:
+            raise EngineError(f"vLLM could not abort requests {[r.rid for r in aborted]}: {e}") from e
+        for request in aborted:
             for observe in self.observers:
                 observe(request, "aborted")
 

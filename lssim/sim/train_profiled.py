@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from lssim.loop.cost_contracts import TrainCostModel
-from lssim.sim.train_batches import StreamedUpdate, TrainPhases, check_devices, check_lengths, pack_padded, read_train_cost_file
+from lssim.sim.train_batches import (StreamedUpdate, TrainPhases, check_devices, check_lengths, pack_padded,
+                                     read_train_cost_file)
 from lssim.cost.fitting import nnls_relative
 
 LOGPROB_TERMS = ("l0", "lB", "l1", "l2")
@@ -94,9 +95,12 @@ class ProfiledTrainCost(TrainCostModel):
             return 0.0, 0.0
         mbt = micro_batch_tokens or self.micro_batch_tokens
         features = step_features(lengths, mini_batches or self.mini_batches, mbt)
-        logprob = sum(getattr(self, t) * features[t] for t in LOGPROB_TERMS) if self.recompute_logprobs else 0.0
-        update = sum(getattr(self, t) * features[t] for t in UPDATE_TERMS)
-        return float(logprob), float(update)
+        logprob = self._priced(features, LOGPROB_TERMS) if self.recompute_logprobs else 0.0
+        return logprob, self._priced(features, UPDATE_TERMS)
+
+    def _priced(self, features: dict[str, float], terms: tuple[str, ...]) -> float:
+        """The seconds of `terms` over step_features' sums: each coefficient times its feature."""
+        return float(sum(getattr(self, t) * features[t] for t in terms))
 
     @staticmethod
     def _share(seq: np.ndarray, n: int) -> np.ndarray:
@@ -142,8 +146,8 @@ class ProfiledTrainCost(TrainCostModel):
                 continue
             features = step_features(self._share(seq, n), 1, self.micro_batch_tokens)
             if self.recompute_logprobs:
-                forward[i] = sum(getattr(self, t) * features[t] for t in LOGPROB_TERMS)
-            update[i] = sum(getattr(self, t) * features[t] for t in UPDATE_TERMS[:4])
+                forward[i] = self._priced(features, LOGPROB_TERMS)
+            update[i] = self._priced(features, UPDATE_TERMS[:4])  # the micro-batches' terms: no k0, no optimizer step
         return StreamedUpdate(forward, update, self.k0 + self.o0 * self.mini_batches)
 
     # -- fit -------------------------------------------------------------------------------------------

@@ -52,12 +52,34 @@ from pathlib import Path
 import pandas as pd
 
 
+def _hybrid_runs(folder: Path) -> list[Path]:
+    return sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*"))
+
+
+def _signal_groups(members: pd.DataFrame) -> pd.DataFrame:
+    """The members of the groups whose rewards differ (the only ones the trainer trains)."""
+    return members.groupby("group_id").filter(lambda g: g.reward.nunique() > 1)
+
+
+def _piece_price(cost, members: pd.DataFrame) -> float:
+    """The trainer profile's price of one group's streamed piece."""
+    return cost.streamed_update([(members.prompt_len + members.response_len).to_numpy(int)]).pieces[0]
+
+
+def _table(header: str, rows, first: bool = False) -> None:
+    """A markdown table: `header`'s cells, then one line per row's cells (a blank line before all but the first)."""
+    print(("" if first else "\n") + f"| {header} |")
+    print("|" + "---|" * (header.count("|") + 1))
+    for row in rows:
+        print(f"| {row} |")
+
+
 def paired_steps(folder: Path) -> pd.DataFrame:
     """One row per hybrid step beside the collocated run's same repeat and step."""
     streamed = json.loads((folder / "profile.json").read_text())["measured_by"]["shared_host"]["streamed"]
     loss_per_second = streamed.get("lost_per_piece_second", 1 - 1 / streamed["engine_slowdown"])
     rows = []
-    for hybrid_run in sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*")):
+    for hybrid_run in _hybrid_runs(folder):
         hybrid = pd.read_parquet(hybrid_run / "steps.parquet")
         collocated = pd.read_parquet(folder / "real" / "collocated" / "baseline" / hybrid_run.name / "steps.parquet")
         for (_, h), (_, c) in zip(hybrid.iterrows(), collocated.iterrows()):
@@ -109,18 +131,18 @@ def last_pieces(folder: Path) -> pd.DataFrame:
 
     cost = load_train_cost(DEFAULT_TRAIN_PROFILE)
     rows = []
-    for run in sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*")):
+    for run in _hybrid_runs(folder):
         steps, responses = pd.read_parquet(run / "steps.parquet"), pd.read_parquet(run / "responses.parquet")
         level = trainer_level(json.loads((run / "meta.json").read_text()), cost)
         for step, members in responses.groupby("train_step"):
             row = steps[steps.step == step].iloc[0]
-            signal = members.groupby("group_id").filter(lambda g: g.reward.nunique() > 1)
+            signal = _signal_groups(members)
             if signal.empty:
                 continue
             last = signal[signal.group_id == signal.groupby("group_id").finish_time.max().idxmax()]
             if last.finish_time.max() < row.rollout_end - row.rollout_start - 0.01:
                 continue
-            price = cost.streamed_update([(last.prompt_len + last.response_len).to_numpy(int)]).pieces[0]
+            price = _piece_price(cost, last)
             rows.append({"past_rollout": row.train_end - row.rollout_end, "price": price,
                          "piece_level": (row.train_end - row.rollout_end) / price, "probed_level": level})
     return pd.DataFrame(rows)
@@ -135,20 +157,45 @@ def recorded_pieces(folder: Path) -> pd.DataFrame:
 
     cost = load_train_cost(DEFAULT_TRAIN_PROFILE)
     rows = []
-    for run in sorted((folder / "real" / "hybrid" / "baseline").glob("repeat*")):
+    for run in _hybrid_runs(folder):
         steps, responses = pd.read_parquet(run / "steps.parquet"), pd.read_parquet(run / "responses.parquet")
         if "trainer_pieces" not in steps:
             continue
         for _, row in steps.iterrows():
             pieces = [p for p in json.loads(row.trainer_pieces) if p[2] > 0]
-            signal = responses[responses.train_step == row.step].groupby("group_id").filter(lambda g: g.reward.nunique() > 1)
+            signal = _signal_groups(responses[responses.train_step == row.step])
             ends = signal.groupby("group_id").finish_time.max().sort_values(kind="stable")
             for (start, end, _), group in zip(pieces, ends.index):
-                members = signal[signal.group_id == group]
-                price = cost.streamed_update([(members.prompt_len + members.response_len).to_numpy(int)]).pieces[0]
+                price = _piece_price(cost, signal[signal.group_id == group])
                 rows.append({"after_rollout": start >= row.rollout_end - 1e-3, "seconds": end - start,
                              "level": (end - start) / price})
     return pd.DataFrame(rows)
+
+
+def _paired_row(folder: Path) -> str:
+    d = paired_steps(folder)
+    return (f"{folder.name} | {d.tokens_hybrid.mean():.0f} / {d.tokens_collocated.mean():.0f} | {d.rollout_loss.mean():.3f} | "
+            f"{d.priced_at_most.mean():.3f} | {d.past_rollout.mean():.3f}")
+
+
+def _last_piece_row(folder: Path) -> str:
+    d = last_pieces(folder)
+    return (f"{folder.name} | {len(d)} | {d.past_rollout.median():.3f} | {d.piece_level.median():.2f} | "
+            f"{d.probed_level.median():.2f}")
+
+
+def _recorded_row(folder: Path) -> str:
+    d = recorded_pieces(folder)
+    if d.empty:
+        return f"{folder.name} | (recorded before trainer_pieces) |"
+    beside, after = d[~d.after_rollout], d[d.after_rollout]
+    return f"{folder.name} | {len(beside)} / {len(after)} | {beside.level.median():.2f} / {after.level.median():.2f}"
+
+
+def _twin_row(folder: Path) -> str:
+    t = twin_shortfall(folder).mean()
+    return (f"{folder.name} | {t.short:+.3f} ({t.short / t.real_step:+.1%}) | {t.shared_rollout:+.3f} | "
+            f"{t.streamed:+.3f} ({t.twin_streamed:.3f} / {t.real_streamed:.3f}) | {t.rest:+.3f}")
 
 
 def main(argv=None) -> int:
@@ -156,34 +203,15 @@ def main(argv=None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="recorded `lssim validate --mode` folders (profile.json, real/)")
     ap.add_argument("--twin", action="store_true", help="also replay the hybrid runs and split the twin's shortfall")
     args = ap.parse_args(argv)
-    print("| folder | tokens hybrid / collocated | rollout loss s | priced at most s | update past the rollout s |")
-    print("|---|---|---|---|---|")
-    for folder in args.folders:
-        d = paired_steps(folder)
-        print(f"| {folder.name} | {d.tokens_hybrid.mean():.0f} / {d.tokens_collocated.mean():.0f} | "
-              f"{d.rollout_loss.mean():.3f} | {d.priced_at_most.mean():.3f} | {d.past_rollout.mean():.3f} |")
-    print("\n| folder | steps whose last group with signal ended with the rollout | update past it, s | its level over the profile's price | the probed trainer level |")
-    print("|---|---|---|---|---|")
-    for folder in args.folders:
-        d = last_pieces(folder)
-        print(f"| {folder.name} | {len(d)} | {d.past_rollout.median():.3f} | {d.piece_level.median():.2f} | "
-              f"{d.probed_level.median():.2f} |")
-    print("\n| folder | pieces recorded, beside the rollout / after it | their seconds over the profile's price, beside / after |")
-    print("|---|---|---|")
-    for folder in args.folders:
-        d = recorded_pieces(folder)
-        if d.empty:
-            print(f"| {folder.name} | (recorded before trainer_pieces) | |")
-            continue
-        beside, after = d[~d.after_rollout], d[d.after_rollout]
-        print(f"| {folder.name} | {len(beside)} / {len(after)} | {beside.level.median():.2f} / {after.level.median():.2f} |")
+    _table("folder | tokens hybrid / collocated | rollout loss s | priced at most s | update past the rollout s",
+           map(_paired_row, args.folders), first=True)
+    _table("folder | steps whose last group with signal ended with the rollout | update past it, s | its level over the "
+           "profile's price | the probed trainer level", map(_last_piece_row, args.folders))
+    _table("folder | pieces recorded, beside the rollout / after it | their seconds over the profile's price, beside / "
+           "after", map(_recorded_row, args.folders))
     if args.twin:
-        print("\n| folder | twin less run, s a step | the shared rollout | the streamed part (twin / run) | the rest |")
-        print("|---|---|---|---|---|")
-        for folder in args.folders:
-            t = twin_shortfall(folder).mean()
-            print(f"| {folder.name} | {t.short:+.3f} ({t.short / t.real_step:+.1%}) | {t.shared_rollout:+.3f} | "
-                  f"{t.streamed:+.3f} ({t.twin_streamed:.3f} / {t.real_streamed:.3f}) | {t.rest:+.3f} |")
+        _table("folder | twin less run, s a step | the shared rollout | the streamed part (twin / run) | the rest",
+               map(_twin_row, args.folders))
     return 0
 
 

@@ -38,14 +38,6 @@ import numpy as np
 DUTIES = (0.0, 0.1, 0.3, 1.0)
 
 
-class _Prompts:
-    def __init__(self):
-        self.tokens: dict[int, list[int]] = {}
-
-    def prompt_tokens(self, pid: int) -> list[int]:
-        return self.tokens[pid]
-
-
 def _busy_until_done(futures, duty: float) -> None:
     """The caller's Python loop for `duty` of every 10 ms, asleep the rest, until the lane's work is done."""
     x = 0
@@ -60,6 +52,7 @@ def _busy_until_done(futures, duty: float) -> None:
 
 def measure(rounds: int, engine: bool = False) -> dict[float, float]:
     from real_backend.host_sharing import piece_group
+    from real_backend.profile_trainer import _Prompts  # the synthetic prompts host_sharing's pieces use
     from real_backend.train_stream import GradientStream
     from real_backend.trainer import GRPOTrainer
 
