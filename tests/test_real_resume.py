@@ -32,6 +32,22 @@ def _cli(argv: list[str]) -> int:
     return main(["real", *argv])
 
 
+# `lssim real ARGV` whose step 1 stalls in the trainer's update, after its rollout: the kill lands mid-step on any
+# machine (a free-running 4-step run on a fast one finished before the test's poll saw step 0 and killed it).
+STALLS_IN_STEP_1 = """
+import sys, time
+from real_backend.trainer import GRPOTrainer
+from lssim.cli import main
+update = GRPOTrainer.update
+def stalled(self, groups, step):
+    while step >= 1:
+        time.sleep(60)
+    return update(self, groups, step)
+GRPOTrainer.update = stalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _steps_done(out: Path) -> int:
     try:
         return json.loads((out / "meta.json").read_text())["steps_done"]
@@ -45,8 +61,9 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engin
     from real_backend.checkpoint import load_checkpoint
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "lssim.cli", "real", "--model-dir", str(real_model_dir), *SHAPE, "--steps", "4",
-           "--kv-cache-gib", "1", "--out", str(out), "--quiet"]
+    argv = ["real", "--model-dir", str(real_model_dir), *SHAPE, "--steps", "4", "--kv-cache-gib", "1", "--out",
+            str(out), "--quiet"]
+    cmd = [sys.executable, "-c", STALLS_IN_STEP_1, *argv]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)  # its own group: vLLM's engine core too
     try:
@@ -55,7 +72,8 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engin
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "no step finished in 400 s"
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)  # the run's own process, mid-step
+        time.sleep(0.5)  # step 1's files, if any were to come, would be on disk by now
+        os.kill(proc.pid, signal.SIGKILL)  # the run's own process, mid-step (step 1's update never returns)
         proc.wait(timeout=30)
     finally:
         try:
@@ -65,7 +83,7 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engin
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["status"] == "running" and 1 <= meta["steps_done"] < 4  # killed, not finished
+    assert meta["status"] == "running" and meta["steps_done"] == 1  # killed in step 1, not finished
     steps = pd.read_parquet(out / "steps.parquet")
     finished = set(steps["step"])
     assert finished == set(range(meta["steps_done"]))
@@ -77,7 +95,7 @@ def test_sigkill_mid_step_leaves_a_valid_trace_of_every_finished_step(lent_engin
     assert not trace.duplicated(KEY).any()
     # and the killed run goes on from its checkpoint (here on the session's engine) to its 4 steps
     ckpt = load_checkpoint(out)
-    assert ckpt.step in (meta["steps_done"] - 1, meta["steps_done"])  # the kill may fall between files and checkpoint
+    assert ckpt.step == 0  # the state after step 0, the last one finished
     assert _cli(["--resume", str(out)]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
     trace = load_trace(out / "trace.parquet")
