@@ -371,7 +371,8 @@ def run_sharing(args, out: Path) -> int:
     prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
     engine = start_engine(setup, prompts, seed=0)
     try:
-        trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
+        trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0,
+                              process=setup.trainer_process)
         t0 = time.monotonic()
         rows = measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=args.repeats + 1,
                                length=args.length, group_size=args.group_size)

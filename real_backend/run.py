@@ -170,7 +170,7 @@ def _setup(args: argparse.Namespace):
                      trainer_device=args.trainer_device, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
-                     n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus),
+                     n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus), trainer_process=args.trainer_process,
                      heldout_path=None if args.no_heldout else args.heldout)
 
 
@@ -289,5 +289,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-seconds", type=float, metavar="S",
                    help="start no step once the steps took S seconds in all (evaluations not counted)")
     p.add_argument("--trainer-cpus", metavar="I,J", help="pin the trainer's thread to these CPUs (modes other than collocated)")
+    p.add_argument("--trainer-process", action="store_true",
+                   help="run the trainer's forward and backward passes in a process of their own, off the driver's "
+                        "interpreter lock (CPU trainer; real_backend/train_compute.py)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

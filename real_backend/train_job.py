@@ -11,7 +11,10 @@ device group), beside the controller's thread and vLLM's engine core (a separate
 in its kernels, so the update and the engine's decoding overlap on two cores. The trainer's torch threads are
 `RealSetup.trainer_threads` (default 1); vLLM's CPU build binds its worker's OpenMP threads itself
 (VLLM_CPU_OMP_THREADS_BIND=auto: on a 2-core machine one core for the worker, one reserved for the rest), and
-`RealSetup.trainer_cpus` may pin the trainer's thread (os.sched_setaffinity on the thread).
+`RealSetup.trainer_cpus` may pin the trainer's thread (os.sched_setaffinity on the thread). With
+`RealSetup.trainer_process` the thread hands each forward and backward pass to the trainer's worker process
+(real_backend.train_compute) and waits for it without the interpreter's lock, so the driver's Python work no longer
+slows the update's.
 
 A job's weights are a snapshot taken on the trainer's thread as the update ends (a clone of the state dict), so a
 later job that trains meanwhile cannot change what an earlier one pushes. Its times (`start`, `end`) are on the

@@ -51,6 +51,7 @@ from lssim.loop.core import Group, Request, off_policy_tokens, token_lags
 from lssim.loop.decisions import TrainBatch
 from lssim.sim.train_batches import pack_padded
 
+from .train_compute import LocalCompute, ProcessCompute
 from .train_job import ThreadTrainJob, TrainLane
 from .train_stream import GradientStream, capture, group_key
 
@@ -59,14 +60,18 @@ class GRPOTrainer(Trainer):
     def __init__(self, model_dir: str, engine=None, prompts=None, *, lr: float = 2e-5, clip: float = 0.2, eps: float = 1e-6,
                  mini_batches: int = 1, max_grad_norm: float = 1.0, weight_decay: float = 0.0, micro_batch_tokens: int = 16384,
                  mask_resumed: bool = False, recompute_logprobs: bool = False, device: str = "cpu", dtype: str = "float32",
-                 seed: int = 0, threads: int | None = None, sync_on_start: bool = True, job_cpus: tuple[int, ...] | None = None):
+                 seed: int = 0, threads: int | None = None, sync_on_start: bool = True, job_cpus: tuple[int, ...] | None = None,
+                 process: bool = False):
         """
         engine: where new weights go after each step (anything with update_weights(state_dict)); None: nowhere.
         prompts: gives each prompt's token ids (prompt_tokens(prompt_id)).
         micro_batch_tokens: padded tokens per forward/backward pass (gradients accumulate over them).
         sync_on_start: push the checkpoint's weights into the engine now, so a reused engine starts from
             the checkpoint whatever ran on it before.
-        job_cpus: the CPUs the thread of the jobs beside the rollout is pinned to (`start`; None: not pinned).
+        job_cpus: the CPUs the thread of the jobs beside the rollout is pinned to (`start`; None: not pinned), and the
+            trainer process's where there is one.
+        process: run the forward and backward passes in a worker process of their own (CPU only;
+            real_backend.train_compute.ProcessCompute: off the driver's interpreter lock); False: in this process.
         """
         if mini_batches < 1:
             raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
@@ -87,6 +92,9 @@ class GRPOTrainer(Trainer):
         self.model.train()
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        settings = dict(pad_id=self.pad_id, clip=clip, micro_batch_tokens=micro_batch_tokens)
+        self.compute = (ProcessCompute(self.model, model_dir, **settings, threads=threads, cpus=job_cpus) if process
+                        else LocalCompute(self.model, **settings, device=self.device))
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self.last_sync_seconds = 0.0
@@ -145,16 +153,16 @@ class GRPOTrainer(Trainer):
         what `feed` runs on the lane for each group (real_backend.host_sharing times these pieces beside the engine)."""
         t0, cpu0, began = time.monotonic(), time.process_time(), self._clock()()
         if not stream.keys:  # the step's first group: the gradients start from zero
-            self.optimizer.zero_grad(set_to_none=True)
+            self.compute.zero_grad(self.optimizer)
             stream.start = began
         stream.keys.add(group_key(group))
         samples = self._samples([group], stream.step)
         if samples and self.recompute_logprobs:
             t1, cpu1 = time.monotonic(), time.process_time()
-            self._recompute_logprobs(samples)
+            self.compute.recompute_logprobs(samples)
             stream.logprob_seconds += time.monotonic() - t1
             stream.logprob_cpu_seconds += time.process_time() - cpu1
-        loss, clipped, gap = self._accumulate(samples, 1.0)
+        loss, clipped, gap = self.compute.accumulate(samples, 1.0)
         stream.samples += len(samples)
         stream.signal_groups += bool(samples)
         stream.tokens += int(sum(s.n_loss for s in samples))
@@ -201,6 +209,11 @@ class GRPOTrainer(Trainer):
     def finish_jobs(self) -> None:
         self.lane.shutdown()
 
+    def close(self) -> None:
+        """Wait for the jobs and end the worker process (if any): the trainer cannot train after."""
+        self.finish_jobs()
+        self.compute.close()
+
     def update(self, groups: list[Group], step: int) -> dict:
         """The step's update alone (no weight push): its metrics, `sync_seconds` 0. The groups `feed` streamed in
         for this step already have their gradients; only the rest are computed now."""
@@ -232,7 +245,7 @@ class GRPOTrainer(Trainer):
         metrics["groups_with_signal"] = len({s.group for s in samples})
         if samples and metrics["tokens"] > 0 and self.recompute_logprobs:
             t1, cpu1 = time.monotonic(), time.process_time()
-            self._recompute_logprobs(samples)
+            self.compute.recompute_logprobs(samples)
             metrics.update(_logprob=time.monotonic() - t1, _logprob_cpu=time.process_time() - cpu1)
         if samples and metrics["tokens"] > 0:
             order = self.rng.permutation(len(samples))
@@ -259,10 +272,11 @@ class GRPOTrainer(Trainer):
             return metrics
         if samples and self.recompute_logprobs:
             t1, cpu1 = time.monotonic(), time.process_time()
-            self._recompute_logprobs(samples)
+            self.compute.recompute_logprobs(samples)
             metrics.update(_logprob=time.monotonic() - t1, _logprob_cpu=time.process_time() - cpu1)
         self.rng.permutation(n_samples)  # the draw the whole update makes (one slice), so later steps draw the same
-        loss, clipped, gap = self._accumulate(samples, 1.0)
+        loss, clipped, gap = self.compute.accumulate(samples, 1.0)
+        self.compute.publish()
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.div_(n_tokens)
@@ -343,68 +357,12 @@ class GRPOTrainer(Trainer):
         n_tokens = sum(s.n_loss for s in samples)
         if n_tokens == 0:
             return math.nan, math.nan, math.nan, math.nan
-        self.optimizer.zero_grad(set_to_none=True)
-        total_loss, total_clipped, total_gap = self._accumulate(samples, n_tokens)
+        self.compute.zero_grad(self.optimizer)
+        total_loss, total_clipped, total_gap = self.compute.accumulate(samples, n_tokens)
+        self.compute.publish()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         return total_loss, float(norm), total_clipped / n_tokens, total_gap / n_tokens
-
-    def _accumulate(self, samples: list["Sample"], divisor: float) -> tuple[float, float, float]:
-        """Forward and backward of `samples` by micro-batch, each micro-batch's loss `-sum(surrogate * mask) / divisor`
-        added into the gradients; returns the sums of that loss, of clipped tokens and of |logp - behaviour|."""
-        total_loss, total_clipped, total_gap = 0.0, 0.0, 0.0
-        for batch in self._micro_batches(samples):
-            ids, attn, targets, behaviour, adv, mask = batch
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, 1:].unsqueeze(-1)).squeeze(-1)
-            m = mask[:, 1:]
-            old = behaviour[:, 1:]
-            ratio = torch.exp(torch.clamp(logp - old, -20.0, 20.0))  # no inf * 0 on masked positions
-            a = adv.unsqueeze(1)
-            surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * a)
-            loss = -(surrogate * m).sum() / divisor
-            loss.backward()
-            with torch.no_grad():
-                total_loss += float(loss)
-                total_clipped += float((((ratio - 1).abs() > self.clip).float() * m).sum())
-                total_gap += float(((logp - old).abs() * m).sum())
-        return total_loss, total_clipped, total_gap
-
-    @torch.no_grad()
-    def _recompute_logprobs(self, samples: list["Sample"]) -> None:
-        """The current weights' log-prob of each response token becomes the sample's old log-prob (verl's
-        compute_log_prob): one forward pass over the whole batch, packed as the update packs it."""
-        for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
-            batch = [samples[i] for i in idx]
-            ids, attn, targets, *_ = self._collate(batch)
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
-            for row, s in enumerate(batch):
-                P, R = len(s.prompt), len(s.response)
-                s.behaviour = logp[row, P - 1:P + R - 1].tolist()  # position j predicts token j + 1
-
-    def _micro_batches(self, samples: list["Sample"]):
-        """Padded batches of similar length, at most `micro_batch_tokens` padded tokens each (lssim.sim.training.pack_padded,
-        the rule its ProfiledTrainCost prices)."""
-        for idx in pack_padded([s.length for s in samples], self.micro_batch_tokens):
-            yield self._collate([samples[i] for i in idx])
-
-    def _collate(self, batch: list["Sample"]):
-        T = max(s.length for s in batch)
-        B = len(batch)
-        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, T), dtype=torch.long)
-        behaviour = torch.zeros((B, T), dtype=torch.float32)
-        mask = torch.zeros((B, T), dtype=torch.float32)
-        adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
-        for i, s in enumerate(batch):
-            P, R = len(s.prompt), len(s.response)
-            ids[i, :P + R] = torch.tensor(s.prompt + s.response)
-            attn[i, :P + R] = 1
-            behaviour[i, P:P + R] = torch.tensor(s.behaviour)
-            mask[i, P:P + R] = torch.tensor(s.mask)
-        d = self.device
-        return ids.to(d), attn.to(d), ids.to(d), behaviour.to(d), adv.to(d), mask.to(d)
 
 
 def _empty_metrics(samples: list["Sample"]) -> dict:

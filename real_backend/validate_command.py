@@ -104,7 +104,7 @@ def _validate_modes(args) -> int:
         return run_modes(args, None, None, None)
     config = RunConfig(steps=args.steps or 5, groups_per_step=args.groups_per_step or 8, group_size=args.group_size or 4,
                        max_tokens=args.max_tokens or 256, seed=args.seed)
-    setup = RealSetup(n_prompts=args.n_prompts)
+    setup = RealSetup(n_prompts=args.n_prompts, trainer_process=args.trainer_process)
     specs = ["baseline"] if args.policies == "ci" else [x.strip() for x in args.policies.split(",") if x.strip()]
     for spec in specs:
         prepare(setup, spec, config)
@@ -245,6 +245,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cells' driver time the driver's price needs)")
     p.add_argument("--staleness", type=int, default=1, metavar="K", help="with --mode async: the staleness bound (default 1)")
     p.add_argument("--async-variant", choices=["roll", "areal"], default="roll", help="with --mode async (default: roll)")
+    p.add_argument("--trainer-process", action="store_true",
+                   help="with --mode: the trainer's passes in a process of their own (lssim real --trainer-process)")
     p.add_argument("--train-profile", default=str(Path(__file__).parent / "data" / "profile_trainer_cpu.json"), metavar="JSON",
                    help="with --mode: the trainer's profiled cost (python -m real_backend.profile_trainer; default: "
                         "real_backend/data/profile_trainer_cpu.json)")

@@ -309,7 +309,8 @@ def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: boo
                 shutil.copyfile(path, measurement_files(profile)[kind])
     if not beside:
         return
-    trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0)
+    trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0,
+                              process=setup.trainer_process)
     t0 = time.monotonic()
     fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3,
                                       group_size=group_size))

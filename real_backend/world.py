@@ -81,6 +81,9 @@ class RealSetup:
     # CPUs the trainer's thread is pinned to when it trains beside the rollout (modes other than collocated; None:
     # not pinned). vLLM's CPU build binds its own worker (VLLM_CPU_OMP_THREADS_BIND, default auto).
     trainer_cpus: tuple[int, ...] | None = None
+    # The trainer's forward and backward passes in a worker process of their own (real_backend.train_compute), off the
+    # driver's interpreter lock, as production trainers run; False: on the trainer's thread in the driver's process.
+    trainer_process: bool = False
     # CPU build: the CPUs each engine instance's threads are bound to, instances separated by "|" ("0|1": instance 0
     # on CPU 0, instance 1 on CPU 1; vLLM's VLLM_CPU_OMP_THREADS_BIND). None: vLLM's auto binding, which on a host
     # with one NUMA node binds EVERY instance to the same core (measured here: two busy instances then take turns on
@@ -102,6 +105,8 @@ class RealSetup:
                              f"--write-heldout`, or run with --no-heldout)")
         if self.trainer_threads is not None and self.trainer_threads < 1:
             raise ValueError(f"trainer_threads must be >= 1 or None, got {self.trainer_threads}")
+        if self.trainer_process and self.trainer_device != "cpu":
+            raise ValueError(f"trainer_process is for a trainer on the CPU, not on {self.trainer_device!r}")
         for name in ("max_model_len", "max_num_seqs", "mini_batches", "n_instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -265,6 +270,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         raise ValueError("run_real(resume=ckpt) runs the checkpoint's own policy object: pass policy=ckpt.policy")
     mode = mode or ModeConfig(rollout_devices=engine.n_instances)
     mode = replace(mode, elastic=False) if mode.mode == "hybrid" else mode  # its trainer shares the engine's cores
+    owned = trainer is None  # made here: its worker process (if any) is ended here
     trainer = trainer or _trainer(setup, engine, prompts, policy, config, sync=resume is None)
     recorder = _recorder(setup, policy, config, out_dir, engine, prompts, mode, meta)
     controller = Controller(engine, trainer, prompts, policy, config, lower_bound=_lower_bound(setup, engine),
@@ -294,6 +300,8 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
     recorder.finish("finished")
     result.meta.update(recorder.meta)
+    if owned:
+        trainer.close()
     return result
 
 
@@ -354,7 +362,8 @@ def _trainer(setup: RealSetup, engine, prompts: TaskPrompts, policy: Policy, con
     mask = setup.mask_resumed or policy.needs().mask_stale_tokens
     return GRPOTrainer(setup.model_dir, engine, prompts, lr=setup.lr, clip=setup.clip, mini_batches=setup.mini_batches,
                        mask_resumed=mask, device=setup.trainer_device, dtype=setup.dtype, seed=config.seed,
-                       threads=setup.trainer_threads, sync_on_start=sync, job_cpus=setup.trainer_cpus)
+                       threads=setup.trainer_threads, sync_on_start=sync, job_cpus=setup.trainer_cpus,
+                       process=setup.trainer_process)
 
 
 def _resume(ckpt, controller: Controller, trainer, prompts, recorder: Recorder) -> int:

@@ -124,7 +124,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--engine", action="store_true", help="also time the pieces right after a vLLM cell (starts vLLM)")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval(SECONDS) first (Python's default: 0.005)")
     args = ap.parse_args(argv)
+    if args.switch_interval is not None:
+        import sys
+
+        sys.setswitchinterval(args.switch_interval)
     medians = measure(args.rounds, args.engine)
     print("| the caller busy in Python | pieces, s | over the caller idle |")
     print("|---|---|---|")
