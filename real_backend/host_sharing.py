@@ -367,7 +367,8 @@ def run_sharing(args, out: Path) -> int:
         raise ValueError(f"--out {out}: with --shared-host, --out names the engine's profile the factors are written "
                          f"into (`lssim profile --out {out}` first)")
     ProfiledCostModel.from_json(out)  # a bad file fails here, naming itself
-    setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib)
+    setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                      trainer_process=args.trainer_process)
     prompts, _ = prepare(setup, "baseline", RunConfig(steps=1, groups_per_step=1, group_size=2, max_tokens=args.length))
     engine = start_engine(setup, prompts, seed=0)
     try:
@@ -376,11 +377,12 @@ def run_sharing(args, out: Path) -> int:
         t0 = time.monotonic()
         rows = measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=args.repeats + 1,
                                length=args.length, group_size=args.group_size)
+        trainer.close()
     finally:
         engine.close()
     fit = fit_sharing(rows)
     write_sharing(out, fit, {"command": " ".join(["lssim", "profile", *sys.argv[2:]]), "seconds": round(time.monotonic() - t0, 1),
-                             "trainer_threads": setup.trainer_threads})
+                             "trainer_threads": setup.trainer_threads, "trainer_process": setup.trainer_process})
     print(f"shared host: the engine {fit['engine_slowdown']:.3f}x slower beside a GRPO update, the update "
           f"{fit['trainer_slowdown']:.3f}x slower beside the engine (rounds: "
           f"{', '.join(f'{e:.2f}/{t:.2f}' for e, t in zip(*fit['by_round'].values()))}); streamed in groups of "

@@ -368,6 +368,9 @@ def add_arguments(p) -> None:
                         "the update beside the engine, into the profile --out names (measured_by.shared_host: what the "
                         "twin of a mode that trains beside the rollout on this host prices; real_backend/host_sharing.py); "
                         "--length, --repeats and --group-size apply (~1-2 minutes)")
+    p.add_argument("--trainer-process", action="store_true",
+                   help="with --shared-host: the trainer's passes in a process of their own, as `lssim real "
+                        "--trainer-process` runs them")
     p.add_argument("--group-size", type=int, default=4, metavar="G",
                    help="with --shared-host: responses per group, the piece a hybrid run streams into the update as "
                         "each group finishes (default: 4)")

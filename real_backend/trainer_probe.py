@@ -50,7 +50,7 @@ class TrainerProbe:
         from .trainer import GRPOTrainer
 
         self.trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0,
-                              process=setup.trainer_process)
+                                   process=setup.trainer_process)
         self.lengths = probe_lengths()
         self._rng = np.random.default_rng(PROBE_SEED)
 

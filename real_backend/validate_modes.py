@@ -310,11 +310,15 @@ def profile_host(engine, setup, profile: Path, base_profile: str, reprofile: boo
     if not beside:
         return
     trainer = GRPOTrainer(setup.model_dir, None, _Prompts(), lr=1e-6, threads=setup.trainer_threads, seed=0,
-                              process=setup.trainer_process)
+                          process=setup.trainer_process)
     t0 = time.monotonic()
-    fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3,
-                                      group_size=group_size))
-    write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1)})
+    try:
+        fit = fit_sharing(measure_sharing(engine, trainer, int(trainer.model.config.vocab_size), rounds=3,
+                                          group_size=group_size))
+    finally:
+        trainer.close()
+    write_sharing(profile, fit, {"command": " ".join(sys.argv), "seconds": round(time.monotonic() - t0, 1),
+                                 "trainer_process": setup.trainer_process})
     print(f"shared host: engine x{fit['engine_slowdown']:.3f} beside a GRPO update, the update x{fit['trainer_slowdown']:.3f} "
           f"beside the engine -> {profile}", file=sys.stderr)
 

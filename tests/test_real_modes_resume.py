@@ -242,7 +242,8 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
     from real_backend.checkpoint import load_checkpoint
 
     out = tmp_path / kind
-    extra = ["--staleness", "1"] if kind == "async" else []
+    # hybrid's trainer runs its passes in a process of its own (real_backend.train_compute): the resume keeps it
+    extra = ["--staleness", "1"] if kind == "async" else ["--trainer-process"]
     assert main(["real", "--model-dir", str(real_model_dir), *SHAPE, "--mode", kind, *extra, "--steps", "2",
                  "--out", str(out)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
@@ -269,5 +270,6 @@ def test_a_resumed_run_continues_in_its_mode(kind, lent_engine, real_model_dir, 
         assert (steps["trainer_streamed_groups"].iloc[[0, 2]] > 0).all() and steps["max_staleness"].max() == 0
         assert (steps["train_start"].iloc[[0, 2]] < steps["rollout_end"].iloc[[0, 2]]).any()
         assert meta["mode"]["elastic"] is False  # the trainer's thread shares the engine's cores: nothing joins it
+        assert meta["setup"]["trainer_process"] is True
     else:
         assert steps["max_staleness"].max() <= 1

@@ -136,20 +136,19 @@ def drop_stale(s: StepState, engine: Engine, mode: ModeHooks) -> int:
     (no longer admitted)."""
     counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
     running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
-    dropped = 0
-    for gid, members in s.members.items():
-        if all(r.done for r in members) or not mode.is_stale(s.step, min(r.first_version for r in members)):
-            continue
-        for r in members:
-            if not r.done:
-                if r.rid in running:
-                    engine.abort(r)
-                r.finish_reason, r.stop_reason = ABORT, "stale"
-                end_response(r, s)
+    stale = [(gid, [r for r in members if not r.done]) for gid, members in s.members.items()
+             if not all(r.done for r in members) and mode.is_stale(s.step, min(r.first_version for r in members))]
+    # one call for every abort (a real engine's call into vLLM costs milliseconds; abort_many is abort in turn)
+    aborted = [r for _, open_members in stale for r in open_members if r.rid in running]
+    if aborted:
+        engine.abort_many(aborted)
+    for gid, open_members in stale:
+        for r in open_members:
+            r.finish_reason, r.stop_reason = ABORT, "stale"
+            end_response(r, s)
         s.dropped_groups.add(gid)
-        dropped += 1
     s.rollout.groups_done, s.rollout.groups_effective = counters
-    return dropped
+    return len(stale)
 
 
 def rollout_batch(fresh: RequestColumns, s: StepState, engine: Engine, policy: Policy, asks: dict[str, bool],

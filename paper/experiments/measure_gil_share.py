@@ -22,6 +22,10 @@ Also measured, to rule them out: the same pieces on the lane against the caller'
 `--engine`, the pieces right after a vLLM cell (32 long-tailed requests of up to 256 tokens) against 1.5 s later
 (0.97x: the engine's threads do not slow them once its requests are done).
 
+With `--switch-interval S` (sys.setswitchinterval first; 2026-11-28 ~10:45 UTC, `--rounds 5`): 5 ms 1.04x / 1.25x /
+19.0x at 10% / 30% / 100% busy, 0.5 ms 1.07x / 1.18x / 2.91x, 0.1 ms 1.03x / 1.15x / 1.71x: at a run's duty the
+interval hardly matters.
+
 The pieces are mostly Python-level work around small tensors (the reference model is tiny), and each time the lane
 needs the lock back while the caller holds it, it waits up to the switch interval. A run's driver is busy 2.5-8% of
 its rollout (`python -m paper.experiments.modes_driver`), in bursts as events arrive.
