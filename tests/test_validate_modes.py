@@ -162,22 +162,31 @@ def test_recording_puts_the_profile_and_the_hosts_measurement_in_out_before_the_
     from real_backend.profile import measurement_files
     from real_backend.validate_modes import profile_host
 
-    class Trainer:  # what profile_host asks of a GRPOTrainer: its vocabulary
+    made = []
+
+    class Trainer:  # what profile_host asks of a GRPOTrainer: its vocabulary, and to end its worker once measured
         def __init__(self, *args, **kwargs):
             self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=64))
+            self.process, self.closed = kwargs["process"], False
+            made.append(self)
+
+        def close(self):
+            self.closed = True
 
     measured, profiled = [], []
     rows = pd.DataFrame([{"round": 0, "phase": p, "seconds": s} for p, s in
                          (("engine_alone", 1.0), ("engine_beside", 1.3), ("trainer_alone", 2.0), ("trainer_beside", 2.4))])
     monkeypatch.setattr(trainer_module, "GRPOTrainer", Trainer)
     monkeypatch.setattr(host_sharing, "measure_sharing", lambda engine, trainer, vocab, rounds, group_size: measured.append(vocab) or rows)
-    setup = SimpleNamespace(model_dir="m", trainer_threads=1)
+    setup = SimpleNamespace(model_dir="m", trainer_threads=1, trainer_process=True)  # as the runs' trainer
     base = _bare_profile(tmp_path)
     out = tmp_path / "out" / "profile.json"
     profile_host(None, setup, out, str(base), reprofile=False, beside=False, length=256)
     assert training_share(out) is None and not measured  # collocated alone: nothing trains beside the rollout
     profile_host(None, setup, out, str(base), reprofile=False, beside=True, length=256)
     assert measured == [64] and training_share(out).engine_slowdown == pytest.approx(1.3)
+    assert [(t.process, t.closed) for t in made] == [(True, True)]
+    assert json.loads(out.read_text())["measured_by"]["shared_host"]["trainer_process"] is True
     assert measurement_files(out)["batches"].is_file()  # the cells came along (the driver's price reads them)
 
     def measure_engine(engine, setup, folder, profile_to, first, length):
