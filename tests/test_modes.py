@@ -162,3 +162,31 @@ def test_mode_config_refuses_what_cannot_be():
         ModeConfig("collocated", 8, 4)
     with pytest.raises(ValueError, match="staleness"):
         ModeConfig("async", 8, 8, staleness=0)
+
+
+def test_async_aborts_a_steps_stale_groups_in_one_call(monkeypatch):
+    """ROLL's variant cancels the groups that would train too late (rollout_books.drop_stale): their members still
+    generating are aborted in one call (a real engine's call into vLLM costs milliseconds), never one by one."""
+    import sys
+
+    from lssim.analysis.replay import SimSetup, simulate
+
+    calls = []  # (the engine's method, who called it, how many requests)
+    abort, abort_many = SimEngine.abort, SimEngine.abort_many
+
+    def one(self, r):
+        calls.append(("abort", sys._getframe(1).f_code.co_name, 1))
+        return abort(self, r)
+
+    def many(self, requests):
+        calls.append(("abort_many", sys._getframe(1).f_code.co_name, len(requests)))
+        return abort_many(self, requests)
+
+    monkeypatch.setattr(SimEngine, "abort", one)
+    monkeypatch.setattr(SimEngine, "abort_many", many)
+    w = Workload(pd.read_parquet("traces/math7b.parquet"))
+    result = simulate(w, "baseline", SimSetup(mode="async", train_devices=8, staleness=1, async_variant="roll"), steps=6)
+    assert result.steps["dropped_stale"].sum() > 0
+    from_drops = [(method, n) for method, caller, n in calls if caller == "drop_stale"]
+    assert from_drops and all(method == "abort_many" for method, _ in from_drops)
+    assert max(n for _, n in from_drops) > 1  # several members in the one call
