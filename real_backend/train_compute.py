@@ -114,13 +114,12 @@ class ProcessCompute:
         if next(model.parameters()).device.type != "cpu":
             raise ValueError("a trainer process (RealSetup.trainer_process) is for a trainer on the CPU")
         model.share_memory()
-        self.params = [p for _, p in model.named_parameters()]
+        names, self.params = zip(*model.named_parameters())
         self.grads = [torch.zeros_like(p).share_memory_() for p in self.params]
         ctx = torch.multiprocessing.get_context("spawn")  # fork would copy vLLM's and the driver's threads' state
         self._conn, child = ctx.Pipe()
-        names = [n for n, _ in model.named_parameters()]
         self._process = ctx.Process(target=_serve, name="grpo-trainer", daemon=True,
-                                    args=(child, str(model_dir), model.dtype, names, [p.data for p in self.params], self.grads,
+                                    args=(child, str(model_dir), model.dtype, list(names), [p.data for p in self.params], self.grads,
                                           dict(pad_id=pad_id, clip=clip, micro_batch_tokens=micro_batch_tokens),
                                           threads, cpus))
         self._process.start()

@@ -49,7 +49,6 @@ import torch
 from lssim.loop.contracts import Trainer
 from lssim.loop.core import Group, Request, off_policy_tokens, token_lags
 from lssim.loop.decisions import TrainBatch
-from lssim.sim.train_batches import pack_padded
 
 from .train_compute import LocalCompute, ProcessCompute
 from .train_job import ThreadTrainJob, TrainLane
@@ -83,16 +82,16 @@ class GRPOTrainer(Trainer):
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self.engine, self.prompts = engine, prompts
-        self.clip, self.eps, self.mini_batches = clip, eps, mini_batches
+        self.eps, self.mini_batches = eps, mini_batches
         self.max_grad_norm, self.micro_batch_tokens, self.mask_resumed = max_grad_norm, micro_batch_tokens, mask_resumed
         self.recompute_logprobs = recompute_logprobs
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(self.device)
         self.model.train()
-        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-        settings = dict(pad_id=self.pad_id, clip=clip, micro_batch_tokens=micro_batch_tokens)
+        settings = dict(pad_id=pad_id, clip=clip, micro_batch_tokens=micro_batch_tokens)  # the passes' (self.compute)
         self.compute = (ProcessCompute(self.model, model_dir, **settings, threads=threads, cpus=job_cpus) if process
                         else LocalCompute(self.model, **settings, device=self.device))
         self.rng = np.random.default_rng(seed)
