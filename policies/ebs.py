@@ -242,5 +242,8 @@ class EBS(Policy):
     def end_step(self, outcome):
         self.history.update(outcome)
 
+    def ran_blind(self):
+        return self.history.blindness()
+
     def _remaining(self, request) -> float:
         return max(1.0, self.predicted(request.prompt_id, request.max_tokens) - request.generated)

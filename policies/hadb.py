@@ -34,6 +34,7 @@ from lssim.loop.rewards import RewardScale
 
 class HADB(Policy):
     name = "hadb"
+    _epochs, _warmup = 0, (0, 0)  # (instances set their own; a checkpoint from before they were kept reads these)
 
     def __init__(self, short_quantile: float = 0.5, long_quantile: float = 0.85, short_batch_factor: float = 2.0,
                  long_batch_factor: float = 1.0, ema: float = 0.5, zero_reward_groups: int = 2, long_zero_budget: float = 0.5,
@@ -56,6 +57,8 @@ class HADB(Policy):
         self._long = np.zeros(0, bool)  # this epoch's long bucket
         self._chunks: list[tuple] = []  # this epoch's remaining steps: (bucket, prompts, their slots, board size)
         self._scale = RewardScale()  # the run's, from each step's context
+        self._epochs = 0  # epochs bucketed (0: still in its warm-up)
+        self._warmup = (0, 0)  # (prompts known, the pool's size) at the last step of its warm-up
 
     @property
     def score(self) -> dict[int, float]:
@@ -85,10 +88,13 @@ class HADB(Policy):
     # -- deciding ----------------------------------------------------------------------------------
     def plan(self, ctx, proposal):
         self._scale = ctx.reward_scale
-        if not self._chunks and np.count_nonzero(~np.isnan(self._score)) < self.warmup_fraction * len(ctx.pool):
+        known = int(np.count_nonzero(~np.isnan(self._score)))
+        if not self._chunks and known < self.warmup_fraction * len(ctx.pool):
+            self._warmup = (known, len(ctx.pool))
             return proposal
         if not self._chunks:
             self._new_epoch(ctx)
+            self._epochs += 1
         bucket, prompts, slots, board = self._chunks.pop()
         take = max(0, ctx.groups_left - ctx.carried_groups)
         prompts, slots = prompts[:take], slots[:take]
@@ -124,6 +130,14 @@ class HADB(Policy):
         ordered = reversed([c for c in chunks if c[0] == "unknown"] + shuffled)  # popped from the end
         board = len(self._ids)  # the scoreboard's size the slots hold for (the whole pool is on it now)
         self._chunks = [(name, members, member_slots, board) for name, members, member_slots in ordered]
+
+    def ran_blind(self):
+        if self._epochs or self._chunks:
+            return None
+        known, pool = self._warmup
+        return (f"never left its warm-up: at its last step it knew {known:,} of the pool's {pool:,} prompts and buckets "
+                f"once it knows {self.warmup_fraction:.0%} of them, so every step took the baseline's batch (a run "
+                "shorter than a pass over the pool, or prompts that never recur)")
 
     # -- remembering -------------------------------------------------------------------------------
     def end_step(self, outcome):

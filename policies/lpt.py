@@ -97,3 +97,6 @@ class LPT(Policy):
 
     def end_step(self, outcome):
         self.history.update(outcome)
+
+    def ran_blind(self):
+        return self.history.blindness()

@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     s = result.steps
     say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
         f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {out}/")
+    if result.meta.get("ran_blind"):
+        say(f"note: {policy.name} ran blind: {result.meta['ran_blind']}")
     return 0
 
 

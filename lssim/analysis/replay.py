@@ -361,6 +361,7 @@ def run_summary(res: RunResult, lengths: TraceLengths | None = None) -> dict:
         "groups_trained": groups,
         "responses": len(r),
         "missing_signals": ", ".join(res.meta.get("missing_signals", ())),  # run without them (allow_missing_signals)
+        "ran_blind": res.meta.get("ran_blind") or "",  # what the policy's rule could not see (PolicyHooks.ran_blind)
         **end_to_end(res),
         **run_signal(res, lengths, reasons),
     }

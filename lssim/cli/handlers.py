@@ -217,6 +217,9 @@ def _run_replay(args: argparse.Namespace) -> int:
             if missing:
                 print(f"warning: {name} ran without the early-exit signal(s) {missing}, which the trace lacks "
                       f"(--allow-missing-signals): what it would have stopped is not in these figures")
+        for name, why in table["ran_blind"].items():
+            if why:
+                print(f"note: {name} ran blind on this trace: {why}")
         if args.no_reference:
             print("--no-reference: baseline and oracle not run; speedup is NaN ('-')"
                   f"{' except against the baseline you named' if 'baseline' in table.index else ''}")

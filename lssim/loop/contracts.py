@@ -426,6 +426,12 @@ class PolicyHooks:
         speculation decisions); none by default. Not combined by Compose."""
         return {}
 
+    def ran_blind(self) -> str | None:
+        """Why this policy could not act in the run so far: a sentence naming what it lacked (hadb: prompts seen
+        again; lpt: a prompt's own past lengths), or None when it could. Asked once a run's result is made, so a
+        replay that ran as the baseline says why rather than showing a tie (lssim.analysis.replay's `ran_blind`)."""
+        return None
+
     def train_mask(self, batch: TrainBatch) -> TrainMask | None:
         """Which of `batch`'s tokens are trained (TrainMask); None: all of them. Asked once per step by the trainer,
         after `select`, before the log-prob recompute and the update, so what is pruned is never computed."""

@@ -147,7 +147,8 @@ class Controller:
         responses = self._responses.frame(response_columns, share=final)
         steps = pd.DataFrame(self._step_rows)
         return RunResult(self.policy.name, responses, steps, meta={"policy": repr(self.policy), "seed": self.config.seed,
-                                                                     "missing_signals": sorted(self.missing_signals)})
+                                                                     "missing_signals": sorted(self.missing_signals),
+                                                                     "ran_blind": self.policy.ran_blind()})
 
     # -- what lives on between steps ---------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ the simulator and on vLLM; no oracle. Several policies keep one (lpt, ebs, segme
     history.mean(prompt_id)                   # expected length, or None if the prompt was never seen
     history.mean_square(prompt_id)            # expected squared length (the KV a response reads grows so)
     history.remaining(prompt_id, generated)   # expected tokens still to come for a response this far along
+    history.revisited                         # prompts met again: 0 means every prediction was the global mean
     history.means(prompt_ids)                 # the same as arrays over many prompts (NaN: never seen), for a
     history.mean_squares(prompt_ids)          #   step's plan on the simulator's batch route
     history.remainings(prompt_ids, generated) # `remaining` over arrays of (prompt, tokens) pairs (NaN: cannot say)
@@ -45,9 +46,11 @@ class LengthHistory:
         self._total = 0.0
         self._total_sq = 0.0
         self._count = 0
+        self.revisited = 0  # prompts whose responses ended in a step after one where some had ended already
 
     def __setstate__(self, state: dict) -> None:
         lengths = state.pop("_lengths", None)  # a checkpoint written when each prompt's lengths were a deque
+        state.setdefault("revisited", 0)  # a checkpoint from before it was counted
         if lengths is None:
             self.__dict__.update(state)
             return
@@ -64,6 +67,8 @@ class LengthHistory:
         natural = (reason == STOP) | (reason == LENGTH)
         pids, lens = outcome.prompt_id[natural].astype(np.int64), outcome.response_len[natural].astype(np.int64)
         if len(pids):
+            distinct = np.unique(pids)
+            self.revisited += int(np.count_nonzero(self._rows.find(distinct) >= 0))
             self._add(self._rows_adding(pids), lens)
         self._total += float(int(lens.sum()))
         self._total_sq += float(int((lens * lens).sum()))
@@ -90,6 +95,16 @@ class LengthHistory:
         ring = self._ring[touched]
         self._sum[touched] = ring.sum(axis=1)
         self._sum_sq[touched] = (ring * ring).sum(axis=1)
+
+    def blindness(self) -> str | None:
+        """Why predictions from this history could not tell prompts apart (no prompt met again once some of its
+        responses had ended: each was the mean over all responses, or the budget), None once one was met again.
+        The policies that predict from it say so (PolicyHooks.ran_blind): on a trace whose prompts never repeat,
+        such a policy runs as if blind."""
+        if self.revisited:
+            return None
+        return (f"no prompt came back once its responses had ended ({len(self)} prompts seen once), so every length "
+                "it predicted was the mean over all responses seen (or the budget): it needs prompts that recur")
 
     def known(self, prompt_id: int) -> bool:
         return prompt_id in self._rows.row

@@ -58,6 +58,8 @@ Declarations, read once before the first step (not hooks):
                                                masked stale tokens); merged by `PolicyNeeds.merge`: a need of
                                                any member is the composition's, and members may ask for
                                                speculation only if they ask for the same one
+    ran_blind() -> str | None              asked once the run's result is made: why the policy could not
+                                               act (what it lacked), None if it could; composed: each member's
 
 The proposal is a read-only sequence of GroupSpec (a loader batch comes as columns, lssim.loop.core.GroupSpecs: a
 GroupSpec is made only when read, so a plan that passes it on, or a slice of it, costs nothing); return it, a slice
@@ -231,6 +233,10 @@ class Compose(Policy):
 
     def needs(self) -> PolicyNeeds:
         return self._needs
+
+    def ran_blind(self) -> str | None:
+        said = [f"{p.name}: {why}" for p in self.policies if (why := p.ran_blind())]
+        return "; ".join(said) or None
 
     def overrides(self, hook: str) -> bool:
         return bool(self._by_hook[hook])
