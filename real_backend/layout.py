@@ -247,10 +247,12 @@ def _relative_factor(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 def scaled_model(base, factor: float, name: str):
     """`base` with every coefficient times `factor`: every engine time it prices, times `factor`; the caller's time to
-    abort (`abort_seconds`, not the engine's work) as it was, as lssim.sim.shared_host.ScaledCost keeps it."""
+    abort and resume (`abort_seconds`, `resume_seconds`: not the engine's work) as they were, as
+    lssim.sim.shared_host.ScaledCost keeps them."""
     from lssim.cost import ProfiledCostModel
 
-    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, abort_seconds=base.abort_seconds, name=name)
+    return ProfiledCostModel(**{k: v * factor for k, v in base.coefficients.items()}, abort_seconds=base.abort_seconds,
+                             resume_seconds=base.resume_seconds, name=name)
 
 
 def speculating(engine) -> bool:

@@ -24,6 +24,11 @@ Aborts (`measure_aborts`): a rollout that ends with requests still running abort
 each (one round trip to vLLM's loop: 0.14-0.19 ms a request on this VM, `real_backend/data/profile_cpu.json` and
 `validation/full7/profile.json`). `profile_engine` measures it after the cells and stores the slope through the
 origin as the model's `abort_seconds` (a1), which the simulator charges to its clock per abort.
+
+Resumes (real_backend.resume_probe): a response aborted in flight and resubmitted with its tokens (an async weight
+arrival, a carry, a requeue) costs more than its abort and its re-prefill; `profile_engine` measures it after the
+aborts and stores the unpriced part per request as `resume_seconds` (r1), which the simulator charges to its clock
+when it resubmits such responses.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from lssim.loop.core import Request
 
 from .cells import longtail_lengths
 from .layout import layout_path, profile_layout
+from .resume_probe import fit_resume_seconds, measure_resumes
 from .speed_probe import probed_measurement, write_reference
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96)
@@ -329,6 +335,8 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
     model = fit(decode, prefill, batches, name=f"vllm {Path(engine.model).name}")
     aborts = measure_aborts(engine, length=length, instance=instance)
     model.abort_seconds = fit_abort_seconds(aborts)
+    resumes = measure_resumes(engine, model, instance=instance)  # after a1: the resume's unpriced part is beyond it
+    model.resume_seconds = fit_resume_seconds(resumes)
     for kind, frame in (("decode", decode), ("prefill", prefill), ("batches", batches)):
         atomic_write(measurement_files(out)[kind], lambda p, f=frame: f.to_parquet(p, index=False))
     meta = {"engine": "vllm (VLLMEngine)", "machine": _machine(), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -336,6 +344,8 @@ def profile_engine(engine, out, *, batch_sizes=DEFAULT_BATCH_SIZES, prompt_lens=
                      "window": window, "repeats": repeats},
             **({"instance": f"{instance} of {engine.n_instances} (the others idle)"} if instance is not None else {}),
             "aborts": {"n": aborts["n"].tolist(), "seconds": [round(v, 6) for v in aborts["seconds"]]},
+            "resumes": {k: [round(v, 6) if isinstance(v, float) else v for v in resumes[k].tolist()]
+                        for k in ("n", "resume", "seconds", "priced_seconds")},
             **(meta or {})}
     atomic_write(out, lambda p: model.to_json(p, meta=meta))
     return model

@@ -21,6 +21,7 @@ _DECODE_FORM = "t_iter = c0 + c1*n_seqs + c2*ctx_tokens + c3*n_seqs^2"
 _PREFILL_FORM = "t_prefill = p0 + p1*prefill_tokens (0 when prefill_tokens == 0)"
 _DEPARTURE_FORM = "t_departure = f0 + f1*leaving (0 when leaving == 0): k sequences leave the batch at one iteration"
 _ABORT_FORM = "t_abort = a1*aborted: the caller blocked while the serving API aborts them (not engine time)"
+_RESUME_FORM = "t_resume = r1*resumed: requests resubmitted with tokens, beyond their re-prefill, before they reach the engine"
 _COEFFICIENTS = ("c0", "c1", "c2", "c3", "p0", "p1", "f0", "f1")
 
 
@@ -29,7 +30,8 @@ class ProfiledCostModel(CostModel):
 
     Per decode iteration ``t = c0 + c1*n + c2*ctx + c3*n^2``; per prefill ``t = p0 + p1*tokens``; when
     ``k`` sequences leave the batch (finish or abort) ``t = f0 + f1*k``; the caller is blocked ``a1`` seconds for each
-    request it aborts (``abort_seconds``, measured apart from the batches: lssim.cost.protocol's ``abort_time``).
+    request it aborts (``abort_seconds``, measured apart from the batches: lssim.cost.protocol's ``abort_time``), and
+    ``r1`` for each it resubmits with tokens already generated (``resume_seconds``: ``resume_time``).
     ``n`` is constant over a span and ``ctx`` ramps linearly, so a span of ``k`` iterations is
     ``k*a + c2*n*k*(k-1)/2`` with ``a`` the first iteration's time: exact, and exactly invertible.
     Coefficients are non-negative (fitted with NNLS), which makes every method monotone.
@@ -53,6 +55,7 @@ class ProfiledCostModel(CostModel):
         f1: float = 0.0,
         *,
         abort_seconds: float = 0.0,
+        resume_seconds: float = 0.0,
         fit_stats: dict | None = None,
         name: str = "profiled",
     ) -> None:
@@ -62,10 +65,11 @@ class ProfiledCostModel(CostModel):
                 raise ValueError(f"ProfiledCostModel coefficient {key} must be finite and >= 0, got {value!r}")
         if c0 + c1 + c3 <= 0:
             raise ValueError("ProfiledCostModel: c0 + c1 + c3 must be > 0 (an iteration must take time)")
-        if isinstance(abort_seconds, bool) or not (isinstance(abort_seconds, numbers.Real) and 0 <= abort_seconds < INF):
-            raise ValueError(f"ProfiledCostModel abort_seconds (a1) must be finite and >= 0, got {abort_seconds!r}")
+        for label, value in (("abort_seconds (a1)", abort_seconds), ("resume_seconds (r1)", resume_seconds)):
+            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 <= value < INF):
+                raise ValueError(f"ProfiledCostModel {label} must be finite and >= 0, got {value!r}")
         self.c0, self.c1, self.c2, self.c3, self.p0, self.p1, self.f0, self.f1 = (float(v) for v in coeffs.values())
-        self.abort_seconds = float(abort_seconds)
+        self.abort_seconds, self.resume_seconds = float(abort_seconds), float(resume_seconds)
         self.fit_stats = dict(fit_stats) if fit_stats else None  # fit_error() at fit time
         self.name = name
 
@@ -96,6 +100,9 @@ class ProfiledCostModel(CostModel):
 
     def abort_time(self, n_aborted: int) -> float:
         return self.abort_seconds * n_aborted if n_aborted > 0 else 0.0
+
+    def resume_time(self, n_resumed: int) -> float:
+        return self.resume_seconds * n_resumed if n_resumed > 0 else 0.0
 
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # Summed over I iterations with n_i sequences: c0*I + c1*T + c3*sum(n_i^2) + c2*W, and sum(n_i^2) >= T^2/I
@@ -215,6 +222,8 @@ class ProfiledCostModel(CostModel):
             "departure_coefficients": {"f0": self.f0, "f1": self.f1},
             "abort_form": _ABORT_FORM,
             "abort_coefficients": {"a1": self.abort_seconds},
+            "resume_form": _RESUME_FORM,
+            "resume_coefficients": {"r1": self.resume_seconds},
             "fit_error": self.fit_stats,
             **({"measured_by": meta} if meta else {}),
         }
@@ -238,8 +247,9 @@ class ProfiledCostModel(CostModel):
             p = payload.get("prefill_coefficients") or {"p0": 0.0, "p1": 0.0}
             f = payload.get("departure_coefficients") or {"f0": 0.0, "f1": 0.0}
             a = payload.get("abort_coefficients") or {"a1": 0.0}  # profiles measured before it: 0
+            r = payload.get("resume_coefficients") or {"r1": 0.0}
             return cls(d["c0"], d["c1"], d["c2"], d.get("c3", 0.0), p["p0"], p["p1"], f["f0"], f["f1"],
-                       abort_seconds=a["a1"], fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
+                       abort_seconds=a["a1"], resume_seconds=r["r1"], fit_stats=payload.get("fit_error"), name=payload.get("name", "profiled"))
         except KeyError as exc:
             raise ValueError(f"{path}: missing key {exc.args[0]!r}") from None
         except ValueError as exc:
@@ -256,12 +266,14 @@ class ProfiledCostModel(CostModel):
             "departure_form": _DEPARTURE_FORM,
             "f0": self.f0, "f1": self.f1,
             "abort_form": _ABORT_FORM, "a1": self.abort_seconds,
+            "resume_form": _RESUME_FORM, "r1": self.resume_seconds,
             "fit_error": self.fit_stats,
         }
 
     def __repr__(self) -> str:
         return (f"ProfiledCostModel(c0={self.c0:.4g}, c1={self.c1:.4g}, c2={self.c2:.4g}, "
-                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g}, f0={self.f0:.4g}, f1={self.f1:.4g}, a1={self.abort_seconds:.4g})")
+                f"c3={self.c3:.4g}, p0={self.p0:.4g}, p1={self.p1:.4g}, f0={self.f0:.4g}, f1={self.f1:.4g}, a1={self.abort_seconds:.4g}, "
+                f"r1={self.resume_seconds:.4g})")
 
 def batch_features(lengths, prompt_len: int) -> dict[str, float]:
     """A batch admitted at once (one request per entry of ``lengths``, prompts of ``prompt_len``), run as the

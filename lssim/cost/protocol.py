@@ -28,6 +28,13 @@ Conventions shared by all models (the contract: lssim.loop.cost_contracts.CostMo
   controller aborts running requests (a rollout's end carrying or dropping them, a stop, a requeue). A model without
   it costs 0 (the contract's default); a profile measures it (``lssim profile``; on this VM 0.14-0.19 ms a request).
 
+* ``resume_time(n)`` (optional): seconds a resubmission of ``n`` requests that already generated tokens costs beyond
+  their re-prefill (each one's prompt and tokens so far, priced by ``prefill_time``), before they reach the engine:
+  vLLM's front end takes each back as a new request and the engine frees what the abort left. The simulator moves its
+  clock by it when a controller resubmits such requests (an async weight arrival, a carried response's next step, a
+  requeue); the instances run on meanwhile. 0 by default; a profile measures it beside a rollout in flight
+  (real_backend.resume_probe).
+
 Hot-path methods use plain float arithmetic only (no numpy, no allocation); constants are
 precomputed in ``__init__``.
 

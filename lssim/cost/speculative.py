@@ -207,6 +207,9 @@ class SpeculativeCost(CostModel):
     def abort_time(self, n_aborted: int) -> float:
         return self.base.abort_time(n_aborted)
 
+    def resume_time(self, n_resumed: int) -> float:
+        return self.base.resume_time(n_resumed)
+
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         # every iteration costs at least the smallest factor times its plain cost
         return min(self._factors[1:] + [1.0]) * self.base.work_time(tokens, context_reads, max_num_seqs)

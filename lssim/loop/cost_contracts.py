@@ -23,7 +23,8 @@ class CostModel(Protocol):
     Optional, with defaults built on the scalar methods (a model overrides them where it has faster forms):
     `decode_times` / `prefill_times` / `departure_times`, array forms equal to the scalar calls to the last bit
     (the batch route, lssim.sim.fastsim, prices whole rollouts with them); `abort_time`, seconds the caller is
-    blocked aborting requests (0: a model that does not know)."""
+    blocked aborting requests, and `resume_time`, resubmitting requests with tokens already generated (0: a model
+    that does not know)."""
 
     name: str
 
@@ -75,6 +76,11 @@ class CostModel(Protocol):
 
     def abort_time(self, n_aborted: int) -> float:
         """Seconds the caller of the serving API is blocked while it aborts `n_aborted` requests; 0 unknown."""
+        return 0.0
+
+    def resume_time(self, n_resumed: int) -> float:
+        """Seconds a resubmission of `n_resumed` requests with tokens already generated (an async weight arrival's,
+        a carry's, a requeue's) costs beyond their re-prefill, before they reach the engine; 0 unknown."""
         return 0.0
 
 

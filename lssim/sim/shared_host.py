@@ -132,6 +132,9 @@ class ScaledCost(CostModel):
     def abort_time(self, n_aborted: int) -> float:  # the caller's, not the instances': not slowed by their sharing
         return self.base.abort_time(n_aborted)
 
+    def resume_time(self, n_resumed: int) -> float:  # the front end's, measured on the shared host already
+        return self.base.resume_time(n_resumed)
+
     def work_time(self, tokens: float, context_reads: float, max_num_seqs: int) -> float:
         return self.scale * self.base.work_time(tokens, context_reads, max_num_seqs)
 
@@ -232,7 +235,7 @@ class SharedHostEngine(SimEngine):
 
     def submit(self, requests) -> None:
         self._pass_boundaries(self.clock)
-        super().submit(requests)
+        super().submit(requests)  # (a resume's seconds, cost.resume_time, pass at the state before it: tens of ms)
         if self.driver is not None and self.driver.per_request and requests:
             stalled = {}
             for r in requests:  # the submit call's seconds, on the instance each request lands on

@@ -32,7 +32,10 @@ class SimEngine(Engine):
                  *, batch_route: bool = True, allow_missing_signals: bool = False):
         self.workload, self.cost = workload, cost
         self.allow_missing_signals = allow_missing_signals  # set_signals: go on without them, saying so
-        self.batch_route = batch_route  # False: every rollout on the event route, whatever the controller allows
+        # False: every rollout on the event route, whatever the controller allows. A cost model that prices resumes
+        # (cost.resume_time) runs there too: the batch, cut and carry routes take carried responses in without it.
+        self._resumes_priced = cost.resume_time(1) > 0.0
+        self.batch_route = batch_route and not self._resumes_priced
         self.base_cost = cost  # the cost model without execution features (set_speculation wraps it)
         self._spec_batch = 0  # speculation applies at most this many running sequences (0: never)
         self.speculated_tokens = 0  # tokens generated while speculation (or layer skip) was on
@@ -191,6 +194,8 @@ class SimEngine(Engine):
 
     def submit(self, requests: Sequence[Request]) -> None:
         self._settle_cut()
+        if self._resumes_priced:  # the front end takes them back before the engine sees them (instances run on)
+            self.clock += self.cost.resume_time(sum(1 for r in requests if r.generated > 0))
         now, capacity, touched = self.clock, self.config.kv_capacity_tokens, {}
         instances, target, epochs, where, seq, lookup = self.instances, self._target, self._epoch, self._where, self._seq, self.workload.lookup
         by_load = [(inst.pending, inst.idx) for inst in instances]  # least-loaded dispatch, kept current in the loop
