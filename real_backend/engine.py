@@ -429,6 +429,12 @@ class VLLMEngine(Engine):
         self.weight_version = self.weight_version + 1 if version is None else version
         return time.monotonic() - t0
 
+    def reset_prefix_cache(self) -> None:
+        """Drop vLLM's prefix cache, as a weight update does (update_weights): what is resubmitted next is prefilled
+        from scratch (real_backend.resume_probe's cells mimic a weight arrival so)."""
+        if not self._call(self._llm.reset_prefix_cache(), timeout=weights.RPC_TIMEOUT):
+            raise EngineError("vLLM refused to reset its prefix cache")
+
     def parameter(self, name: str):
         """A parameter of the model the engine serves (vLLM's name, e.g. "model.norm.weight"), as a CPU tensor."""
         return weights.read_parameter(self._llm, self._call, name)

@@ -11,7 +11,8 @@ front end takes each resubmitted request back as a new one, and the engine frees
 2-core VM costs more than both (paper/experiments/measure_arrival.py: 15-40 ms unpriced per arrival of 16-64).
 
 Cells of n requests (8-token random prompts) on one instance, run until every one has `at` tokens; then either
-nothing happens (plain) or every one is aborted and resubmitted (resume); the cell ends once every one has
+nothing happens (plain) or every one is aborted, vLLM's prefix cache dropped (as the arrival's weight load drops it:
+otherwise the re-prefill is answered from the cache) and every one resubmitted (resume); the cell ends once every one has
 `MORE` tokens more. A resume cell's extra seconds over the plain cells' median at its n, minus what the simulator
 charges for the same (a1 x n, then one prefill of the n prompts with their tokens), is the unpriced part; r1 is its
 least-squares slope through the origin on n (0 if negative: the simulator then prices resumes as before). The
@@ -48,28 +49,34 @@ def _run_until(engine, requests: list[Request], tokens: int) -> None:
             return
 
 
-def resume_cell(engine, requests: list[Request], at: int, resume: bool) -> dict:
+def resume_cell(engine, requests: list[Request], at: int, resume: bool, load=None) -> dict:
     """One cell, submitted already: seconds from the resume point (`at` tokens each) until `MORE` tokens more, and
-    the abort and resubmit calls' own wall time (0 for a plain cell). What is left running is aborted after."""
+    the abort, cache reset and resubmit calls' own wall time (0 for a plain cell). What is left running is aborted
+    after. `load`: instead of the cache reset, a call that loads weights and returns its own seconds (a whole
+    arrival: paper/experiments/measure_arrival.py --push), which are left out of both figures."""
     _run_until(engine, requests, at)
     t0 = time.monotonic()
-    calls = 0.0
+    calls = loaded = 0.0
     if resume:
         running = [r for r in requests if not r.finish_reason]
         engine.abort_many(running)
+        if load is None:
+            engine.reset_prefix_cache()  # as the arrival's weight load does: the re-prefill is not answered from the cache
+        else:
+            loaded = load()
         engine.submit(running)
-        calls = time.monotonic() - t0
+        calls = time.monotonic() - t0 - loaded
     _run_until(engine, requests, at + MORE)
-    seconds = time.monotonic() - t0
+    seconds = time.monotonic() - t0 - loaded
     engine.abort_many([r for r in requests if not r.finish_reason])
-    return {"seconds": seconds, "calls_seconds": calls}
+    return {"seconds": seconds, "calls_seconds": calls, "load_seconds": loaded}
 
 
 def measure_resumes(engine, model, sizes=RESUME_SIZES, rounds: int = 3, at: int = 32, seed: int = 5,
-                    instance: int | None = None) -> pd.DataFrame:
+                    instance: int | None = None, load=None) -> pd.DataFrame:
     """Plain and resume cells of each size in `sizes`, `rounds` times each in a seeded random order (the first cell
     runs once before, unrecorded). Rows: n, resume (bool), seconds, calls_seconds, priced_seconds (what `model`
-    charges for the resume: its abort and re-prefill; 0 for a plain cell)."""
+    charges for the resume: its abort and re-prefill; 0 for a plain cell), load_seconds (`load`: resume_cell)."""
     rng = np.random.default_rng(seed)
     plan = [(n, resume) for _ in range(rounds) for n in sizes for resume in (False, True)]
     plan = [(max(sizes), True)] + [plan[i] for i in rng.permutation(len(plan))]
@@ -81,7 +88,7 @@ def measure_resumes(engine, model, sizes=RESUME_SIZES, rounds: int = 3, at: int 
             rid += n
             with engine.serving_exactly(prompts):
                 engine.submit(requests)
-                row = resume_cell(engine, requests, at, resume)
+                row = resume_cell(engine, requests, at, resume, load)
             if j:
                 priced = model.abort_time(n) + model.prefill_time(n * (PROMPT_LEN + at)) if resume else 0.0
                 rows.append({"n": n, "resume": resume, **row, "priced_seconds": priced})

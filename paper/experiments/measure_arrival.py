@@ -26,12 +26,23 @@ import sys
 SIZES = (16, 32, 64)
 
 
+def _weight_load(engine, model_dir: str):
+    """A call that loads the served model's own weights into the engine (what an arrival's push does)."""
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    return lambda: engine.update_weights(state, version=engine.weight_version)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_arrival", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="default", help="a world of real_backend/validation_workloads.toml (its instance 0)")
     p.add_argument("--rounds", type=int, default=4, help="cells of each size and kind (default 4)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="requests in flight at the arrival, comma-separated")
     p.add_argument("--at", type=int, default=32, help="tokens every request has when the weights arrive (default 32)")
+    p.add_argument("--push", action="store_true",
+                   help="load the served model's own weights at the arrival (a whole arrival) instead of only dropping "
+                        "the prefix cache; the load's own seconds are left out, its after-effects are not")
     p.add_argument("--profile", default="real_backend/data/profile_cpu.json", help="the profile the twin's price comes from")
     args = p.parse_args(argv)
     try:
@@ -51,8 +62,11 @@ def main(argv=None) -> int:
     if world is None:
         return 2
     model = ProfiledCostModel.from_json(args.profile)
-    with world_engine(world) as (_, _, _, engine):
-        cells = measure_resumes(engine, model, sizes, args.rounds, args.at)
+    with world_engine(world) as (setup, _, _, engine):
+        load = _weight_load(engine, setup.model_dir) if args.push else None
+        cells = measure_resumes(engine, model, sizes, args.rounds, args.at, load=load)
+    if args.push:
+        print(f"weight load: median {cells['load_seconds'][cells['resume']].median() * 1e3:.1f} ms a load (left out)")
     table = resume_table(cells) * 1e3
     r1 = fit_resume_seconds(cells)
     table["priced_with_r1_ms"] = table["priced_seconds"] + r1 * 1e3 * table.index.to_numpy()
