@@ -10,9 +10,13 @@ trainer's sync, measured and priced apart; this measures the rest with the profi
 `--at` tokens, the resubmission's measured cost and what the twin prices of it (the profile's abort price, one
 re-prefill), without and with the resume price r1 fitted on these cells.
 
-Measured 2026-11-28 on this 2-core VM against validation/modes46p's profile (`--rounds 4`, the first version of
-this script): the arrival cost 47 / 60 / 125 ms at n = 16 / 32 / 64, the twin priced 25 / 45 / 86 ms of it: 22 / 15
-/ 39 ms unpriced, about 0.6 ms per request resubmitted. Why it matters: async's twin is 6-9% faster than its runs
+Measured 2026-11-28 on this 2-core VM (`--rounds 4`). Against validation/modes46p's profile, with vLLM's prefix
+cache left as it was (the first version of this script): the arrival cost 47 / 60 / 125 ms at n = 16 / 32 / 64, the
+twin priced 25 / 45 / 86 ms of it, ~0.6 ms a request unpriced. But the cache answered part of the re-prefill, which
+an arrival's weight load prevents (it drops the cache); the probe now drops it too. Against modes47p's profile: 37 /
+67 / 119 ms, priced 44 / 61 / 95, r1 0.31 ms a request; with the served weights loaded instead (`--push`, the load's
+own 113 ms left out): 39 / 69 / 128 ms, r1 0.43. The load leaves 2-9 ms of after-effects; an arrival's resubmission is
+priced within ~10 ms with r1. Why it matters: async's twin is 6-9% faster than its runs
 beyond collocated's level in every recording (docs/fidelity.md, "What is left for issue 37"), and an arrival is the
 one event async has that collocated's reference runs do not.
 """
