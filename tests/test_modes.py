@@ -190,3 +190,23 @@ def test_async_aborts_a_steps_stale_groups_in_one_call(monkeypatch):
     from_drops = [(method, n) for method, caller, n in calls if caller == "drop_stale"]
     assert from_drops and all(method == "abort_many" for method, _ in from_drops)
     assert max(n for _, n in from_drops) > 1  # several members in the one call
+
+
+def test_async_trains_a_batch_a_step_and_the_groups_completed_beyond_it_in_the_next():
+    """AReaL's trainer takes batches of B finished groups: where more complete in the same instant (here every
+    admitted group, all of one length), the ones beyond B wait whole for the next step, counted done in its rollout."""
+    trace = make_trace(np.full((2, 4, 2), 50), max_tokens=300)  # 2 steps x 4 groups of 2, every response 50 tokens
+    res = run(trace, ModeConfig("async", 2, 2, staleness=1))
+    s, r = res.steps, res.responses
+    assert (s["groups_trained"] <= 4).all() and s["groups_trained"].sum() == 8
+    assert s["groups_trained"].iloc[0] == 4  # the gate let 2 batches in; both completed at once; one trained
+    trained = r[r["trained"]]
+    assert len(trained) == 16 and not trained.duplicated(["step", "prompt_id", "sample_idx"]).any()
+    assert (s["max_staleness"] <= 1).all()
+
+
+@FAST
+@given(trace=traces, policy=st.sampled_from(POLICIES))
+def test_async_never_trains_more_than_a_batch_in_a_step(trace, policy):
+    res = run(trace, MODES[2], policy)
+    assert (res.steps["groups_trained"] <= Workload(trace).groups_per_step).all()

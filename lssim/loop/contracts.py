@@ -488,6 +488,11 @@ class ModeHooks:
         """A group of step `step`'s rollout ended (every member) while the rollout goes on. A mode that streams
         groups into training (hybrid) hands it to `trainer.feed`; the others wait for the rollout's end."""
 
+    def groups_to_train(self) -> int | None:
+        """At most this many of a step's completed groups train in it (async: batches of B); the last to complete
+        wait, whole, for the next step, and count as done in its rollout. None: every completed group trains."""
+        return None
+
     def is_stale(self, step: int, first_version: int) -> bool:
         """Must a kept group whose oldest token is of `first_version` be dropped before step `step` trains?"""
         return False

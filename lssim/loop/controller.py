@@ -250,6 +250,8 @@ class Controller:
                       kept_in=list(self._kept.values()), version=version, waited=t0 - before)
         s.carried_rows, self._carried, self._kept, self._carried_rows = self._carried_rows, [], {}, None
         s.members.update(self._waiting_groups)  # open members: those carried or kept (every other one ended)
+        if self.mode.groups_to_train() is not None:  # groups deferred whole by the last step are done already
+            s.rollout.groups_done = sum(1 for members in self._waiting_groups.values() if all(r.done for r in members))
         open_members, self._waiting_groups = s.open_members, {}
         open_members.update(dict.fromkeys(s.members, 0))
         if isinstance(s.carried_in, CarriedRows):  # carried as rows (nothing kept): they resume as rows when submitted
@@ -314,6 +316,9 @@ class Controller:
                 self._waiting_groups[gid] = members
             elif gid not in s.dropped_groups:
                 done_now.append(members)
+        limit = self.mode.groups_to_train()
+        if limit is not None and len(done_now) > limit:
+            done_now = self._defer_last_completed(done_now, limit)
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = close_step(s, done_now, self.mode.version, self._held)
             self._held = held_rows(s, self._waiting_groups, self._held)
@@ -339,6 +344,17 @@ class Controller:
                       train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
         self._last_end = max(self._last_end, timing.end)
         return end
+
+    def _defer_last_completed(self, done: list, limit: int) -> list:
+        """The `limit` groups that completed first train now; the others wait, whole, for the next step (its rollout
+        counts them done from its start, lssim.loop.contracts.ModeHooks.groups_to_train)."""
+        completed = [max(r.finish_time for r in members) for members in done]
+        order = sorted(range(len(done)), key=completed.__getitem__)  # stable: ties in the step's group order
+        keep = set(order[:limit])
+        for i in order[limit:]:
+            members = done[i]
+            self._waiting_groups[members[0].group_id] = members
+        return [members for i, members in enumerate(done) if i in keep]
 
     def _record(self, s: StepState, end: StepEnd) -> tuple[dict, StepBooks]:
         """The step's rows: settle earlier members of the groups completed now, add this step's responses

@@ -237,6 +237,9 @@ class Async(ExecutionMode):
     def rollout_done(self, state):
         return state.groups_done >= self._batch
 
+    def groups_to_train(self):
+        return self._batch  # what completed beyond a batch (in the same instant) trains in the next one
+
     def is_stale(self, step, first_version):
         return self.config.variant == "roll" and step - first_version > self.config.staleness
 
