@@ -32,7 +32,8 @@ from lssim.loop.row_requests import CarriedRows
 from lssim.loop.records import LowerBound, ResponseTable, StepBooks, StepEnd, StepState
 from lssim.loop.step_row import mode_fields, step_outcome, step_row
 from lssim.loop.cut_books import rollout_cut, settle_rows
-from lssim.loop.rollout_books import carry_out, drop_stale, end_response, order, register, rollout_batch
+from lssim.loop.rollout_books import (carry_out, defer_last_completed, drop_stale, end_response, order, register,
+                                      rollout_batch)
 from lssim.loop.run_config import RunConfig, RunResult  # noqa: F401  (imported from here by most callers)
 
 
@@ -173,12 +174,9 @@ class Controller:
                 "open group": [r for members in self._waiting_groups.values() for r in members]}
 
     def state(self) -> dict:
-        """The run's state between steps, exactly what a checkpoint needs (real_backend.checkpoint): the generators,
-        the id counters, the admission count, the data loader's cursor and the batches it fetched, the responses
-        table and step rows so far, the groups trained, the carried responses and their open groups, the weights
-        version on the engine. Not the world (engine, trainer, prompts, policy, mode) nor anything on the engine's
-        clock. Responses still generating across the boundary (`kept`, async) are held as carried: restored on a new
-        engine, they resume from their tokens so far, as an interrupted response does."""
+        """The run's state between steps, what a checkpoint needs (real_backend.checkpoint); not the world (engine,
+        trainer, prompts, policy, mode) nor its clock. Responses still generating across the boundary (`kept`, async)
+        are held as carried: restored on a new engine, they resume from their tokens so far."""
         return {"rng": self.rng, "policy_rng": self.policy_rng, "next_rid": self._next_rid, "next_group": self._next_group,
                 "carried": list(self._carried) + list(self._kept.values()), "admitted": self._admitted,
                 "waiting_groups": {gid: list(members) for gid, members in self._waiting_groups.items()},
@@ -187,10 +185,8 @@ class Controller:
                 "groups_trained": self.groups_trained, "mode_version": self.mode.version}
 
     def restore(self, state: dict) -> None:
-        """Put back a `state()` into this controller, built for the same run with the same policy object. The
-        engine is new: the next step's time counts from its clock now."""
-        # A checkpoint written before state() existed holds the controller's attributes under their own names
-        # (_carried, ...), and more of them (derived from the policy and engine, rebuilt here): the same pieces.
+        """Put back a `state()` into this controller, built for the same run with the same policy object; the next
+        step's time counts from the new engine's clock. (An older checkpoint names the attributes: _carried, ...)"""
         s = {k.lstrip("_"): v for k, v in state.items()}
         self.rng, self.policy_rng = s["rng"], s["policy_rng"]
         self._next_rid, self._next_group, self._admitted = s["next_rid"], s["next_group"], s["admitted"]
@@ -317,8 +313,8 @@ class Controller:
             elif gid not in s.dropped_groups:
                 done_now.append(members)
         limit = self.mode.groups_to_train()
-        if limit is not None and len(done_now) > limit:
-            done_now = self._defer_last_completed(done_now, limit)
+        if limit is not None and len(done_now) > limit:  # the last to complete wait, whole, in the waiting groups
+            done_now = defer_last_completed(done_now, limit, self._waiting_groups)
         if s.batch is None:  # the step's responses gathered into columns once, its done groups over them
             done_groups = close_step(s, done_now, self.mode.version, self._held)
             self._held = held_rows(s, self._waiting_groups, self._held)
@@ -344,17 +340,6 @@ class Controller:
                       train_metrics=train_metrics, timing=timing, previous_end=self._last_end)
         self._last_end = max(self._last_end, timing.end)
         return end
-
-    def _defer_last_completed(self, done: list, limit: int) -> list:
-        """The `limit` groups that completed first train now; the others wait, whole, for the next step (its rollout
-        counts them done from its start, lssim.loop.contracts.ModeHooks.groups_to_train)."""
-        completed = [max(r.finish_time for r in members) for members in done]
-        order = sorted(range(len(done)), key=completed.__getitem__)  # stable: ties in the step's group order
-        keep = set(order[:limit])
-        for i in order[limit:]:
-            members = done[i]
-            self._waiting_groups[members[0].group_id] = members
-        return [members for i, members in enumerate(done) if i in keep]
 
     def _record(self, s: StepState, end: StepEnd) -> tuple[dict, StepBooks]:
         """The step's rows: settle earlier members of the groups completed now, add this step's responses

@@ -21,7 +21,9 @@ What each is, as read in the frameworks' code (commits in the README's "Executio
   batch s trains; weights are synced only between batches, with nothing in flight.
 - async: AReaL's interruptible rollout: new rollouts are admitted while the groups admitted so far are at most
   (K + v + 1) B (staleness_manager.py); when new weights arrive, generation is aborted, the KV cache dropped and
-  each response re-prefilled (prompt + its tokens so far) under the new weights, then continued. A response is
+  each response re-prefilled (prompt + its tokens so far) under the new weights, then continued. The trainer takes
+  batches of B completed groups: groups completed beyond B in the same instant wait, whole, for the next batch
+  (`groups_to_train`). A response is
   never dropped, so one long response can be trained more than K versions late (AReaL bounds admission, not
   tokens): `variant="areal"`. ROLL's async_generation_ratio also cancels groups older than the bound when a
   batch is taken (generate_scheduler.py gc): `variant="roll"` (the default) drops a group, and its tokens, once

@@ -130,6 +130,18 @@ def count_effective(rewards: np.ndarray, sizes: np.ndarray) -> int:
     return out
 
 
+def defer_last_completed(done: list, limit: int, waiting: dict) -> list:
+    """Of a step's completed groups (`done`, each its members), the `limit` that completed first, in their order; the
+    others wait, whole, in `waiting` (group id -> members) for the next step, whose rollout counts them done from its
+    start (lssim.loop.contracts.ModeHooks.groups_to_train: async's trainer takes batches of B)."""
+    completed = [max(r.finish_time for r in members) for members in done]
+    order = sorted(range(len(done)), key=completed.__getitem__)  # stable: ties in the step's group order
+    keep = set(order[:limit])
+    for i in order[limit:]:
+        waiting[done[i][0].group_id] = done[i]
+    return [members for i, members in enumerate(done) if i in keep]
+
+
 def drop_stale(s: StepState, engine: Engine, mode: ModeHooks) -> int:
     """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
     unfinished members end as aborted ("stale") and the group never trains. Returns how many groups were dropped
