@@ -210,3 +210,17 @@ def test_async_trains_a_batch_a_step_and_the_groups_completed_beyond_it_in_the_n
 def test_async_never_trains_more_than_a_batch_in_a_step(trace, policy):
     res = run(trace, MODES[2], policy)
     assert (res.steps["groups_trained"] <= Workload(trace).groups_per_step).all()
+
+
+@FAST
+@given(steps=st.integers(2, 5), prompts=st.integers(2, 6), group=st.integers(1, 3), seed=st.integers(0, 10**6),
+       staleness=st.integers(1, 2))
+def test_roll_trains_no_token_staler_than_its_bound_when_groups_wait_a_step(steps, prompts, group, seed, staleness):
+    """Responses that end at a few lengths (as the reference task's do) complete many groups in one instant; those
+    beyond a batch wait a step, and ROLL's variant drops one that would then train too stale."""
+    lengths = np.random.default_rng(seed).choice([20, 40, 60, 200], size=(steps, prompts, group))
+    res = run(make_trace(lengths, max_tokens=300), ModeConfig("async", 2, 2, staleness=staleness))
+    s = res.steps
+    assert (s["max_staleness"] <= staleness).all()
+    assert (s["groups_trained"] <= prompts).all()
+    assert (s["responses_in"] == s["finished"] + s["truncated"] + s["policy_stopped"] + s["dropped"] + s["carried_out"]).all()

@@ -144,12 +144,14 @@ def defer_last_completed(done: list, limit: int, waiting: dict) -> list:
 
 def drop_stale(s: StepState, engine: Engine, mode: ModeHooks) -> int:
     """Groups the mode says would train too many versions late (async, ROLL's variant) are cancelled: their
-    unfinished members end as aborted ("stale") and the group never trains. Returns how many groups were dropped
-    (no longer admitted)."""
-    counters = s.rollout.groups_done, s.rollout.groups_effective  # a dropped group is not a done one
-    running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
+    unfinished members end as aborted ("stale") and the group never trains; so does a group that completed whole in
+    an earlier step and waited (ModeHooks.groups_to_train). Returns how many groups were dropped (no longer
+    admitted)."""
     stale = [(gid, [r for r in members if not r.done]) for gid, members in s.members.items()
-             if not all(r.done for r in members) and mode.is_stale(s.step, min(r.first_version for r in members))]
+             if mode.is_stale(s.step, min(r.first_version for r in members))]
+    waited = sum(1 for _, open_members in stale if not open_members)  # counted done from the step's start
+    counters = s.rollout.groups_done - waited, s.rollout.groups_effective  # a dropped group is not a done one
+    running = {r.rid for r in s.kept_in}  # generating in the engine since an earlier step
     # one call for every abort (a real engine's call into vLLM costs milliseconds; abort_many is abort in turn)
     aborted = [r for _, open_members in stale for r in open_members if r.rid in running]
     if aborted:
