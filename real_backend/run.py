@@ -88,12 +88,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
         lines.flush()  # a run that failed: its last lines as far as they are known
+    _say_done(say, result, policy, out)
+    return 0
+
+
+def _say_done(say, result, policy, out) -> None:
+    """The run's last lines: its totals, and what the policy's rule could not see (PolicyHooks.ran_blind)."""
     s = result.steps
     say(f"{len(s)} steps: mean reward {s['mean_reward'].mean():.3f}, rollout {s['rollout_seconds'].sum():.1f} s, "
         f"train {s['train_seconds'].sum():.1f} s, {int(s['tokens'].sum()):,} tokens; written to {out}/")
     if result.meta.get("ran_blind"):
         say(f"note: {policy.name} ran blind: {result.meta['ran_blind']}")
-    return 0
 
 
 def _mode(args: argparse.Namespace):

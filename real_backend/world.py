@@ -298,8 +298,7 @@ def run_real(setup: RealSetup, policy: Policy, config: RunConfig, out_dir, *, en
     evaluator.finish()
     if spec is not None:
         recorder.meta["speculation"] = speculation_meta(spec, engine.spec_counters(), policy)
-    recorder.meta["ran_blind"] = result.meta["ran_blind"]  # what the policy's rule could not see (None: it could)
-    recorder.finish("finished")
+    recorder.finish("finished", ran_blind=result.meta["ran_blind"])  # what the policy's rule could not see (None: it could)
     result.meta.update(recorder.meta)
     if owned:
         trainer.close()

@@ -245,6 +245,7 @@ def test_real_run_records_a_replayable_trace(vllm_engine, real_model_dir, tmp_pa
     # the files, rewritten after every step, agree with the result
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "finished" and meta["steps_done"] == 3 and meta["policy"] == result.policy
+    assert meta["ran_blind"] is None  # hadb's warm-up ended: it could see what it reads (PolicyHooks.ran_blind)
     assert len(pd.read_parquet(out / "steps.parquet")) == 3
     saved = pd.read_parquet(out / "responses.parquet")
     assert len(saved) == len(responses) and {"text", "entropy_mean", "mean_logprob"} <= set(saved.columns)
