@@ -88,11 +88,11 @@ class HADB(Policy):
     # -- deciding ----------------------------------------------------------------------------------
     def plan(self, ctx, proposal):
         self._scale = ctx.reward_scale
-        known = int(np.count_nonzero(~np.isnan(self._score)))
-        if not self._chunks and known < self.warmup_fraction * len(ctx.pool):
-            self._warmup = (known, len(ctx.pool))
-            return proposal
-        if not self._chunks:
+        if not self._chunks:  # a new epoch, once the scoreboard knows enough of the pool
+            known = int(np.count_nonzero(~np.isnan(self._score)))
+            if known < self.warmup_fraction * len(ctx.pool):
+                self._warmup = (known, len(ctx.pool))
+                return proposal
             self._new_epoch(ctx)
             self._epochs += 1
         bucket, prompts, slots, board = self._chunks.pop()

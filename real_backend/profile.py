@@ -40,7 +40,7 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
-from .cells import longtail_lengths
+from .cells import longtail_lengths, random_requests
 from .layout import layout_path, profile_layout
 from .resume_probe import fit_resume_seconds, measure_resumes
 from .speed_probe import probed_measurement, write_reference
@@ -169,12 +169,9 @@ def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int =
         engine.set_progress_interval(4)
         try:
             for n in [n for _ in range(rounds) for n in sizes]:
-                requests = []
-                for _ in range(n):
-                    prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
-                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
-                                            max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
-                    rid += 1
+                cell_prompts, requests = random_requests(rng, vocab, n, rid, prompt_len, length, instance)
+                prompts.update(cell_prompts)  # (the dict the engine serves from)
+                rid += n
                 engine.submit(requests)
                 started: set[int] = set()
                 while len(started) < n:  # every one running: it has passed its first progress checkpoint
@@ -245,7 +242,7 @@ def run(args) -> int:
         return _run_layout(args, out)
     if args.cpus is not None:
         raise ValueError("--cpus binds the instances of a layout: give it with --instances N (N >= 2) or --speculating")
-    batch_sizes, prompt_lens = _int_list(args.batch_sizes, "--batch-sizes"), _int_list(args.prompt_lens, "--prompt-lens")
+    batch_sizes, prompt_lens = int_list(args.batch_sizes, "--batch-sizes"), int_list(args.prompt_lens, "--prompt-lens")
     setup = RealSetup(model_dir=args.model_dir, max_model_len=args.max_model_len, max_num_seqs=max(batch_sizes),
                       kv_cache_gib=args.kv_cache_gib)
     if max(prompt_lens) + args.length > setup.max_model_len:
@@ -391,7 +388,8 @@ def add_arguments(p) -> None:
                    "--out, --model-dir and --repeats from here (its other options: python -m real_backend.profile_trainer -h)")
 
 
-def _int_list(text: str, flag: str) -> list[int]:
+def int_list(text: str, flag: str) -> list[int]:
+    """`text` as sorted distinct integers >= 1 (comma-separated); ValueError naming `flag` otherwise."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:

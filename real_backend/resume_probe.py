@@ -28,18 +28,11 @@ import pandas as pd
 
 from lssim.loop.core import Request
 
+from .cells import random_requests
+
 RESUME_SIZES = (16, 32, 64)  # responses in flight at an arrival: a step's batch or a few groups of it
 MORE = 8  # tokens every request generates after the resume point before its cell ends
 PROMPT_LEN = 8
-
-
-def _cell_requests(rng, vocab: int, n: int, rid: int, length: int, instance) -> tuple[dict, list[Request]]:
-    prompts, requests = {}, []
-    for i in range(n):
-        prompts[rid + i] = rng.integers(0, vocab, size=PROMPT_LEN).tolist()
-        requests.append(Request(rid=rid + i, group_id=rid + i, step=0, prompt_id=rid + i, sample_idx=0,
-                                prompt_len=PROMPT_LEN, max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
-    return prompts, requests
 
 
 def _run_until(engine, requests: list[Request], tokens: int) -> None:
@@ -84,7 +77,7 @@ def measure_resumes(engine, model, sizes=RESUME_SIZES, rounds: int = 3, at: int 
     engine.set_progress_interval(4)
     try:
         for j, (n, resume) in enumerate(plan):
-            prompts, requests = _cell_requests(rng, engine.vocab_size, n, rid, 4 * (at + MORE), instance)
+            prompts, requests = random_requests(rng, engine.vocab_size, n, rid, PROMPT_LEN, 4 * (at + MORE), instance)
             rid += n
             with engine.serving_exactly(prompts):
                 engine.submit(requests)

@@ -67,9 +67,10 @@ class LengthHistory:
         natural = (reason == STOP) | (reason == LENGTH)
         pids, lens = outcome.prompt_id[natural].astype(np.int64), outcome.response_len[natural].astype(np.int64)
         if len(pids):
-            distinct = np.unique(pids)
-            self.revisited += int(np.count_nonzero(self._rows.find(distinct) >= 0))
-            self._add(self._rows_adding(pids), lens)
+            known = len(self._rows)  # rows below it: prompts seen in an earlier step
+            rows = self._rows_adding(pids)
+            self.revisited += len(np.unique(rows[rows < known]))
+            self._add(rows, lens)
         self._total += float(int(lens.sum()))
         self._total_sq += float(int((lens * lens).sum()))
         self._count += len(lens)

@@ -49,12 +49,15 @@ def main(argv=None) -> int:
                         "the prefix cache; the load's own seconds are left out, its after-effects are not")
     p.add_argument("--profile", default="real_backend/data/profile_cpu.json", help="the profile the twin's price comes from")
     args = p.parse_args(argv)
+    from real_backend.profile import int_list
+
     try:
-        sizes = tuple(int(v) for v in args.sizes.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.at < 1:
-        print("error: --sizes must be integers >= 1, comma-separated; --rounds and --at >= 1", file=sys.stderr)
+        sizes = tuple(int_list(args.sizes, "--sizes"))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.at < 1:
+        print("error: --rounds and --at must be >= 1", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from lssim.cost import ProfiledCostModel
