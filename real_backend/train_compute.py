@@ -35,12 +35,34 @@ import torch
 from lssim.sim.train_batches import pack_padded
 
 
+# A process's first passes pay for torch's start-up there (its thread pool, the allocator growing to the passes'
+# sizes, each kernel's first call): a fresh trainer process's first update took 0.12-0.15 s longer than its later
+# ones (`python -m paper.experiments.measure_first_update`), which the trainer profile (it discards a warm-up) does
+# not price. One throwaway pass at least as large as a step's micro-batch (here: 20 sequences of up to ~290 tokens)
+# before the first step leaves +0.03-0.06 s of it; it costs ~0.5 s once per process.
+WARM_UP_SHAPE = (20, 512)  # sequences x tokens
+_warmed_devices: set[str] = set()
+
+
 class LocalCompute:
-    """The passes on `model` in this process (also what the worker runs on its copy)."""
+    """The passes on `model` in this process (also what the worker runs on its copy). The first one made on a
+    device in a process warms that device up (`warm_up`)."""
 
     def __init__(self, model, *, pad_id: int, clip: float, micro_batch_tokens: int, device=None):
         self.model, self.pad_id, self.clip, self.micro_batch_tokens = model, pad_id, clip, micro_batch_tokens
         self.device = device if device is not None else next(model.parameters()).device
+        if str(self.device) not in _warmed_devices:
+            self.warm_up()
+            _warmed_devices.add(str(self.device))
+
+    def warm_up(self, shape: tuple[int, int] = WARM_UP_SHAPE) -> None:
+        """One throwaway forward and backward of random tokens: no gradient is kept (autograd.grad, not .grad),
+        the weights and every random generator are as before."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            ids = torch.randint(0, int(self.model.config.vocab_size), shape, device=self.device)
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+            torch.autograd.grad(logits.logsumexp(-1).mean(), params, allow_unused=True)
 
     def zero_grad(self, optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)

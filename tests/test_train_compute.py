@@ -87,3 +87,28 @@ def test_a_trainer_process_is_for_the_cpu(real_model_dir):
 
     with pytest.raises(ValueError, match="trainer_process is for a trainer on the CPU"):
         RealSetup(model_dir=str(real_model_dir), trainer_process=True, trainer_device="cuda").check()
+
+
+def test_the_first_passes_on_a_device_warm_it_up_and_change_nothing(real_model_dir, monkeypatch):
+    """The throwaway pass before a process's first step (LocalCompute.warm_up): once per device and process, and
+    the weights, their gradients and torch's random stream are as before it."""
+    from transformers import AutoModelForCausalLM
+
+    from real_backend import train_compute
+
+    model = AutoModelForCausalLM.from_pretrained(real_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(train_compute, "_warmed_devices", set())
+    warmed = []
+    real_warm_up = train_compute.LocalCompute.warm_up
+    monkeypatch.setattr(train_compute.LocalCompute, "warm_up",
+                        lambda self, shape=(2, 16): (warmed.append(shape), real_warm_up(self, shape)))
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    train_compute.LocalCompute(model, pad_id=0, clip=0.2, micro_batch_tokens=1024)
+    train_compute.LocalCompute(model, pad_id=0, clip=0.2, micro_batch_tokens=1024)  # the device is warm already
+    assert warmed == [(2, 16)]
+    assert torch.equal(torch.rand(4), expected)  # the random stream goes on as if nothing had run
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
