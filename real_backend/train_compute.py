@@ -36,10 +36,10 @@ from lssim.sim.train_batches import pack_padded
 
 
 # A process's first passes pay for torch's start-up there (its thread pool, the allocator growing to the passes'
-# sizes, each kernel's first call): a fresh trainer process's first update took 0.12-0.15 s longer than its later
+# sizes, each operation's first call): a fresh trainer process's first update took 0.12-0.15 s longer than its later
 # ones (`python -m paper.experiments.measure_first_update`), which the trainer profile (it discards a warm-up) does
-# not price. One throwaway pass at least as large as a step's micro-batch (here: 20 sequences of up to ~290 tokens)
-# before the first step leaves +0.03-0.06 s of it; it costs ~0.5 s once per process.
+# not price. One throwaway `accumulate` at least as large as a step's micro-batch (here 20 sequences of up to ~290
+# tokens) before the first step leaves 0.00-0.06 s of it; it costs ~0.7 s once per process.
 WARM_UP_SHAPE = (20, 512)  # sequences x tokens
 _warmed_devices: set[str] = set()
 
@@ -56,13 +56,20 @@ class LocalCompute:
             _warmed_devices.add(str(self.device))
 
     def warm_up(self, shape: tuple[int, int] = WARM_UP_SHAPE) -> None:
-        """One throwaway forward and backward of random tokens: no gradient is kept (autograd.grad, not .grad),
-        the weights and every random generator are as before."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """One throwaway `accumulate` (the loss's own operations included) of random tokens, on a model with no step
+        taken yet: the gradients it leaves are dropped, the weights and every random generator are as before."""
+        from .trainer import Sample
+
+        n, length = shape
+        prompt = min(8, length - 1)
+        tokens = torch.randint(0, int(self.model.config.vocab_size), shape, generator=torch.Generator().manual_seed(0))
+        zeros, ones = [0.0] * (length - prompt), [1.0] * (length - prompt)
+        samples = [Sample(row[:prompt], row[prompt:], zeros, ones, 1.0 if i % 2 else -1.0, i // 2)
+                   for i, row in enumerate(tokens.tolist())]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            ids = torch.randint(0, int(self.model.config.vocab_size), shape, device=self.device)
-            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
-            torch.autograd.grad(logits.logsumexp(-1).mean(), params, allow_unused=True)
+            self.accumulate(samples, float(n * length))
+        for p in self.model.parameters():
+            p.grad = None
 
     def zero_grad(self, optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)

@@ -9,9 +9,11 @@ turn, so the first is made in a fresh interpreter and the later ones in a warm o
 per run after its warm-up run).
 
 Measured 2026-11-28 on this 2-core VM, four trainers with a worker process each. Before the passes warmed up
-(real_backend.train_compute.WARM_UP_SHAPE; commit 0750c95): the first update 0.12-0.15 s over the later ones'
-median (0.56-0.58 s against 0.43-0.44). Warmed with 16 x 256 tokens: +0.07-0.10; with 20 x 512 (the product's):
-+0.03-0.06, the trainer made in ~0.6 s more. In the kept modes recordings made with `--trainer-process`
+(commit 0750c95): the first update 0.12-0.15 s over the later ones' median (0.56-0.58 s against 0.43-0.44). With a
+throwaway forward and backward of 20 x 512 tokens (the first version): +0.03-0.06 s. With a throwaway `accumulate`,
+the loss's operations included (real_backend.train_compute.WARM_UP_SHAPE, the product's): +0.058 s for the first
+trainer of a fresh interpreter (the driver's own first calls), -0.004 to +0.035 for the later ones.
+In the kept modes recordings made with `--trainer-process`
 (modes44p-48p, 15 collocated runs) every run's first update took 0.07-0.20 s more than the twin priced it (median
 0.095), the later steps 0.01 at the median; with the trainer on the driver's warm thread (modes42) the first took
 0.003-0.014 more. The twin's trainer profile discards its own warm-up, so step 0 was short by that in every mode.
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
         trainer.close()
         later = float(np.median(seconds[2:])) if len(seconds) > 2 else float("nan")
         print(f"trainer {k} (made in {made:.1f} s): " + " ".join(f"{s:.3f}" for s in seconds)
-              + f"; first over the later ones' median: +{seconds[0] - later:.3f} s")
+              + f"; first over the later ones' median: {seconds[0] - later:+.3f} s")
     return 0
 
 
