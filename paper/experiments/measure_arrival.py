@@ -17,7 +17,7 @@ an arrival's weight load prevents (it drops the cache); the probe now drops it t
 67 / 119 ms, priced 44 / 61 / 95, r1 0.31 ms a request; with the served weights loaded instead (`--push`, the load's
 own 113 ms left out): 39 / 69 / 128 ms, r1 0.43. The load leaves 2-9 ms of after-effects; an arrival's resubmission is
 priced within ~10 ms with r1. Why it matters: async's twin is 6-9% faster than its runs
-beyond collocated's level in every recording (docs/fidelity.md, "What is left for issue 37"), and an arrival is the
+beyond collocated's level in every recording (docs/fidelity.md, "What is left (issue 37)"), and an arrival is the
 one event async has that collocated's reference runs do not.
 """
 

@@ -1,0 +1,83 @@
+"""Does the recorder's background write slow a run that trains beside its rollout? Runs in pairs on one engine, the
+recorder's per-step files written (as always) or skipped, in alternating order.
+
+    python -m paper.experiments.measure_recorder_tax                 # 8 pairs of async K=1 runs, ~4 minutes
+    python -m paper.experiments.measure_recorder_tax --pairs 4 --mode disaggregated
+
+Outside collocated a run writes its files (steps, responses, trace, unfinished rows, meta) on a thread beside the
+next rollout (real_backend.recorder.Recorder.write_in_background), which the twin does not price. Each write here
+took ~30 ms of CPU (the runs' 5 steps x 8 groups x 4 samples), so it could have been part of async's missing ~0.07 s
+a step (docs/fidelity.md, "What is left (issue 37)").
+
+Measured 2026-11-28 on this 2-core VM, alone (`--pairs 8`, async K=1, the trainer in its own process): each write
+30.3 ms of CPU at the median; the runs' total step time written / skipped, paired: 1.003 at the median (0.79-1.28,
+sd 0.15); the rollouts' 1.011. Not measurable at this noise: a write's 30 ms is at most 3% of a step, and the pairs
+do not show it. Ruled out as a cause of async's shortfall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_recorder_tax", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=8, help="pairs of runs (default 8)")
+    p.add_argument("--mode", default="async", choices=("disaggregated", "async", "hybrid"))
+    args = p.parse_args(argv)
+    if args.pairs < 1:
+        print("error: --pairs must be >= 1", file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import numpy as np
+    import pandas as pd
+
+    from lssim.loop.modes import ModeConfig
+    from real_backend import recorder
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import prepare, run_real, world_engine
+
+    written = recorder.Recorder._write_files
+    cpu: list[float] = []
+
+    def timed(self, *files):
+        t0 = time.thread_time()
+        written(self, *files)
+        cpu.append(time.thread_time() - t0)
+
+    rows = []
+    with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
+        setup = dataclasses.replace(setup, trainer_process=True)
+        mode = ModeConfig(mode=args.mode, rollout_devices=1, train_devices=1, staleness=1)
+        prompts, policy = prepare(setup, "baseline", config)
+        warm = dataclasses.replace(config, steps=2, total_groups=None)
+        run_real(setup, policy, warm, f"{scratch}/warm", engine=engine, prompts=prompts, mode=mode, checkpoint=False)
+        try:
+            for k in range(args.pairs):
+                for variant in ("written", "skipped") if k % 2 == 0 else ("skipped", "written"):
+                    recorder.Recorder._write_files = timed if variant == "written" else (lambda self, *files: None)
+                    prompts, policy = prepare(setup, "baseline", config)
+                    steps = run_real(setup, policy, config, f"{scratch}/{k}{variant}", engine=engine, prompts=prompts,
+                                     mode=mode, checkpoint=False).steps
+                    rows.append({"pair": k, "variant": variant, "step_s": steps["step_seconds"].sum(),
+                                 "rollout_s": steps["rollout_seconds"].sum()})
+                    print(f"pair {k} {variant}: steps {rows[-1]['step_s']:.3f} s, rollouts {rows[-1]['rollout_s']:.3f} s",
+                          file=sys.stderr)
+        finally:
+            recorder.Recorder._write_files = written
+    wide = pd.DataFrame(rows).pivot(index="pair", columns="variant")
+    for what in ("step_s", "rollout_s"):
+        ratio = wide[what]["written"] / wide[what]["skipped"]
+        print(f"{what.split('_')[0]}s, written over skipped, paired: median {ratio.median():.3f} "
+              f"(min {ratio.min():.3f}, max {ratio.max():.3f}, sd {ratio.std():.3f}, {len(ratio)} pairs)")
+    print(f"a write's CPU: median {np.median(cpu) * 1e3:.1f} ms over {len(cpu)} writes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
