@@ -16,8 +16,13 @@ last token: real_backend.cells.time_cell, the driver on the caller's thread as i
 (`updates` GRPO updates of a synthetic batch like a rollout step's trained groups, `train_seqs` long-tailed
 sequences: real_backend.profile_trainer.synthetic_batch);
 then both: the updates on a thread of their own (as real_backend.train_job's lane runs them) while the caller runs
-cells until they are done. engine_slowdown: the median cell together over the median alone; trainer_slowdown: the
-same for the updates; each the median over the rounds, and at least 1 (sharing cores makes neither faster: a median
+cells until they are done, once beside the long-tailed cells and once beside full ones (every request decoding to
+half the budget until the cell ends). engine_slowdown: the median long-tailed cell together over the median alone;
+trainer_slowdown: the median update beside the full cells over the median alone (a run's update meets a full engine:
+the next rollout's dense start in disaggregated, an engine refilled without pause in async; beside the long-tailed
+cells, their sparse tails included, the update read 1.22x where beside full ones it read 1.40x, and the runs' own
+1.37-1.57x: `python -m paper.experiments.measure_beside_load`, `python -m paper.experiments.trainer_beside`); each
+the median over the rounds, and at least 1 (sharing cores makes neither faster: a median
 under 1 is the machine's noise; `by_round` keeps every round's ratio). On a busy machine the rounds spread widely
 (2026-11-27, four other jobs on the 2 cores: engine 1.72-2.00x, trainer 0.93-2.65x over three rounds): measure it
 alone on the machine, as the runs it prices should be. A cell counts as "together" only if it ended before the
@@ -54,12 +59,13 @@ from .cells import longtail_lengths, time_cell
 KEY = "shared_host"  # under the profile's measured_by
 STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
 PAIRED = "engine_paired"  # a cell alone between a round's streamed cells: their same-moment baseline
+FULL = "trainer_beside_full"  # an update beside cells whose requests all decode until the cell ends
 
 
 def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4, updates: int = 3, n_seqs: int = 32,
                     length: int = 256, train_seqs: int = 24, group_size: int | None = 4, seed: int = 0) -> pd.DataFrame:
     """Rows: round, phase, seconds: engine_alone, trainer_alone, engine_beside, trainer_beside (a cell's makespan or
-    an update's wall time); with `group_size` (None: not measured) also piece_alone and piece_streamed (one group's
+    an update's wall time), trainer_beside_full (an update beside full cells: FULL); with `group_size` (None: not measured) also piece_alone and piece_streamed (one group's
     forward and backward; `piece`: its group in the cell) and engine_streamed (a cell with pieces beside it; `busy`:
     their seconds within it) beside engine_paired (a cell alone just before or after; `busy` 0). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
     from .profile_trainer import longtail_lengths as train_lengths
@@ -70,21 +76,22 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
         raise ValueError(f"measure_sharing: group_size must be an int from 2 to n_seqs ({n_seqs}), got {group_size!r}")
     rng = np.random.default_rng(seed)
     lengths = longtail_lengths(rng, n_seqs, length)
+    full = [max(1, length // 2)] * n_seqs  # FULL: every request decodes until the cell ends
     batch_lengths = train_lengths(rng, train_seqs)
     prompts: dict[int, list[int]] = {}
     rid = [0]
 
-    def requests() -> list[Request]:
+    def requests(budget: list[int] = lengths) -> list[Request]:
         out = []
-        for tokens in lengths:
+        for tokens in budget:
             prompts[rid[0]] = rng.integers(0, vocab, size=8).tolist()
             out.append(Request(rid=rid[0], group_id=rid[0], step=0, prompt_id=rid[0], sample_idx=0, prompt_len=8,
                                max_tokens=tokens, seed=int(rng.integers(1 << 30))))
             rid[0] += 1
         return out
 
-    def cell() -> float:
-        batch = requests()
+    def cell(tokens: list[int] = lengths) -> float:
+        batch = requests(tokens)
         seconds = max(time_cell(engine, batch).values())
         for r in batch:
             prompts.pop(r.rid, None)
@@ -103,6 +110,8 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
             rows += [{"round": rnd, "phase": "engine_alone", "seconds": cell()} for _ in range(cells)]
             rows += [{"round": rnd, "phase": "trainer_alone", "seconds": update()} for _ in range(updates)]
             rows += [{"round": rnd, **row} for row in _together(cell, update, updates)]
+            rows += [{"round": rnd, "phase": FULL, "seconds": row["seconds"]}
+                     for row in _together(lambda: cell(full), update, updates) if row["phase"] == "trainer_beside"]
             if group_size is not None:
                 streamed = _Streamed(engine, trainer, rng, lengths, group_size, vocab)
                 rows += [{"round": rnd, **row} for row in streamed.rows(cell, requests, prompts, cells)]
@@ -226,14 +235,16 @@ def _together(cell, update, updates: int) -> list[dict]:
 
 
 def fit_sharing(rows: pd.DataFrame) -> dict:
-    """The two factors from measure_sharing's rows: per round the median beside over the median alone, then the
-    median over rounds; ValueError naming the phase no round measured."""
+    """The two factors from measure_sharing's rows: per round the median beside over the median alone (the
+    trainer's beside full cells where the rows have them, else beside the long-tailed ones, as profiles measured
+    before FULL do), then the median over rounds; ValueError naming the phase no round measured."""
     ratios = {"engine_slowdown": [], "trainer_slowdown": []}
     for _, r in rows.groupby("round"):
         med = r.groupby("phase")["seconds"].median()
         for name, who in (("engine_slowdown", "engine"), ("trainer_slowdown", "trainer")):
-            if f"{who}_alone" in med and f"{who}_beside" in med:
-                ratios[name].append(float(med[f"{who}_beside"] / med[f"{who}_alone"]))
+            beside = FULL if who == "trainer" and FULL in med else f"{who}_beside"  # a profile before FULL: as it was
+            if f"{who}_alone" in med and beside in med:
+                ratios[name].append(float(med[beside] / med[f"{who}_alone"]))
     for name, values in ratios.items():
         if not values:
             raise ValueError(f"fit_sharing: no round measured both {name.split('_')[0]} alone and beside the other")

@@ -83,6 +83,12 @@ def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone
     assert fit_sharing(faster)["trainer_slowdown"] == 1.0  # beside the engine "faster": the noise, priced as no slow-down
     with pytest.raises(ValueError, match="no round measured both trainer"):
         fit_sharing(pd.DataFrame(rows).query("phase != 'trainer_beside'"))
+    # beside full cells (every request decoding throughout, as a run's update meets the engine): the trainer's factor
+    # comes from them; the engine's still from the long-tailed cells; rows without them fit as before (above)
+    full = pd.DataFrame(rows + [{"round": rnd, "phase": "trainer_beside_full", "seconds": 2.0 * x}
+                                for rnd, x in enumerate((1.45, 1.35, 1.4))])
+    assert fit_sharing(full)["trainer_slowdown"] == pytest.approx(1.4)
+    assert fit_sharing(full)["engine_slowdown"] == pytest.approx(1.6)
     profile = _bare_profile(tmp_path)
     assert training_share(profile) is None
     write_sharing(profile, fit)
