@@ -11,6 +11,14 @@ tokens, `python -m paper.experiments.trainer_beside`) is 1.37-1.57, the profile'
 the dense start of the next rollout; the profile's updates overlap its cells at any phase, their sparse tails
 included. If the factor is higher beside a full engine, the profile under-measures what a run's update meets.
 The trainer runs in a process of its own (`--trainer-process`), as in those recordings.
+
+Measured 2026-11-28 on this 2-core VM, alone (`--rounds 4`, cells of 32 requests, full ones of 128 tokens each): the
+trainer 1.40x slower beside full cells (1.27-1.45 over four rounds) against 1.22x beside the long-tailed ones
+(1.10-1.55); the engine 1.25x beside an update in full cells against 2.14x in long-tailed ones. So the product's
+shared-host probe now takes the trainer's factor beside full cells (real_backend.host_sharing `FULL`) and the
+engine's beside the long-tailed ones as before: replayed with the engine's factor from full cells as well, async's
+speedup error over the seven process recordings rose to +21.4 points on the mean, with the trainer's alone (x1.15) it
+fell from +14.0 to +9.2.
 """
 
 from __future__ import annotations
