@@ -65,9 +65,11 @@ FULL = "trainer_beside_full"  # an update beside cells whose requests all decode
 def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4, updates: int = 3, n_seqs: int = 32,
                     length: int = 256, train_seqs: int = 24, group_size: int | None = 4, seed: int = 0) -> pd.DataFrame:
     """Rows: round, phase, seconds: engine_alone, trainer_alone, engine_beside, trainer_beside (a cell's makespan or
-    an update's wall time), trainer_beside_full (an update beside full cells: FULL); with `group_size` (None: not measured) also piece_alone and piece_streamed (one group's
-    forward and backward; `piece`: its group in the cell) and engine_streamed (a cell with pieces beside it; `busy`:
-    their seconds within it) beside engine_paired (a cell alone just before or after; `busy` 0). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not pushed)."""
+    an update's wall time), trainer_beside_full (an update beside full cells: FULL); with `group_size` (None: not
+    measured) also piece_alone and piece_streamed (one group's forward and backward; `piece`: its group in the cell)
+    and engine_streamed (a cell with pieces beside it; `busy`: their seconds within it) beside engine_paired (a cell
+    alone just before or after; `busy` 0). `engine` idle, `trainer` a GRPOTrainer with no engine (its weights are not
+    pushed)."""
     from .profile_trainer import longtail_lengths as train_lengths
     from .profile_trainer import synthetic_batch
 

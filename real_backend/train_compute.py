@@ -61,7 +61,8 @@ class LocalCompute:
         from .trainer import Sample
 
         n, length = shape
-        prompt = min(8, length - 1)
+        n = max(1, min(n, self.micro_batch_tokens // length))  # never more than one micro-batch of the real update
+        shape, prompt = (n, length), min(8, length - 1)
         tokens = torch.randint(0, int(self.model.config.vocab_size), shape, generator=torch.Generator().manual_seed(0))
         zeros, ones = [0.0] * (length - prompt), [1.0] * (length - prompt)
         samples = [Sample(row[:prompt], row[prompt:], zeros, ones, 1.0 if i % 2 else -1.0, i // 2)
