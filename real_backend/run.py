@@ -178,7 +178,7 @@ def _setup(args: argparse.Namespace):
                      gpu_memory_utilization=args.gpu_memory_utilization, lr=args.lr, mini_batches=args.mini_batches,
                      clip=args.clip, mask_resumed=args.mask_resumed, exact_entropy=args.exact_entropy, profile=args.profile,
                      n_instances=args.instances, trainer_cpus=_cpus(args.trainer_cpus), trainer_process=args.trainer_process,
-                     heldout_path=None if args.no_heldout else args.heldout)
+                     heldout_path=None if args.no_heldout else args.heldout, temperature=args.temperature)
 
 
 def _cpus(text: str | None) -> tuple[int, ...] | None:
@@ -196,7 +196,7 @@ _SHAPE = {"policy": ("policy_spec", None), "groups_per_step": ("config", "groups
           "model_dir": ("setup", "model_dir"), "prompts": ("setup", "prompts_path"), "n_prompts": ("setup", "n_prompts"),
           "lr": ("setup", "lr"), "mini_batches": ("setup", "mini_batches"), "clip": ("setup", "clip"),
           "mask_resumed": ("setup", "mask_resumed"), "dtype": ("setup", "dtype"), "instances": ("setup", "n_instances"),
-          "heldout": ("setup", "heldout_path")}
+          "heldout": ("setup", "heldout_path"), "temperature": ("setup", "temperature")}
 
 
 def resumed_run(args: argparse.Namespace):
@@ -261,6 +261,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact-entropy", action="store_true",
                    help="record each token's exact entropy (vLLM returns the whole vocabulary's logprobs; slower); "
                         "default: estimated by -logprob of the sampled token")
+    _host_arguments(p)
+    _run_arguments(p, task)
+
+
+def _host_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine's and the trainer's options."""
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (default: 1.0; 0: greedy, which a speculating policy needs on the CPU build)")
     p.add_argument("--dtype", default="float32", help="engine and trainer dtype: float32, bfloat16, float16 (default: float32)")
     p.add_argument("--trainer-device", default="cpu", help="torch device of the trainer: cpu or cuda (default: cpu)")
     p.add_argument("--instances", type=int, default=1, metavar="N",
@@ -271,6 +279,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU engine: share of GPU memory (default: 0.5)")
     p.add_argument("--profile", metavar="JSON", help="a profiled cost model of this engine (`lssim profile`, e.g. "
                    "real_backend/data/profile_cpu.json): each step then gets its lower bound and bound efficiency")
+    p.add_argument("--trainer-cpus", metavar="I,J", help="pin the trainer's thread to these CPUs (modes other than collocated)")
+    p.add_argument("--trainer-process", action="store_true",
+                   help="run the trainer's forward and backward passes in a process of their own, off the driver's "
+                        "interpreter lock (CPU trainer; real_backend/train_compute.py)")
+
+
+def _run_arguments(p: argparse.ArgumentParser, task) -> None:
+    """Where the run goes, how it goes on, its mode, evaluation and budget."""
     p.add_argument("--out", metavar="DIR", help="folder for trace.parquet, steps.parquet, responses.parquet, meta.json and "
                    "checkpoint.pt (required unless --resume)")
     p.add_argument("--resume", metavar="DIR", help="go on with the run recorded in DIR from its last checkpoint (a new "
@@ -295,9 +311,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-prompts", type=int, metavar="N", help="evaluate only the first N held-out prompts (default: all)")
     p.add_argument("--budget-seconds", type=float, metavar="S",
                    help="start no step once the steps took S seconds in all (evaluations not counted)")
-    p.add_argument("--trainer-cpus", metavar="I,J", help="pin the trainer's thread to these CPUs (modes other than collocated)")
-    p.add_argument("--trainer-process", action="store_true",
-                   help="run the trainer's forward and backward passes in a process of their own, off the driver's "
-                        "interpreter lock (CPU trainer; real_backend/train_compute.py)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--quiet", action="store_true", help="only the per-step lines on stdout")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -114,6 +115,8 @@ class RealSetup:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 < self.clip < 1:
             raise ValueError(f"clip must be in (0, 1), got {self.clip}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.cpus is not None:
@@ -151,7 +154,7 @@ def prepare(setup: RealSetup, policy: str | Policy, config: RunConfig, seed: int
     if spec is not None and setup.temperature != 0 and vllm_on_cpu():
         raise ValueError(f"policy {built.name} asks for speculative decoding, which vLLM 0.32's CPU build does not sample "
                          f"correctly at temperature > 0 (measured: degenerate text; real_backend/README.md); on CPU it "
-                         f"runs greedy only (RealSetup(temperature=0.0)), or use a GPU build")
+                         f"runs greedy only (`lssim real --temperature 0`, RealSetup(temperature=0.0)), or use a GPU build")
     setup.speculation = spec  # the engine must be started with it (start_engine)
     try:
         prompts = TaskPrompts.from_files(setup.prompts_path, setup.model_dir, setup.n_prompts,

@@ -122,3 +122,28 @@ def test_tlt_real_run_switches_the_proposer_and_records_its_decisions(spec_engin
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["status"] == "finished" and meta["speculation"]["drafts"] >= second["drafts"]
     assert meta["speculation"]["decisions"] == [first, second]
+
+
+def test_lssim_real_takes_the_temperature_and_says_which_one_speculation_needs(real_model_dir, tmp_path, capsys):
+    """`lssim real --temperature T` sets the engine's sampling temperature (a resumed run keeps it: run._SHAPE); on the
+    CPU build a speculating policy is refused before any engine starts, naming the option that runs it; a negative
+    temperature is refused naming itself."""
+    import argparse
+
+    from lssim.cli import main
+    from real_backend.run import _SHAPE, _setup, add_arguments
+    from real_backend.world import vllm_on_cpu
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    setup = _setup(parser.parse_args(["--model-dir", str(real_model_dir), "--temperature", "0"]))
+    assert setup.temperature == 0.0 and setup.engine_config().sampling_kwargs == {"temperature": 0.0}
+    assert _SHAPE["temperature"] == ("setup", "temperature")
+    with pytest.raises(SystemExit) as bad:
+        main(["real", "--model-dir", str(real_model_dir), "--temperature", "-0.5", "--out", str(tmp_path / "bad")])
+    assert bad.value.code == 2 and "temperature must be a finite number >= 0" in capsys.readouterr().err
+    if vllm_on_cpu():
+        with pytest.raises(SystemExit) as refused:
+            main(["real", "--model-dir", str(real_model_dir), "--policy", SPEC, "--out", str(tmp_path / "spec")])
+        assert refused.value.code == 2 and "--temperature 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "spec").exists()  # nothing half-written
