@@ -17,15 +17,16 @@ def longtail_lengths(rng, n: int, length: int) -> list[int]:
     return np.clip(np.round(rng.lognormal(np.log(length / 4), 0.85, size=n)), 1, length).astype(int).tolist()
 
 
-def random_requests(rng, vocab: int, n: int, first_rid: int, prompt_len: int, length: int,
+def random_requests(rng, vocab: int, lengths, first_rid: int, prompt_len: int,
                     instance: int | None = None) -> tuple[dict[int, list[int]], list[Request]]:
-    """n requests of random `prompt_len`-token prompts and `length`-token budgets, rids (and prompt ids) from
-    `first_rid` on: their prompts (prompt id -> tokens, for VLLMEngine.serving_exactly) and the requests."""
+    """One request per budget in `lengths`, each with a fresh random `prompt_len`-token prompt (distinct prompts: no
+    prefix-cache hits, as for a run's), rids (and prompt ids) from `first_rid` on: their prompts (prompt id ->
+    tokens, for VLLMEngine.serving_exactly) and the requests. Per request the prompt is drawn, then the seed."""
     prompts, requests = {}, []
-    for rid in range(first_rid, first_rid + n):
+    for rid, tokens in enumerate(lengths, start=first_rid):
         prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
         requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
-                                max_tokens=length, seed=int(rng.integers(1 << 30)), instance=instance))
+                                max_tokens=int(tokens), seed=int(rng.integers(1 << 30)), instance=instance))
     return prompts, requests
 
 

@@ -54,7 +54,7 @@ import pandas as pd
 
 from lssim.loop.core import Group, Request
 
-from .cells import longtail_lengths, time_cell
+from .cells import longtail_lengths, random_requests, time_cell
 
 KEY = "shared_host"  # under the profile's measured_by
 STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
@@ -84,13 +84,10 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
     rid = [0]
 
     def requests(budget: list[int] = lengths) -> list[Request]:
-        out = []
-        for tokens in budget:
-            prompts[rid[0]] = rng.integers(0, vocab, size=8).tolist()
-            out.append(Request(rid=rid[0], group_id=rid[0], step=0, prompt_id=rid[0], sample_idx=0, prompt_len=8,
-                               max_tokens=tokens, seed=int(rng.integers(1 << 30))))
-            rid[0] += 1
-        return out
+        cell_prompts, made = random_requests(rng, vocab, budget, rid[0], 8)
+        prompts.update(cell_prompts)
+        rid[0] += len(made)
+        return made
 
     def cell(tokens: list[int] = lengths) -> float:
         batch = requests(tokens)

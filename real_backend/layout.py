@@ -44,9 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import Request
-
-from .cells import longtail_lengths, time_cell
+from .cells import longtail_lengths, random_requests, time_cell
 
 LAYOUT_BATCH_SIZES = (4, 8, 16, 32)  # per instance: a validation world's step puts 8-32 requests on each
 LAYOUT_PROMPT_LENS = (8, 64)
@@ -159,11 +157,10 @@ def measure_layout(engine, batch_sizes=LAYOUT_BATCH_SIZES, prompt_lens=LAYOUT_PR
             requests, lengths = [], {}
             for inst in loaded:
                 lengths[inst] = longtail_lengths(rng, n, length)
-                for tokens in lengths[inst]:
-                    prompts[rid] = rng.integers(0, vocab, size=p).tolist()
-                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=p,
-                                            max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=inst))
-                    rid += 1
+                cell_prompts, made = random_requests(rng, vocab, lengths[inst], rid, p, inst)
+                prompts.update(cell_prompts)
+                requests += made
+                rid += n
             finish = time_cell(engine, requests)
             for inst in loaded if rep >= 0 else ():
                 seconds = max(finish[r.rid] for r in requests if r.instance == inst)

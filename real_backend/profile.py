@@ -38,8 +38,6 @@ import time
 import numpy as np
 import pandas as pd
 
-from lssim.loop.core import Request
-
 from .cells import longtail_lengths, random_requests
 from .layout import layout_path, profile_layout
 from .resume_probe import fit_resume_seconds, measure_resumes
@@ -120,12 +118,8 @@ def _time_cell_rows(engine, prompts: dict, rng, rid: int, cell: tuple, length: i
     """One profile cell timed on the engine: its rows appended to `rows` (decode, prefill, batches)."""
     rep, p, n, spread = cell
     lengths = [length] * n if spread == "lockstep" else longtail_lengths(rng, n, length)
-    requests = []
-    for i in range(n):
-        # Distinct random prompts: no prefix-cache hits, as for a run's distinct prompts.
-        prompts[rid + i] = rng.integers(0, engine.vocab_size, size=p).tolist()
-        requests.append(Request(rid=rid + i, group_id=rid + i, step=0, prompt_id=rid + i, sample_idx=0, prompt_len=p,
-                                max_tokens=lengths[i], seed=int(rng.integers(1 << 30)), instance=instance))
+    cell_prompts, requests = random_requests(rng, engine.vocab_size, lengths, rid, p, instance)
+    prompts.update(cell_prompts)
     stamps = {r.rid: {} for r in requests}
     t_submit = engine.now()
     engine.submit(requests)
@@ -169,7 +163,7 @@ def measure_aborts(engine, sizes=ABORT_SIZES, rounds: int = 2, prompt_len: int =
         engine.set_progress_interval(4)
         try:
             for n in [n for _ in range(rounds) for n in sizes]:
-                cell_prompts, requests = random_requests(rng, vocab, n, rid, prompt_len, length, instance)
+                cell_prompts, requests = random_requests(rng, vocab, [length] * n, rid, prompt_len, instance)
                 prompts.update(cell_prompts)  # (the dict the engine serves from)
                 rid += n
                 engine.submit(requests)

@@ -77,7 +77,7 @@ def measure_resumes(engine, model, sizes=RESUME_SIZES, rounds: int = 3, at: int 
     engine.set_progress_interval(4)
     try:
         for j, (n, resume) in enumerate(plan):
-            prompts, requests = random_requests(rng, engine.vocab_size, n, rid, PROMPT_LEN, 4 * (at + MORE), instance)
+            prompts, requests = random_requests(rng, engine.vocab_size, [4 * (at + MORE)] * n, rid, PROMPT_LEN, instance)
             rid += n
             with engine.serving_exactly(prompts):
                 engine.submit(requests)

@@ -30,9 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lssim.loop.core import Request
-
-from .cells import time_cell
+from .cells import random_requests, time_cell
 from .layout import drafting_off
 
 # (requests, prompt tokens, tokens each): decode at a small and a typical validation batch, ~2 s in all here.
@@ -53,12 +51,11 @@ def measure_probe(engine, seed: int | None = None) -> float:
         for n, prompt_len, tokens in PROBE_CELLS:
             requests = []
             for instance in range(int(engine.n_instances)):
-                for _ in range(n):
-                    # Fresh random prompts: a repeated one would be answered from vLLM's prefix cache.
-                    prompts[rid] = rng.integers(0, vocab, size=prompt_len).tolist()
-                    requests.append(Request(rid=rid, group_id=rid, step=0, prompt_id=rid, sample_idx=0, prompt_len=prompt_len,
-                                            max_tokens=tokens, seed=int(rng.integers(1 << 30)), instance=instance))
-                    rid += 1
+                # fresh random prompts: a repeated one would be answered from vLLM's prefix cache
+                cell_prompts, made = random_requests(rng, vocab, [tokens] * n, rid, prompt_len, instance)
+                prompts.update(cell_prompts)
+                requests += made
+                rid += n
             total += max(time_cell(engine, requests).values())
             for r in requests:
                 prompts.pop(r.rid, None)
