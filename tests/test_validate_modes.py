@@ -71,6 +71,35 @@ def test_modes_json_has_every_field_the_issue_names_per_mode_and_pools_the_runs(
     json.dumps(result)  # plain JSON: no numpy scalars left
 
 
+def test_the_pool_takes_each_mode_over_the_recordings_and_a_policy_folder_beside_them(tmp_path):
+    import subprocess
+    import sys
+
+    from lssim.analysis.fidelity.modes import pool_modes
+
+    rows = [_table(_by_repeat(np.random.default_rng(k), {"collocated": 1.0, "async": f})) for k, f in enumerate((0.9, 0.8, 1.0))]
+    folders = []
+    for k, summary in enumerate(rows):  # three recordings, each folder as `lssim validate --mode --out` writes its summary
+        (tmp_path / f"modes{k}").mkdir()
+        summary.to_csv(tmp_path / f"modes{k}" / "modes_summary.csv")
+        folders.append(str(tmp_path / f"modes{k}"))
+    table = pool_modes(folders)
+    assert list(table.index) == ["collocated", "async", "all"]
+    ratios = [r.loc[LABELS["async"][0], "noise_ratio"] for r in rows]
+    row = table.loc["async"]
+    assert (row["recordings"], row["runs"]) == (3, 12)
+    assert row["ratio"] == pytest.approx(np.median(ratios))
+    assert row["ratio_range"] == f"{min(ratios):.2f}-{max(ratios):.2f}"
+    assert row["twin"] == pytest.approx(np.median([r.loc[LABELS["async"][0], "step_median_ape_pct"] for r in rows]))
+    assert table.loc["all", "runs"] == 24
+    out = subprocess.run([sys.executable, "-m", "lssim.analysis.fidelity", "--pool", *folders], capture_output=True,
+                         text=True, check=True).stdout
+    assert "per execution mode, pooled over 3" in out and "async" in out
+    (tmp_path / "modes2" / "modes_summary.csv").write_text("run,mode\nx,async\n")
+    bad = subprocess.run([sys.executable, "-m", "lssim.analysis.fidelity", "--pool", *folders], capture_output=True, text=True)
+    assert bad.returncode == 2 and "modes2/modes_summary.csv: no column(s)" in bad.stderr and "noise_ratio" in bad.stderr
+
+
 def test_the_shared_host_factors_are_the_median_over_rounds_of_beside_over_alone(tmp_path):
     rows = []
     for rnd, (engine, trainer) in enumerate([(1.5, 1.2), (1.7, 1.4), (1.6, 1.3)]):

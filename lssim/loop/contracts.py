@@ -498,8 +498,9 @@ class ModeHooks:
         return False
 
     def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
-              job: TrainJob | None = None) -> TrainTiming:
+              job: TrainJob | None = None, last: bool = False) -> TrainTiming:
         """Put step `step`'s training (priced or measured in `metrics`) on the world's clock. `job`: a real trainer's
         job already running beside the rollout (modes that `trains_beside` only; its times are known once it ends).
+        `last`: the run's last step, so no rollout runs beside this training (a shared host does not slow it).
         Every mode answers this one."""
         raise NotImplementedError(f"{type(self).__name__} does not put training on the clock")

@@ -138,10 +138,14 @@ class Controller:
         for step in progress(steps) if progress else steps:
             # Done once enough groups trained, but not while responses are carried: those run to their end
             # first (steps with no fresh groups), so nothing is left hanging. `steps` bounds it all.
-            if self.groups_trained >= self.config.total_groups and not self._carried and not self._kept:
+            if self._enough_trained():
                 break
             self.run_step(step)
         return self.result(response_columns, final=True)
+
+    def _enough_trained(self) -> bool:
+        """Whether the run is done before `steps` runs out: enough groups trained and nothing carried or kept."""
+        return self.groups_trained >= self.config.total_groups and not self._carried and not self._kept
 
     def result(self, response_columns: Sequence[str] | None = None, *, final: bool = False) -> RunResult:
         """The run so far; `final`: the run is over, and the responses frame may share the table's memory."""
@@ -332,8 +336,9 @@ class Controller:
         # beside it: a job whose metrics come when it ends (lssim.loop.contracts.TrainJob); otherwise train() prices or blocks.
         job = self.trainer.start(batch, step) if self.mode.trains_beside and batch else None
         train_metrics = {} if job is not None else self.trainer.train(batch, step) if batch else {}
-        timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job)
         self.groups_trained += len(trained) + left_out
+        last = step + 1 >= self.config.steps or self._enough_trained()  # nothing rolls out beside its training
+        timing = self.mode.train(train_metrics, step, batch, s.started, rollout_end, job=job, last=last)
         trained_members = gather(trained, lazy=True)  # (the step's row reads eight of its columns)
         end = StepEnd(rollout_end=rollout_end, step_end=timing.end, busy_at_rollout_end=busy, done_groups=done_groups,
                       trained=trained, trained_members=trained_members, trained_rids=np.sort(trained_members[0].rid),

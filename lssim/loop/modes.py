@@ -160,7 +160,7 @@ class ExecutionMode(ModeHooks):
 
     # -- the train phase --------------------------------------------------------------------------------
     def train(self, metrics: dict, step: int, groups: list[Group], rollout_start: float, rollout_end: float,
-              job=None) -> TrainTiming:
+              job=None, last: bool = False) -> TrainTiming:
         """Put step `step`'s training (priced or measured in `metrics`) on the world's clock. `job`: a real trainer's
         job already running beside the rollout (modes that `trains_beside` only; its times are known once it ends)."""
         phases = _phases(metrics)
@@ -171,9 +171,10 @@ class ExecutionMode(ModeHooks):
         return TrainTiming(rollout_end, max(self._engine.now(), rollout_end + total), phases, busy)
 
     # -- helpers for the modes that train beside the rollout --------------------------------------------
-    def _schedule(self, metrics: dict, ready_at: float, step: int, job=None) -> TrainTiming:
+    def _schedule(self, metrics: dict, ready_at: float, step: int, job=None, last: bool = False) -> TrainTiming:
         """Train on the train devices from when they and the batch are ready; the weights are ready at the end.
-        A real trainer's `job` is already running (its own thread is the lane): its times come once it ends."""
+        A real trainer's `job` is already running (its own thread is the lane): its times come once it ends.
+        The run's `last` step's job has no rollout beside it: it runs at its own speed on a shared host too."""
         if job is not None:
             self._ready.append(job)
             unknown = float("nan")
@@ -181,7 +182,8 @@ class ExecutionMode(ModeHooks):
         phases = _phases(metrics)
         start = max(ready_at, self._lane_free)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        end = self._engine.train_beside(start, compute)  # start + compute, unless the trainer shares the engine's host
+        # start + compute, unless the trainer shares the engine's host with a rollout
+        end = start + compute if last else self._engine.train_beside(start, compute)
         self._lane_free = end
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)
@@ -219,8 +221,8 @@ class Disaggregated(ExecutionMode):
     def before_rollout(self, step: int) -> None:
         self._wait_for(step - 1)  # rollout s needs train s-2's weights: exactly one version stale
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
-        return self._schedule(metrics, rollout_end, step, job)
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None, last=False):
+        return self._schedule(metrics, rollout_end, step, job, last)
 
 
 class Async(ExecutionMode):
@@ -245,8 +247,8 @@ class Async(ExecutionMode):
     def is_stale(self, step, first_version):
         return self.config.variant == "roll" and step - first_version > self.config.staleness
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
-        timing = self._schedule(metrics, rollout_end, step, job)
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None, last=False):
+        timing = self._schedule(metrics, rollout_end, step, job, last)
         self._ready[-1].notify(self._engine)
         return timing
 
@@ -280,7 +282,7 @@ class Hybrid(ExecutionMode):
     def group_done(self, group, step, trainer):
         trainer.feed(group, step)  # a real trainer computes its share of the update now; the simulator prices it below
 
-    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None):
+    def train(self, metrics, step, groups, rollout_start, rollout_end, job=None, last=False):
         if job is not None:  # a real trainer's job: the groups it was fed are in; the rest and the optimizer step run now
             return self._schedule(metrics, rollout_end, step, job)
         phases = _phases(metrics)

@@ -23,7 +23,8 @@ How:
   (seconds x trainer_slowdown), and the engine runs engine_slowdown x slower from its start to that end, repriced
   at both boundaries as above. The approximation's bound: where the rollout ends before the job, the job's part
   past the rollout's end runs slowed though the engine is idle, so its end is late by at most
-  (1 - 1 / trainer_slowdown) x that part; on this host's worlds the rollout (~1.3 s) outlasts the update.
+  (1 - 1 / trainer_slowdown) x that part; on this host's worlds the rollout (~1.3 s) outlasts the update. The run's
+  last step's job has no rollout beside it: the mode does not ask, and it runs at its own speed (lssim.loop.modes).
 - Training streamed in pieces (hybrid, `streamed_share`): each finished group's forward and backward runs on the
   trainer's thread while the rollout goes on, and the engine runs alone between pieces, so the whole update's
   factors over-price it (issue 37). The mode prices the pieces once the rollout has run (lssim.loop.modes

@@ -8,7 +8,8 @@ DIR/real/*/*/repeat* --profile DIR/profile.json` replays it.
         paper/experiments/validation/modes45t paper/experiments/validation/modes45p
 
 The folders' runs say whether the trainer ran in a process of its own (meta.json setup.trainer_process): the
-table's `trainer` column.
+table's `trainer` column. Last, every mode pooled over the folders as the twin now prices them (the table
+`python -m lssim.analysis.fidelity --pool` prints for the folders replayed; lssim.analysis.fidelity.modes.pool_modes).
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 
-def folder_rows(folder: Path) -> list[dict]:
-    """One row per mode of a recorded folder, replayed with the twin as it is now."""
+def folder_rows(folder: Path, replays: Path) -> list[dict]:
+    """One row per mode of a recorded folder, replayed with the twin as it is now (its summary written to
+    replays/<folder's name>/modes_summary.csv, as `lssim validate --mode any --runs ... --out` writes it)."""
     from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE, compare_modes
     from real_backend.validate_twin import load_recorded
 
@@ -30,6 +33,8 @@ def folder_rows(folder: Path) -> list[dict]:
     if not runs:
         raise SystemExit(f"{folder}: no recorded runs under real/<mode>/<policy>/repeat<k>")
     frames = compare_modes(runs, str(folder / "profile.json"), str(DEFAULT_TRAIN_PROFILE))
+    (replays / folder.name).mkdir(parents=True)
+    frames["summary"].to_csv(replays / folder.name / "modes_summary.csv")
     by_repeat = frames["steps_by_repeat"]
     by_repeat = by_repeat[by_repeat["in_twin"]]
     sums = by_repeat.groupby("mode")[["predicted_seconds", "measured_seconds"]].sum()
@@ -50,7 +55,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     args = ap.parse_args(argv)
-    table = pd.DataFrame([row for f in args.folders for row in folder_rows(f)])
+    from lssim.analysis.fidelity.modes import modes_pool_text
+
+    with tempfile.TemporaryDirectory() as replays:
+        table = pd.DataFrame([row for f in args.folders for row in folder_rows(f, Path(replays))])
+        pooled = modes_pool_text([str(Path(replays) / f.name) for f in args.folders], "as the twin now prices them")
     print("| folder | trainer | mode | noise ratio | twin's total vs measured % | beyond collocated's % | speedup error (points) |")
     print("|---|---|---|---|---|---|---|")
     for _, r in table.iterrows():
@@ -58,6 +67,7 @@ def main(argv=None) -> int:
               f"{r['beyond_collocated_pct']:+.1f} | {r['speedup_error']:+.1f} |")
     means = table.groupby(["trainer", "mode"])[["beyond_collocated_pct", "speedup_error"]].mean().round(1)
     print("\nmean per trainer and mode:\n" + means.to_string(), file=sys.stderr)
+    print("\n" + pooled, end="")
     return 0
 
 

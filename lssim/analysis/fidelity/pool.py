@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lssim.analysis.fidelity.modes import is_modes_folder, modes_pool_text
 from lssim.analysis.fidelity.noise import noise_floor
 from lssim.analysis.fidelity.summary import load_summary
 
@@ -117,7 +118,15 @@ def folder_drivers(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def pool_text(folders) -> str:
-    """The pooled tables `python -m lssim.analysis.fidelity --pool` prints."""
+    """The pooled tables `python -m lssim.analysis.fidelity --pool` prints: per policy over the policies' folders,
+    per execution mode over the modes folders (`lssim validate --mode --out`; lssim.analysis.fidelity.modes)."""
+    modes = [f for f in folders if is_modes_folder(f)]
+    policies = [f for f in folders if not is_modes_folder(f)]
+    text = modes_pool_text(modes) if modes else ""
+    return text + ("\n" if text and policies else "") + (_policies_text(policies) if policies else "")
+
+
+def _policies_text(folders) -> str:
     rows = pool_rows(folders)
     with pd.option_context("display.width", 250, "display.max_rows", 500, "display.max_colwidth", 150):
         return (f"per policy, pooled over {len(folders)} validation folder(s): the per-step error median % (the profile "
