@@ -55,6 +55,7 @@ import pandas as pd
 from lssim.loop.core import Group, Request
 
 from .cells import longtail_lengths, random_requests, time_cell
+from .train_job import lane_switching
 
 KEY = "shared_host"  # under the profile's measured_by
 STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
@@ -221,12 +222,16 @@ def _together(cell, update, updates: int) -> list[dict]:
 
     thread = threading.Thread(target=lane, name="grpo-trainer")
     beside = []
-    thread.start()
-    while thread.is_alive():
-        seconds = cell()
-        if thread.is_alive():  # it ended with the trainer still running: a cell beside the update throughout
-            beside.append(seconds)
-    thread.join()
+    lane_switching(True)  # as while a run's lane lives (real_backend.train_job)
+    try:
+        thread.start()
+        while thread.is_alive():
+            seconds = cell()
+            if thread.is_alive():  # it ended with the trainer still running: a cell beside the update throughout
+                beside.append(seconds)
+        thread.join()
+    finally:
+        lane_switching(False)
     if failed:
         raise failed[0]
     return ([{"phase": "engine_beside", "seconds": s} for s in beside]
