@@ -13,8 +13,12 @@ from real_backend.train_job import LANE_SWITCH_INTERVAL, TrainLane, lane_switchi
 
 
 @pytest.fixture
-def interval():
+def interval(monkeypatch):
+    """Python's own interval, and no lane alive (another test's trainer may have left one running)."""
+    from real_backend import train_job
+
     saved = sys.getswitchinterval()
+    monkeypatch.setattr(train_job, "_switching", {"lanes": 0, "saved": None})
     sys.setswitchinterval(0.005)
     yield
     sys.setswitchinterval(saved)
