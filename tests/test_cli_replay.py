@@ -25,6 +25,18 @@ def test_replay_prints_each_policy_against_baseline_and_the_bound(small_trace, c
     assert [line.split()[0] for line in lines[3:6]] == ["baseline", "hadb", "oracle"]
 
 
+def test_a_profiled_rollout_says_what_prices_its_training(small_trace, capsys):
+    profile = "real_backend/data/profile_cpu.json"
+    assert main(["replay", str(small_trace), "--instances", "1", "--profile", profile, "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "training analytic for qwen2.5-7b" in out and "note: the rollout is priced by the profile" in out
+    trainer = "real_backend/data/profile_trainer_cpu.json"
+    assert main(["replay", str(small_trace), "--instances", "1", "--profile", profile, "--train-cost", trainer,
+                 "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"training cost {trainer}" in out and "note: the rollout" not in out
+
+
 def test_replay_json_has_the_documented_fields(small_trace, capsys):
     assert main(["replay", str(small_trace), "--policy", "hadb", "--policy", "hadb+oracle", "--json", "--instances", "2"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -210,9 +210,14 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_summary_json(table), indent=2))
     else:
+        training = f"training cost {args.train_cost}" if args.train_cost else f"training analytic for {args.model}"
         print(f"trace {args.trace}: {int(table['responses'].iloc[0]):,} responses; {args.instances} x {args.model} on {args.hardware}"
-              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; mode {table['mode'].iloc[0]}")
+              f" (tp={args.tp}){'; profiled cost ' + args.profile if args.profile else ''}; {training}; mode {table['mode'].iloc[0]}")
         print(format_summary(table))
+        if args.profile and not args.train_cost:
+            print(f"note: the rollout is priced by the profile, the training phase by the analytic model of {args.model} on "
+                  f"{args.hardware}: step times mix the two machines (--train-cost JSON prices training with a trainer "
+                  f"profile measured beside it, real_backend/data/profile_trainer_cpu.json for the reference model)")
         for name, missing in table["missing_signals"].items():
             if missing:
                 print(f"warning: {name} ran without the early-exit signal(s) {missing}, which the trace lacks "
