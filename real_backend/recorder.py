@@ -83,7 +83,6 @@ class SignalColumns:
     def _forget(self) -> None:
         self.rows = np.zeros((3, 0), dtype=np.int64)  # the kept rows' step, prompt_id and sample_idx
         self._kept: set[tuple[int, int, int]] = set()
-        self.values: dict[str, list] = {col: [] for col, _ in SIGNAL_COLUMNS}
         self.arrays: dict[str, np.ndarray] = {}
         self.stale = False
 
@@ -109,10 +108,9 @@ class SignalColumns:
             return self.arrays
         for col, default in SIGNAL_COLUMNS:
             new = [signals.get(k, {}).get(col, default) for k in added]
-            self.values[col].extend(new)
             chunk, kept = pd.Series(new).to_numpy(), self.arrays.get(col)
             self.arrays[col] = (chunk if kept is None or not n else np.concatenate([kept, chunk]) if chunk.dtype == kept.dtype
-                                else pd.Series(self.values[col]).to_numpy())
+                                else pd.Series(kept.tolist() + new).to_numpy())  # the dtype every row's values give
         return self.arrays
 
 
