@@ -9,7 +9,7 @@ DIR/real/*/*/repeat* --profile DIR/profile.json` replays it.
 
 The folders' runs say whether the trainer ran in a process of its own (meta.json setup.trainer_process): the
 table's `trainer` column. Last, every mode pooled over the folders as the twin now prices them (the table
-`python -m lssim.analysis.fidelity --pool` prints for the folders replayed; lssim.analysis.fidelity.modes.pool_modes).
+`python -m lssim.analysis.fidelity --pool` prints for the folders replayed; lssim.analysis.fidelity.modes.pool_rows).
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 
-def folder_rows(folder: Path, replays: Path) -> list[dict]:
-    """One row per mode of a recorded folder, replayed with the twin as it is now (its summary written to
-    replays/<folder's name>/modes_summary.csv, as `lssim validate --mode any --runs ... --out` writes it)."""
+def folder_rows(folder: Path) -> tuple[list[dict], pd.DataFrame]:
+    """One row per mode of a recorded folder, replayed with the twin as it is now, and the replay's summary (as
+    `lssim validate --mode any --runs ... --out` writes it)."""
     from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE, compare_modes
     from real_backend.validate_twin import load_recorded
 
@@ -33,8 +32,6 @@ def folder_rows(folder: Path, replays: Path) -> list[dict]:
     if not runs:
         raise SystemExit(f"{folder}: no recorded runs under real/<mode>/<policy>/repeat<k>")
     frames = compare_modes(runs, str(folder / "profile.json"), str(DEFAULT_TRAIN_PROFILE))
-    (replays / folder.name).mkdir(parents=True)
-    frames["summary"].to_csv(replays / folder.name / "modes_summary.csv")
     by_repeat = frames["steps_by_repeat"]
     by_repeat = by_repeat[by_repeat["in_twin"]]
     sums = by_repeat.groupby("mode")[["predicted_seconds", "measured_seconds"]].sum()
@@ -48,18 +45,19 @@ def folder_rows(folder: Path, replays: Path) -> list[dict]:
     level = next(row["total_pct"] for row in rows if row["mode"] == "collocated")
     for row in rows:
         row["beyond_collocated_pct"] = row["total_pct"] - level
-    return rows
+    return rows, frames["summary"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     args = ap.parse_args(argv)
-    from lssim.analysis.fidelity.modes import modes_pool_text
+    from lssim.analysis.fidelity.modes import pool_rows, pooled_text, summary_rows
 
-    with tempfile.TemporaryDirectory() as replays:
-        table = pd.DataFrame([row for f in args.folders for row in folder_rows(f, Path(replays))])
-        pooled = modes_pool_text([str(Path(replays) / f.name) for f in args.folders], "as the twin now prices them")
+    replayed = {f.name: folder_rows(f) for f in args.folders}
+    table = pd.DataFrame([row for rows, _ in replayed.values() for row in rows])
+    pooled = pooled_text(pool_rows(pd.concat([summary_rows(summary, name) for name, (_, summary) in replayed.items()],
+                                             ignore_index=True)), len(replayed), "as the twin now prices them")
     print("| folder | trainer | mode | noise ratio | twin's total vs measured % | beyond collocated's % | speedup error (points) |")
     print("|---|---|---|---|---|---|---|")
     for _, r in table.iterrows():

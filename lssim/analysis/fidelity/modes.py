@@ -131,18 +131,23 @@ def is_modes_folder(folder) -> bool:
 
 
 def modes_folder_rows(folder) -> pd.DataFrame:
-    """One row per label of a modes folder, as its twin priced it: folder, key (mode_key), mode, runs, twin (the
-    median per-step error %), exact (an exact model's on the same repeats), ratio, speedup_error (points). ValueError
+    """One row per label of a modes folder, as its twin priced it (summary_rows of its MODES_SUMMARY). ValueError
     naming the folder and the file or the columns it lacks."""
     path = Path(folder) / MODES_SUMMARY
     if not path.is_file():
         raise ValueError(f"{folder}: no {MODES_SUMMARY} (written by `lssim validate --mode ... --out {folder}`)")
-    summary = pd.read_csv(path, index_col=0)
+    return summary_rows(pd.read_csv(path, index_col=0), str(folder), source=str(path))
+
+
+def summary_rows(summary: pd.DataFrame, folder: str, source: str = "") -> pd.DataFrame:
+    """One row per label of a modes summary (`lssim validate --mode`'s, its index the labels): folder, key (mode_key),
+    mode, runs, twin (the median per-step error %), exact (an exact model's on the same repeats), ratio,
+    speedup_error (points). ValueError naming `source` and the columns it lacks."""
     missing = set(_POOLED_COLUMNS) - set(summary.columns)
     if missing:
-        raise ValueError(f"{path}: no column(s) {', '.join(sorted(missing))}")
+        raise ValueError(f"{source or folder}: no column(s) {', '.join(sorted(missing))}")
     policies = [str(label).rsplit(" / ", 1)[-1] for label in summary.index]
-    return pd.DataFrame({"folder": str(folder),
+    return pd.DataFrame({"folder": folder,
                          "key": [mode_key(lab, m, p) for lab, m, p in zip(summary.index, summary["mode"], policies)],
                          "mode": summary["mode"].to_numpy(), "runs": summary["runs"].to_numpy(),
                          "twin": summary["step_median_ape_pct"].to_numpy(),
@@ -152,19 +157,23 @@ def modes_folder_rows(folder) -> pd.DataFrame:
 
 
 def pool_modes(folders) -> pd.DataFrame:
-    """Per mode (policy beside it where not the baseline) over several modes folders: recordings, runs, the twin's
-    error and an exact model's (medians over the recordings), ratio (the median of the recordings' ratios, as each
-    `--json`'s pooled), ratio_range (their least and greatest: how far one recording's figure swings) and
-    speedup_error (mean, points), in the modes' order. A last row, "all", pools every row."""
-    rows = pd.concat([modes_folder_rows(f) for f in folders], ignore_index=True)
+    """pool_rows over several modes folders' rows (modes_folder_rows)."""
+    return pool_rows(pd.concat([modes_folder_rows(f) for f in folders], ignore_index=True))
+
+
+def pool_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per mode (policy beside it where not the baseline) over summary_rows of several recordings: recordings, runs,
+    the twin's error and an exact model's (medians over the recordings), ratio (the median of the recordings'
+    ratios, as each `--json`'s pooled), ratio_range (their least and greatest: how far one recording's figure
+    swings) and speedup_error (mean, points), in the modes' order. A last row, "all", pools every row."""
 
     def pooled(r: pd.DataFrame) -> dict:
         return {"recordings": r["folder"].nunique(), "runs": int(r["runs"].sum()), "twin": r["twin"].median(),
                 "exact": r["exact"].median(), "ratio": r["ratio"].median(),
                 "ratio_range": f"{r['ratio'].min():.2f}-{r['ratio'].max():.2f}", "speedup_error": r["speedup_error"].mean()}
 
-    rows["order"] = rows["mode"].map({m: k for k, m in enumerate(MODES)}).fillna(len(MODES))
-    table = {key: pooled(r) for key, r in rows.sort_values("order", kind="stable").groupby("key", sort=False)}
+    order = rows["mode"].map({m: k for k, m in enumerate(MODES)}).fillna(len(MODES))
+    table = {key: pooled(r) for key, r in rows.assign(order=order).sort_values("order", kind="stable").groupby("key", sort=False)}
     table["all"] = pooled(rows)
     out = pd.DataFrame.from_dict(table, orient="index")
     out.index.name = "mode"
@@ -175,14 +184,19 @@ AS_RECORDED = ("as each folder's twin priced it (to pool by the twin as it is no
                "--mode any --runs DIR/real/*/*/repeat* --profile DIR/profile.json --out NEW)")
 
 
-def modes_pool_text(folders, priced: str = AS_RECORDED) -> str:
-    """The per-mode table `python -m lssim.analysis.fidelity --pool` prints for modes folders; `priced`: by which twin."""
+def modes_pool_text(folders) -> str:
+    """The per-mode table `python -m lssim.analysis.fidelity --pool` prints for modes folders."""
+    return pooled_text(pool_modes(folders), len(folders), AS_RECORDED)
+
+
+def pooled_text(table: pd.DataFrame, recordings: int, priced: str) -> str:
+    """pool_rows' table with what it holds; `priced`: by which twin."""
     with pd.option_context("display.width", 250):
-        return (f"per execution mode, pooled over {len(folders)} modes folder(s) {priced}: the per-step error median % "
+        return (f"per execution mode, pooled over {recordings} modes folder(s) {priced}: the per-step error median % "
                 f"(twin), an exact model's on the same repeats (exact), ratio: twin / exact (the median over the "
                 f"recordings; ratio_range: theirs), speedup_error: over collocated, points (the mean)\n"
-                + pool_modes(folders).to_string(float_format=lambda v: f"{v:.2f}") + "\n")
+                + table.to_string(float_format=lambda v: f"{v:.2f}") + "\n")
 
 
 __all__ = ["mode_noise", "modes_results", "pooled", "mode_key", "REFERENCE_MODE", "is_modes_folder", "modes_folder_rows",
-           "pool_modes", "modes_pool_text", "MODES_SUMMARY"]
+           "summary_rows", "pool_modes", "pool_rows", "modes_pool_text", "pooled_text", "MODES_SUMMARY"]
