@@ -10,14 +10,15 @@ the simulator, as on GPUs. On this CPU host the trainer's thread and vLLM's engi
 overlap those modes buy is partly lost (issue 37: every mode predicted 25-40% too fast, disaggregated's speedup
 1.41x predicted against 1.16x measured).
 
-How, in rounds (the machine's speed drifts: each round's ratios are taken minutes apart at most): the engine alone
-(`cells` batches of `n_seqs` requests, distinct random prompts, the same long-tailed lengths each time, timed to the
-last token: real_backend.cells.time_cell, the driver on the caller's thread as in a run); the trainer alone
+How, in rounds (the machine's speed drifts: each round's ratios are taken minutes apart at most): the trainer alone
 (`updates` GRPO updates of a synthetic batch like a rollout step's trained groups, `train_seqs` long-tailed
-sequences: real_backend.profile_trainer.synthetic_batch);
-then both: the updates on a thread of their own (as real_backend.train_job's lane runs them) while the caller runs
-cells until they are done, once beside the long-tailed cells and once beside full ones (every request decoding to
-half the budget until the cell ends). engine_slowdown: the median long-tailed cell together over the median alone;
+sequences: real_backend.profile_trainer.synthetic_batch); the engine in `cells` pairs (batches of `n_seqs` requests,
+distinct random prompts, the same long-tailed lengths each time, timed to the last token: real_backend.cells.time_cell,
+the driver on the caller's thread as in a run): a cell alone, then a cell beside updates running back to back on a
+thread of their own (as real_backend.train_job's lane runs them) from before it starts until it ends (`_cells_paired`:
+the alone cell is the same moment's baseline); then `updates` updates while the caller runs full cells (every
+request decoding to half the budget) until they are done. engine_slowdown: the median long-tailed cell beside over
+the median alone;
 trainer_slowdown: the median update beside the full cells over the median alone (a run's update meets a full engine:
 the next rollout's dense start in disaggregated, an engine refilled without pause in async; beside the long-tailed
 cells, their sparse tails included, the update read 1.22x where beside full ones it read 1.40x, and the runs' own
@@ -25,8 +26,8 @@ cells, their sparse tails included, the update read 1.22x where beside full ones
 the median over the rounds, and at least 1 (sharing cores makes neither faster: a median
 under 1 is the machine's noise; `by_round` keeps every round's ratio). On a busy machine the rounds spread widely
 (2026-11-27, four other jobs on the 2 cores: engine 1.72-2.00x, trainer 0.93-2.65x over three rounds): measure it
-alone on the machine, as the runs it prices should be. A cell counts as "together" only if it ended before the
-trainer's last update did.
+alone on the machine, as the runs it prices should be. A full cell counts as "together" only if it ended before
+the trainer's last update did.
 
 Streamed (hybrid, real_backend.train_stream): a hybrid run does not run its update whole beside the rollout but in
 pieces, one finished group's forward and backward at a time, as the groups finish; between pieces the engine runs
@@ -106,10 +107,10 @@ def measure_sharing(engine, trainer, vocab: int, rounds: int = 3, cells: int = 4
     rows = []
     with engine.serving_exactly(prompts):
         cell(), update()  # first shapes pay for kernels and allocations: not recorded
+        _cells_paired(cell, update, 1)  # nor the first pair: the first round's read 1.2-1.8x where the others' 1.8-2.4x
         for rnd in range(rounds):
-            rows += [{"round": rnd, "phase": "engine_alone", "seconds": cell()} for _ in range(cells)]
             rows += [{"round": rnd, "phase": "trainer_alone", "seconds": update()} for _ in range(updates)]
-            rows += [{"round": rnd, **row} for row in _together(cell, update, updates)]
+            rows += [{"round": rnd, **row} for row in _cells_paired(cell, update, cells)]
             rows += [{"round": rnd, "phase": FULL, "seconds": row["seconds"]}
                      for row in _together(lambda: cell(full), update, updates) if row["phase"] == "trainer_beside"]
             if group_size is not None:
@@ -236,6 +237,52 @@ def _together(cell, update, updates: int) -> list[dict]:
         raise failed[0]
     return ([{"phase": "engine_beside", "seconds": s} for s in beside]
             + [{"phase": "trainer_beside", "seconds": s} for s in trained])
+
+
+def _cells_paired(cell, update, cells: int) -> list[dict]:
+    """`cells` pairs: a cell alone (the trainer idle), then a cell beside updates that run back to back from before it
+    starts until it ends; rows engine_alone and engine_beside. In pairs, so that the machine's speed at that moment is
+    in both: alone cells taken together before the beside ones put the host's drift into the factor, whose rounds
+    spread 1.2-2.7x where the streamed factor's, paired the same way, held within 0.03 (issue 37)."""
+    go, stop, started = threading.Event(), threading.Event(), threading.Event()
+    idle = threading.Lock()  # held by the lane while an update runs
+    failed: list[BaseException] = []
+
+    def lane():
+        while go.wait() and not stop.is_set():
+            with idle:
+                if not go.is_set():  # cleared while this update waited for the caller's alone cell
+                    continue
+                started.set()
+                try:
+                    update()
+                except BaseException as e:  # noqa: BLE001  (re-raised on the caller's thread below)
+                    failed.append(e)
+                    return
+
+    thread = threading.Thread(target=lane, name="grpo-trainer")
+    rows = []
+    lane_switching(True)  # as while a run's lane lives (real_backend.train_job)
+    try:
+        thread.start()
+        for _ in range(cells):
+            with idle:  # the update under way (if any) has ended, and no other starts until the cell is done
+                rows.append({"phase": "engine_alone", "seconds": cell()})
+                started.clear()
+                go.set()
+            while not (started.wait(0.05) or failed or not thread.is_alive()):
+                pass
+            if failed:
+                break
+            rows.append({"phase": "engine_beside", "seconds": cell()})
+            go.clear()
+    finally:
+        stop.set(), go.set()
+        thread.join()
+        lane_switching(False)
+    if failed:
+        raise failed[0]
+    return rows
 
 
 def fit_sharing(rows: pd.DataFrame) -> dict:

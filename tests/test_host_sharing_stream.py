@@ -130,3 +130,43 @@ def test_a_bad_streamed_record_is_refused_naming_it(tmp_path, streamed, problem)
     profile.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="measured_by.shared_host is not a measurement"):
         training_share(profile)
+
+
+
+def _timed(log: list, name: str, seconds: float):
+    """A stand-in for a cell or an update: sleeps `seconds`, logs (name, start, end)."""
+    import time
+
+    def run():
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        log.append((name, t0, time.monotonic()))
+        return seconds
+    return run
+
+
+def test_the_probe_pairs_each_cell_beside_the_trainer_with_a_cell_alone_just_before_it():
+    """Each round's whole-update engine factor compares cells at the same moment: alone (no update running at any
+    point of it), then beside updates running back to back from before its start to past its end."""
+    from real_backend.host_sharing import _cells_paired
+
+    log: list = []
+    rows = _cells_paired(_timed(log, "cell", 0.03), _timed(log, "update", 0.02), cells=4)
+    assert [r["phase"] for r in rows] == ["engine_alone", "engine_beside"] * 4
+    cells = sorted((a, b) for name, a, b in log if name == "cell")
+    updates = sorted((a, b) for name, a, b in log if name == "update")
+    for (a0, a1), (b0, b1) in zip(cells[::2], cells[1::2]):
+        assert not any(u0 < a1 and u1 > a0 for u0, u1 in updates)  # alone: no update overlaps it
+        within = [(u0, u1) for u0, u1 in updates if u0 < b1 and u1 > b0]
+        assert within[0][0] <= b0 + 0.005 and within[-1][1] >= b1  # beside: from (as good as) its start to past its end
+        assert all(n0 - p1 < 0.01 for (_, p1), (n0, _) in zip(within, within[1:]))  # back to back
+
+
+def test_an_update_that_fails_beside_the_probe_s_cells_fails_the_probe():
+    from real_backend.host_sharing import _cells_paired
+
+    def broken():
+        raise RuntimeError("the update broke")
+
+    with pytest.raises(RuntimeError, match="the update broke"):
+        _cells_paired(lambda: 0.01, broken, cells=3)
