@@ -13,6 +13,13 @@ Measured 2026-11-28 on this 2-core VM, alone (`--pairs 8`, async K=1, the traine
 30.3 ms of CPU at the median; the runs' total step time written / skipped, paired: 1.003 at the median (0.79-1.28,
 sd 0.15); the rollouts' 1.011. Not measurable at this noise: a write's 30 ms is at most 3% of a step, and the pairs
 do not show it. Ruled out as a cause of async's shortfall.
+
+Per update (2026-11-28, later; disaggregated, 6 rounds of three runs each: written, skipped, and a variant that wrote
+in a spawned process of its own, a scratch change not kept): the updates beside a rollout took 0.028 s longer at the
+median with the files written on their thread, 0.021 s with them written by another process; the step totals of the
+three within 0.3%. Part of the ~0.05 s a run's update pays beyond the twin's price (`python -m
+paper.experiments.update_price`), and the same in a process (the cores' share, not the interpreter's lock), so the
+writer stays a thread. `update_s` below: the updates' seconds per run.
 """
 
 from __future__ import annotations
@@ -65,13 +72,14 @@ def main(argv=None) -> int:
                     steps = run_real(setup, policy, config, f"{scratch}/{k}{variant}", engine=engine, prompts=prompts,
                                      mode=mode, checkpoint=False).steps
                     rows.append({"pair": k, "variant": variant, "step_s": steps["step_seconds"].sum(),
-                                 "rollout_s": steps["rollout_seconds"].sum()})
+                                 "rollout_s": steps["rollout_seconds"].sum(),
+                                 "update_s": (steps["train_end"] - steps["train_start"]).sum()})
                     print(f"pair {k} {variant}: steps {rows[-1]['step_s']:.3f} s, rollouts {rows[-1]['rollout_s']:.3f} s",
                           file=sys.stderr)
         finally:
             recorder.Recorder._write_files = written
     wide = pd.DataFrame(rows).pivot(index="pair", columns="variant")
-    for what in ("step_s", "rollout_s"):
+    for what in ("step_s", "rollout_s", "update_s"):
         ratio = wide[what]["written"] / wide[what]["skipped"]
         print(f"{what.split('_')[0]}s, written over skipped, paired: median {ratio.median():.3f} "
               f"(min {ratio.min():.3f}, max {ratio.max():.3f}, sd {ratio.std():.3f}, {len(ratio)} pairs)")
