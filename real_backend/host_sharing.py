@@ -242,8 +242,9 @@ def _together(cell, update, updates: int) -> list[dict]:
 def _cells_paired(cell, update, cells: int) -> list[dict]:
     """`cells` pairs: a cell alone (the trainer idle), then a cell beside updates that run back to back from before it
     starts until it ends; rows engine_alone and engine_beside. In pairs, so that the machine's speed at that moment is
-    in both: alone cells taken together before the beside ones put the host's drift into the factor, whose rounds
-    spread 1.2-2.7x where the streamed factor's, paired the same way, held within 0.03 (issue 37)."""
+    in both, as the streamed factor's cells are: with the alone cells taken together at a round's start, one or two
+    beside cells a round, and the first round recorded, the factor read 1.57-2.14x over six profiles (rounds
+    1.2-2.7x, the first the lowest in five); paired, 1.84-2.28x over five (issue 37, docs/fidelity.md)."""
     go, stop, started = threading.Event(), threading.Event(), threading.Event()
     idle = threading.Lock()  # held by the lane while an update runs
     failed: list[BaseException] = []
