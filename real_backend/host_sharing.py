@@ -252,7 +252,7 @@ def _cells_paired(cell, update, cells: int) -> list[dict]:
     def lane():
         while go.wait() and not stop.is_set():
             with idle:
-                if not go.is_set():  # cleared while this update waited for the caller's alone cell
+                if stop.is_set() or not go.is_set():  # the caller's alone cell came first, or the pairs are done
                     continue
                 started.set()
                 try:
