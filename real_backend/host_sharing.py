@@ -56,7 +56,6 @@ import pandas as pd
 from lssim.loop.core import Group, Request
 
 from .cells import longtail_lengths, random_requests, time_cell
-from .train_job import lane_switching
 
 KEY = "shared_host"  # under the profile's measured_by
 STREAMED = "streamed"  # under KEY: the engine beside a streamed update (hybrid's pieces)
@@ -223,16 +222,12 @@ def _together(cell, update, updates: int) -> list[dict]:
 
     thread = threading.Thread(target=lane, name="grpo-trainer")
     beside = []
-    lane_switching(True)  # as while a run's lane lives (real_backend.train_job)
-    try:
-        thread.start()
-        while thread.is_alive():
-            seconds = cell()
-            if thread.is_alive():  # it ended with the trainer still running: a cell beside the update throughout
-                beside.append(seconds)
-        thread.join()
-    finally:
-        lane_switching(False)
+    thread.start()
+    while thread.is_alive():
+        seconds = cell()
+        if thread.is_alive():  # it ended with the trainer still running: a cell beside the update throughout
+            beside.append(seconds)
+    thread.join()
     if failed:
         raise failed[0]
     return ([{"phase": "engine_beside", "seconds": s} for s in beside]
@@ -263,7 +258,6 @@ def _cells_paired(cell, update, cells: int) -> list[dict]:
 
     thread = threading.Thread(target=lane, name="grpo-trainer")
     rows = []
-    lane_switching(True)  # as while a run's lane lives (real_backend.train_job)
     try:
         thread.start()
         for _ in range(cells):
@@ -280,7 +274,6 @@ def _cells_paired(cell, update, cells: int) -> list[dict]:
     finally:
         stop.set(), go.set()
         thread.join()
-        lane_switching(False)
     if failed:
         raise failed[0]
     return rows

@@ -16,10 +16,10 @@ in its kernels, so the update and the engine's decoding overlap on two cores. Th
 (real_backend.train_compute) and waits for it without the interpreter's lock, so the driver's Python work no longer
 slows the update's.
 
-While a lane lives, the interpreter hands its lock between threads every LANE_SWITCH_INTERVAL (0.1 ms) instead of
-Python's 5 ms (`lane_switching`): each of the lane's calls into torch gives the lock up and waits to get it back, and
-beside a driver busy streaming a rollout a 5 ms wait per call added ~0.25 s to an update and its snapshot, 0.04 s at
-0.1 ms, at 2% of the busy thread's own rate (`python -m paper.experiments.measure_update_gil --switch-interval S`).
+The interpreter's switch interval is left at Python's 5 ms: at 0.1 ms while a lane lived, an update beside a thread
+running Python without pause lost 0.04 s instead of 0.25 s, but the runs' rollouts, whose driver shares the lock with
+vLLM's output thread, ran 3-4% slower in async and hybrid (eight pairs each, 13 of 16 slower; `python -m
+paper.experiments.measure_switch_interval`).
 
 A job's weights are a snapshot taken on the trainer's thread as the update ends (a clone of the state dict), so a
 later job that trains meanwhile cannot change what an earlier one pushes. Its times (`start`, `end`) are on the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -89,26 +88,6 @@ class ThreadTrainJob(TrainJob):
         self.metrics = metrics
 
 
-LANE_SWITCH_INTERVAL = 1e-4  # seconds: sys.setswitchinterval while a trainer's lane lives (module docstring)
-_switching = {"lanes": 0, "saved": None}
-_switching_lock = threading.Lock()
-
-
-def lane_switching(on: bool) -> None:
-    """A lane starts (`on`) or ends: the first to start sets the interpreter's switch interval to
-    LANE_SWITCH_INTERVAL (if shorter than what it was), the last to end puts back what it was."""
-    with _switching_lock:
-        if on:
-            if _switching["lanes"] == 0:
-                _switching["saved"] = sys.getswitchinterval()
-                sys.setswitchinterval(min(_switching["saved"], LANE_SWITCH_INTERVAL))
-            _switching["lanes"] += 1
-        elif _switching["lanes"] > 0:
-            _switching["lanes"] -= 1
-            if _switching["lanes"] == 0:
-                sys.setswitchinterval(_switching["saved"])
-
-
 class TrainLane:
     """A trainer's own thread for its jobs (one worker: jobs run one after another, in the order started), made on
     first use, pinned to `cpus` (None: not pinned); `jobs`: every job started, in order."""
@@ -135,7 +114,6 @@ class TrainLane:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-trainer", initializer=_pin,
                                             initargs=(self.cpus,))
-            lane_switching(True)
         return self._pool.submit(work, *args)
 
     def shutdown(self) -> None:
@@ -143,7 +121,6 @@ class TrainLane:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-            lane_switching(False)
 
 
 def fill_step_rows(rows: list[dict], jobs: list[ThreadTrainJob], train_devices: int = 1, restarts: set[int] = frozenset()) -> None:

@@ -14,8 +14,8 @@ alone on the machine.
 Found (2026-11-28): every call into torch on the lane gives up the interpreter's lock and waits up to a switch
 interval to get it back. AdamW's per-tensor step (~300 calls) made an 8-sequence update 1.09 s beside the busy thread
 against 0.18 s alone; with `foreach` (real_backend/trainer.py) 0.44 s for the update and its snapshot, +0.25 s fixed;
-with the switch interval at 0.1 ms as well (real_backend.train_job.LANE_SWITCH_INTERVAL) +0.04 s, the busy thread 2%
-slower.
+with the switch interval at 0.1 ms as well +0.04 s, the busy thread 2% slower. Runs did not gain from that interval
+(real_backend.train_job set it while a lane lived, then no longer: `python -m paper.experiments.measure_switch_interval`).
 """
 
 from __future__ import annotations

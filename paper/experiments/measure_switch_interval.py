@@ -1,0 +1,80 @@
+"""Issue 37: does a short interpreter switch interval while a run trains beside its rollout help or hurt the run?
+Runs in pairs on one engine, the interval at 0.1 ms or Python's 5 ms, in alternating order, per execution mode.
+
+    python -m paper.experiments.measure_switch_interval --rounds 4 --modes disaggregated,async,hybrid   # ~6 minutes
+
+Why: each call the trainer's lane makes into torch gives up the interpreter's lock and waits to get it back; beside a
+thread running Python without pause an update and its snapshot lost 0.25 s at 5 ms and 0.04 s at 0.1 ms (`python -m
+paper.experiments.measure_update_gil --switch-interval S`), so real_backend.train_job set 0.1 ms while a lane lived
+(modes53p and modes54p were recorded so). A run's driver is not such a thread: it shares the lock with vLLM's output
+thread all rollout long, and hands it over 50 times as often at 0.1 ms.
+
+Measured 2026-11-28 ~22:35-22:50 UTC on this 2-core VM, alone, the trainer in its own process, 5 steps x 8 groups x 4
+samples (`--rounds 4` with all three modes, then `--rounds 4 --modes async,hybrid`): 0.1 ms over 5 ms, paired, the
+runs' total step time: async 1.031 at the median (0.92-1.12, 6 of 8 pairs slower), hybrid 1.027 (0.97-1.10, 7 of
+8), disaggregated 1.003 (4 pairs); the rollouts 1.038 / 1.039 / 1.004; the updates 0.870 / 1.020 / 0.964. The
+updates' gain does not pay for the rollouts' loss: the interval went back to Python's (real_backend/train_job.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+
+SHORT, PYTHON = 1e-4, 5e-3  # seconds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_switch_interval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=4, help="pairs per mode (default 4)")
+    p.add_argument("--modes", default="disaggregated,async,hybrid", help="modes that train beside the rollout, comma-separated")
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    if args.rounds < 1 or not set(modes) <= {"disaggregated", "async", "hybrid"}:
+        print("error: --rounds must be >= 1 and --modes some of disaggregated, async, hybrid", file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import pandas as pd
+
+    from lssim.loop.modes import ModeConfig
+    from real_backend.validation_workloads import world_arg
+    from real_backend.world import prepare, run_real, world_engine
+
+    rows, saved = [], sys.getswitchinterval()
+    with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
+        setup = dataclasses.replace(setup, trainer_process=True)
+        prompts, policy = prepare(setup, "baseline", config)
+        warm = dataclasses.replace(config, steps=2, total_groups=None)
+        run_real(setup, policy, warm, f"{scratch}/warm", engine=engine, prompts=prompts,
+                 mode=ModeConfig(mode="disaggregated", rollout_devices=1, train_devices=1, staleness=1), checkpoint=False)
+        try:
+            for k in range(args.rounds):
+                for name in modes:
+                    mode = ModeConfig(mode=name, rollout_devices=1, train_devices=1, staleness=1)
+                    for interval in (SHORT, PYTHON) if k % 2 == 0 else (PYTHON, SHORT):
+                        sys.setswitchinterval(interval)
+                        prompts, policy = prepare(setup, "baseline", config)
+                        steps = run_real(setup, policy, config, f"{scratch}/{k}{name}{interval}", engine=engine,
+                                         prompts=prompts, mode=mode, checkpoint=False).steps
+                        sys.setswitchinterval(saved)
+                        rows.append({"round": k, "mode": name, "interval_ms": interval * 1e3,
+                                     "step_s": steps["step_seconds"].sum(), "rollout_s": steps["rollout_seconds"].sum(),
+                                     "update_s": (steps["train_end"] - steps["train_start"]).sum()})
+                        print(f"{name} {interval * 1e3:g} ms: steps {rows[-1]['step_s']:.3f} s", file=sys.stderr)
+        finally:
+            sys.setswitchinterval(saved)
+    wide = pd.DataFrame(rows).pivot_table(index=["mode", "round"], columns="interval_ms",
+                                          values=["step_s", "rollout_s", "update_s"])
+    for what in ("step_s", "rollout_s", "update_s"):
+        ratio = wide[what][SHORT * 1e3] / wide[what][PYTHON * 1e3]
+        for name, r in ratio.groupby(level="mode"):
+            print(f"{what.split('_')[0]}s {name}: 0.1 ms over 5 ms, paired: median {r.median():.3f} "
+                  f"(min {r.min():.3f}, max {r.max():.3f}, {(r > 1).sum()} of {len(r)} slower)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
