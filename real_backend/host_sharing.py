@@ -239,7 +239,7 @@ def _cells_paired(cell, update, cells: int) -> list[dict]:
     starts until it ends; rows engine_alone and engine_beside. In pairs, so that the machine's speed at that moment is
     in both, as the streamed factor's cells are: with the alone cells taken together at a round's start, one or two
     beside cells a round, and the first round recorded, the factor read 1.57-2.14x over six profiles (rounds
-    1.2-2.7x, the first the lowest in five); paired, 1.84-2.28x over five (issue 37, docs/fidelity.md)."""
+    1.2-2.7x, the first the lowest in five); paired, 1.84-2.28x over six (issue 37, docs/fidelity.md)."""
     go, stop, started = threading.Event(), threading.Event(), threading.Event()
     idle = threading.Lock()  # held by the lane while an update runs
     failed: list[BaseException] = []
