@@ -17,9 +17,9 @@ in its kernels, so the update and the engine's decoding overlap on two cores. Th
 slows the update's.
 
 The interpreter's switch interval is left at Python's 5 ms: at 0.1 ms while a lane lived, an update beside a thread
-running Python without pause lost 0.04 s instead of 0.25 s, but the runs' rollouts, whose driver shares the lock with
-vLLM's output thread, ran 3-4% slower in async and hybrid (eight pairs each, 13 of 16 slower; `python -m
-paper.experiments.measure_switch_interval`).
+running Python without pause lost 0.04 s instead of 0.25 s, but the runs' rollouts ran 3-4% slower in async and
+hybrid (eight pairs each, 13 of 16 slower; `python -m paper.experiments.measure_switch_interval`). Likely, not
+measured: the driver shares the lock with vLLM's output thread all rollout long and hands it over more often.
 
 A job's weights are a snapshot taken on the trainer's thread as the update ends (a clone of the state dict), so a
 later job that trains meanwhile cannot change what an earlier one pushes. Its times (`start`, `end`) are on the

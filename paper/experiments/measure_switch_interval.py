@@ -7,7 +7,8 @@ Why: each call the trainer's lane makes into torch gives up the interpreter's lo
 thread running Python without pause an update and its snapshot lost 0.25 s at 5 ms and 0.04 s at 0.1 ms (`python -m
 paper.experiments.measure_update_gil --switch-interval S`), so real_backend.train_job set 0.1 ms while a lane lived
 (modes53p and modes54p were recorded so). A run's driver is not such a thread: it shares the lock with vLLM's output
-thread all rollout long, and hands it over 50 times as often at 0.1 ms.
+thread (VLLMEngine's asyncio loop) all rollout long, which at 0.1 ms may hand it over far more often (the likely
+cause of what is measured below; the hand-overs were not counted).
 
 Measured 2026-11-28 ~22:35-22:50 UTC on this 2-core VM, alone, the trainer in its own process, 5 steps x 8 groups x 4
 samples (`--rounds 4` with all three modes, then `--rounds 4 --modes async,hybrid`): 0.1 ms over 5 ms, paired, the
