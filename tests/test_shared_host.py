@@ -144,3 +144,19 @@ def test_the_driver_between_steps_is_off_the_rollout_when_training_runs_beside_i
     np.testing.assert_allclose(priced["rollout_start"].iloc[1:].to_numpy(), priced["rollout_end"].iloc[:-1].to_numpy()
                                + 0.05 + priced["wait_seconds"].iloc[1:].to_numpy(), atol=1e-9)
     assert priced["wait_seconds"].sum() < plain["wait_seconds"].sum()
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "async"])
+def test_the_drivers_seconds_between_steps_hold_a_job_on_the_host_it_shares_and_no_job_on_devices_of_their_own(mode):
+    trace = make_trace(np.full((3, 4, 4), 150), max_tokens=200)
+    share = TrainingShare(1.0, 1.0)  # sharing at no cost: only the driver's hold moves a job
+
+    def updates(**shared):
+        steps = _run(trace, mode, **shared).steps
+        return (steps["train_end"] - steps["train_start"]).to_numpy()
+
+    apart = updates(driver=DriverPrice(per_step=0.05))
+    np.testing.assert_allclose(updates(shared_training=share, driver=DriverPrice(per_step=0.0)), apart, atol=1e-9)
+    # every job starts with the rollout's end, and its work once the driver's seconds between steps are past
+    np.testing.assert_allclose(updates(shared_training=share, driver=DriverPrice(per_step=0.05)), apart + 0.05,
+                               atol=1e-9)

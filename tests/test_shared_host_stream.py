@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lssim.loop.core import Group, Request
 from lssim.loop.modes import ModeConfig, _group_ends, _stream, _stream_shared
-from lssim.sim.shared_host import TrainingShare
+from lssim.sim.shared_host import DriverPrice, TrainingShare
 
 from test_shared_host import FAST, _run
 from test_sim import make_trace
@@ -121,3 +121,24 @@ def test_a_streamed_share_must_be_two_factors():
         TrainingShare(1.7, 1.3, streamed=TrainingShare(1.2, 1.1, TrainingShare(1.0, 1.0)))
     with pytest.raises(ValueError, match="TrainingShare.engine_slowdown"):
         TrainingShare(1.7, 1.3, streamed=TrainingShare(0.0, 1.1))
+
+
+@FAST
+@given(spec=pieces, compute=st.floats(0.01, 3.0), engine=st.floats(1.0, 3.0), piece=st.floats(1.0, 3.0),
+       hold=st.floats(0.0, 0.2))
+def test_the_drivers_hold_at_the_rollouts_end_moves_the_updates_end_by_itself_and_nothing_else(spec, compute, engine,
+                                                                                              piece, hold):
+    groups = [_group(i, None if ready is None else 2.0 * ready, tokens) for i, (ready, tokens) in enumerate(spec)]
+    args = (*_by_tokens(groups, compute, 0.0, 2.0), 0.0, 2.0, STRICT, 0.0, (engine, piece))
+    start, end, busy = _stream_shared(*args)
+    held = _stream_shared(*args, hold)
+    assert held == pytest.approx((start, end + hold, busy), rel=1e-9, abs=1e-12)
+
+
+def test_the_hybrid_twin_on_a_shared_host_holds_the_update_past_the_rollout_by_the_drivers_seconds_between_steps():
+    share = TrainingShare(1.0, 1.0)  # sharing at no cost: only the driver's hold moves the update
+    free = _run(TRACE, "hybrid", shared_training=share, driver=DriverPrice(per_step=0.0)).steps
+    held = _run(TRACE, "hybrid", shared_training=share, driver=DriverPrice(per_step=0.04)).steps
+    np.testing.assert_allclose(held["rollout_seconds"], free["rollout_seconds"], rtol=1e-12)
+    np.testing.assert_allclose(held["train_end"] - held["rollout_end"], free["train_end"] - free["rollout_end"] + 0.04,
+                               atol=1e-9)

@@ -70,7 +70,8 @@ class Engine(Protocol):
       between steps, where a simulated host prices them).
     - `train_beside(start, seconds)`: when a priced train job beside the rollout ends; start + seconds unless the
       engine shares its host with the trainer. `streamed_share()`: the engine's and a streamed piece's slow-downs
-      while both run (hybrid); None on devices of their own.
+      while both run (hybrid); None on devices of their own. `driver_hold()`: the seconds the driver's work at a
+      step's end holds a train job on the host they share; 0 where they do not.
     """
 
     n_instances: int
@@ -125,6 +126,12 @@ class Engine(Protocol):
         forward and backward, lssim.loop.modes) run while both do. None: the trainer has devices of its own. An engine
         that shares its host with the trainer (lssim.sim.shared_host) answers its measured factors."""
         return None
+
+    def driver_hold(self) -> float:
+        """How long the driver's own work at a rollout's end (recording the step, planning the next) holds a train
+        job that runs then: 0 on devices of their own or a real engine (its jobs take what they take). A simulated
+        host that prices the driver (lssim.sim.shared_host) answers DriverPrice.per_step."""
+        return 0.0
 
     def spec_counters(self) -> dict | None:
         """Speculative-decoding counters since the last reset (drafts, draft_tokens, accepted_tokens, steps,

@@ -182,8 +182,9 @@ class ExecutionMode(ModeHooks):
         phases = _phases(metrics)
         start = max(ready_at, self._lane_free)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        # start + compute, unless the trainer shares the engine's host with a rollout
-        end = start + compute if last else self._engine.train_beside(start, compute)
+        begins = start + self._engine.driver_hold()  # the driver's work at the step's end holds a trainer it shares with
+        # begins + compute, unless the trainer shares the engine's host with a rollout
+        end = begins + compute if last else self._engine.train_beside(begins, compute)
         self._lane_free = end
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, compute * self.config.train_devices)
@@ -297,7 +298,7 @@ class Hybrid(ExecutionMode):
                 start, end, busy = _stream(done, work, rollout_end, self.config, phases["switch"])
             else:
                 start, end, busy = _stream_shared(done, work, rollout_start, rollout_end, self.config, phases["switch"],
-                                                  share)
+                                                  share, self._engine.driver_hold())
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
         return TrainTiming(start, end, phases, busy)
 
@@ -364,15 +365,15 @@ def _stream(done: np.ndarray, work: np.ndarray, rollout_end: float, config: Mode
 
 
 def _stream_shared(done: np.ndarray, work: np.ndarray, rollout_start: float, rollout_end: float, config: ModeConfig,
-                   switch: float, share: tuple[float, float]) -> tuple[float, float, float]:
+                   switch: float, share: tuple[float, float], hold: float = 0.0) -> tuple[float, float, float]:
     """_stream where the trainer shares the engine's host (Engine.streamed_share: `share` = (engine, piece)
     slow-downs while a piece runs beside the rollout). The rollout ran alone in `rollout_end - rollout_start`; it is
     replayed here against its pieces: while a piece runs, the rollout does 1 / engine of its work per second and the
     piece 1 / piece of its own; between pieces the rollout runs alone. Groups become ready at their point in the
     rollout's work, so one that finished later in it is ready later on the clock. The rollout's end moves out by
     what the pieces cost it, and the update ends no sooner (the job's end carries the loss onto the step; the step's
-    rollout row keeps the engine's own seconds); what is left then runs as in _stream. Returns (start, end, busy
-    device-seconds)."""
+    rollout row keeps the engine's own seconds); what is left then runs as in _stream, `hold` seconds after that end
+    (the driver's work at the step's end, Engine.driver_hold). Returns (start, end, busy device-seconds)."""
     engine_x, piece_x = share
     ready, span = done - rollout_start, rollout_end - rollout_start  # in seconds of the rollout's work
     wall = progress = beside = 0.0  # since the rollout's start: clock, the rollout's work done, the pieces' seconds
@@ -390,7 +391,8 @@ def _stream_shared(done: np.ndarray, work: np.ndarray, rollout_start: float, rol
             left = 0.0 if dt == left * piece_x else left - dt / piece_x
     end_rollout = rollout_start + wall
     rest = ([left] if left > 0 else []) + [float(w) for w in work[nxt:]]  # all ready by now
-    end, busy = _drain(end_rollout, [end_rollout] * len(rest), rest, end_rollout + switch, _elastic_speedup(config),
+    resume = end_rollout + hold  # the driver's work at the rollout's end holds the trainer first (Engine.driver_hold)
+    end, busy = _drain(resume, [resume] * len(rest), rest, end_rollout + switch, _elastic_speedup(config),
                        config.train_devices)
     # the update trains the rollout's batch: it ends no sooner than the (slowed) rollout does
     return (rollout_start + first if first is not None else end_rollout), end, busy + beside * config.train_devices

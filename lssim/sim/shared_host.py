@@ -35,7 +35,11 @@ How:
   request submitted (a stall of the instance it lands on, before its next iteration), per token streamed (added to
   every decode iteration, n_seqs x per_token) and per finish (added to the re-pack of the boundary it leaves at);
   per step (`begin_step`), the clock moves on by the driver's seconds between steps before the mode's wait (the
-  first step: by the run's start-up to its first rollout).
+  first step: by the run's start-up to its first rollout). Those seconds also hold a train job that runs then
+  (`driver_hold`, with a trainer on the host): the modes start its work after them. Measured: hybrid's first piece
+  after a rollout ran at 0.95-0.97 of the trainer profile's price with the driver's work beside it and at 0.66 (the
+  alone level) with the controller held until the update ended: ~33 ms a step, the fitted per_step
+  (`python -m paper.experiments.measure_driver_hold`).
   What the profile's cells already hold of the driver is in the cost model; a DriverPrice is the excess a run adds
   (real_backend.validate_modes fits it on the world's reference runs).
 The batch route (lssim.sim.fastsim) prices instances apart, so this engine keeps every rollout on the event route;
@@ -228,6 +232,11 @@ class SharedHostEngine(SimEngine):
             heapq.heappush(self._boundaries, end)
         self._pass_boundaries(self.clock)
         return end
+
+    def driver_hold(self) -> float:
+        """The driver's seconds between steps, which hold a train job on this host (module docstring); 0 without a
+        trainer on the host or a driver priced."""
+        return self.driver.per_step if self.driver is not None and self.training is not None else 0.0
 
     def begin_step(self) -> None:
         if self.driver is not None:
