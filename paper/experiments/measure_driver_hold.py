@@ -19,14 +19,10 @@ driver's seconds between steps (lssim.sim.shared_host.SharedHostEngine.driver_ho
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
-
-VARIANTS = ("as_is", "held")
 
 
 def piece_levels(run: Path, cost) -> list[dict]:
@@ -49,6 +45,25 @@ def piece_levels(run: Path, cost) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def controller_held():
+    """Hybrid.train waits for a real update to end before the controller goes on (records the step, plans the next)."""
+    from lssim.loop import modes
+
+    train = modes.Hybrid.train
+
+    def held(self, metrics, step, groups, rollout_start, rollout_end, job=None, last=False):
+        if job is not None:
+            job.wait(self._engine)
+        return train(self, metrics, step, groups, rollout_start, rollout_end, job=job, last=last)
+
+    modes.Hybrid.train = held
+    try:
+        yield
+    finally:
+        modes.Hybrid.train = train
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m paper.experiments.measure_driver_hold", description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=5, help="pairs of runs (default 5)")
@@ -56,43 +71,16 @@ def main(argv=None) -> int:
     if args.pairs < 1:
         print("error: --pairs must be >= 1", file=sys.stderr)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import pandas as pd
 
-    from lssim.loop import modes
-    from lssim.loop.modes import ModeConfig
     from lssim.sim.training import load_train_cost
+    from paper.experiments.paired_runs import paired_runs
     from real_backend.validate_modes import DEFAULT_TRAIN_PROFILE
-    from real_backend.validation_workloads import world_arg
-    from real_backend.world import prepare, run_real, world_engine
 
-    cost, train = load_train_cost(DEFAULT_TRAIN_PROFILE), modes.Hybrid.train
-
-    def held(self, metrics, step, groups, rollout_start, rollout_end, job=None, last=False):
-        if job is not None:
-            job.wait(self._engine)  # the controller goes on (records, plans) only once the update has ended
-        return train(self, metrics, step, groups, rollout_start, rollout_end, job=job, last=last)
-
-    pieces, totals = [], []
-    with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
-        setup = dataclasses.replace(setup, trainer_process=True)
-        mode = ModeConfig(mode="hybrid", rollout_devices=1, train_devices=1, staleness=1)
-        prompts, policy = prepare(setup, "baseline", config)
-        warm = dataclasses.replace(config, steps=2, total_groups=None)
-        run_real(setup, policy, warm, f"{scratch}/warm", engine=engine, prompts=prompts, mode=mode, checkpoint=False)
-        try:
-            for k in range(args.pairs):
-                for variant in VARIANTS if k % 2 == 0 else VARIANTS[::-1]:
-                    modes.Hybrid.train = held if variant == "held" else train
-                    prompts, policy = prepare(setup, "baseline", config)
-                    folder = Path(scratch) / f"{k}{variant}"
-                    steps = run_real(setup, policy, config, str(folder), engine=engine, prompts=prompts, mode=mode,
-                                     checkpoint=False).steps
-                    pieces += [{"variant": variant, **row} for row in piece_levels(folder, cost)]
-                    totals.append({"variant": variant, "steps_s": steps["step_seconds"].sum()})
-                    print(f"pair {k} {variant}: steps {totals[-1]['steps_s']:.3f} s", file=sys.stderr)
-        finally:
-            modes.Hybrid.train = train
+    cost, pieces, totals = load_train_cost(DEFAULT_TRAIN_PROFILE), [], []
+    for run in paired_runs({"as_is": contextlib.nullcontext, "held": controller_held}, args.pairs):
+        pieces += [{"variant": run.variant, **row} for row in piece_levels(run.folder, cost)]
+        totals.append({"variant": run.variant, "steps_s": run.steps["step_seconds"].sum()})
     levels = pd.DataFrame(pieces).pivot_table(index="variant", columns="where", values="level", aggfunc=["median", "size"])
     print("pieces' seconds over their price (median) and how many:\n" + levels.round(3).to_string())
     print("step totals, median s:\n" + pd.DataFrame(totals).groupby("variant")["steps_s"].median().round(3).to_string())

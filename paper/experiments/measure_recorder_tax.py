@@ -28,10 +28,8 @@ updates 1.005; a write 27.5 ms of CPU. Not what leaves hybrid's twin ~5% fast be
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
+import contextlib
 import sys
-import tempfile
 import time
 
 
@@ -43,14 +41,10 @@ def main(argv=None) -> int:
     if args.pairs < 1:
         print("error: --pairs must be >= 1", file=sys.stderr)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import numpy as np
-    import pandas as pd
 
-    from lssim.loop.modes import ModeConfig
+    from paper.experiments.paired_runs import TOTALS, paired_ratios, paired_runs, run_totals
     from real_backend import recorder
-    from real_backend.validation_workloads import world_arg
-    from real_backend.world import prepare, run_real, world_engine
 
     written = recorder.Recorder._write_files
     cpu: list[float] = []
@@ -60,30 +54,18 @@ def main(argv=None) -> int:
         written(self, *files)
         cpu.append(time.thread_time() - t0)
 
-    rows = []
-    with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
-        setup = dataclasses.replace(setup, trainer_process=True)
-        mode = ModeConfig(mode=args.mode, rollout_devices=1, train_devices=1, staleness=1)
-        prompts, policy = prepare(setup, "baseline", config)
-        warm = dataclasses.replace(config, steps=2, total_groups=None)
-        run_real(setup, policy, warm, f"{scratch}/warm", engine=engine, prompts=prompts, mode=mode, checkpoint=False)
+    @contextlib.contextmanager
+    def files(write):
+        recorder.Recorder._write_files = write
         try:
-            for k in range(args.pairs):
-                for variant in ("written", "skipped") if k % 2 == 0 else ("skipped", "written"):
-                    recorder.Recorder._write_files = timed if variant == "written" else (lambda self, *files: None)
-                    prompts, policy = prepare(setup, "baseline", config)
-                    steps = run_real(setup, policy, config, f"{scratch}/{k}{variant}", engine=engine, prompts=prompts,
-                                     mode=mode, checkpoint=False).steps
-                    rows.append({"pair": k, "variant": variant, "step_s": steps["step_seconds"].sum(),
-                                 "rollout_s": steps["rollout_seconds"].sum(),
-                                 "update_s": (steps["train_end"] - steps["train_start"]).sum()})
-                    print(f"pair {k} {variant}: steps {rows[-1]['step_s']:.3f} s, rollouts {rows[-1]['rollout_s']:.3f} s",
-                          file=sys.stderr)
+            yield
         finally:
             recorder.Recorder._write_files = written
-    wide = pd.DataFrame(rows).pivot(index="pair", columns="variant")
-    for what in ("step_s", "rollout_s", "update_s"):
-        ratio = wide[what]["written"] / wide[what]["skipped"]
+
+    variants = {"written": lambda: files(timed), "skipped": lambda: files(lambda self, *_: None)}
+    rows = [run_totals(run) for run in paired_runs(variants, args.pairs, (args.mode,))]
+    ratios = paired_ratios(rows, TOTALS, "written", "skipped")
+    for what, ratio in ratios.items():
         print(f"{what.split('_')[0]}s, written over skipped, paired: median {ratio.median():.3f} "
               f"(min {ratio.min():.3f}, max {ratio.max():.3f}, sd {ratio.std():.3f}, {len(ratio)} pairs)")
     print(f"a write's CPU: median {np.median(cpu) * 1e3:.1f} ms over {len(cpu)} writes")

@@ -20,12 +20,20 @@ updates' gain does not pay for the rollouts' loss: the interval went back to Pyt
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
+import contextlib
 import sys
-import tempfile
 
 SHORT, PYTHON = 1e-4, 5e-3  # seconds
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float):
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(saved)
 
 
 def main(argv=None) -> int:
@@ -37,40 +45,12 @@ def main(argv=None) -> int:
     if args.rounds < 1 or not set(modes) <= {"disaggregated", "async", "hybrid"}:
         print("error: --rounds must be >= 1 and --modes some of disaggregated, async, hybrid", file=sys.stderr)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    import pandas as pd
+    from paper.experiments.paired_runs import TOTALS, paired_ratios, paired_runs, run_totals
 
-    from lssim.loop.modes import ModeConfig
-    from real_backend.validation_workloads import world_arg
-    from real_backend.world import prepare, run_real, world_engine
-
-    rows, saved = [], sys.getswitchinterval()
-    with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
-        setup = dataclasses.replace(setup, trainer_process=True)
-        prompts, policy = prepare(setup, "baseline", config)
-        warm = dataclasses.replace(config, steps=2, total_groups=None)
-        run_real(setup, policy, warm, f"{scratch}/warm", engine=engine, prompts=prompts,
-                 mode=ModeConfig(mode="disaggregated", rollout_devices=1, train_devices=1, staleness=1), checkpoint=False)
-        try:
-            for k in range(args.rounds):
-                for name in modes:
-                    mode = ModeConfig(mode=name, rollout_devices=1, train_devices=1, staleness=1)
-                    for interval in (SHORT, PYTHON) if k % 2 == 0 else (PYTHON, SHORT):
-                        sys.setswitchinterval(interval)
-                        prompts, policy = prepare(setup, "baseline", config)
-                        steps = run_real(setup, policy, config, f"{scratch}/{k}{name}{interval}", engine=engine,
-                                         prompts=prompts, mode=mode, checkpoint=False).steps
-                        sys.setswitchinterval(saved)
-                        rows.append({"round": k, "mode": name, "interval_ms": interval * 1e3,
-                                     "step_s": steps["step_seconds"].sum(), "rollout_s": steps["rollout_seconds"].sum(),
-                                     "update_s": (steps["train_end"] - steps["train_start"]).sum()})
-                        print(f"{name} {interval * 1e3:g} ms: steps {rows[-1]['step_s']:.3f} s", file=sys.stderr)
-        finally:
-            sys.setswitchinterval(saved)
-    wide = pd.DataFrame(rows).pivot_table(index=["mode", "round"], columns="interval_ms",
-                                          values=["step_s", "rollout_s", "update_s"])
-    for what in ("step_s", "rollout_s", "update_s"):
-        ratio = wide[what][SHORT * 1e3] / wide[what][PYTHON * 1e3]
+    variants = {"0.1 ms": lambda: switch_interval(SHORT), "5 ms": lambda: switch_interval(PYTHON)}
+    rows = [run_totals(run) for run in paired_runs(variants, args.rounds, tuple(modes))]
+    ratios = paired_ratios(rows, TOTALS, "0.1 ms", "5 ms")
+    for what, ratio in ratios.items():
         for name, r in ratio.groupby(level="mode"):
             print(f"{what.split('_')[0]}s {name}: 0.1 ms over 5 ms, paired: median {r.median():.3f} "
                   f"(min {r.min():.3f}, max {r.max():.3f}, {(r > 1).sum()} of {len(r)} slower)")
