@@ -8,7 +8,7 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
   columns (acted, the errors with and without the world's speed level, the repeat spread, the speedup error,
   meets_goal, meets_goal_anchored) are read as written, never recomputed here. An output of an older format (a
   column missing) is refused, naming the file and the column.
-- The execution modes on vLLM against their twins: paper/experiments/validation/modes55p (modes_summary.csv,
+- The execution modes on vLLM against their twins: paper/experiments/validation/modes56p (modes_summary.csv,
   modes_steps_by_repeat.parquet, profile.json, recorded.json), written by `lssim validate --mode
   collocated,disaggregated,async,hybrid --staleness 1 --repeats 3 --reprofile --json --trainer-process --out
   runs/vm55p`; MODES_REPLAY replays its runs into the same modes_summary.csv.
@@ -294,7 +294,7 @@ def gpu_numbers() -> tuple[dict, pd.DataFrame]:
     return out, heldout
 
 
-MODES_FOLDER = Path("paper") / "experiments" / "validation" / "modes55p"
+MODES_FOLDER = Path("paper") / "experiments" / "validation" / "modes56p"
 MODES_SUMMARY = MODES_FOLDER / "modes_summary.csv"
 MODES_ORDER = ("collocated", "disaggregated", "async", "hybrid")  # the order recorded, and the replay's --runs order
 MODES_REPLAY = ("lssim validate --mode any --runs "
@@ -308,7 +308,7 @@ MODES_COLUMNS = ["mode", "step_median_ape_pct", "step_p90_ape_pct", "step_median
 
 def modes_numbers(root: Path) -> tuple[dict, dict]:
     """The execution modes on the real backend against their twins (`lssim validate --mode ...`, recorded into
-    paper/experiments/validation/modes55p/; MODES_REPLAY replays the folder into the same modes_summary.csv): per mode
+    paper/experiments/validation/modes56p/; MODES_REPLAY replays the folder into the same modes_summary.csv): per mode
     the per-step error beside an exact model's on the same runs (their ratio), the speedups over collocated and their
     errors against an exact model's bound, the collocated runs' speed level, the probed levels the twins priced at,
     seconds per trained group measured and predicted, the two rankings, and what the host measured in those minutes."""
