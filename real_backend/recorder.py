@@ -91,6 +91,10 @@ class SignalColumns:
         if key in self._kept:
             self.stale = True
 
+    def restored(self) -> None:
+        """Signals were restored from a checkpoint: every row kept is stale."""
+        self.stale = True
+
     def columns(self, rows: np.ndarray, signals: dict) -> dict[str, np.ndarray | list]:
         """Each signal column for the frame's `rows` (3 x n: step, prompt_id, sample_idx), from `signals` (keyed by
         those three): an array, or the plain list where the frame has no rows (pandas gives an empty list its own
@@ -162,8 +166,9 @@ class Recorder:
         return dict(self._signals)
 
     def restore_signals(self, signals: dict) -> None:
+        """The signals a checkpoint kept (`signals`), back in."""
         self._signals.update(signals)
-        self._columns.stale = True
+        self._columns.restored()
 
     # -- files -------------------------------------------------------------------------------------
     def write(self) -> None:
