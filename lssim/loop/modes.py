@@ -182,8 +182,9 @@ class ExecutionMode(ModeHooks):
         phases = _phases(metrics)
         start = max(ready_at, self._lane_free)
         compute = phases["logprob"] + phases["reference"] + phases["update"]
-        begins = start + self._engine.driver_hold()  # the driver's work at the step's end holds a trainer it shares with
-        # begins + compute, unless the trainer shares the engine's host with a rollout
+        # The driver's work at the step's end holds a trainer on its host first (a job still running is held as long:
+        # this one starts as much later). Then begins + compute, unless the trainer shares the host with a rollout.
+        begins = start + self._engine.driver_hold()
         end = begins + compute if last else self._engine.train_beside(begins, compute)
         self._lane_free = end
         self._ready.append(PricedTrainJob(step, start, end, phases, metrics))
