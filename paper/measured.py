@@ -11,7 +11,7 @@ take many minutes) and refitted from the committed GPU kernel measurements (whic
 - The execution modes on vLLM against their twins: paper/experiments/validation/modes56p (modes_summary.csv,
   modes_steps_by_repeat.parquet, profile.json, recorded.json), written by `lssim validate --mode
   collocated,disaggregated,async,hybrid --staleness 1 --repeats 3 --reprofile --json --trainer-process --out
-  runs/vm55p`; MODES_REPLAY replays its runs into the same modes_summary.csv.
+  runs/vm56p`; MODES_REPLAY replays its runs into the same modes_summary.csv.
 - vLLM's n-gram speculation on this CPU and its SpecFit: real_backend/data/speculation_cpu.json
   (`python -m paper.experiments.measure_speculation --out real_backend/data/speculation_cpu.json ...`).
 - The GRPO trainer's cost fit: real_backend/data/profile_trainer_cpu.json (`python -m real_backend.profile_trainer`).

@@ -132,7 +132,6 @@ def test_a_bad_streamed_record_is_refused_naming_it(tmp_path, streamed, problem)
         training_share(profile)
 
 
-
 def _timed(log: list, name: str, seconds: float):
     """A stand-in for a cell or an update: sleeps `seconds`, logs (name, start, end)."""
     import time

@@ -15,7 +15,10 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +27,7 @@ class PairedRun:
     mode: str
     variant: str
     folder: Path
-    steps: "object"  # pandas.DataFrame: the run's steps.parquet
+    steps: pd.DataFrame  # the run's steps (as its steps.parquet holds them)
 
 
 def paired_runs(variants: dict[str, Callable[[], ContextManager]], pairs: int,
@@ -40,18 +43,18 @@ def paired_runs(variants: dict[str, Callable[[], ContextManager]], pairs: int,
     with world_engine(world_arg("default")) as (setup, config, _, engine), tempfile.TemporaryDirectory() as scratch:
         setup = dataclasses.replace(setup, trainer_process=True)
 
-        def run(name: str, mode: str, folder: Path, run_config):
+        def run(mode: str, folder: Path, run_config) -> pd.DataFrame:
             prompts, policy = prepare(setup, "baseline", run_config)
             return run_real(setup, policy, run_config, str(folder), engine=engine, prompts=prompts, checkpoint=False,
                             mode=ModeConfig(mode=mode, rollout_devices=1, train_devices=1, staleness=1)).steps
 
-        run("warm", modes[0], Path(scratch) / "warm", dataclasses.replace(config, steps=2, total_groups=None))
+        run(modes[0], Path(scratch) / "warm", dataclasses.replace(config, steps=2, total_groups=None))
         for k in range(pairs):
             for mode in modes:
                 for name in names if k % 2 == 0 else names[::-1]:
                     folder = Path(scratch) / f"{k}-{mode}-{name}"
                     with variants[name]():
-                        steps = run(name, mode, folder, config)
+                        steps = run(mode, folder, config)
                     print(f"pair {k} {mode} {name}: steps {steps['step_seconds'].sum():.3f} s", file=sys.stderr)
                     yield PairedRun(k, mode, name, folder, steps)
 
